@@ -1,0 +1,203 @@
+"""MXFP4: blocks of 32 E2M1 elements sharing one E8M0 scale (OCP MX v1.0).
+
+Semantics: docs/formats/mxfp4.md.
+
+Canonical conversion (OCP MX v1.0 §6.3 with RNE elements; equal to torchao
+``to_mx(..., ScaleCalculationMode.FLOOR)`` on finite inputs):
+
+1. amax = max |x_i| over the 32-element block, in float32;
+2. scale byte by ``MxScaleRule.FLOOR`` (s = floor(log2 amax) - 2, clamped to
+   [-127, 127]); amax = 0 gives byte 0 (2**-127); NaN/Inf anywhere gives 0xFF;
+3. element code = RNE-to-E2M1(x_i / 2**s), saturating at +-6 (x_i / 2**s is
+   exact: a power-of-two division of a float32 in float64);
+4. dequantized value = E2M1[code] * 2**(byte - 127); byte 0xFF -> NaN.
+
+Every step that real kernels do differently is a field of ``MxVariant``.
+
+Two checkpoint layouts carry the same codes and bytes:
+
+- compressed-tensors ``mxfp4-pack-quantized``: ``weight_packed`` uint8 [N, K/2]
+  (element 2j in the low nibble), ``weight_scale`` uint8 [N, K/32];
+- gpt-oss: ``*_blocks`` uint8 [..., N, K/32, 16], ``*_scales`` uint8 [..., N, K/32].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import FormatError, require
+from ..numerics.e2m1 import E2M1NanRule, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from ..numerics.e8m0 import E8M0_NAN, MxScaleRule, NanBlockRule, ZeroBlockRule, decode_e8m0, mx_scale_byte
+from ..numerics.rounding import Rounding, as_float64
+
+__all__ = [
+    "BLOCK",
+    "MxVariant",
+    "CANONICAL",
+    "block_amax",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "MxTensors",
+    "pack_mxfp4_ct",
+    "unpack_mxfp4_ct",
+    "pack_mxfp4_gptoss",
+    "unpack_mxfp4_gptoss",
+    "dequantize_mxfp4_ct",
+    "dequantize_mxfp4_gptoss",
+]
+
+BLOCK = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class MxVariant:
+    """Every choice in MXFP4 quantization that real implementations make differently.
+
+    Defaults are the canonical semantics (OCP §6.3 + RNE).
+    """
+
+    scale_rule: MxScaleRule = MxScaleRule.FLOOR
+    element_rounding: Rounding = Rounding.RNE
+    element_nan: E2M1NanRule = E2M1NanRule.ZERO
+    zero_block: ZeroBlockRule = ZeroBlockRule.MIN
+    nan_block: NanBlockRule = NanBlockRule.SCALE_NAN
+
+    def __post_init__(self):
+        object.__setattr__(self, "scale_rule", MxScaleRule(self.scale_rule))
+        object.__setattr__(self, "element_rounding", Rounding.parse(self.element_rounding))
+        object.__setattr__(self, "element_nan", E2M1NanRule(self.element_nan))
+        object.__setattr__(self, "zero_block", ZeroBlockRule(self.zero_block))
+        object.__setattr__(self, "nan_block", NanBlockRule(self.nan_block))
+
+    def describe(self) -> dict:
+        return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
+
+
+CANONICAL = MxVariant()
+
+
+def _as_float32_exact(x, what: str) -> np.ndarray:
+    x64 = as_float64(x)
+    x32 = x64.astype(np.float32)
+    finite = np.isfinite(x64)
+    if not np.array_equal(x32.astype(np.float64)[finite], x64[finite]):
+        raise FormatError("MXFP4 input must be exactly representable in float32 (fp32, fp16 or bf16 values)", tensor=what)
+    return x32
+
+
+def _blocks(x: np.ndarray, what: str) -> np.ndarray:
+    K = x.shape[-1]
+    require(K % BLOCK == 0, f"last dimension K={K} must be a multiple of the MX block size {BLOCK}", tensor=what)
+    return x.reshape(x.shape[:-1] + (K // BLOCK, BLOCK))
+
+
+def block_amax(xb: np.ndarray, nan_block: NanBlockRule = NanBlockRule.SCALE_NAN) -> np.ndarray:
+    """amax of each 32-block of float32 values (last axis of ``xb``)."""
+    mag = np.abs(xb)
+    if NanBlockRule(nan_block) is NanBlockRule.IGNORE:
+        mag = np.where(np.isnan(mag), np.float32(0), mag)
+        return mag.max(axis=-1)
+    # np.max propagates NaN, matching the NaN-propagating reductions of torchao/microxcaling.
+    return mag.max(axis=-1)
+
+
+def quantize_mxfp4(x, variant: MxVariant = CANONICAL, *, what: str = "x") -> tuple[np.ndarray, np.ndarray]:
+    """Quantize along the last axis (K % 32 == 0) -> (codes uint8 [..., K], scale bytes uint8 [..., K/32])."""
+    x32 = _as_float32_exact(x, what)
+    xb = _blocks(x32, what)
+    amax = block_amax(xb, variant.nan_block)
+    scale = mx_scale_byte(amax, variant.scale_rule, zero_block=variant.zero_block)
+    # x / 2**s is exact in float64 (power-of-two scaling, far from float64's limits).
+    s = np.where(scale == E8M0_NAN, 0, scale.astype(np.int64) - 127)
+    y = np.ldexp(xb.astype(np.float64), -s[..., None])
+    codes = encode_e2m1(y, variant.element_rounding, variant.element_nan)
+    # A 0xFF block decodes to NaN whatever its elements hold: canonically they are code 0
+    # (OCP leaves them unspecified), so a comparison of packed data is deterministic.
+    codes = np.where((scale == E8M0_NAN)[..., None], np.uint8(0), codes)
+    codes = codes.reshape(x32.shape)
+    return codes.astype(np.uint8), scale
+
+
+def dequantize_mxfp4(codes, scale_bytes, *, dtype=np.float32, what: str = "weight") -> np.ndarray:
+    """E2M1[code] * 2**(byte - 127) along the last axis; byte 0xFF -> NaN.
+
+    The product is exact in float64; ``dtype=np.float32`` rounds it with RNE
+    (only 6 * 2**127 and similar overflow to Inf; 0.5 * 2**-127 is an exact fp32 subnormal).
+    """
+    c = np.asarray(codes)
+    sb = np.asarray(scale_bytes)
+    require(sb.dtype == np.uint8, f"E8M0 scales must be uint8, got {sb.dtype}", tensor=what)
+    require(c.shape[:-1] == sb.shape[:-1] and c.shape[-1] == sb.shape[-1] * BLOCK,
+            f"codes shape {tuple(c.shape)} does not match scales shape {tuple(sb.shape)} with block {BLOCK}", tensor=what)
+    vals = decode_e2m1(c).astype(np.float64)
+    scales = decode_e8m0(sb)
+    out = vals.reshape(sb.shape + (BLOCK,)) * scales[..., None]
+    return out.reshape(c.shape).astype(dtype)
+
+
+@dataclasses.dataclass
+class MxTensors:
+    """Checkpoint tensors of one MXFP4 weight, by their checkpoint names."""
+
+    tensors: dict[str, np.ndarray]
+    layout: str  # "compressed-tensors" | "gpt-oss"
+
+
+def pack_mxfp4_ct(codes: np.ndarray, scale_bytes: np.ndarray) -> dict[str, np.ndarray]:
+    """compressed-tensors layout: weight_packed uint8 [N, K/2], weight_scale uint8 [N, K/32]."""
+    require(codes.ndim == 2, f"expected codes [N, K], got shape {codes.shape}", tensor="weight_packed")
+    return {"weight_packed": pack_e2m1(codes, axis=-1), "weight_scale": np.ascontiguousarray(scale_bytes, dtype=np.uint8)}
+
+
+def unpack_mxfp4_ct(tensors: dict, *, layer: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """compressed-tensors MXFP4 -> (codes [N, K], scale bytes [N, K/32]), validating the layout."""
+    for name in ("weight_packed", "weight_scale"):
+        require(name in tensors, "missing tensor", layer=layer, tensor=name)
+    packed = np.asarray(tensors["weight_packed"])
+    scale = np.asarray(tensors["weight_scale"])
+    require(packed.dtype == np.uint8, f"expected uint8, got {packed.dtype}", layer=layer, tensor="weight_packed")
+    require(scale.dtype == np.uint8, f"expected uint8 (E8M0 bytes), got {scale.dtype}", layer=layer, tensor="weight_scale")
+    require(packed.ndim == 2, f"expected 2-D [N, K/2], got shape {list(packed.shape)}", layer=layer, tensor="weight_packed")
+    N, half_k = packed.shape
+    K = 2 * half_k
+    require(K % BLOCK == 0, f"K={K} is not a multiple of {BLOCK}", layer=layer, tensor="weight_packed")
+    require(scale.shape == (N, K // BLOCK), f"expected shape [N, K/32] = {[N, K // BLOCK]}, got {list(scale.shape)}",
+            layer=layer, tensor="weight_scale")
+    return unpack_e2m1(packed, axis=-1), scale
+
+
+def pack_mxfp4_gptoss(codes: np.ndarray, scale_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gpt-oss layout: blocks uint8 [..., K/32, 16], scales uint8 [..., K/32]."""
+    packed = pack_e2m1(codes, axis=-1)
+    blocks = packed.reshape(packed.shape[:-1] + (packed.shape[-1] // 16, 16))
+    return blocks, np.ascontiguousarray(scale_bytes, dtype=np.uint8)
+
+
+def unpack_mxfp4_gptoss(blocks, scales, *, layer: str | None = None,
+                        names: tuple[str, str] = ("blocks", "scales")) -> tuple[np.ndarray, np.ndarray]:
+    """gpt-oss ``*_blocks`` [..., K/32, 16] + ``*_scales`` [..., K/32] -> (codes [..., K], scale bytes)."""
+    b = np.asarray(blocks)
+    s = np.asarray(scales)
+    require(b.dtype == np.uint8, f"expected uint8, got {b.dtype}", layer=layer, tensor=names[0])
+    require(s.dtype == np.uint8, f"expected uint8 (E8M0 bytes), got {s.dtype}", layer=layer, tensor=names[1])
+    require(b.ndim >= 2 and b.shape[-1] == 16, f"expected [..., K/32, 16], got shape {list(b.shape)}",
+            layer=layer, tensor=names[0])
+    require(s.shape == b.shape[:-1], f"expected shape {list(b.shape[:-1])} to match blocks, got {list(s.shape)}",
+            layer=layer, tensor=names[1])
+    packed = b.reshape(b.shape[:-2] + (b.shape[-2] * 16,))
+    return unpack_e2m1(packed, axis=-1), s
+
+
+def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.float32) -> np.ndarray:
+    """compressed-tensors MXFP4 weight -> [N, K] (NaN where a scale byte is 0xFF)."""
+    codes, scale = unpack_mxfp4_ct(tensors, layer=layer)
+    return dequantize_mxfp4(codes, scale, dtype=dtype, what=f"{layer or ''}.weight_packed".lstrip("."))
+
+
+def dequantize_mxfp4_gptoss(blocks, scales, *, layer: str | None = None, dtype=np.float32,
+                            names: tuple[str, str] = ("blocks", "scales")) -> np.ndarray:
+    """gpt-oss MXFP4 blocks/scales -> [..., N, K]."""
+    codes, s = unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)
+    return dequantize_mxfp4(codes, s, dtype=dtype)

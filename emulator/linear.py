@@ -1,0 +1,222 @@
+"""Reference linear layers for every scheme: y = x @ W^T + bias.
+
+Semantics: docs/formats/activations.md#reference-linear.
+
+Each function returns a ``LinearResult``:
+
+- ``y_exact`` (float64): the mathematically exact result of the scheme's
+  definition, computed in float64. Where float64 itself can round (sums of
+  products of fp32-range values), ``y_bound`` is a rigorous bound on
+  |y_exact - exact| (Higham's gamma_n applied to the float64 evaluation);
+  integer paths are exact (``y_bound`` = 0), since every partial sum of int8 x
+  int8 (or int4) products is an integer below 2**53.
+- ``y``: the exact result rounded to the output dtype with RNE (the value a
+  kernel that accumulates exactly and rounds once would return).
+- ``y_ambiguous``: elements where y_exact +- y_bound straddles a rounding
+  boundary of the output dtype, so ``y`` is known only to one of two neighbours.
+- ``acc``: the exact integer accumulator for int paths ([M, N], or
+  [M, n_groups, N] for W4A8).
+- ``parts``: the intermediates (activation codes and scales, ties) that the
+  conformance suite compares tie-aware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .errors import FormatError, require
+from .activations import int8 as a8
+from .formats import mxfp4 as mx
+from .numerics.floats import round_to_dtype
+from .numerics.rounding import Rounding, as_float64
+
+__all__ = [
+    "LinearResult",
+    "gamma",
+    "round_output",
+    "linear_w16",
+    "linear_w8a8",
+    "linear_w4a8",
+    "linear_mxfp4_w4a4",
+]
+
+_U64 = 2.0 ** -53
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def gamma(n: int, u: float = _U64) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative bound of an n-term float sum."""
+    nu = n * u
+    if nu >= 1:
+        raise ValueError(f"gamma undefined for n={n}, u={u}")
+    return nu / (1.0 - nu)
+
+
+@dataclasses.dataclass
+class LinearResult:
+    y: np.ndarray
+    y_exact: np.ndarray
+    y_bound: np.ndarray
+    y_ambiguous: np.ndarray
+    out_dtype: str
+    acc: np.ndarray | None = None
+    parts: dict = dataclasses.field(default_factory=dict)
+
+
+def dtype_name(x) -> str:
+    """'float32' | 'float16' | 'bfloat16' for a numpy array (bf16 via ml_dtypes, by name)."""
+    name = np.asarray(x).dtype.name
+    if name not in OUT_DTYPES:
+        raise FormatError(f"activations must be float32, float16 or bfloat16, got {name}", tensor="x")
+    return name
+
+
+def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided."""
+    y = round_to_dtype(y_exact, out_dtype, Rounding.RNE)
+    if not np.any(y_bound):
+        return y, np.zeros(y.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        lo = round_to_dtype(y_exact - y_bound, out_dtype)
+        hi = round_to_dtype(y_exact + y_bound, out_dtype)
+    amb = (lo != hi) & np.isfinite(y_exact)
+    return y, amb
+
+
+def _bias64(bias, N: int) -> np.ndarray:
+    if bias is None:
+        return np.zeros(N, dtype=np.float64)
+    b = as_float64(bias)
+    require(b.shape == (N,), f"expected bias of shape [{N}], got {list(b.shape)}", tensor="bias")
+    return b
+
+
+def _finish(y64, bound, out_dtype, acc=None, parts=None) -> LinearResult:
+    y, amb = round_output(y64, bound, out_dtype)
+    return LinearResult(y=y, y_exact=y64, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
+                        acc=acc, parts=parts or {})
+
+
+def _check_x(x, K: int) -> np.ndarray:
+    x64 = as_float64(x)
+    require(x64.ndim == 2, f"expected activations [M, K], got shape {list(x64.shape)}", tensor="x")
+    require(x64.shape[1] == K, f"activations have K={x64.shape[1]} but the weight has K={K}", tensor="x")
+    return x64
+
+
+def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult:
+    """A16 with dequantized weights w [N, K] (W4A16, W8A16, MXFP4 W4A16): x @ w^T + bias.
+
+    ``w`` is the exact dequantized weight (float32 or float64 values).
+    """
+    out_dtype = out_dtype or dtype_name(x)
+    w64 = as_float64(w)
+    require(w64.ndim == 2, f"expected weight [N, K], got shape {list(w64.shape)}", tensor="weight")
+    N, K = w64.shape
+    x64 = _check_x(x, K)
+    b = _bias64(bias, N)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = x64 @ w64.T + b
+        mag = np.abs(x64) @ np.abs(w64).T + np.abs(b)
+    bound = gamma(K + 1) * mag
+    return _finish(y, bound, out_dtype)
+
+
+def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANONICAL_SYM,
+                out_dtype: str | None = None) -> LinearResult:
+    """W8A8 dynamic: int8 weights [N, K] with per-channel scales [N] (or [N, 1]).
+
+    acc = sum_k (qx - azp) * qw  (exact int), y = acc * sx * sw + bias.
+    """
+    out_dtype = out_dtype or dtype_name(x)
+    wq = np.asarray(w_q)
+    require(wq.ndim == 2 and wq.dtype.kind in "iu", f"expected integer weight [N, K], got {wq.dtype} {list(wq.shape)}",
+            tensor="weight")
+    N, K = wq.shape
+    ws = as_float64(w_scale).reshape(-1)
+    require(ws.shape == (N,), f"expected per-channel scales [N]={N}, got {ws.size}", tensor="weight_scale")
+    require(bool(np.all(np.isfinite(ws))), "NaN or Inf in weight scales", tensor="weight_scale")
+    x64 = _check_x(x, K)
+    acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
+    qx = acts.q.astype(np.float64) - acts.zero_point
+    acc = qx @ wq.astype(np.float64).T  # exact: integers below 2**53
+    b = _bias64(bias, N)
+    scale = acts.scale.astype(np.float64) * ws[None, :]  # exact: 24 x 24 bits
+    y = acc * scale + b
+    bound = gamma(2) * (np.abs(acc * scale) + np.abs(b))
+    return _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
+                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
+                          "x_quotient": acts.quotient})
+
+
+def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
+                act: a8.Int8ActVariant = a8.CANONICAL_SYM, out_dtype: str | None = None) -> LinearResult:
+    """W4A8: int4 weights as signed integers (q - z) [N, K] with group scales [n_groups, N].
+
+    Per group g: acc_g = sum_{k in g} qx[m,k] * (q - z)[n,k] (exact int);
+    y = sx[m] * sum_g sw[g, n] * acc_g + bias.
+    """
+    out_dtype = out_dtype or dtype_name(x)
+    wi = np.asarray(w_int)
+    require(wi.ndim == 2 and wi.dtype.kind in "iu", "expected integer (q - z) weight [N, K]", tensor="weight")
+    N, K = wi.shape
+    ws = as_float64(w_scales)
+    gs = K if group_size in (-1, 0, None) else int(group_size)
+    require(K % gs == 0, f"K={K} is not a multiple of group_size={gs}", tensor="weight")
+    n_groups = K // gs
+    require(ws.shape == (n_groups, N), f"expected scales [{n_groups}, {N}], got {list(ws.shape)}", tensor="scales")
+    gi = np.arange(K) // gs if g_idx is None else np.asarray(g_idx).astype(np.int64)
+    x64 = _check_x(x, K)
+    acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
+    qx = acts.q.astype(np.float64) - acts.zero_point
+    M = qx.shape[0]
+    acc = np.zeros((M, n_groups, N), dtype=np.float64)
+    wf = wi.astype(np.float64)
+    for g in range(n_groups):
+        cols = np.nonzero(gi == g)[0]
+        acc[:, g, :] = qx[:, cols] @ wf[:, cols].T
+    terms = acc * ws[None, :, :]  # exact: int (< 2**24 per group) x fp16/fp32 scale
+    s = terms.sum(axis=1)
+    b = _bias64(bias, N)
+    y = acts.scale.astype(np.float64) * s + b
+    bound = gamma(n_groups + 2) * (np.abs(acts.scale.astype(np.float64)) * np.abs(terms).sum(axis=1) + np.abs(b))
+    return _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
+                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
+                          "x_quotient": acts.quotient})
+
+
+def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx.CANONICAL,
+                      out_dtype: str | None = None) -> LinearResult:
+    """MXFP4 W4A4: activations quantized per 32-block along K with ``act``, weights MXFP4.
+
+    y = sum_blocks 2**(sx_b + sw_b) * sum_{k in b} e2m1(x)_k * e2m1(w)_k + bias;
+    a 0xFF scale on either side makes the output NaN.
+    """
+    out_dtype = out_dtype or dtype_name(x)
+    wc = np.asarray(w_codes)
+    require(wc.ndim == 2, f"expected weight codes [N, K], got shape {list(wc.shape)}", tensor="weight")
+    N, K = wc.shape
+    x64 = _check_x(x, K)
+    xc, xs = mx.quantize_mxfp4(x64.astype(np.float32), act, what="x")
+    xd = mx.dequantize_mxfp4(xc, xs, dtype=np.float64)
+    wd = mx.dequantize_mxfp4(wc, np.asarray(w_scales), dtype=np.float64, what="weight")
+    b = _bias64(bias, N)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = xd @ wd.T + b
+        mag = np.abs(xd) @ np.abs(wd).T + np.abs(b)
+    # Products of e2m1 values and power-of-two scales are exact; only the sum rounds.
+    bound = gamma(K + 1) * mag
+    bound = np.where(np.isnan(bound), 0.0, bound)
+    tie = _e2m1_ties(x64.astype(np.float32), xs)
+    return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie})
+
+
+def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
+    """Elements whose scaled value x / 2**s sits exactly on an E2M1 midpoint (below 6)."""
+    s = np.where(scale_bytes == 0xFF, 0, scale_bytes.astype(np.int64) - 127)
+    xb = x32.reshape(x32.shape[:-1] + (-1, mx.BLOCK)).astype(np.float64)
+    y = np.abs(np.ldexp(xb, -s[..., None])).reshape(x32.shape)
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    return np.isin(y, mids)

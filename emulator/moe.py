@@ -1,0 +1,130 @@
+"""W4A16 mixture-of-experts reference (fused-MoE semantics of vLLM).
+
+Semantics: docs/formats/moe.md.
+
+For each token m with router logits r[m, :E]:
+
+1. p = softmax(r) (evaluated in float64; kernels use fp32);
+2. the top-k experts by p, ties broken toward the lower expert index;
+3. weights = p[topk], divided by their sum when ``renormalize``;
+4. per chosen expert e: h = x @ W13[e]^T  (W13[e] is [2I, K]: gate rows 0..I-1,
+   then up rows I..2I-1), a = silu(gate) * up, rounded to the intermediate
+   dtype (the activation dtype: fused-MoE kernels store it in a buffer of that type),
+   o_e = a @ W2[e]^T  (W2[e] is [K, I]);
+5. y[m] = sum_j weights_j * o_{e_j}, rounded once to the output dtype.
+
+Weights are the exact dequantized expert matrices (any int4 format), so the
+MoE semantics stay independent of the weight format. ``MoeVariant`` names the
+choices kernels make differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from .errors import require
+from .linear import LinearResult, dtype_name, gamma, round_output
+from .numerics.floats import round_to_dtype
+from .numerics.rounding import as_float64
+
+__all__ = ["GateUpOrder", "MoeVariant", "CANONICAL", "route", "moe_w16"]
+
+
+class GateUpOrder(str, enum.Enum):
+    """How the fused w13 rows split into gate and up halves."""
+
+    GATE_UP = "gate_up"  # canonical: rows [0, I) gate, [I, 2I) up (vLLM FusedMoE w13)
+    UP_GATE = "up_gate"  # halves swapped
+    INTERLEAVED = "interleaved"  # gate = even rows, up = odd rows (gpt-oss gate_up_proj)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeVariant:
+    renormalize: bool = True
+    gate_up: GateUpOrder = GateUpOrder.GATE_UP
+    tie_lower_index_first: bool = True
+    intermediate_dtype: str | None = None  # None: the activation dtype; "float64": no rounding
+
+    def __post_init__(self):
+        object.__setattr__(self, "gate_up", GateUpOrder(self.gate_up))
+
+    def describe(self) -> dict:
+        return {"renormalize": self.renormalize, "gate_up": self.gate_up.value,
+                "tie_lower_index_first": self.tie_lower_index_first,
+                "intermediate_dtype": self.intermediate_dtype}
+
+
+CANONICAL = MoeVariant()
+
+
+def route(logits, top_k: int, variant: MoeVariant = CANONICAL) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax routing -> (expert ids int64 [M, top_k], weights float64 [M, top_k])."""
+    r = as_float64(logits)
+    require(r.ndim == 2, f"expected router logits [M, E], got shape {list(r.shape)}", tensor="router_logits")
+    E = r.shape[1]
+    require(1 <= top_k <= E, f"top_k={top_k} must be in [1, E={E}]", tensor="router_logits")
+    require(bool(np.all(np.isfinite(r))), "NaN or Inf in router logits", tensor="router_logits")
+    z = np.exp(r - r.max(axis=1, keepdims=True))
+    p = z / z.sum(axis=1, keepdims=True)
+    # Stable sort on -p keeps equal probabilities in index order (lower index first).
+    order = np.argsort(-p, axis=1, kind="stable")
+    if not variant.tie_lower_index_first:
+        order = (E - 1) - np.argsort(-p[:, ::-1], axis=1, kind="stable")
+    ids = order[:, :top_k]
+    w = np.take_along_axis(p, ids, axis=1)
+    if variant.renormalize:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids.astype(np.int64), w
+
+
+def _split_gate_up(h: np.ndarray, variant: MoeVariant) -> tuple[np.ndarray, np.ndarray]:
+    inter = h.shape[-1] // 2
+    if variant.gate_up is GateUpOrder.GATE_UP:
+        return h[..., :inter], h[..., inter:]
+    if variant.gate_up is GateUpOrder.UP_GATE:
+        return h[..., inter:], h[..., :inter]
+    return h[..., 0::2], h[..., 1::2]
+
+
+def _silu(g: np.ndarray) -> np.ndarray:
+    return g / (1.0 + np.exp(-g))
+
+
+def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANONICAL,
+            out_dtype: str | None = None) -> LinearResult:
+    """Fused-MoE reference with dequantized experts w13 [E, 2I, K], w2 [E, K, I]."""
+    out_dtype = out_dtype or dtype_name(x)
+    x64 = as_float64(x)
+    w13 = as_float64(w13)
+    w2 = as_float64(w2)
+    require(w13.ndim == 3 and w2.ndim == 3, "expected w13 [E, 2I, K] and w2 [E, K, I]", tensor="w13")
+    E, two_i, K = w13.shape
+    require(two_i % 2 == 0, f"w13 has an odd number of rows {two_i}", tensor="w13")
+    inter = two_i // 2
+    require(w2.shape == (E, K, inter), f"expected w2 shape {[E, K, inter]}, got {list(w2.shape)}", tensor="w2")
+    require(x64.ndim == 2 and x64.shape[1] == K, f"expected x [M, {K}], got {list(x64.shape)}", tensor="x")
+    ids, wts = route(router_logits, top_k, variant)
+    require(ids.shape[0] == x64.shape[0], "router_logits and x disagree on M", tensor="router_logits")
+    inter_dtype = variant.intermediate_dtype or dtype_name(x)
+    M = x64.shape[0]
+    y = np.zeros((M, K), dtype=np.float64)
+    mag = np.zeros((M, K), dtype=np.float64)
+    for j in range(top_k):
+        for e in np.unique(ids[:, j]):
+            rows = np.nonzero(ids[:, j] == e)[0]
+            h = x64[rows] @ w13[e].T
+            gate, up = _split_gate_up(h, variant)
+            a = _silu(gate) * up
+            if inter_dtype != "float64":
+                a = round_to_dtype(a, inter_dtype)
+            o = a @ w2[e].T
+            y[rows] += wts[rows, j:j + 1] * o
+            mag[rows] += np.abs(wts[rows, j:j + 1]) * (np.abs(a) @ np.abs(w2[e]).T)
+    # float64 evaluation error only (the reference itself is defined in float64 after routing).
+    bound = gamma(inter + top_k + 8) * mag
+    res_y, amb = round_output(y, bound, out_dtype)
+    return LinearResult(y=res_y, y_exact=y, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
+                        parts={"topk_ids": ids, "topk_weights": wts})
