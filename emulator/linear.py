@@ -93,10 +93,51 @@ def _bias64(bias, N: int) -> np.ndarray:
     return b
 
 
+def _add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
+    """y + bias in float64; the addition's rounding (if any) is added to the bound."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = y + b
+        # TwoSum error term: exact when it is zero.
+        bb = s - y
+        err = (y - (s - bb)) + (b - bb)
+    extra = np.where(np.isfinite(err), np.abs(err), 0.0)
+    return s, bound + extra
+
+
 def _finish(y64, bound, out_dtype, acc=None, parts=None) -> LinearResult:
     y, amb = round_output(y64, bound, out_dtype)
     return LinearResult(y=y, y_exact=y64, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
                         acc=acc, parts=parts or {})
+
+
+def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
+    """For each float64, the exponent e of its lowest set significand bit (v is a multiple of 2**e).
+
+    Zeros, NaN and Inf give +inf (they impose no quantum).
+    """
+    from .numerics.rounding import _decompose
+
+    v = np.asarray(v, dtype=np.float64)
+    ok = np.isfinite(v) & (v != 0)
+    _, sig, exp = _decompose(np.where(ok, v, 1.0))
+    low = sig & (~sig + np.uint64(1))  # isolate the lowest set bit
+    _, e = np.frexp(low.astype(np.float64))
+    return np.where(ok, exp + e.astype(np.int64) - 1, np.inf)
+
+
+def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.ndarray:
+    """Where float64 evaluation of sum_k a[m,k] * b[n,k] is provably exact.
+
+    Every product is a multiple of 2**(ea_min[m] + eb_min[n]) (lowest set bits), so
+    every partial sum is too; if the sum of magnitudes stays below 2**53 times that
+    quantum, no partial sum (nor product) can round.
+    """
+    ea = lowest_bit_exponent(a64).min(axis=1) if a64.size else np.zeros(a64.shape[0])
+    eb = lowest_bit_exponent(b64).min(axis=1) if b64.size else np.zeros(b64.shape[0])
+    q = ea[:, None] + eb[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.log2(np.where(mag > 0, mag, 1.0)) - q
+    return (mag == 0) | (np.isfinite(q) & (room < 52)) | ~np.isfinite(q)
 
 
 def _check_x(x, K: int) -> np.ndarray:
@@ -118,9 +159,10 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     x64 = _check_x(x, K)
     b = _bias64(bias, N)
     with np.errstate(invalid="ignore", over="ignore"):
-        y = x64 @ w64.T + b
-        mag = np.abs(x64) @ np.abs(w64).T + np.abs(b)
-    bound = gamma(K + 1) * mag
+        y = x64 @ w64.T
+        mag = np.abs(x64) @ np.abs(w64).T
+    bound = np.where(exact_in_float64(x64, w64, mag), 0.0, gamma(K) * mag)
+    y, bound = _add_bias(y, bound, b)
     return _finish(y, bound, out_dtype)
 
 
@@ -204,11 +246,12 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     wd = mx.dequantize_mxfp4(wc, np.asarray(w_scales), dtype=np.float64, what="weight")
     b = _bias64(bias, N)
     with np.errstate(invalid="ignore", over="ignore"):
-        y = xd @ wd.T + b
-        mag = np.abs(xd) @ np.abs(wd).T + np.abs(b)
-    # Products of e2m1 values and power-of-two scales are exact; only the sum rounds.
-    bound = gamma(K + 1) * mag
+        y = xd @ wd.T
+        mag = np.abs(xd) @ np.abs(wd).T
+    # Products of e2m1 values and power-of-two scales are exact; only the sum can round.
+    bound = np.where(exact_in_float64(xd, wd, mag), 0.0, gamma(K) * mag)
     bound = np.where(np.isnan(bound), 0.0, bound)
+    y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
     return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie})
 

@@ -146,7 +146,8 @@ def round_to_format(
     shift = quantum - exp
     on_grid = shift <= 0
     mag = round_scaled_significand(safe_sig, np.where(on_grid, 0, shift), mode)
-    val = np.where(on_grid, np.abs(xf), np.ldexp(mag.astype(np.float64), quantum))
+    with np.errstate(over="ignore"):  # lanes already on the grid are not taken from ldexp
+        val = np.where(on_grid, np.abs(xf), np.ldexp(mag.astype(np.float64), quantum))
     val = np.where(nonzero, val, 0.0)
 
     too_big = val > fmt.max_finite

@@ -79,16 +79,21 @@ def as_float64(x) -> np.ndarray:
     their bits are the upper half of a float32.
     """
     a = np.asarray(x)
-    if a.dtype.kind == "V" or a.dtype.name == "bfloat16":
+    if a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:
         bits = a.view(np.uint16).astype(np.uint32) << np.uint32(16)
         return bits.view(np.float32).astype(np.float64)
+    if a.dtype.kind == "V":
+        # Other extension floats (float8/float4/e8m0 of ml_dtypes) have other bit layouts:
+        # reading them as bfloat16 bit pairs would be silently wrong.
+        raise TypeError(f"unsupported extension dtype {a.dtype}; decode its bits with the format's own decoder")
     if a.dtype.kind in "iub":
         return a.astype(np.float64)
     if a.dtype.kind != "f":
         raise TypeError(f"expected a float array, got dtype {a.dtype}")
     if a.dtype.itemsize > 8:
         raise TypeError(f"{a.dtype} is wider than float64")
-    return a.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # widening a signalling NaN is exact (it comes back quiet)
+        return a.astype(np.float64)
 
 
 def _decompose(x64: np.ndarray):

@@ -1,0 +1,177 @@
+"""Hugging Face style checkpoint folders: detect each quantized layer's format.
+
+Semantics: docs/checkpoints.md.
+
+A checkpoint folder holds ``config.json`` (with ``quantization_config``) and
+one or more ``*.safetensors`` files (sharded ones are listed by
+``model.safetensors.index.json``). Detection reads the config's
+``quant_method`` and then looks at the tensors each layer actually has:
+
+================  ==========================================  ======================
+quant_method      discriminating keys                         layer format
+================  ==========================================  ======================
+gptq              checkpoint_format gptq / gptq_v2            gptq (v1 / v2 zeros)
+auto-round        packing_format auto_round:auto_gptq|awq     gptq / awq layout
+awq               version gemm                                awq
+compressed-tens.  config_groups[*].weights, format             ct-pack-quantized,
+                                                              ct-int-quantized, ct-mxfp4
+mxfp4             *_blocks / *_scales tensors                 gptoss-mxfp4
+================  ==========================================  ======================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FormatError, QconformError, UnsupportedFormatError, require
+from .tensorfile import Tensor, TensorFile
+
+__all__ = ["LayerInfo", "Checkpoint", "open_checkpoint"]
+
+SUPPORTED_METHODS = ("gptq", "awq", "auto-round", "compressed-tensors", "mxfp4")
+
+
+@dataclasses.dataclass
+class LayerInfo:
+    """One quantized layer as the checkpoint stores it."""
+
+    name: str
+    format: str  # gptq | awq | ct-pack-quantized | ct-int-quantized | ct-mxfp4 | gptoss-mxfp4
+    shape: tuple  # logical [N, K], or [E, N, K] for stacked experts
+    bits: int
+    group_size: int  # -1: one group spans K
+    sym: bool | None
+    act_order: bool
+    zero_convention: str | None  # v1 | v2 | literal | offset | None
+    tensors: dict  # role -> full tensor name
+    activation: dict | None = None  # activation quantization the checkpoint declares
+    scale_dtype: str | None = None
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+
+def _load_json(path: Path, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: {what} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: malformed JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{path}: {what} is not a JSON object")
+    return data
+
+
+class Checkpoint:
+    """A checkpoint folder: config + lazily read safetensors shards."""
+
+    def __init__(self, folder: "str | Path"):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise FormatError(f"{self.folder}: not a checkpoint folder")
+        self.config = _load_json(self.folder / "config.json", "config.json")
+        qc = self.config.get("quantization_config")
+        if qc is None and (self.folder / "quantization_config.json").exists():
+            qc = _load_json(self.folder / "quantization_config.json", "quantization_config.json")
+        if not isinstance(qc, dict):
+            raise UnsupportedFormatError(f"{self.folder}/config.json: no quantization_config (not a quantized checkpoint)")
+        self.qconfig = qc
+        method = str(qc.get("quant_method", "")).lower().replace("intel/", "").replace("_", "-")
+        if method not in SUPPORTED_METHODS:
+            raise UnsupportedFormatError(
+                f"{self.folder}/config.json: unknown quant_method {qc.get('quant_method')!r}; "
+                f"supported: {', '.join(SUPPORTED_METHODS)}")
+        self.method = method
+        self._files = self._index_files()
+        self._layers: dict[str, LayerInfo] | None = None
+
+    # -- tensors --------------------------------------------------------------------------
+    def _index_files(self) -> dict[str, TensorFile]:
+        index = self.folder / "model.safetensors.index.json"
+        names: dict[str, TensorFile] = {}
+        if index.exists():
+            wm = _load_json(index, "model.safetensors.index.json").get("weight_map")
+            if not isinstance(wm, dict):
+                raise FormatError(f"{index}: no weight_map")
+            files = {}
+            for tname, fname in wm.items():
+                if fname not in files:
+                    p = (self.folder / fname).resolve()
+                    if self.folder.resolve() not in p.parents:
+                        raise FormatError(f"{index}: shard {fname!r} lies outside the checkpoint folder")
+                    files[fname] = TensorFile(p)
+                tf = files[fname]
+                if tname not in tf.header:
+                    raise FormatError(f"{index}: tensor {tname!r} is not in shard {fname}")
+                names[tname] = tf
+            return names
+        shards = sorted(p for p in self.folder.glob("*.safetensors") if p.name != "toolkit_dequant.safetensors")
+        if not shards:
+            raise FormatError(f"{self.folder}: no *.safetensors files")
+        for p in shards:
+            tf = TensorFile(p)
+            for k in tf.keys():
+                if k in names:
+                    raise FormatError(f"{self.folder}: tensor {k!r} appears in both {names[k].path.name} and {p.name}")
+                names[k] = tf
+        return names
+
+    def has(self, name: str) -> bool:
+        return name in self._files
+
+    def tensor(self, name: str, *, layer: str | None = None) -> Tensor:
+        if name not in self._files:
+            raise FormatError("missing tensor", layer=layer, tensor=name.rsplit(".", 1)[-1] if layer else name)
+        return self._files[name].get(name)
+
+    def tensor_info(self, name: str) -> tuple[str, tuple]:
+        return self._files[name].info(name)
+
+    def tensor_names(self) -> list[str]:
+        return sorted(self._files)
+
+    # -- layers ---------------------------------------------------------------------------
+    def layers(self) -> list[LayerInfo]:
+        if self._layers is None:
+            from . import detect  # local import: detection rules live in their own module
+
+            self._layers = {l.name: l for l in detect.detect_layers(self)}
+        return list(self._layers.values())
+
+    def layer(self, name: str) -> LayerInfo:
+        self.layers()
+        assert self._layers is not None
+        if name in self._layers:
+            return self._layers[name]
+        # Accept a tensor name or a trailing ".weight".
+        stripped = re.sub(r"\.(weight|qweight|weight_packed)$", "", name)
+        if stripped in self._layers:
+            return self._layers[stripped]
+        close = [n for n in self._layers if name.split(".")[-1] in n][:5]
+        hint = f"; similar: {', '.join(close)}" if close else ""
+        raise QconformError(f"{self.folder}: no quantized layer named {name!r}{hint}")
+
+    def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:
+        return {role: self.tensor(tname, layer=info.name) for role, tname in info.tensors.items()}
+
+
+def open_checkpoint(folder: "str | Path") -> Checkpoint:
+    return Checkpoint(folder)
+
+
+def describe_dtype(t: Tensor) -> str:
+    return t.dtype
+
+
+def as_int_array(t: Tensor, *, layer: str, tensor: str, dtypes=("I32",)) -> np.ndarray:
+    require(t.dtype in dtypes, f"expected dtype {'/'.join(dtypes)}, got {t.dtype}", layer=layer, tensor=tensor)
+    return t.data

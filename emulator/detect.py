@@ -1,0 +1,295 @@
+"""Detection rules: which format each layer of a checkpoint uses.
+
+Semantics: docs/checkpoints.md. Each rule reads only the config keys the
+toolkit writes and the tensor names present; no tensor data is read here
+except dtypes and shapes from the safetensors headers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .checkpoint import Checkpoint, LayerInfo
+from .errors import FormatError, UnsupportedFormatError
+
+_GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+
+
+def detect_layers(ckpt: Checkpoint) -> list[LayerInfo]:
+    rule = {
+        "gptq": _detect_gptq,
+        "auto-round": _detect_auto_round,
+        "awq": _detect_awq,
+        "compressed-tensors": _detect_compressed_tensors,
+        "mxfp4": _detect_gptoss_mxfp4,
+    }[ckpt.method]
+    layers = rule(ckpt, ckpt.qconfig)
+    if not layers:
+        raise FormatError(f"{ckpt.folder}: quant_method {ckpt.method!r} but no quantized layer tensors were found")
+    return sorted(layers, key=lambda l: l.name)
+
+
+def _prefixes(ckpt: Checkpoint, suffix: str) -> list[str]:
+    tail = "." + suffix
+    return sorted(n[: -len(tail)] for n in ckpt.tensor_names() if n.endswith(tail))
+
+
+def _bias(ckpt: Checkpoint, prefix: str, tensors: dict) -> dict:
+    if ckpt.has(prefix + ".bias"):
+        tensors["bias"] = prefix + ".bias"
+    return tensors
+
+
+def _group(gs) -> int:
+    gs = int(gs) if gs is not None else -1
+    return -1 if gs <= 0 else gs
+
+
+def _scale_dtype(ckpt: Checkpoint, name: str) -> str:
+    return ckpt.tensor_info(name)[0]
+
+
+# -- GPTQ family --------------------------------------------------------------------------
+def _gptq_layer(ckpt: Checkpoint, prefix: str, cfg: dict, zero_convention: str) -> LayerInfo:
+    bits = int(cfg.get("bits", 4))
+    if bits not in (4, 8):
+        raise UnsupportedFormatError(f"{prefix}: GPTQ bits={bits} is not defined (4 or 8)")
+    _, qshape = ckpt.tensor_info(prefix + ".qweight")
+    sname = prefix + ".scales"
+    if not ckpt.has(sname):
+        raise FormatError("missing tensor", layer=prefix, tensor="scales")
+    _, sshape = ckpt.tensor_info(sname)
+    if len(qshape) != 2 or len(sshape) != 2:
+        raise FormatError(f"expected 2-D qweight/scales, got {list(qshape)} / {list(sshape)}", layer=prefix, tensor="qweight")
+    N, K = sshape[1], qshape[0] * (32 // bits)
+    tensors = {"qweight": prefix + ".qweight", "scales": sname}
+    for opt in ("qzeros", "g_idx"):
+        if ckpt.has(f"{prefix}.{opt}"):
+            tensors[opt] = f"{prefix}.{opt}"
+    return LayerInfo(
+        name=prefix, format="gptq", shape=(N, K), bits=bits, group_size=_group(cfg.get("group_size", 128)),
+        sym=bool(cfg.get("sym", True)), act_order=bool(cfg.get("desc_act", False)),
+        zero_convention=zero_convention, tensors=_bias(ckpt, prefix, tensors), scale_dtype=_scale_dtype(ckpt, sname))
+
+
+def _awq_layer(ckpt: Checkpoint, prefix: str, cfg: dict) -> LayerInfo:
+    bits = int(cfg.get("w_bit", cfg.get("bits", 4)))
+    if bits != 4:
+        raise UnsupportedFormatError(f"{prefix}: AWQ bits={bits} is not defined (4)")
+    _, qshape = ckpt.tensor_info(prefix + ".qweight")
+    sname = prefix + ".scales"
+    if not ckpt.has(sname):
+        raise FormatError("missing tensor", layer=prefix, tensor="scales")
+    _, sshape = ckpt.tensor_info(sname)
+    N, K = sshape[1], qshape[0]
+    tensors = {"qweight": prefix + ".qweight", "scales": sname}
+    if ckpt.has(prefix + ".qzeros"):
+        tensors["qzeros"] = prefix + ".qzeros"
+    return LayerInfo(
+        name=prefix, format="awq", shape=(N, K), bits=bits,
+        group_size=_group(cfg.get("q_group_size", cfg.get("group_size", 128))),
+        sym=not bool(cfg.get("zero_point", True)) if "zero_point" in cfg else bool(cfg.get("sym", False)),
+        act_order=False, zero_convention="literal", tensors=_bias(ckpt, prefix, tensors),
+        scale_dtype=_scale_dtype(ckpt, sname))
+
+
+def _detect_gptq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+    fmt = str(cfg.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {fmt!r} is not defined (gptq, gptq_v2)")
+    conv = "v2" if fmt == "gptq_v2" else "v1"
+    return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _prefixes(ckpt, "qweight")]
+
+
+def _layer_cfg(cfg: dict, prefix: str) -> dict:
+    """Per-layer overrides (auto-round ``extra_config``, GPTQModel ``dynamic``)."""
+    extra = cfg.get("extra_config") or {}
+    out = dict(cfg)
+    if isinstance(extra, dict):
+        for key, over in extra.items():
+            if isinstance(over, dict) and (key == prefix or (key.startswith("re:") and re.fullmatch(key[3:], prefix))):
+                out.update(over)
+    return out
+
+
+def _auto_round_zero_convention(cfg: dict) -> str:
+    """auto-round's GPTQ-layout packing writes v1 zero points (stored z - 1), like AutoGPTQ:
+    its own dequantized weights match only the v1 reading (tests/emulator/test_toolkit_checkpoints.py)."""
+    return "v1"
+
+
+def _detect_auto_round(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+    packing = str(cfg.get("packing_format", "auto_round:auto_gptq")).lower()
+    if packing in ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "auto_round"):
+        conv = _auto_round_zero_convention(cfg)
+        return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _prefixes(ckpt, "qweight")]
+    if packing in ("auto_round:auto_awq", "auto_awq", "auto_round:awq"):
+        out = []
+        for p in _prefixes(ckpt, "qweight"):
+            lc = _layer_cfg(cfg, p)
+            info = _awq_layer(ckpt, p, {"bits": lc.get("bits", 4), "group_size": lc.get("group_size", 128)})
+            info.sym = bool(lc.get("sym", False))
+            out.append(info)
+        return out
+    if packing in ("auto_round:llm_compressor", "llm_compressor"):
+        return _auto_round_llm_compressor(ckpt, cfg)
+    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round packing_format {packing!r} is not defined")
+
+
+def _auto_round_act(cfg: dict) -> dict | None:
+    bits = int(cfg.get("act_bits", 16) or 16)
+    if bits >= 16:
+        return None
+    dt = str(cfg.get("act_data_type", "int")).lower()
+    return {"num_bits": bits, "type": "float" if "fp" in dt else "int", "symmetric": bool(cfg.get("act_sym", True)),
+            "strategy": "group" if int(cfg.get("act_group_size", 0) or 0) > 0 else "token",
+            "dynamic": bool(cfg.get("act_dynamic", True)), "group_size": cfg.get("act_group_size")}
+
+
+def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+    """auto-round exporting in compressed-tensors layouts (packing_format auto_round:llm_compressor)."""
+    dt = str(cfg.get("data_type", "int")).lower()
+    layers = []
+    if dt in ("mx_fp", "mx_fp_rceil", "mxfp4", "mx_fp4"):
+        for prefix in _prefixes(ckpt, "weight_packed"):
+            lc = _layer_cfg(cfg, prefix)
+            if int(lc.get("bits", 4)) != 4 or int(lc.get("group_size", 32)) != 32:
+                raise UnsupportedFormatError(f"{prefix}: auto-round mx_fp with bits={lc.get('bits')} "
+                                             f"group_size={lc.get('group_size')} is not MXFP4")
+            _, pshape = ckpt.tensor_info(prefix + ".weight_packed")
+            tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
+            layers.append(LayerInfo(
+                name=prefix, format="ct-mxfp4", shape=(pshape[0], pshape[1] * 2), bits=4, group_size=32, sym=True,
+                act_order=False, zero_convention=None, tensors=_bias(ckpt, prefix, tensors),
+                activation=_auto_round_act(lc), scale_dtype="E8M0"))
+        return layers
+    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round llm_compressor export of data_type {dt!r} is not defined")
+
+
+def _detect_awq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+    version = str(cfg.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise UnsupportedFormatError(f"{ckpt.folder}: AWQ version {version!r} is not defined (gemm)")
+    return [_awq_layer(ckpt, p, cfg) for p in _prefixes(ckpt, "qweight")]
+
+
+# -- compressed-tensors ------------------------------------------------------------------
+def _ct_targets_match(targets, name: str) -> bool:
+    for t in targets or []:
+        t = str(t)
+        if t.startswith("re:"):
+            if re.match(t[3:], name):
+                return True
+        elif t == "Linear" or name == t or name.endswith("." + t):
+            return True
+    return False
+
+
+def _ct_ignored(cfg: dict, name: str) -> bool:
+    for t in cfg.get("ignore") or []:
+        t = str(t)
+        if (t.startswith("re:") and re.match(t[3:], name)) or name == t or name.endswith("." + t):
+            return True
+    return False
+
+
+def _ct_scheme_for(cfg: dict, name: str) -> dict | None:
+    groups = cfg.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        raise FormatError("compressed-tensors config_groups is not an object")
+    for _, g in groups.items():
+        if isinstance(g, dict) and _ct_targets_match(g.get("targets"), name):
+            return g
+    return None
+
+
+def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+    top_format = str(cfg.get("format", "")).lower()
+    layers: list[LayerInfo] = []
+    candidates = set(_prefixes(ckpt, "weight_packed")) | set(_prefixes(ckpt, "weight_scale"))
+    for prefix in sorted(candidates):
+        if _ct_ignored(cfg, prefix):
+            continue
+        scheme = _ct_scheme_for(cfg, prefix)
+        if scheme is None:
+            raise FormatError("quantized tensors present but no config_groups entry targets this layer", layer=prefix)
+        wargs = scheme.get("weights") or {}
+        fmt = str(scheme.get("format") or top_format).lower()
+        num_bits = int(wargs.get("num_bits", 8))
+        wtype = str(wargs.get("type", "int")).lower()
+        strategy = str(wargs.get("strategy", "tensor")).lower()
+        gs = wargs.get("group_size")
+        group = _group(gs) if strategy in ("group", "tensor_group") else -1
+        act = scheme.get("input_activations")
+        activation = None
+        if isinstance(act, dict):
+            activation = {k: act.get(k) for k in ("num_bits", "type", "symmetric", "strategy", "dynamic", "group_size")}
+        tensors = {}
+        if ckpt.has(prefix + ".weight_packed"):
+            dt, pshape = ckpt.tensor_info(prefix + ".weight_packed")
+            if wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
+                if "nvfp4" in fmt:
+                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {fmt!r} (NVFP4) is not defined")
+                N, K = pshape[0], pshape[1] * 2
+                tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
+                layers.append(LayerInfo(
+                    name=prefix, format="ct-mxfp4", shape=(N, K), bits=4, group_size=32, sym=True, act_order=False,
+                    zero_convention=None, tensors=_bias(ckpt, prefix, tensors), activation=activation,
+                    scale_dtype="E8M0"))
+                continue
+            if num_bits not in (4, 8):
+                raise UnsupportedFormatError(f"{prefix}: pack-quantized num_bits={num_bits} is not defined (4, 8)")
+            N = pshape[0]
+            K = pshape[1] * (32 // num_bits)
+            if ckpt.has(prefix + ".weight_shape"):
+                ws = ckpt.tensor(prefix + ".weight_shape", layer=prefix).data.reshape(-1)
+                if ws.size != 2:
+                    raise FormatError(f"expected 2 elements, got {ws.size}", layer=prefix, tensor="weight_shape")
+                N, K = int(ws[0]), int(ws[1])
+            tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
+            for opt in ("weight_zero_point", "weight_g_idx", "weight_shape"):
+                if ckpt.has(f"{prefix}.{opt}"):
+                    tensors[opt] = f"{prefix}.{opt}"
+            sym = bool(wargs.get("symmetric", True))
+            layers.append(LayerInfo(
+                name=prefix, format="ct-pack-quantized", shape=(N, K), bits=num_bits, group_size=group, sym=sym,
+                act_order=bool(wargs.get("actorder")) or "weight_g_idx" in tensors,
+                zero_convention="offset", tensors=_bias(ckpt, prefix, tensors), activation=activation,
+                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale")))
+        elif ckpt.has(prefix + ".weight"):
+            dt, wshape = ckpt.tensor_info(prefix + ".weight")
+            if dt != "I8":
+                # fp weights with a scale (e.g. FP8) are not an integer format qconform defines yet
+                raise UnsupportedFormatError(
+                    f"{prefix}: compressed-tensors weight of dtype {dt} with weight_scale is not a defined format")
+            tensors = {"weight": prefix + ".weight", "weight_scale": prefix + ".weight_scale"}
+            if ckpt.has(prefix + ".weight_zero_point"):
+                tensors["weight_zero_point"] = prefix + ".weight_zero_point"
+            layers.append(LayerInfo(
+                name=prefix, format="ct-int-quantized", shape=tuple(wshape), bits=8, group_size=group,
+                sym=bool(wargs.get("symmetric", True)), act_order=False, zero_convention=None,
+                tensors=_bias(ckpt, prefix, tensors), activation=activation,
+                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale")))
+    return layers
+
+
+# -- gpt-oss MXFP4 -----------------------------------------------------------------------
+def _detect_gptoss_mxfp4(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+    layers = []
+    for prefix in _prefixes_any(ckpt, "_blocks"):
+        bname, sname = prefix + "_blocks", prefix + "_scales"
+        if not ckpt.has(sname):
+            raise FormatError("missing tensor", layer=prefix, tensor=sname.rsplit(".", 1)[-1])
+        dt, bshape = ckpt.tensor_info(bname)
+        if len(bshape) < 3 or bshape[-1] != 16:
+            raise FormatError(f"expected [..., N, K/32, 16], got {list(bshape)}", layer=prefix,
+                              tensor=bname.rsplit(".", 1)[-1])
+        shape = tuple(bshape[:-2]) + (bshape[-2] * 32,)
+        layers.append(LayerInfo(
+            name=prefix, format="gptoss-mxfp4", shape=shape, bits=4, group_size=32, sym=True, act_order=False,
+            zero_convention=None, tensors={"blocks": bname, "scales": sname}, scale_dtype="E8M0"))
+    return layers
+
+
+def _prefixes_any(ckpt: Checkpoint, tail: str) -> list[str]:
+    return sorted(n[: -len(tail)] for n in ckpt.tensor_names() if n.endswith(tail))

@@ -1,0 +1,334 @@
+"""What the integer weight formats (GPTQ, AWQ, compressed-tensors) share.
+
+Semantics: docs/formats/gptq.md#dequantization (awq.md and
+compressed-tensors.md use the same rule and the same variant names).
+
+Dequantization, canonical
+-------------------------
+A weight element is ``w = (q - z) * s`` with ``q`` the stored integer code,
+``z`` the integer zero point of its group and ``s`` the group's scale. The
+emulator computes the exact real value of that product and rounds it *once*
+to float32 (RNE). With float16 or bfloat16 scales the rounding never happens:
+``|q - z| <= 256`` has at most 8 significant bits and the scale at most 11,
+so the product has at most 19 significant bits and fits float32's 24; its
+exponent stays inside float32's range (a float16 scale is at most 65504, so
+``|w| < 2**24``; float16 subnormals are multiples of 2**-24 and float32
+represents every multiple of 2**-149 below 2**-125 exactly). The only
+exception is a bfloat16 scale above 2**128 / 256, whose product overflows to
++-Inf as IEEE float32 would. With float32 scales (compressed-tensors allows
+them) the exact product can need 33 bits, and the single RNE rounding to
+float32 is part of the definition.
+
+Named variants of the operation order (keyword-only arguments of every
+``dequantize_*`` function):
+
+- ``DequantOrder.SUB_THEN_MUL`` (canonical): ``round_C((q - z) * s)``.
+- ``DequantOrder.MUL_THEN_SUB``: ``round_C(round_C(q * s) - round_C(z * s))``;
+  the order vLLM's Machete reference uses (``quantize_weights(...,
+  ref_zero_points_after_scales=True)`` in
+  ``vllm/model_executor/layers/quantization/utils/quant_utils.py``).
+- ``scale_dtype``: the scales are first rounded (RNE) to this dtype, e.g.
+  ``ComputeDtype.BFLOAT16`` for kernels that load float16 checkpoint scales
+  into bfloat16 parameters (``SCALE_BF16``).
+- ``compute_dtype`` C: every operand is converted to C and every operation's
+  result is rounded to C (RNE), as a kernel that dequantizes in C does. The
+  returned array is still float32 (it holds values of C exactly).
+
+With 16-bit scales and float32 compute, MUL_THEN_SUB equals SUB_THEN_MUL
+bit for bit (every product and the difference are exact in float32); it
+differs with a 16-bit compute dtype or with float32 scales.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from ..errors import FormatError, UnsupportedFormatError, require
+from ..numerics.floats import BF16, FP16, FP32, FloatFormat, round_to_format
+from ..numerics.rounding import Rounding, as_float64, quantize_to_int
+
+__all__ = [
+    "ZeroConvention",
+    "DequantOrder",
+    "ComputeDtype",
+    "FLOAT_DTYPE_NAMES",
+    "dtype_name",
+    "shape_str",
+    "check_dtype",
+    "check_shape",
+    "check_integer_range",
+    "check_scales",
+    "check_weights",
+    "resolve_group_size",
+    "default_g_idx",
+    "check_g_idx",
+    "dequantize_affine",
+    "round_scale",
+    "float_array",
+    "rtn_codes",
+]
+
+
+class ZeroConvention(str, enum.Enum):
+    """How a GPTQ checkpoint stores its zero points (``checkpoint_format``).
+
+    V1 (``"gptq"``, AutoGPTQ): the stored field is ``z - 1`` and readers add 1,
+    so a field of all ones reads as ``2**bits`` (16 for 4-bit) and ``z = 0``
+    cannot be stored. V2 (``"gptq_v2"``, GPTQModel): the field is ``z``.
+    """
+
+    V1 = "gptq"
+    V2 = "gptq_v2"
+
+
+class DequantOrder(str, enum.Enum):
+    """The order of the two arithmetic steps of ``(q - z) * s``."""
+
+    SUB_THEN_MUL = "sub_then_mul"
+    MUL_THEN_SUB = "mul_then_sub"
+
+
+class ComputeDtype(str, enum.Enum):
+    """A floating-point dtype in which a kernel rounds its arithmetic."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+    @property
+    def fmt(self) -> FloatFormat:
+        return {"float32": FP32, "float16": FP16, "bfloat16": BF16}[self.value]
+
+
+FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32")
+
+
+def dtype_name(a) -> str:
+    """numpy's name for the dtype of ``a`` ('bfloat16' for ml_dtypes bfloat16)."""
+    return np.asarray(a).dtype.name
+
+
+def shape_str(shape) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def check_dtype(a, allowed, *, tensor: str, layer: str | None = None) -> np.ndarray:
+    """Return ``a`` as an ndarray; FormatError unless its dtype name is in ``allowed``."""
+    arr = np.asarray(a)
+    name = arr.dtype.name
+    if name not in allowed:
+        want = " or ".join(allowed)
+        raise FormatError(f"expected dtype {want}, got {name}", layer=layer, tensor=tensor)
+    return arr
+
+
+def check_shape(a: np.ndarray, expected, what: str, *, tensor: str, layer: str | None = None) -> None:
+    """FormatError unless ``a.shape == expected``; ``what`` spells the shape symbolically."""
+    expected = tuple(int(d) for d in expected)
+    require(
+        tuple(a.shape) == expected,
+        f"expected shape {what} = {shape_str(expected)}, got {shape_str(a.shape)}",
+        layer=layer,
+        tensor=tensor,
+    )
+
+
+def _first_index(mask: np.ndarray) -> tuple:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def check_integer_range(a: np.ndarray, lo: int, hi: int, what: str, *, tensor: str, layer: str | None = None) -> None:
+    """FormatError naming the first element of integer array ``a`` outside [lo, hi]."""
+    arr = np.asarray(a)
+    require(arr.dtype.kind in "iu", f"expected an integer array, got dtype {arr.dtype.name}", layer=layer, tensor=tensor)
+    bad = (arr.astype(np.int64) < lo) | (arr.astype(np.int64) > hi)
+    if np.any(bad):
+        idx = _first_index(bad)
+        raise FormatError(
+            f"{what} {int(arr[idx])} at index {list(idx)} is out of range [{lo}, {hi}] "
+            f"({int(bad.sum())} element(s) out of range)",
+            layer=layer,
+            tensor=tensor,
+        )
+
+
+def check_scales(s: np.ndarray, *, tensor: str, layer: str | None = None) -> np.ndarray:
+    """Scales must be finite and non-negative; returns them widened to float64.
+
+    NaN and +-Inf are errors (a NaN scale cannot come from any quantizer and
+    would silently poison a whole group). Negative scales are errors (no
+    quantizer produces them; a kernel that takes |s| and one that does not
+    would disagree). A zero scale is allowed: it dequantizes its group to
+    +-0 (the sign follows IEEE multiplication).
+    """
+    s64 = as_float64(s)
+    bad = ~np.isfinite(s64)
+    if np.any(bad):
+        idx = _first_index(bad)
+        raise FormatError(
+            f"scale {s64[idx]} at index {list(idx)} is not finite ({int(bad.sum())} NaN/Inf scale(s)); "
+            "NaN and Inf scales are errors",
+            layer=layer,
+            tensor=tensor,
+        )
+    neg = np.signbit(s64) & (s64 != 0)
+    if np.any(neg):
+        idx = _first_index(neg)
+        raise FormatError(
+            f"scale {s64[idx]} at index {list(idx)} is negative ({int(neg.sum())} negative scale(s)); "
+            "scales must be >= 0",
+            layer=layer,
+            tensor=tensor,
+        )
+    return s64
+
+
+def check_weights(w, *, tensor: str = "w", layer: str | None = None) -> np.ndarray:
+    """A float weight matrix [N, K] to quantize; returns it widened to float64.
+
+    Only float16/bfloat16/float32 are accepted: with at most 24-bit
+    significands for both weight and scale, the float64 quotient ``w / s``
+    never lands on the wrong side of a rounding tie (docs/formats/gptq.md#quantize),
+    so the RTN codes are those of the exact quotient.
+    """
+    arr = check_dtype(w, FLOAT_DTYPE_NAMES, tensor=tensor, layer=layer)
+    require(arr.ndim == 2, f"expected a 2-D weight [N, K], got shape {shape_str(arr.shape)}", layer=layer, tensor=tensor)
+    w64 = as_float64(arr)
+    bad = ~np.isfinite(w64)
+    if np.any(bad):
+        idx = _first_index(bad)
+        raise FormatError(
+            f"weight {w64[idx]} at index {list(idx)} is not finite; NaN/Inf weights cannot be quantized",
+            layer=layer,
+            tensor=tensor,
+        )
+    return w64
+
+
+def resolve_group_size(k: int, group_size: int, *, tensor: str, layer: str | None = None) -> int:
+    """The group size in elements along K: ``-1`` means one group of all K."""
+    if group_size == -1:
+        return int(k)
+    if group_size <= 0:
+        raise UnsupportedFormatError(f"group_size must be -1 or positive, got {group_size}")
+    require(
+        k % group_size == 0,
+        f"K = {k} is not a multiple of group_size {group_size}",
+        layer=layer,
+        tensor=tensor,
+    )
+    return int(group_size)
+
+
+def default_g_idx(k: int, group: int) -> np.ndarray:
+    """The identity group map ``g_idx[k] = k // group`` (int32)."""
+    return (np.arange(k, dtype=np.int64) // group).astype(np.int32)
+
+
+def check_g_idx(g_idx, k: int, n_groups: int, group: int, *, desc_act: bool, tensor: str, layer: str | None = None) -> np.ndarray:
+    """Validate a group map: int32 [K], values in [0, n_groups).
+
+    Without act-order (``desc_act=False``) the map must be the identity
+    ``k // group``: kernels then ignore g_idx, so any other map would make the
+    canonical reading (which honours g_idx) disagree with every backend.
+    """
+    g = check_dtype(g_idx, ("int32",), tensor=tensor, layer=layer)
+    check_shape(g, (k,), "[K]", tensor=tensor, layer=layer)
+    check_integer_range(g, 0, n_groups - 1, "group index", tensor=tensor, layer=layer)
+    if not desc_act:
+        expect = default_g_idx(k, group)
+        bad = g != expect
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise FormatError(
+                f"desc_act=False requires g_idx[k] == k // group_size ({group}); "
+                f"g_idx[{i}] = {int(g[i])}, expected {int(expect[i])}",
+                layer=layer,
+                tensor=tensor,
+            )
+    return g
+
+
+def dequantize_affine(
+    q,
+    z,
+    s,
+    *,
+    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
+    scale_dtype: ComputeDtype | str | None = None,
+    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+) -> np.ndarray:
+    """Elementwise ``(q - z) * s`` under the named order/dtype variant; float32 out.
+
+    ``q`` and ``z`` are integer arrays and ``s`` a float array, all already
+    broadcast to the weight's shape. See the module docstring for the rules.
+    """
+    order = DequantOrder(order)
+    fmt = ComputeDtype(compute_dtype).fmt
+    s64 = as_float64(s)
+    if scale_dtype is not None:
+        s64 = round_to_format(s64, ComputeDtype(scale_dtype).fmt)
+    s64 = round_to_format(s64, fmt)  # operand conversion to the compute dtype
+    qi = np.asarray(q).astype(np.int64)
+    zi = np.asarray(z).astype(np.int64)
+    # Integers with |v| <= 256 have at most 8 significant bits, so they are
+    # exact in every compute dtype (bfloat16 has 8), and each float64 product
+    # below has at most 8 + 24 significant bits: exact.
+    if order is DequantOrder.SUB_THEN_MUL:
+        out = round_to_format((qi - zi).astype(np.float64) * s64, fmt)
+    else:
+        a = round_to_format(qi.astype(np.float64) * s64, fmt)
+        b = round_to_format(zi.astype(np.float64) * s64, fmt)
+        # a and b are members of fmt (<= 24 significant bits) whose exponents
+        # differ by at most 9, so their float64 difference is exact before
+        # the one rounding.
+        out = round_to_format(a - b, fmt)
+    return out.astype(np.float32)
+
+
+def round_scale(s64: np.ndarray, dtype: str, *, tensor: str, layer: str | None = None) -> np.ndarray:
+    """Round quantizer scales to their storage dtype (RNE); float64 values out.
+
+    A scale that rounds to 0 or overflows to Inf cannot be stored: FormatError.
+    """
+    fmt = ComputeDtype(dtype).fmt
+    r = round_to_format(s64, fmt)
+    bad = (r == 0) | ~np.isfinite(r)
+    if np.any(bad):
+        idx = _first_index(bad)
+        raise FormatError(
+            f"scale {s64[idx]!r} at index {list(idx)} is not representable as a positive finite {dtype} "
+            f"(rounds to {r[idx]!r}); the weights' range is too small or too large for {dtype} scales",
+            layer=layer,
+            tensor=tensor,
+        )
+    return r
+
+
+def float_array(values64: np.ndarray, dtype: str) -> np.ndarray:
+    """An array of ``dtype`` holding ``values64``, which must be members of it.
+
+    bfloat16 needs numpy's bfloat16 dtype from ml_dtypes, imported only here
+    and only when asked for (the rest of the emulator reads bfloat16 arrays
+    by their bits, without importing it).
+    """
+    dtype = ComputeDtype(dtype)
+    v32 = np.asarray(values64, dtype=np.float64).astype(np.float32)
+    if dtype is ComputeDtype.BFLOAT16:
+        import ml_dtypes  # noqa: PLC0415
+
+        return v32.astype(ml_dtypes.bfloat16)
+    return v32.astype(np.dtype(dtype.value))
+
+
+def rtn_codes(w64: np.ndarray, s64: np.ndarray, z, lo: int, hi: int, *, what: str) -> np.ndarray:
+    """``clamp(RNE(w / s) + z, lo, hi)`` elementwise, int32 out.
+
+    The quotient is computed in float64 and rounded with
+    ``rounding.quantize_to_int``; z is added as an integer after rounding.
+    """
+    zi = np.asarray(z).astype(np.int64)
+    r = quantize_to_int(w64 / s64, lo - zi, hi - zi, Rounding.RNE, what=what)
+    return (r.astype(np.int64) + zi).astype(np.int32)

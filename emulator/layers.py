@@ -1,0 +1,184 @@
+"""Dequantize and run one detected checkpoint layer with its format's semantics.
+
+Semantics: docs/checkpoints.md. This module only routes a ``LayerInfo`` to
+the format module that defines it (emulator/formats/*), so each format's
+rules stay in one place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import linear as lin
+from .activations import int8 as a8
+from .checkpoint import Checkpoint, LayerInfo
+from .errors import FormatError, UnsupportedFormatError, require
+from .formats import awq, compressed_tensors as ct, gptq, mxfp4
+
+__all__ = ["dequantize_layer", "linear_layer", "layer_bias"]
+
+
+def _data(tensors: dict, role: str):
+    t = tensors.get(role)
+    return None if t is None else t.data
+
+
+def _check_float_scales(info: LayerInfo, tensors: dict, role: str) -> None:
+    t = tensors[role]
+    require(t.dtype in ("F16", "BF16", "F32"), f"expected a float16/bfloat16/float32 scale tensor, got {t.dtype}",
+            layer=info.name, tensor=role)
+
+
+def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
+    """Exact dequantized weight, float32 [N, K] (stacked experts: [E, N, K])."""
+    tensors = ckpt.layer_tensors(info)
+    name = info.name
+    if info.format == "gptq":
+        _check_float_scales(info, tensors, "scales")
+        require("qzeros" in tensors or info.sym, "asymmetric GPTQ layer without qzeros", layer=name, tensor="qzeros")
+        params = gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym),
+                                 desc_act=info.act_order,
+                                 zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
+        qz = _data(tensors, "qzeros")
+        if qz is None:  # sym checkpoint without qzeros: the midpoint zero, written in the layer's convention
+            qz = _midpoint_qzeros(info, params)
+        t = gptq.GptqTensors(qweight=_data(tensors, "qweight"), qzeros=qz, scales=_data(tensors, "scales"),
+                             g_idx=_data(tensors, "g_idx"))
+        return gptq.dequantize_gptq(t, params, shape=info.shape, layer=name)
+    if info.format == "awq":
+        _check_float_scales(info, tensors, "scales")
+        require("qzeros" in tensors, "missing tensor", layer=name, tensor="qzeros")
+        params = awq.AwqParams(bits=info.bits, group_size=info.group_size)
+        t = awq.AwqTensors(qweight=_data(tensors, "qweight"), qzeros=_data(tensors, "qzeros"),
+                           scales=_data(tensors, "scales"))
+        return awq.dequantize_awq(t, params, shape=info.shape, layer=name)
+    if info.format == "ct-pack-quantized":
+        _check_float_scales(info, tensors, "weight_scale")
+        return ct.dequantize_ct_packed(_ct_tensors(info, tensors), _ct_params(info), layer=name)
+    if info.format == "ct-int-quantized":
+        _check_float_scales(info, tensors, "weight_scale")
+        return ct.dequantize_ct_int8(ct.CtInt8Tensors(weight=tensors["weight"].data,
+                                                      weight_scale=tensors["weight_scale"].data), layer=name)
+    if info.format == "ct-mxfp4":
+        raw = {k: v.data for k, v in tensors.items() if k in ("weight_packed", "weight_scale")}
+        _no_nan_scales(raw["weight_scale"], name, "weight_scale")
+        return mxfp4.dequantize_mxfp4_ct(raw, layer=name)
+    if info.format == "gptoss-mxfp4":
+        b, s = tensors["blocks"].data, tensors["scales"].data
+        names = (info.tensors["blocks"].rsplit(".", 1)[-1], info.tensors["scales"].rsplit(".", 1)[-1])
+        _no_nan_scales(s, name, names[1])
+        return mxfp4.dequantize_mxfp4_gptoss(b, s, layer=name, names=names)
+    raise UnsupportedFormatError(f"{name}: format {info.format!r} has no dequantizer")
+
+
+def _no_nan_scales(scale, layer, tensor):
+    s = np.asarray(scale)
+    if s.dtype == np.uint8 and np.any(s == 0xFF):
+        idx = tuple(int(i) for i in np.argwhere(s == 0xFF)[0])
+        raise FormatError(f"E8M0 byte 0xFF (NaN scale) at index {list(idx)}: a stored weight scale must be finite",
+                          layer=layer, tensor=tensor)
+
+
+def _midpoint_qzeros(info: LayerInfo, params) -> np.ndarray:
+    N, K = info.shape
+    n_groups = 1 if info.group_size == -1 else K // info.group_size
+    z = np.full((n_groups, N), params.sym_zero, dtype=np.int64)
+    codes = gptq.GptqCodes(q=np.zeros((N, K), np.uint8), zeros=z, scales=np.ones((n_groups, N), np.float16),
+                           g_idx=np.arange(K, dtype=np.int32) // (K if info.group_size == -1 else info.group_size))
+    return gptq.pack_gptq(codes, params).qzeros
+
+
+def _ct_params(info: LayerInfo):
+    channel = info.group_size == -1
+    return ct.CtPackParams(num_bits=info.bits, strategy="channel" if channel else "group",
+                           group_size=None if channel else info.group_size, symmetric=bool(info.sym),
+                           actorder=info.act_order and "weight_g_idx" in info.tensors)
+
+
+def _ct_tensors(info: LayerInfo, tensors: dict):
+    shape = tensors["weight_shape"].data if "weight_shape" in tensors else np.array(info.shape, dtype=np.int64)
+    return ct.CtPackedTensors(weight_packed=tensors["weight_packed"].data, weight_scale=tensors["weight_scale"].data,
+                              weight_shape=shape, weight_zero_point=_data(tensors, "weight_zero_point"),
+                              weight_g_idx=_data(tensors, "weight_g_idx"))
+
+
+def layer_bias(ckpt: Checkpoint, info: LayerInfo):
+    if "bias" not in info.tensors:
+        return None
+    b = ckpt.tensor(info.tensors["bias"], layer=info.name)
+    require(b.data.ndim == 1 and b.data.shape[0] == info.shape[-2], f"expected bias [{info.shape[-2]}], got {list(b.shape)}",
+            layer=info.name, tensor="bias")
+    return b.data
+
+
+def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None,
+                 int8_variant: a8.Int8ActVariant | None = None,
+                 mx_variant: mxfp4.MxVariant | None = None, out_dtype: str | None = None) -> lin.LinearResult:
+    """Reference linear for a layer: the checkpoint's declared activation scheme unless ``act`` overrides.
+
+    act: "a16" | "int8" | "mxfp4" (None: from the checkpoint config; a16 when it declares none).
+    """
+    if len(info.shape) != 2:
+        raise UnsupportedFormatError(f"{info.name}: linear of stacked experts {list(info.shape)}: use the MoE reference")
+    bias = layer_bias(ckpt, info)
+    scheme = act or _declared_act(info)
+    if scheme == "a16":
+        w = dequantize_layer(ckpt, info)
+        return lin.linear_w16(x, w, bias, out_dtype=out_dtype)
+    if scheme == "int8":
+        v = int8_variant or a8.CANONICAL_SYM
+        if info.format == "ct-int-quantized":
+            t = ckpt.layer_tensors(info)
+            return lin.linear_w8a8(x, t["weight"].data, t["weight_scale"].data.reshape(-1), bias, act=v,
+                                   out_dtype=out_dtype)
+        w_int, scales, gs, g_idx = _int_weights(ckpt, info)
+        return lin.linear_w4a8(x, w_int, scales, gs, bias, g_idx=g_idx, act=v, out_dtype=out_dtype)
+    if scheme == "mxfp4":
+        if info.format != "ct-mxfp4":
+            raise UnsupportedFormatError(f"{info.name}: MXFP4 activations need MXFP4 weights (layer is {info.format})")
+        t = ckpt.layer_tensors(info)
+        codes, sb = mxfp4.unpack_mxfp4_ct({k: t[k].data for k in ("weight_packed", "weight_scale")}, layer=info.name)
+        return lin.linear_mxfp4_w4a4(x, codes, sb, bias, act=mx_variant or mxfp4.CANONICAL, out_dtype=out_dtype)
+    raise UnsupportedFormatError(f"unknown activation scheme {scheme!r} (a16, int8, mxfp4)")
+
+
+def _declared_act(info: LayerInfo) -> str:
+    a = info.activation
+    if not a:
+        return "a16"
+    if str(a.get("type", "int")).lower() == "int" and int(a.get("num_bits") or 8) == 8:
+        return "int8"
+    if str(a.get("type")).lower() == "float" and int(a.get("num_bits") or 0) == 4:
+        return "mxfp4"
+    raise UnsupportedFormatError(f"{info.name}: declared input_activations {a} are not a defined scheme")
+
+
+def _int_weights(ckpt: Checkpoint, info: LayerInfo):
+    """(q - z) as signed ints [N, K], scales [n_groups, N], group size, g_idx — for W4A8."""
+    tensors = ckpt.layer_tensors(info)
+    if info.format == "gptq":
+        params = gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym),
+                                 desc_act=info.act_order,
+                                 zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
+        qz = _data(tensors, "qzeros")
+        if qz is None:
+            qz = _midpoint_qzeros(info, params)
+        c = gptq.unpack_gptq(gptq.GptqTensors(_data(tensors, "qweight"), qz, _data(tensors, "scales"),
+                                              _data(tensors, "g_idx")), params, shape=info.shape, layer=info.name)
+        w_int = c.q.astype(np.int32) - c.zeros[c.g_idx, :].T
+        return w_int, np.asarray(c.scales), info.group_size, c.g_idx
+    if info.format == "awq":
+        c = awq.unpack_awq(awq.AwqTensors(_data(tensors, "qweight"), _data(tensors, "qzeros"), _data(tensors, "scales")),
+                           awq.AwqParams(bits=info.bits, group_size=info.group_size), shape=info.shape, layer=info.name)
+        K = c.q.shape[1]
+        gs = K // c.zeros.shape[0]
+        g = np.arange(K) // gs
+        return c.q.astype(np.int32) - c.zeros[g, :].T, np.asarray(c.scales), gs, None
+    if info.format == "ct-pack-quantized":
+        c = ct.unpack_ct_packed(_ct_tensors(info, tensors), _ct_params(info), layer=info.name)
+        N, K = c.q.shape
+        n_groups = np.asarray(c.scales).shape[1]
+        g = c.g_idx if c.g_idx is not None else np.arange(K) // (K // n_groups)
+        z = 0 if c.zero_point is None else c.zero_point[:, g].astype(np.int32)
+        return c.q.astype(np.int32) - z, np.asarray(c.scales).T, K // n_groups, g
+    raise FormatError(f"W4A8 needs int4 weights; layer format is {info.format}", layer=info.name)
