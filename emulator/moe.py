@@ -30,7 +30,7 @@ from .linear import LinearResult, dtype_name, gamma, round_output
 from .numerics.floats import round_to_dtype
 from .numerics.rounding import as_float64
 
-__all__ = ["GateUpOrder", "MoeVariant", "CANONICAL", "route", "moe_w16"]
+__all__ = ["GateUpOrder", "MoeVariant", "CANONICAL", "route", "moe_w16", "dequantize_gptq_experts", "moe_gptq_w4a16"]
 
 
 class GateUpOrder(str, enum.Enum):
@@ -128,3 +128,46 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
     res_y, amb = round_output(y, bound, out_dtype)
     return LinearResult(y=res_y, y_exact=y, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
                         parts={"topk_ids": ids, "topk_weights": wts})
+
+
+def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bits: int = 4,
+                            zero_convention: str = "gptq", tensor: str = "w13") -> np.ndarray:
+    """Stacked GPTQ experts -> float32 [E, out, in].
+
+    vLLM's FusedMoE GPTQ layout: ``qweight [E, in/8, out]`` int32 (each expert a GPTQ
+    ``qweight``, packed along the input dim), ``scales [E, in/G, out]``, optional
+    ``qzeros [E, in/G, out/8]``; symmetric experts without qzeros use the midpoint
+    zero 2**(bits-1). For w13, out = 2I (gate rows, then up rows); for w2, in = I.
+    """
+    from .formats import gptq
+
+    qw = np.asarray(qweight)
+    sc = np.asarray(scales)
+    require(qw.ndim == 3, f"expected [E, in/{32 // bits}, out], got shape {list(qw.shape)}", tensor=f"{tensor}_qweight")
+    require(sc.ndim == 3 and sc.shape[0] == qw.shape[0] and sc.shape[2] == qw.shape[2],
+            f"expected [E, in/G, out] matching qweight {list(qw.shape)}, got {list(sc.shape)}", tensor=f"{tensor}_scales")
+    E, _, out_dim = qw.shape
+    in_dim = qw.shape[1] * (32 // bits)
+    sym = qzeros is None
+    params = gptq.GptqParams(bits=bits, group_size=group_size, sym=sym, zero_convention=zero_convention)
+    experts = []
+    for e in range(E):
+        if qzeros is None:
+            n_groups = sc.shape[1]
+            z = np.full((n_groups, out_dim), params.sym_zero, dtype=np.int64)
+            codes = gptq.GptqCodes(q=np.zeros((out_dim, in_dim), np.uint8), zeros=z, scales=sc[e],
+                                   g_idx=(np.arange(in_dim) // (in_dim // n_groups)).astype(np.int32))
+            qz = gptq.pack_gptq(codes, params).qzeros
+        else:
+            qz = np.asarray(qzeros)[e]
+        t = gptq.GptqTensors(qweight=qw[e], qzeros=qz, scales=sc[e], g_idx=None)
+        experts.append(gptq.dequantize_gptq(t, params, shape=(out_dim, in_dim), layer=f"{tensor}[expert {e}]"))
+    return np.stack(experts).astype(np.float32)
+
+
+def moe_gptq_w4a16(x, router_logits, w13_qweight, w13_scales, w2_qweight, w2_scales, top_k: int, *,
+                   group_size: int, variant: MoeVariant = CANONICAL, out_dtype: str | None = None) -> LinearResult:
+    """W4A16 MoE on symmetric GPTQ int4 experts in vLLM's FusedMoE layout (see ``dequantize_gptq_experts``)."""
+    w13 = dequantize_gptq_experts(w13_qweight, w13_scales, group_size=group_size, tensor="w13")
+    w2 = dequantize_gptq_experts(w2_qweight, w2_scales, group_size=group_size, tensor="w2")
+    return moe_w16(x, router_logits, w13, w2, top_k, variant=variant, out_dtype=out_dtype)

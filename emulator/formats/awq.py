@@ -125,7 +125,7 @@ def awq_shape(tensors: AwqTensors) -> tuple:
 
 def _check_nk(n: int, k: int, params: AwqParams, layer: str | None) -> int:
     require(n % PACK == 0, f"N = {n} is not a multiple of {PACK} (4-bit fields per int32)", layer=layer, tensor="qweight")
-    return resolve_group_size(k, params.group_size, tensor="qweight", layer=layer)
+    return resolve_group_size(k, params.group_size, tensor="scales", layer=layer)
 
 
 def _check_awq_scales(scales, n_groups: int, n: int, layer: str | None) -> np.ndarray:

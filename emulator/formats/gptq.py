@@ -214,7 +214,7 @@ def _check_nk(n: int, k: int, params: GptqParams, layer: str | None) -> int:
     f = params.pack_factor
     require(k % f == 0, f"K = {k} is not a multiple of {f} ({params.bits}-bit fields per int32)", layer=layer, tensor="qweight")
     require(n % f == 0, f"N = {n} is not a multiple of {f} ({params.bits}-bit fields per int32)", layer=layer, tensor="qzeros")
-    return resolve_group_size(k, params.group_size, tensor="g_idx", layer=layer)
+    return resolve_group_size(k, params.group_size, tensor="scales", layer=layer)
 
 
 def _check_gptq_scales(scales, n_groups: int, n: int, layer: str | None) -> np.ndarray:

@@ -168,7 +168,7 @@ def check_scales(s: np.ndarray, *, tensor: str, layer: str | None = None) -> np.
     if np.any(bad):
         idx = _first_index(bad)
         raise FormatError(
-            f"scale {s64[idx]} at index {list(idx)} is not finite ({int(bad.sum())} NaN/Inf scale(s)); "
+            f"scale {float(s64[idx])} at index {list(idx)} is not finite ({int(bad.sum())} NaN/Inf scale(s)); "
             "NaN and Inf scales are errors",
             layer=layer,
             tensor=tensor,
@@ -177,7 +177,7 @@ def check_scales(s: np.ndarray, *, tensor: str, layer: str | None = None) -> np.
     if np.any(neg):
         idx = _first_index(neg)
         raise FormatError(
-            f"scale {s64[idx]} at index {list(idx)} is negative ({int(neg.sum())} negative scale(s)); "
+            f"scale {float(s64[idx])} at index {list(idx)} is negative ({int(neg.sum())} negative scale(s)); "
             "scales must be >= 0",
             layer=layer,
             tensor=tensor,
@@ -200,7 +200,7 @@ def check_weights(w, *, tensor: str = "w", layer: str | None = None) -> np.ndarr
     if np.any(bad):
         idx = _first_index(bad)
         raise FormatError(
-            f"weight {w64[idx]} at index {list(idx)} is not finite; NaN/Inf weights cannot be quantized",
+            f"weight {float(w64[idx])} at index {list(idx)} is not finite; NaN/Inf weights cannot be quantized",
             layer=layer,
             tensor=tensor,
         )
@@ -299,8 +299,9 @@ def round_scale(s64: np.ndarray, dtype: str, *, tensor: str, layer: str | None =
     if np.any(bad):
         idx = _first_index(bad)
         raise FormatError(
-            f"scale {s64[idx]!r} at index {list(idx)} is not representable as a positive finite {dtype} "
-            f"(rounds to {r[idx]!r}); the weights' range is too small or too large for {dtype} scales",
+            f"scale {float(s64[idx])!r} at index {list(idx)} is not representable as a positive finite "
+            f"{ComputeDtype(dtype).value} (rounds to {float(r[idx])!r}); the weights' range is too small "
+            "or too large for scales of that dtype",
             layer=layer,
             tensor=tensor,
         )

@@ -83,7 +83,8 @@ def test_v1_field_f_reads_as_16():
     )
     codes = unpack_gptq(t, p)
     assert codes.zeros.tolist() == [[16, 1, 1, 1, 1, 1, 1, 1]]
-    assert dequantize_gptq(t, p)[:, 0].tolist() == [-16.0] * 8
+    w = dequantize_gptq(t, p)  # W[n, k] = (0 - z[n]) * 1
+    assert w[0].tolist() == [-16.0] * 8 and w[1].tolist() == [-1.0] * 8
 
 
 def test_v1_read_variants_on_a_carry():
@@ -237,8 +238,7 @@ def test_codes_round_trip(p, data, seed):
     )
     again = pack_gptq(unpack_gptq(t2, p), p)
     np.testing.assert_array_equal(again.qweight, t2.qweight)
-    if p.zero_convention is V2 or True:
-        np.testing.assert_array_equal(again.qzeros, t2.qzeros)
+    np.testing.assert_array_equal(again.qzeros, t2.qzeros)
 
 
 def _check_rtn_bound(w, deq, q, z, s, maxq, unit_roundoff):
@@ -311,9 +311,11 @@ def test_desc_act_equals_sorted_equivalent(bits, group_size, sym, conv, seed):
 def _asym_v1_tensors(seed=0):
     rng = np.random.default_rng(seed)
     p = GptqParams(bits=4, group_size=32, sym=False, zero_convention=V1)
+    zeros = rng.integers(1, 16, (2, 16)).astype(np.int32)
+    zeros[0, 3] = 16  # field 0xF: the v1 edge every read variant handles differently
     codes = GptqCodes(
         q=rng.integers(0, 16, (16, 64)).astype(np.uint8),
-        zeros=rng.integers(1, 17, (2, 16)).astype(np.int32),
+        zeros=zeros,
         scales=(rng.random((2, 16)) + 0.01).astype(np.float16),
         g_idx=(np.arange(64) // 32).astype(np.int32),
     )
@@ -381,14 +383,24 @@ def _replace(t, **kw):
         (dict(qzeros=np.zeros((2, 9), dtype=np.int32)), r"^qzeros: expected shape \[K/G, N/8\] = \[2, 8\], got \[2, 9\]$"),
         (dict(qzeros=np.zeros((2, 8), dtype=np.uint32)), r"^qzeros: expected dtype int32, got uint32$"),
         (dict(scales=np.ones((2, 64), dtype=np.float32)), r"^scales: expected dtype float16 or bfloat16, got float32$"),
-        (dict(g_idx=np.zeros(100, dtype=np.int32)), r"^qweight: expected shape \[K/8, N\] = \[12, 64\], got \[16, 64\]$"),
+        (dict(scales=np.ones((2, 63), dtype=np.float16)), r"^scales: expected shape \[K/G, N\] = \[2, 64\], got \[2, 63\]$"),
+        (dict(scales=np.ones((1, 64), dtype=np.float16)), r"^scales: expected shape \[K/G, N\] = \[2, 64\], got \[1, 64\]$"),
+        (dict(g_idx=np.zeros(100, dtype=np.int32)), r"^g_idx: expected shape \[K\] = \[128\], got \[100\]$"),
         (dict(g_idx=np.zeros(128, dtype=np.int64)), r"^g_idx: expected dtype int32, got int64$"),
     ],
 )
 def test_malformed_tensors(change, pattern):
     p, t = _good()
     with pytest.raises(FormatError, match=pattern):
-        dequantize_gptq(_replace(t, **change), p)
+        dequantize_gptq(_replace(t, **change), p, shape=(64, 128))
+
+
+def test_shape_is_inferred_from_scales_and_g_idx():
+    p, t = _good()
+    with pytest.raises(FormatError, match=r"^qweight: expected shape \[K/8, N\] = \[16, 64\], got \[16, 63\]$"):
+        dequantize_gptq(_replace(t, qweight=np.zeros((16, 63), dtype=np.int32)), p)
+    with pytest.raises(FormatError, match=r"^qweight: expected shape \[K/8, N\] = \[12, 64\], got \[16, 64\]$"):
+        dequantize_gptq(_replace(t, g_idx=(np.arange(96) // 64).astype(np.int32)), GptqParams(bits=4, group_size=32, sym=False, zero_convention=V2))
 
 
 def test_bad_scales_values():
@@ -422,7 +434,7 @@ def test_bad_g_idx_values():
 def test_group_and_pack_divisibility():
     p = GptqParams(bits=4, group_size=64, sym=False, zero_convention=V2)
     _, t = _good()
-    with pytest.raises(FormatError, match=r"^g_idx: K = 96 is not a multiple of group_size 64$"):
+    with pytest.raises(FormatError, match=r"^scales: K = 96 is not a multiple of group_size 64$"):
         unpack_gptq(t, p, shape=(64, 96))
     codes = GptqCodes(
         q=np.zeros((8, 100), dtype=np.uint8), zeros=np.zeros((1, 8), dtype=np.int32),

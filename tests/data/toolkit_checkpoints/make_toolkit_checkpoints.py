@@ -651,7 +651,113 @@ def run_llmcompressor(outroot, only=None):
 
 
 # --------------------------------------------------------------------------------------
+# gptqmodel
+# --------------------------------------------------------------------------------------
+GPTQMODEL_JOBS = [
+    # folder, config class name, kwargs, needs calibration
+    ("gptqmodel-gptq-w4g32-sym-desc_act-gptq", "GPTQConfig",
+     dict(bits=4, group_size=32, sym=True, desc_act=True, format="gptq"), True),
+    ("gptqmodel-rtn-w4g32-asym-gptq", "RTNConfig", dict(bits=4, group_size=32, sym=False, format="gptq"), False),
+    ("gptqmodel-rtn-w4g32-asym-gptq_v2", "RTNConfig", dict(bits=4, group_size=32, sym=False, format="gptq_v2"), False),
+]
+
+
+def gptqmodel_dequant(folder):
+    """GPTQModel.load(ckpt, backend=BACKEND.TORCH, device='cpu', dtype=torch.float16) and, for each
+    gptqmodel TorchLinear, TorchLinear.dequantize_weight() (returns [in, out]); cross-checked
+    bit-exactly against TorchLinear.forward(eye(in_features, fp16))."""
+    from gptqmodel import BACKEND, GPTQModel
+
+    # dtype=float16: the checkpoint stores fp16 scales; gptqmodel's CPU 'auto' dtype is bfloat16,
+    # which would round the scales on load.
+    qm = GPTQModel.load(folder, backend=BACKEND.TORCH, device="cpu", dtype=torch.float16)
+    out, how, notes = {}, {}, []
+    for name in LINEARS:
+        mod = qm.model.get_submodule(name)
+        with torch.no_grad():
+            w = mod.dequantize_weight()
+        w = w.to(torch.float32).t().contiguous()
+        probe = identity_probe(mod, mod.in_features, dtype=mod.scales.dtype)
+        assert torch.equal(w, probe), f"{name}: dequantize_weight() != forward(eye)"
+        out[name] = w
+        how[name] = (
+            f"gptqmodel.GPTQModel.load(ckpt, backend=BACKEND.TORCH, device='cpu', dtype=torch.float16)"
+            f" -> {type(mod).__module__}.{type(mod).__qualname__}.dequantize_weight().T "
+            f"(scales dtype {mod.scales.dtype}; identical to forward(eye(in_features)))"
+        )
+    return out, how, notes
+
+
+def run_gptqmodel(outroot, only=None):
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # gptqmodel's pool needs >=2 cpu workers
+    import gptqmodel
+    from gptqmodel import GPTQModel
+    from gptqmodel import quantization as gq
+
+    results = {}
+    for folder_name, cfg_cls, cfg_kw, needs_calib in GPTQMODEL_JOBS:
+        if only and folder_name not in only:
+            continue
+        print(f"=== {folder_name}")
+        dst = os.path.join(outroot, folder_name)
+        try:
+            model, entries = fresh_model()
+            ref = build_model()
+            plant_degenerate(ref)
+            tok = build_tokenizer()
+            calib_desc = None
+            with tempfile.TemporaryDirectory() as tmp:
+                base = os.path.join(tmp, "base")
+                model.save_pretrained(base)
+                tok.save_pretrained(base)
+                qcfg = getattr(gq, cfg_cls)(**cfg_kw, offload_to_disk=False)
+                qm = GPTQModel.load(base, qcfg)
+                if needs_calib:
+                    g = torch.Generator().manual_seed(SEED + 2)
+                    calib = [{"input_ids": torch.randint(4, MODEL_KW["vocab_size"], (64,), generator=g).tolist()}
+                             for _ in range(16)]
+                    calib_desc = "16 sequences x 64 random token ids in [4,128), torch.Generator seed 1236"
+                    qm.quantize(calib, tokenizer=tok, batch_size=1)
+                else:
+                    qm.quantize(tokenizer=tok)
+                out = os.path.join(tmp, "out")
+                qm.save(out)
+                copy_checkpoint(out, dst)
+            dq, how, notes = gptqmodel_dequant(dst)
+            sanity_check(dq, ref, folder_name)
+            prov = {
+                "toolkit": "gptqmodel",
+                "toolkit_version": gptqmodel.__version__,
+                "versions": env_versions(["gptqmodel"]),
+                "scheme": {"config_class": f"gptqmodel.quantization.{cfg_cls}", **cfg_kw,
+                           "offload_to_disk": False, "calibration": calib_desc or "none (weight-only RTN)"},
+                "quantize_call": f"GPTQModel.load(base_dir, {cfg_cls}(**{cfg_kw!r}, offload_to_disk=False))"
+                f".quantize({'calib' if needs_calib else ''}, tokenizer=tok); .save(dir)",
+                "dequant_function": how,
+                "dequant_notes": notes,
+                "degenerate_groups": degenerate_map_json(entries),
+                "model_config": MODEL_KW | {"torch_dtype": str(MODEL_DTYPE), "arch": "LlamaForCausalLM",
+                                            "seed": SEED},
+            }
+            if cfg_kw.get("desc_act"):
+                prov["degenerate_groups"]["note"] = (
+                    "desc_act=True: quantization groups are formed over the activation-order permutation "
+                    "(see g_idx), so the planted K-spans are NOT aligned with quantization groups here; and "
+                    "GPTQ's error feedback modifies weights after each quantized column."
+                )
+            write_outputs(dst, dq, prov)
+            results[folder_name] = "ok"
+        except Exception as e:
+            traceback.print_exc()
+            results[folder_name] = f"FAILED: {type(e).__name__}: {e}"
+            if os.path.isdir(dst) and not os.path.exists(os.path.join(dst, "provenance.json")):
+                shutil.rmtree(dst)
+    return results
+
+
+# --------------------------------------------------------------------------------------
 TOOLKITS = {
+    "gptqmodel": run_gptqmodel,
     "auto-round": run_autoround,
     "llmcompressor": run_llmcompressor,
 }
