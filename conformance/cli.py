@@ -71,6 +71,18 @@ def _parse_variant_opts(opts: list[str]) -> dict:
     return out
 
 
+_INT8_KEYS = ("rounding", "reciprocal", "scale_dtype", "zero_row", "nan_to_int", "qmin", "qmax", "eps", "symmetric",
+              "uint8_zp128")
+_MX_KEYS = ("scale_rule", "element_rounding", "element_nan", "zero_block", "nan_block")
+
+
+def _check_variant_keys(opts: dict) -> None:
+    unknown = sorted(set(opts) - set(_INT8_KEYS) - set(_MX_KEYS))
+    if unknown:
+        raise ValueError(f"--variant: unknown key(s) {', '.join(unknown)}; int8 activations: {', '.join(_INT8_KEYS)}; "
+                         f"mxfp4: {', '.join(_MX_KEYS)}")
+
+
 def _int8_variant(opts: dict):
     from emulator.activations.int8 import Int8ActVariant
 
@@ -83,6 +95,8 @@ def _int8_variant(opts: dict):
         elif k == "eps":
             kw[k] = float(v)
         elif k in ("symmetric", "uint8_zp128"):
+            if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"--variant {k}={v!r}: expected true or false")
             kw[k] = v.lower() in ("1", "true", "yes")
     return Int8ActVariant(**kw)
 
@@ -90,8 +104,7 @@ def _int8_variant(opts: dict):
 def _mx_variant(opts: dict):
     from emulator.formats.mxfp4 import MxVariant
 
-    keys = {"scale_rule", "element_rounding", "element_nan", "zero_block", "nan_block"}
-    return MxVariant(**{k: v for k, v in opts.items() if k in keys})
+    return MxVariant(**{k: v for k, v in opts.items() if k in _MX_KEYS})
 
 
 def _cmd_linear(args) -> int:
@@ -115,6 +128,7 @@ def _cmd_linear(args) -> int:
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
     opts = _parse_variant_opts(args.variant)
+    _check_variant_keys(opts)
     res = linear_layer(ck, info, x, act=args.act, int8_variant=_int8_variant(opts), mx_variant=_mx_variant(opts),
                        out_dtype=dtype)
     y = res.y
@@ -173,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    """The error as one line (the contract: one line naming the layer, tensor and problem)."""
+    text = str(e) if str(e) else type(e).__name__
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -183,15 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     except (QconformError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
         if args.debug:
             raise
-        print(f"qconform {args.command}: error: {e}", file=sys.stderr)
+        print(f"qconform {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # an emulator bug, not the user's input: still no raw traceback
         if args.debug:
             raise
-        print(f"qconform {args.command}: internal error ({type(e).__name__}: {e}); rerun with --debug and report it",
-              file=sys.stderr)
+        print(f"qconform {args.command}: internal error ({type(e).__name__}: {_one_line(e)}); rerun with --debug and "
+              "report it", file=sys.stderr)
         return EXIT_INTERNAL
 
 

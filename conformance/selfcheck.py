@@ -45,7 +45,11 @@ def _expected_format(scheme: str) -> str:
     raise KeyError(scheme)
 
 
-def _step_bound(scheme: str, orig: np.ndarray, deq: np.ndarray) -> np.ndarray:
+_SCALE_EPS = {"F16": 2.0 ** -11, "BF16": 2.0 ** -8, "F32": 2.0 ** -24}  # unit roundoff of the stored scale
+_SCALE_ABS = {"F16": 2.0 ** -25, "BF16": 2.0 ** -134, "F32": 2.0 ** -150}  # half the smallest subnormal
+
+
+def _step_bound(scheme: str, orig: np.ndarray, deq: np.ndarray, bits: int = 4, scale_dtype: str | None = None) -> np.ndarray:
     """Largest allowed |deq - orig| per element for a round-to-nearest quantizer."""
     if "mxfp4" in scheme:
         # spacing of E2M1 next to a value v, times the block scale, halved; saturation at 6*scale allowed
@@ -54,9 +58,14 @@ def _step_bound(scheme: str, orig: np.ndarray, deq: np.ndarray) -> np.ndarray:
         scale = np.where(amax > 0, 2.0 ** (np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2), 0)
         step = np.maximum(scale * 2.0, 1e-30)  # widest E2M1 spacing (4 -> 6) is 2 units
         return np.broadcast_to(step / 2 + np.maximum(np.abs(blocks) - 6 * scale, 0), blocks.shape).reshape(orig.shape)
-    # integer formats: half of the largest group scale in the row, plus clamp of the extreme values
+    # Integer formats with 2**bits levels: a group's scale is at most 2 * max|w| / (2**bits - 1), so
+    # rounding to the grid (and the half-step clamp of a symmetric grid's top level) moves an element
+    # by at most max|w| / (2**bits - 1), with max|w| over the row. Rounding the scale to its stored
+    # dtype moves the outermost grid levels by up to 2**bits scale roundings.
+    levels = 2 ** bits
+    eps, tiny = _SCALE_EPS.get(scale_dtype or "F16", 2.0 ** -8), _SCALE_ABS.get(scale_dtype or "F16", 2.0 ** -25)
     span = np.abs(orig.astype(np.float64)).max(axis=-1, keepdims=True)
-    return np.broadcast_to(span / 7.0 / 2 * 1.0001 + 1e-7, orig.shape)
+    return np.broadcast_to(span / (levels - 1) * (1 + levels * eps) + levels * tiny, orig.shape)
 
 
 def check_scheme(scheme: str, folder: Path, seed: int) -> list[dict]:
@@ -75,7 +84,7 @@ def check_scheme(scheme: str, folder: Path, seed: int) -> list[dict]:
         else:
             deq_cmp = deq
         err = np.abs(deq_cmp.astype(np.float64) - orig.astype(np.float64))
-        bound = _step_bound(scheme, orig, deq_cmp)
+        bound = _step_bound(scheme, orig, deq_cmp, info.bits, info.scale_dtype)
         ok_round = bool(np.all(err <= bound))
         ok_linear = True
         detail = ""

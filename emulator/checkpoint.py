@@ -22,6 +22,7 @@ mxfp4             *_blocks / *_scales tensors                 gptoss-mxfp4
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import re
 from pathlib import Path
@@ -64,7 +65,7 @@ def _load_json(path: Path, what: str) -> dict:
             data = json.load(f)
     except FileNotFoundError:
         raise FormatError(f"{path}: {what} not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise FormatError(f"{path}: malformed JSON ({e})") from None
     if not isinstance(data, dict):
         raise FormatError(f"{path}: {what} is not a JSON object")
@@ -102,15 +103,20 @@ class Checkpoint:
             wm = _load_json(index, "model.safetensors.index.json").get("weight_map")
             if not isinstance(wm, dict):
                 raise FormatError(f"{index}: no weight_map")
-            files = {}
+            files: dict[str, TensorFile] = {}
+            root = self.folder.resolve()
             for tname, fname in wm.items():
+                if not isinstance(fname, str) or not fname:
+                    raise FormatError(f"{index}: weight_map entry for tensor {tname!r} is not a file name: {fname!r}")
                 if fname not in files:
                     p = (self.folder / fname).resolve()
-                    if self.folder.resolve() not in p.parents:
-                        raise FormatError(f"{index}: shard {fname!r} lies outside the checkpoint folder")
+                    if root not in p.parents:
+                        raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) lies outside the checkpoint folder")
+                    if not p.is_file():
+                        raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) not found in {self.folder}")
                     files[fname] = TensorFile(p)
                 tf = files[fname]
-                if tname not in tf.header:
+                if tname not in tf.header or tname == "__metadata__":
                     raise FormatError(f"{index}: tensor {tname!r} is not in shard {fname}")
                 names[tname] = tf
             return names
@@ -133,7 +139,10 @@ class Checkpoint:
             raise FormatError("missing tensor", layer=layer, tensor=name.rsplit(".", 1)[-1] if layer else name)
         return self._files[name].get(name)
 
-    def tensor_info(self, name: str) -> tuple[str, tuple]:
+    def tensor_info(self, name: str, *, layer: str | None = None) -> tuple[str, tuple]:
+        """(dtype, shape) from the header, without reading data; FormatError when absent."""
+        if name not in self._files:
+            raise FormatError("missing tensor", layer=layer, tensor=name.rsplit(".", 1)[-1] if layer else name)
         return self._files[name].info(name)
 
     def tensor_names(self) -> list[str]:
@@ -156,8 +165,10 @@ class Checkpoint:
         stripped = re.sub(r"\.(weight|qweight|weight_packed)$", "", name)
         if stripped in self._layers:
             return self._layers[stripped]
-        close = [n for n in self._layers if name.split(".")[-1] in n][:5]
-        hint = f"; similar: {', '.join(close)}" if close else ""
+        close = difflib.get_close_matches(stripped, list(self._layers), n=5, cutoff=0.6)
+        close += [n for n in self._layers if stripped.split(".")[-1] in n and n not in close]
+        hint = f"; similar: {', '.join(close[:5])}" if close else f"; layers: {', '.join(list(self._layers)[:5])}" + (
+            ", ..." if len(self._layers) > 5 else "")
         raise QconformError(f"{self.folder}: no quantized layer named {name!r}{hint}")
 
     def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:

@@ -40,57 +40,99 @@ def _bias(ckpt: Checkpoint, prefix: str, tensors: dict) -> dict:
     return tensors
 
 
-def _group(gs) -> int:
-    gs = int(gs) if gs is not None else -1
+def _int(value, key: str, where: str) -> int:
+    """An integer config value; UnsupportedFormatError naming ``where`` and the key otherwise."""
+    if isinstance(value, bool):
+        ok = False
+    elif isinstance(value, int):
+        return value
+    elif isinstance(value, float):
+        ok = value.is_integer()
+    elif isinstance(value, str):
+        ok = value.strip().lstrip("+-").isdigit()
+    else:
+        ok = False
+    if not ok:
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={value!r} is not an integer")
+    return int(float(value)) if isinstance(value, float) else int(value)
+
+
+def _cfg_int(cfg: dict, key: str, default: int, where: str) -> int:
+    return _int(cfg.get(key, default), key, where)
+
+
+def _group(gs, where: str = "config.json", key: str = "group_size") -> int:
+    gs = _int(gs, key, where) if gs is not None else -1
     return -1 if gs <= 0 else gs
 
 
-def _scale_dtype(ckpt: Checkpoint, name: str) -> str:
-    return ckpt.tensor_info(name)[0]
+def _scale_dtype(ckpt: Checkpoint, name: str, layer: str) -> str:
+    return ckpt.tensor_info(name, layer=layer)[0]
+
+
+def _int_prefixes(ckpt: Checkpoint) -> list[str]:
+    """Layers of the GPTQ/AWQ layouts: every prefix with a qweight or a qzeros (so a layer whose
+    qweight is missing is reported, not silently left out)."""
+    return sorted(set(_prefixes(ckpt, "qweight")) | set(_prefixes(ckpt, "qzeros")))
+
+
+def _require_2d(ckpt: Checkpoint, prefix: str, role: str, layout: str) -> tuple:
+    dt, shape = ckpt.tensor_info(f"{prefix}.{role}", layer=prefix)
+    if len(shape) != 2:
+        raise FormatError(f"expected a 2-D {layout} tensor, got shape {list(shape)}", layer=prefix, tensor=role)
+    return shape
 
 
 # -- GPTQ family --------------------------------------------------------------------------
 def _gptq_layer(ckpt: Checkpoint, prefix: str, cfg: dict, zero_convention: str) -> LayerInfo:
-    bits = int(cfg.get("bits", 4))
+    bits = _cfg_int(cfg, "bits", 4, prefix)
     if bits not in (4, 8):
         raise UnsupportedFormatError(f"{prefix}: GPTQ bits={bits} is not defined (4 or 8)")
-    _, qshape = ckpt.tensor_info(prefix + ".qweight")
+    # N and K come from qweight [K / (32/bits), N], the layer's main tensor: a scales, qzeros or
+    # g_idx tensor that disagrees with it is the one the error names.
+    qshape = _require_2d(ckpt, prefix, "qweight", f"[K/{32 // bits}, N]")
     sname = prefix + ".scales"
-    if not ckpt.has(sname):
-        raise FormatError("missing tensor", layer=prefix, tensor="scales")
-    _, sshape = ckpt.tensor_info(sname)
-    if len(qshape) != 2 or len(sshape) != 2:
-        raise FormatError(f"expected 2-D qweight/scales, got {list(qshape)} / {list(sshape)}", layer=prefix, tensor="qweight")
-    N, K = sshape[1], qshape[0] * (32 // bits)
+    _require_2d(ckpt, prefix, "scales", "[K/G, N]")
+    N, K = qshape[1], qshape[0] * (32 // bits)
+    group = _group(cfg.get("group_size", 128), prefix)
     tensors = {"qweight": prefix + ".qweight", "scales": sname}
     for opt in ("qzeros", "g_idx"):
         if ckpt.has(f"{prefix}.{opt}"):
             tensors[opt] = f"{prefix}.{opt}"
+    if "g_idx" in tensors:
+        _, gshape = ckpt.tensor_info(tensors["g_idx"], layer=prefix)
+        _, sshape = ckpt.tensor_info(sname, layer=prefix)
+        if len(gshape) == 1 and gshape[0] != K:
+            # g_idx has one entry per input channel; blame qweight when g_idx agrees with the scales
+            g_ok = group > 0 and gshape[0] == sshape[0] * group
+            raise FormatError(f"qweight {list(qshape)} holds K = {K} input channels but g_idx has {gshape[0]}",
+                              layer=prefix, tensor="qweight" if g_ok else "g_idx")
     return LayerInfo(
-        name=prefix, format="gptq", shape=(N, K), bits=bits, group_size=_group(cfg.get("group_size", 128)),
+        name=prefix, format="gptq", shape=(N, K), bits=bits, group_size=group,
         sym=bool(cfg.get("sym", True)), act_order=bool(cfg.get("desc_act", False)),
-        zero_convention=zero_convention, tensors=_bias(ckpt, prefix, tensors), scale_dtype=_scale_dtype(ckpt, sname))
+        zero_convention=zero_convention, tensors=_bias(ckpt, prefix, tensors),
+        scale_dtype=_scale_dtype(ckpt, sname, prefix))
 
 
 def _awq_layer(ckpt: Checkpoint, prefix: str, cfg: dict) -> LayerInfo:
-    bits = int(cfg.get("w_bit", cfg.get("bits", 4)))
+    bits = _int(cfg.get("w_bit", cfg.get("bits", 4)), "w_bit" if "w_bit" in cfg else "bits", prefix)
     if bits != 4:
         raise UnsupportedFormatError(f"{prefix}: AWQ bits={bits} is not defined (4)")
-    _, qshape = ckpt.tensor_info(prefix + ".qweight")
+    # qweight [K, N/8] is the layer's main tensor (see _gptq_layer).
+    qshape = _require_2d(ckpt, prefix, "qweight", "[K, N/8]")
     sname = prefix + ".scales"
-    if not ckpt.has(sname):
-        raise FormatError("missing tensor", layer=prefix, tensor="scales")
-    _, sshape = ckpt.tensor_info(sname)
-    N, K = sshape[1], qshape[0]
+    _require_2d(ckpt, prefix, "scales", "[K/G, N]")
+    N, K = qshape[1] * (32 // bits), qshape[0]
     tensors = {"qweight": prefix + ".qweight", "scales": sname}
     if ckpt.has(prefix + ".qzeros"):
         tensors["qzeros"] = prefix + ".qzeros"
+    gkey = "q_group_size" if "q_group_size" in cfg else "group_size"
     return LayerInfo(
         name=prefix, format="awq", shape=(N, K), bits=bits,
-        group_size=_group(cfg.get("q_group_size", cfg.get("group_size", 128))),
+        group_size=_group(cfg.get(gkey, 128), prefix, gkey),
         sym=not bool(cfg.get("zero_point", True)) if "zero_point" in cfg else bool(cfg.get("sym", False)),
         act_order=False, zero_convention="literal", tensors=_bias(ckpt, prefix, tensors),
-        scale_dtype=_scale_dtype(ckpt, sname))
+        scale_dtype=_scale_dtype(ckpt, sname, prefix))
 
 
 def _detect_gptq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
@@ -98,7 +140,7 @@ def _detect_gptq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     if fmt not in ("gptq", "gptq_v2"):
         raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {fmt!r} is not defined (gptq, gptq_v2)")
     conv = "v2" if fmt == "gptq_v2" else "v1"
-    return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _prefixes(ckpt, "qweight")]
+    return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _int_prefixes(ckpt)]
 
 
 def _layer_cfg(cfg: dict, prefix: str) -> dict:
@@ -122,10 +164,10 @@ def _detect_auto_round(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     packing = str(cfg.get("packing_format", "auto_round:auto_gptq")).lower()
     if packing in ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "auto_round"):
         conv = _auto_round_zero_convention(cfg)
-        return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _prefixes(ckpt, "qweight")]
+        return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _int_prefixes(ckpt)]
     if packing in ("auto_round:auto_awq", "auto_awq", "auto_round:awq"):
         out = []
-        for p in _prefixes(ckpt, "qweight"):
+        for p in _int_prefixes(ckpt):
             lc = _layer_cfg(cfg, p)
             info = _awq_layer(ckpt, p, {"bits": lc.get("bits", 4), "group_size": lc.get("group_size", 128)})
             info.sym = bool(lc.get("sym", False))
@@ -136,13 +178,13 @@ def _detect_auto_round(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     raise UnsupportedFormatError(f"{ckpt.folder}: auto-round packing_format {packing!r} is not defined")
 
 
-def _auto_round_act(cfg: dict) -> dict | None:
-    bits = int(cfg.get("act_bits", 16) or 16)
+def _auto_round_act(cfg: dict, where: str) -> dict | None:
+    bits = _int(cfg.get("act_bits", 16) or 16, "act_bits", where)
     if bits >= 16:
         return None
     dt = str(cfg.get("act_data_type", "int")).lower()
     return {"num_bits": bits, "type": "float" if "fp" in dt else "int", "symmetric": bool(cfg.get("act_sym", True)),
-            "strategy": "group" if int(cfg.get("act_group_size", 0) or 0) > 0 else "token",
+            "strategy": "group" if _int(cfg.get("act_group_size", 0) or 0, "act_group_size", where) > 0 else "token",
             "dynamic": bool(cfg.get("act_dynamic", True)), "group_size": cfg.get("act_group_size")}
 
 
@@ -153,15 +195,16 @@ def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     if dt in ("mx_fp", "mx_fp_rceil", "mxfp4", "mx_fp4"):
         for prefix in _prefixes(ckpt, "weight_packed"):
             lc = _layer_cfg(cfg, prefix)
-            if int(lc.get("bits", 4)) != 4 or int(lc.get("group_size", 32)) != 32:
+            if _cfg_int(lc, "bits", 4, prefix) != 4 or _cfg_int(lc, "group_size", 32, prefix) != 32:
                 raise UnsupportedFormatError(f"{prefix}: auto-round mx_fp with bits={lc.get('bits')} "
                                              f"group_size={lc.get('group_size')} is not MXFP4")
-            _, pshape = ckpt.tensor_info(prefix + ".weight_packed")
+            pshape = _require_2d(ckpt, prefix, "weight_packed", "[N, K/2]")
+            _require_2d(ckpt, prefix, "weight_scale", "[N, K/32]")
             tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
             layers.append(LayerInfo(
                 name=prefix, format="ct-mxfp4", shape=(pshape[0], pshape[1] * 2), bits=4, group_size=32, sym=True,
                 act_order=False, zero_convention=None, tensors=_bias(ckpt, prefix, tensors),
-                activation=_auto_round_act(lc), scale_dtype="E8M0"))
+                activation=_auto_round_act(lc, prefix), scale_dtype="E8M0"))
         return layers
     raise UnsupportedFormatError(f"{ckpt.folder}: auto-round llm_compressor export of data_type {dt!r} is not defined")
 
@@ -170,11 +213,13 @@ def _detect_awq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     version = str(cfg.get("version", "gemm")).lower()
     if version != "gemm":
         raise UnsupportedFormatError(f"{ckpt.folder}: AWQ version {version!r} is not defined (gemm)")
-    return [_awq_layer(ckpt, p, cfg) for p in _prefixes(ckpt, "qweight")]
+    return [_awq_layer(ckpt, p, cfg) for p in _int_prefixes(ckpt)]
 
 
 # -- compressed-tensors ------------------------------------------------------------------
 def _ct_targets_match(targets, name: str) -> bool:
+    if isinstance(targets, str):
+        targets = [targets]
     for t in targets or []:
         t = str(t)
         if t.startswith("re:"):
@@ -186,7 +231,8 @@ def _ct_targets_match(targets, name: str) -> bool:
 
 
 def _ct_ignored(cfg: dict, name: str) -> bool:
-    for t in cfg.get("ignore") or []:
+    ignore = cfg.get("ignore") or []
+    for t in [ignore] if isinstance(ignore, str) else ignore:
         t = str(t)
         if (t.startswith("re:") and re.match(t[3:], name)) or name == t or name.endswith("." + t):
             return True
@@ -195,8 +241,6 @@ def _ct_ignored(cfg: dict, name: str) -> bool:
 
 def _ct_scheme_for(cfg: dict, name: str) -> dict | None:
     groups = cfg.get("config_groups") or {}
-    if not isinstance(groups, dict):
-        raise FormatError("compressed-tensors config_groups is not an object")
     for _, g in groups.items():
         if isinstance(g, dict) and _ct_targets_match(g.get("targets"), name):
             return g
@@ -205,8 +249,15 @@ def _ct_scheme_for(cfg: dict, name: str) -> dict | None:
 
 def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     top_format = str(cfg.get("format", "")).lower()
+    if not isinstance(cfg.get("config_groups") or {}, dict):
+        raise FormatError(f"{ckpt.folder}/config.json: compressed-tensors quantization_config.config_groups "
+                          f"is not an object")
     layers: list[LayerInfo] = []
     candidates = set(_prefixes(ckpt, "weight_packed")) | set(_prefixes(ckpt, "weight_scale"))
+    # An int8 weight is quantized whatever tensors sit next to it: a targeted one without its
+    # weight_scale is reported, not silently left out.
+    candidates |= {p for p in _prefixes(ckpt, "weight")
+                   if ckpt.tensor_info(p + ".weight")[0] == "I8" and _ct_scheme_for(cfg, p) is not None}
     for prefix in sorted(candidates):
         if _ct_ignored(cfg, prefix):
             continue
@@ -214,19 +265,23 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
         if scheme is None:
             raise FormatError("quantized tensors present but no config_groups entry targets this layer", layer=prefix)
         wargs = scheme.get("weights") or {}
+        if not isinstance(wargs, dict):
+            raise UnsupportedFormatError(f"{prefix}: config_groups weights is not an object")
         fmt = str(scheme.get("format") or top_format).lower()
-        num_bits = int(wargs.get("num_bits", 8))
+        num_bits = _cfg_int(wargs, "num_bits", 8, prefix)
         wtype = str(wargs.get("type", "int")).lower()
         strategy = str(wargs.get("strategy", "tensor")).lower()
         gs = wargs.get("group_size")
-        group = _group(gs) if strategy in ("group", "tensor_group") else -1
+        group = _group(gs, prefix) if strategy in ("group", "tensor_group") else -1
         act = scheme.get("input_activations")
         activation = None
         if isinstance(act, dict):
             activation = {k: act.get(k) for k in ("num_bits", "type", "symmetric", "strategy", "dynamic", "group_size")}
         tensors = {}
         if ckpt.has(prefix + ".weight_packed"):
-            dt, pshape = ckpt.tensor_info(prefix + ".weight_packed")
+            pshape = _require_2d(ckpt, prefix, "weight_packed", "[N, K/pack]")
+            if not ckpt.has(prefix + ".weight_scale"):
+                raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
             if wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
                 if "nvfp4" in fmt:
                     raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {fmt!r} (NVFP4) is not defined")
@@ -243,25 +298,31 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
             K = pshape[1] * (32 // num_bits)
             if ckpt.has(prefix + ".weight_shape"):
                 ws = ckpt.tensor(prefix + ".weight_shape", layer=prefix).data.reshape(-1)
-                if ws.size != 2:
-                    raise FormatError(f"expected 2 elements, got {ws.size}", layer=prefix, tensor="weight_shape")
+                if ws.size != 2 or ws.dtype.kind not in "iu":
+                    raise FormatError(f"expected 2 integers, got {ws.size} of {ws.dtype}", layer=prefix,
+                                      tensor="weight_shape")
                 N, K = int(ws[0]), int(ws[1])
             tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
             for opt in ("weight_zero_point", "weight_g_idx", "weight_shape"):
                 if ckpt.has(f"{prefix}.{opt}"):
                     tensors[opt] = f"{prefix}.{opt}"
+            if str(wargs.get("actorder")).lower() == "group" and "weight_g_idx" not in tensors:
+                raise FormatError("missing tensor (actorder 'group' stores the group of every input channel)",
+                                  layer=prefix, tensor="weight_g_idx")
             sym = bool(wargs.get("symmetric", True))
             layers.append(LayerInfo(
                 name=prefix, format="ct-pack-quantized", shape=(N, K), bits=num_bits, group_size=group, sym=sym,
                 act_order=bool(wargs.get("actorder")) or "weight_g_idx" in tensors,
                 zero_convention="offset", tensors=_bias(ckpt, prefix, tensors), activation=activation,
-                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale")))
+                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix)))
         elif ckpt.has(prefix + ".weight"):
             dt, wshape = ckpt.tensor_info(prefix + ".weight")
             if dt != "I8":
                 # fp weights with a scale (e.g. FP8) are not an integer format qconform defines yet
                 raise UnsupportedFormatError(
-                    f"{prefix}: compressed-tensors weight of dtype {dt} with weight_scale is not a defined format")
+                    f"{prefix}.weight: compressed-tensors weight of dtype {dt} with weight_scale is not a defined format")
+            if not ckpt.has(prefix + ".weight_scale"):
+                raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
             tensors = {"weight": prefix + ".weight", "weight_scale": prefix + ".weight_scale"}
             if ckpt.has(prefix + ".weight_zero_point"):
                 tensors["weight_zero_point"] = prefix + ".weight_zero_point"
@@ -269,7 +330,10 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
                 name=prefix, format="ct-int-quantized", shape=tuple(wshape), bits=8, group_size=group,
                 sym=bool(wargs.get("symmetric", True)), act_order=False, zero_convention=None,
                 tensors=_bias(ckpt, prefix, tensors), activation=activation,
-                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale")))
+                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix)))
+        else:
+            raise FormatError("missing tensor: the layer has a weight_scale but neither weight_packed nor weight",
+                              layer=prefix, tensor="weight_packed")
     return layers
 
 

@@ -7,6 +7,8 @@ rules stay in one place.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import linear as lin
@@ -29,13 +31,32 @@ def _check_float_scales(info: LayerInfo, tensors: dict, role: str) -> None:
             layer=info.name, tensor=role)
 
 
+def _name_layer(fn):
+    """Errors raised by the format / linear modules without a layer name get the layer's name."""
+
+    @functools.wraps(fn)
+    def wrapper(ckpt, info, *args, **kwargs):
+        try:
+            return fn(ckpt, info, *args, **kwargs)
+        except FormatError as e:
+            if e.layer is not None:
+                raise
+            msg = str(e)
+            if e.tensor and msg.startswith(f"{e.tensor}: "):
+                msg = msg[len(e.tensor) + 2:]
+            raise FormatError(msg, layer=info.name, tensor=e.tensor) from None
+
+    return wrapper
+
+
+@_name_layer
 def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
     """Exact dequantized weight, float32 [N, K] (stacked experts: [E, N, K])."""
     tensors = ckpt.layer_tensors(info)
     name = info.name
     if info.format == "gptq":
         _check_float_scales(info, tensors, "scales")
-        require("qzeros" in tensors or info.sym, "asymmetric GPTQ layer without qzeros", layer=name, tensor="qzeros")
+        _check_gptq_optional(info, tensors)
         params = gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym),
                                  desc_act=info.act_order,
                                  zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
@@ -69,6 +90,15 @@ def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
         _no_nan_scales(s, name, names[1])
         return mxfp4.dequantize_mxfp4_gptoss(b, s, layer=name, names=names)
     raise UnsupportedFormatError(f"{name}: format {info.format!r} has no dequantizer")
+
+
+def _check_gptq_optional(info: LayerInfo, tensors: dict) -> None:
+    """qzeros may be left out only by a symmetric layer, g_idx only without act order
+    (desc_act=True permutes the groups, and only g_idx says how)."""
+    require("qzeros" in tensors or info.sym, "missing tensor (an asymmetric GPTQ layer needs its zero points)",
+            layer=info.name, tensor="qzeros")
+    require("g_idx" in tensors or not info.act_order, "missing tensor (desc_act=True needs g_idx)",
+            layer=info.name, tensor="g_idx")
 
 
 def _no_nan_scales(scale, layer, tensor):
@@ -111,6 +141,7 @@ def layer_bias(ckpt: Checkpoint, info: LayerInfo):
     return b.data
 
 
+@_name_layer
 def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None,
                  int8_variant: a8.Int8ActVariant | None = None,
                  mx_variant: mxfp4.MxVariant | None = None, out_dtype: str | None = None) -> lin.LinearResult:
@@ -129,6 +160,7 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
         v = int8_variant or a8.CANONICAL_SYM
         if info.format == "ct-int-quantized":
             t = ckpt.layer_tensors(info)
+            _check_float_scales(info, t, "weight_scale")
             return lin.linear_w8a8(x, t["weight"].data, t["weight_scale"].data.reshape(-1), bias, act=v,
                                    out_dtype=out_dtype)
         w_int, scales, gs, g_idx = _int_weights(ckpt, info)
@@ -157,6 +189,8 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
     """(q - z) as signed ints [N, K], scales [n_groups, N], group size, g_idx — for W4A8."""
     tensors = ckpt.layer_tensors(info)
     if info.format == "gptq":
+        _check_float_scales(info, tensors, "scales")
+        _check_gptq_optional(info, tensors)
         params = gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym),
                                  desc_act=info.act_order,
                                  zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
@@ -168,6 +202,8 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
         w_int = c.q.astype(np.int32) - c.zeros[c.g_idx, :].T
         return w_int, np.asarray(c.scales), info.group_size, c.g_idx
     if info.format == "awq":
+        _check_float_scales(info, tensors, "scales")
+        require("qzeros" in tensors, "missing tensor", layer=info.name, tensor="qzeros")
         c = awq.unpack_awq(awq.AwqTensors(_data(tensors, "qweight"), _data(tensors, "qzeros"), _data(tensors, "scales")),
                            awq.AwqParams(bits=info.bits, group_size=info.group_size), shape=info.shape, layer=info.name)
         K = c.q.shape[1]
@@ -175,6 +211,7 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
         g = np.arange(K) // gs
         return c.q.astype(np.int32) - c.zeros[g, :].T, np.asarray(c.scales), gs, None
     if info.format == "ct-pack-quantized":
+        _check_float_scales(info, tensors, "weight_scale")
         c = ct.unpack_ct_packed(_ct_tensors(info, tensors), _ct_params(info), layer=info.name)
         N, K = c.q.shape
         n_groups = np.asarray(c.scales).shape[1]

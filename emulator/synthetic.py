@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .formats import awq, compressed_tensors as ct, gptq, mxfp4
+from .numerics.floats import round_to_dtype
 from .tensorfile import Tensor, save_tensors
 
 __all__ = ["SCHEMES", "make_weight", "write_checkpoint"]
@@ -184,8 +185,11 @@ def _qconfig(scheme: str) -> dict:
 def save_activations(path: "str | Path", x: np.ndarray, dtype: str = "float16") -> None:
     """Write x [M, K] as tensor 'x' in the given dtype (float32 | float16 | bfloat16)."""
     if dtype == "bfloat16":
-        x32 = np.asarray(x, dtype=np.float32)
-        bits = x32.view(np.uint32) & np.uint32(0xFFFF0000)
-        save_tensors(path, {"x": Tensor(bits.view(np.float32), "BF16")})
-    else:
+        # round to nearest even, once, from the given values (truncating the float32 bits would
+        # round toward zero, and float64 -> float32 -> bfloat16 could round twice)
+        xb = round_to_dtype(np.asarray(x, dtype=np.float64), "bfloat16").astype(np.float32)
+        save_tensors(path, {"x": Tensor(xb, "BF16")})
+    elif dtype in ("float32", "float16"):
         save_tensors(path, {"x": np.asarray(x, dtype=dtype)})
+    else:
+        raise ValueError(f"activation dtype must be float32, float16 or bfloat16, got {dtype!r}")

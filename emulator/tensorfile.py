@@ -1,14 +1,21 @@
 """Strict safetensors reading and writing, NumPy only (no pickle, no torch).
 
 Vendors feed qconform files they did not make, so the reader validates
-everything before it touches data: header length, JSON shape, dtype names,
-that every tensor's byte range lies inside the file, matches its shape, and
-that ranges do not overlap. Errors name the file and tensor.
+everything before it touches data: header length, JSON shape (an object that
+starts with ``{``, no duplicate keys, ``__metadata__`` a str -> str map),
+dtype names, that every tensor's byte range lies inside the file and matches
+its shape, and that the ranges tile the data section exactly (no overlap, no
+hole, no trailing bytes: the safetensors format rules, which keep polyglot
+files out). Errors name the file and tensor; nothing is ever unpickled.
 
 bfloat16 tensors have no NumPy dtype: they are returned as float32 arrays
 (bf16 -> fp32 is exact) and the ``Tensor.dtype`` keeps "BF16"; writing a
 tensor with dtype "BF16" stores the upper halves of float32 values that
-must be exactly bf16-representable.
+must be exactly bf16-representable. fp8 / fp6 / fp4 tensors are returned as
+their raw bytes (uint8); "F4" (4 bits an element, two to a byte, as
+``torch.float4_e2m1fn_x2``) comes back with its last dimension halved, and
+packed streams that do not split into whole bytes per row (fp6, F4 with an
+odd last dimension) come back flat.
 """
 
 from __future__ import annotations
@@ -29,10 +36,36 @@ _NP = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+    "C64": np.complex64,
 }
-_SIZE = {k: np.dtype(v).itemsize for k, v in _NP.items()}
-_SIZE.update({"BF16": 2, "F8_E8M0": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F4": 1})
+#: bits per element of every dtype the safetensors format defines
+_BITS = {k: 8 * np.dtype(v).itemsize for k, v in _NP.items()}
+_BITS.update({"BF16": 16, "F8_E8M0": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+              "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4})
 _MAX_HEADER = 100 * 1024 * 1024
+
+
+def _nbytes(shape: list, dt: str, limit: int) -> "int | None":
+    """Bytes a tensor of ``shape`` and ``dt`` occupies; None when that is not a whole number of
+    bytes; ``limit + 1`` when it exceeds ``limit`` (Python ints, stopped early: no overflow and no
+    huge products from a hostile header)."""
+    if 0 in shape:
+        return 0
+    nbits = _BITS[dt]
+    for d in shape:
+        nbits *= d
+        if nbits > 8 * limit + 8:
+            return limit + 1
+    return nbits // 8 if nbits % 8 == 0 else None
+
+
+def _no_duplicates(pairs: list) -> dict:
+    seen: dict = {}
+    for k, v in pairs:
+        if k in seen:
+            raise FormatError(f"duplicate key {k!r}")
+        seen[k] = v
+    return seen
 
 
 @dataclasses.dataclass
@@ -57,13 +90,25 @@ def read_header(path: "str | os.PathLike") -> tuple[dict, int]:
             raise FormatError(f"{path}: not a safetensors file (shorter than 8 bytes)")
         (n,) = struct.unpack("<Q", raw)
         if n > _MAX_HEADER or 8 + n > size:
-            raise FormatError(f"{path}: not a safetensors file (header length {n} exceeds the file or limit)")
-        try:
-            header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise FormatError(f"{path}: malformed safetensors header ({e})") from None
+            raise FormatError(f"{path}: not a safetensors file (header length {n} exceeds the file "
+                              f"({size} bytes) or the {_MAX_HEADER}-byte limit)")
+        text = f.read(n)
+    if len(text) != n:
+        raise FormatError(f"{path}: file shrank while reading its header")
+    if not text.startswith(b"{"):
+        raise FormatError(f"{path}: safetensors header is not a JSON object (it must start with '{{')")
+    try:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except FormatError as e:
+        raise FormatError(f"{path}: malformed safetensors header ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise FormatError(f"{path}: malformed safetensors header ({type(e).__name__}: {e})") from None
     if not isinstance(header, dict):
         raise FormatError(f"{path}: safetensors header is not a JSON object")
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict)
+                                 and all(isinstance(v, str) for v in meta.values())):
+        raise FormatError(f"{path}: __metadata__ must be an object of string values")
     data_len = size - 8 - n
     ranges = []
     for name, info in header.items():
@@ -73,25 +118,40 @@ def read_header(path: "str | os.PathLike") -> tuple[dict, int]:
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             raise FormatError(f"{where}: header entry lacks dtype/shape/data_offsets")
         dt = info["dtype"]
-        if dt not in _SIZE:
+        if not isinstance(dt, str) or dt not in _BITS:
             raise FormatError(f"{where}: unknown dtype {dt!r}")
         shape = info["shape"]
         offs = info["data_offsets"]
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
-                or not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) for o in offs)):
-            raise FormatError(f"{where}: malformed shape or data_offsets")
+        if (not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape)
+                or not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs)):
+            raise FormatError(f"{where}: malformed shape {shape!r} or data_offsets {offs!r}")
         begin, end = offs
         if not (0 <= begin <= end <= data_len):
             raise FormatError(f"{where}: data_offsets {offs} outside the data section ({data_len} bytes)")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if end - begin != count * _SIZE[dt]:
-            raise FormatError(f"{where}: {end - begin} bytes do not hold shape {shape} of {dt}")
+        nbytes = _nbytes(shape, dt, data_len)
+        if nbytes is None:
+            raise FormatError(f"{where}: shape {shape} of {dt} is not a whole number of bytes")
+        if end - begin != nbytes:
+            need = f"{nbytes} bytes" if nbytes <= data_len else "more bytes than the file holds"
+            raise FormatError(f"{where}: {end - begin} bytes do not hold shape {shape} of {dt} ({need})")
         ranges.append((begin, end, name))
+    # The data section must be tiled exactly: no overlap, no hole, nothing after the last tensor.
     ranges.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
-        if b1 < e0:
-            raise FormatError(f"{path}: tensors {n0!r} and {n1!r} overlap")
+    pos, prev = 0, None
+    for b, e, name in ranges:
+        if b < pos:
+            raise FormatError(f"{path}: tensors {prev!r} and {name!r} overlap")
+        if b > pos:
+            after = f"after tensor {prev!r}" if prev is not None else "at the start of the data section"
+            raise FormatError(f"{path}: tensor {name!r}: {b - pos} byte(s) {after} belong to no tensor")
+        pos, prev = e, name
+    if pos != data_len:
+        raise FormatError(f"{path}: {data_len - pos} trailing byte(s) after the last tensor belong to no tensor")
     return header, 8 + n
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class TensorFile:
@@ -121,14 +181,20 @@ class TensorFile:
         with open(self.path, "rb") as f:
             f.seek(self._base + begin)
             buf = f.read(end - begin)
+        if len(buf) != end - begin:
+            raise FormatError(f"{self.path}: tensor {name!r}: file shrank since its header was read")
         if dt == "BF16":
             bits = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << np.uint32(16)
             data = bits.view(np.float32).reshape(shape)
         elif dt in _NP:
             data = np.frombuffer(buf, dtype=np.dtype(_NP[dt]).newbyteorder("<")).reshape(shape)
             data = data.astype(_NP[dt])  # native byte order, writable copy
-        else:  # fp8 / fp4 bytes: keep the raw bytes, the format module interprets them
+        elif dt == "F4" and shape and shape[-1] % 2 == 0:  # two elements a byte: [..., L] -> bytes [..., L/2]
+            data = np.frombuffer(buf, dtype=np.uint8).reshape(shape[:-1] + (shape[-1] // 2,)).copy()
+        elif _BITS[dt] == 8:  # fp8 bytes: keep the raw bytes, the format module interprets them
             data = np.frombuffer(buf, dtype=np.uint8).reshape(shape).copy()
+        else:  # fp6, or F4 with an odd last dimension: a packed bit stream, returned flat
+            data = np.frombuffer(buf, dtype=np.uint8).copy()
         return Tensor(data=data, dtype=dt)
 
 
@@ -140,7 +206,7 @@ def load_tensors(path: "str | os.PathLike") -> dict[str, Tensor]:
 
 def _np_dtype_name(a: np.ndarray) -> str:
     for k, v in _NP.items():
-        if a.dtype == np.dtype(v):
+        if a.dtype.newbyteorder("=") == np.dtype(v):
             return k
     if a.dtype.name == "bfloat16":
         return "BF16"
@@ -151,7 +217,10 @@ def save_tensors(path: "str | os.PathLike", tensors: dict, metadata: dict | None
     """Write tensors (NumPy arrays or ``Tensor``) deterministically (sorted names).
 
     A ``Tensor`` with dtype "BF16" holding float32 data is stored as bf16
-    (its values must be exactly representable).
+    (its values must be exactly representable); a ``Tensor`` with an fp8 /
+    fp6 / fp4 dtype holds its raw bytes as uint8 (F4: last dimension halved,
+    as ``TensorFile.get`` returns it). Any other ``Tensor`` must hold data of
+    its dtype.
     """
     header: dict = {}
     if metadata:
@@ -159,12 +228,17 @@ def save_tensors(path: "str | os.PathLike", tensors: dict, metadata: dict | None
     blobs = []
     offset = 0
     for name in sorted(tensors):
+        if not isinstance(name, str) or name == "__metadata__":
+            raise FormatError(f"tensor name {name!r} is not allowed")
         t = tensors[name]
         if isinstance(t, Tensor):
-            arr, dt = np.ascontiguousarray(t.data), t.dtype
+            arr, dt = np.asarray(t.data, order="C"), t.dtype  # (ascontiguousarray would make 0-d 1-d)
+            if dt not in _BITS:
+                raise FormatError(f"tensor {name!r}: unknown dtype {dt!r}")
         else:
-            arr = np.ascontiguousarray(t)
+            arr = np.asarray(t, order="C")
             dt = _np_dtype_name(arr)
+        shape = list(arr.shape)
         if dt == "BF16":
             if arr.dtype.name == "bfloat16":
                 raw = arr.view(np.uint16).astype("<u2").tobytes()
@@ -174,9 +248,21 @@ def save_tensors(path: "str | os.PathLike", tensors: dict, metadata: dict | None
                 if np.any(bits & np.uint32(0xFFFF)):
                     raise FormatError(f"tensor {name!r}: values are not exactly representable in bfloat16")
                 raw = (bits >> np.uint32(16)).astype("<u2").tobytes()
-        else:
+        elif dt in _NP:
+            if arr.dtype.newbyteorder("=") != np.dtype(_NP[dt]):
+                raise FormatError(f"tensor {name!r}: data of dtype {arr.dtype} cannot be stored as {dt}")
             raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        else:  # raw bytes of a sub-16-bit float format
+            if arr.dtype != np.uint8:
+                raise FormatError(f"tensor {name!r}: {dt} data must be its raw bytes (uint8), got {arr.dtype}")
+            raw = arr.tobytes()
+            if dt == "F4":
+                if not shape:
+                    raise FormatError(f"tensor {name!r}: F4 needs at least one dimension")
+                shape[-1] *= 2
+            elif _BITS[dt] != 8:
+                raise FormatError(f"tensor {name!r}: writing {dt} is not supported")
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
     hj = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")

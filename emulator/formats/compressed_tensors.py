@@ -231,7 +231,9 @@ def quantize_ct_packed(
     sym ``s = max(-lo, hi) / ((2**b - 1) / 2)`` (amax / 7.5 for 4-bit), zp = 0;
     asym ``s = (hi - lo) / (2**b - 1)``, ``zp = clamp(RNE(-2**(b-1) - lo / s), ...)``;
     a zero scale becomes ``finfo(scale_dtype).eps``; then
-    ``q = clamp(RNE(w / s) + zp, -2**(b-1), 2**(b-1) - 1)``. Differences from the
+    ``q = clamp(RNE(w / s + zp), -2**(b-1), 2**(b-1) - 1)`` (zp added *before*
+    rounding, as the library's ``_quantize`` does; GPTQ and AWQ add it after,
+    which differs on ties when zp is odd). Differences from the
     library: s is rounded to ``scale_dtype`` (default: w's dtype) before zp
     and q are computed, and the quotient is exact (the library divides in w's
     dtype). Error bound: see ``gptq.quantize_gptq``.
@@ -250,7 +252,7 @@ def quantize_ct_packed(
             hi[:, gi] = cols.max(axis=1)
     s, zp = _ct_minmax_scales(lo, hi, params.num_bits, params.symmetric, scale_dtype, layer)
     z_full = 0 if zp is None else zp[:, g]
-    q = rtn_codes(w64, s[:, g], z_full, params.qmin, params.qmax, what="w")
+    q = rtn_codes(w64, s[:, g], z_full, params.qmin, params.qmax, what="w", zero_before_rounding=True)
     codes = CtCodes(
         q=q.astype(np.int8),
         scales=float_array(s, scale_dtype),

@@ -324,12 +324,34 @@ def float_array(values64: np.ndarray, dtype: str) -> np.ndarray:
     return v32.astype(np.dtype(dtype.value))
 
 
-def rtn_codes(w64: np.ndarray, s64: np.ndarray, z, lo: int, hi: int, *, what: str) -> np.ndarray:
-    """``clamp(RNE(w / s) + z, lo, hi)`` elementwise, int32 out.
+def rtn_codes(
+    w64: np.ndarray,
+    s64: np.ndarray,
+    z,
+    lo: int,
+    hi: int,
+    *,
+    what: str,
+    zero_before_rounding: bool = False,
+) -> np.ndarray:
+    """Round-to-nearest-even integer codes, clamped to [lo, hi]; int32 out.
+
+    ``zero_before_rounding=False``: ``clamp(RNE(w / s) + z, lo, hi)`` (GPTQ's
+    ``quantize``, AutoAWQ, vLLM's ``quantize_weights``, ONNX QuantizeLinear).
+    ``True``: ``clamp(RNE(w / s + z), lo, hi)`` (compressed-tensors'
+    ``_quantize``). The two differ exactly when ``w / s`` is a tie and z is odd.
 
     The quotient is computed in float64 and rounded with
-    ``rounding.quantize_to_int``; z is added as an integer after rounding.
+    ``rounding.quantize_to_int``. For weights and scales with at most 24-bit
+    significands a non-tie quotient is at least 2**-26 away from the nearest
+    half-integer (in absolute terms, for |w / s| <= 2**9) while the float64
+    error is below 2**-43, so neither the division nor the integer addition
+    can move it across a rounding boundary: the codes are those of the exact
+    quotient.
     """
     zi = np.asarray(z).astype(np.int64)
+    if zero_before_rounding:
+        r = quantize_to_int(w64 / s64 + zi, lo, hi, Rounding.RNE, what=what)
+        return r.astype(np.int32)
     r = quantize_to_int(w64 / s64, lo - zi, hi - zi, Rounding.RNE, what=what)
     return (r.astype(np.int64) + zi).astype(np.int32)

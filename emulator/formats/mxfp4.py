@@ -2,8 +2,9 @@
 
 Semantics: docs/formats/mxfp4.md.
 
-Canonical conversion (OCP MX v1.0 §6.3 with RNE elements; equal to torchao
-``to_mx(..., ScaleCalculationMode.FLOOR)`` on finite inputs):
+Canonical conversion (OCP MX v1.0 §6.3 with RNE elements; equal to torchao 0.18
+``to_mx(..., ScaleCalculationMode.FLOOR)`` on finite blocks whose scale byte is
+not 0 — torchao divides byte-0 blocks by 2**-126 instead of 2**-127):
 
 1. amax = max |x_i| over the 32-element block, in float32;
 2. scale byte by ``MxScaleRule.FLOOR`` (s = floor(log2 amax) - 2, clamped to

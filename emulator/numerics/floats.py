@@ -14,7 +14,12 @@ Conventions (IEEE 754-2019 §4.3, §7.4 for overflow):
 - overflow under RNE/RHAZ/RHTZ gives +-Inf for formats with Inf, and +-max
   under RTZ or where the caller asks to saturate;
 - NaN inputs give a quiet NaN with the sign and the top payload bits kept
-  (the x86 / ARM hardware convention, which numpy and torch follow).
+  (the x86 / ARM hardware convention). numpy float64->float32 and torch
+  ->float16 give the same bits; ml_dtypes ->bfloat16 keeps only the sign,
+  torch ->bfloat16 returns one canonical NaN, numpy ->float16 does not set
+  the quiet bit (docs/formats.md#floating-point-formats);
+- float64 inputs are rounded once, directly. ml_dtypes (->bf16, ->e2m1) and
+  torch (->bf16, ->fp16) round float64 through float32 first (double rounding).
 """
 
 from __future__ import annotations

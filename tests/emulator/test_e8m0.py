@@ -179,7 +179,7 @@ def test_rules_hypothesis(amax, rule):
 def test_rceil_fp32_division_vs_exact_log2():
     """RCEIL = ceil(log2(fp32(amax/6))). For a normal descale this equals the exact
     ceil(log2(amax/6)); they part only when amax/6 is an fp32 subnormal (amax < 2**-123.4)."""
-    for a in np.concatenate([BOUNDARY, RANDOM]).tolist():
+    for a in np.concatenate([BOUNDARY, RANDOM[:3000]]).tolist():
         exact = min(max(ceil_log2(Fraction(a) / 6), -127), 127) + 127
         descale = fl32(Fraction(a) / 6)
         if descale >= _p2(-126):

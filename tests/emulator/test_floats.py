@@ -274,7 +274,8 @@ def test_bf16_ties_at_every_exponent_vs_ml_dtypes_and_torch():
 def test_bf16_from_float64_vs_fraction_oracle():
     """qconform rounds float64 -> bf16 directly; checked against the exact oracle."""
     t = midpoints_and_neighbours(BF16).astype(np.float64)
-    x = np.concatenate([random_f64_in_range(3000, -140, 128), boundary_values(BF16),
+    full = RNG.integers(0, 2**64, size=500, dtype=np.uint64).view(np.float64)
+    x = np.concatenate([random_f64_in_range(3000, -140, 128), boundary_values(BF16), full[~np.isnan(full)],
                         RNG.choice(t, 1000), np.nextafter(RNG.choice(t, 1000), np.inf),
                         np.nextafter(RNG.choice(t, 1000), -np.inf)])
     got = round_to_format(x, BF16)

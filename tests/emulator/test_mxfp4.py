@@ -384,7 +384,9 @@ def test_torchao_documented_divergences():
 
 # --------------------------------------------------------------------------- compressed-tensors (optional)
 
-def _ct_compress(w: np.ndarray):
+def _ct_compress(w):
+    """compressed-tensors' own MXFP4 weight path: observer-free qparams from the group min/max
+    (``calculate_qparams`` -> ``generate_mx_scales``), then ``MXFP4PackedCompressor.compress``."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
@@ -394,8 +396,8 @@ def _ct_compress(w: np.ndarray):
 
     args = MXFP4["weights"]
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    wt = torch.from_numpy(np.ascontiguousarray(w))
-    groups = wt.reshape(w.shape[0], -1, BLOCK)
+    wt = w if isinstance(w, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(w))
+    groups = wt.reshape(wt.shape[0], -1, BLOCK)
     scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
     out = MXFP4PackedCompressor.compress({"weight": wt.clone(), "weight_scale": scale, "weight_zero_point": zp},
                                          scheme)
@@ -422,25 +424,11 @@ def test_compressed_tensors_bf16_weights_and_ties():
     w32[2, :2] = [2.0**-125, -(2.0**-127)]  # tiny block: byte 0
     w32[3] = np.linspace(-3, 7, 64)
     wb = torch.from_numpy(w32).to(torch.bfloat16)
-    out, _, _ = _ct_compress(wb.numpy() if False else w32)  # fp32 path
-    codes, scales = quantize_mxfp4(w32, MxVariant(scale_rule="even"))
-    assert np.array_equal(out["weight_packed"].numpy(), pack_mxfp4_ct(codes, scales)["weight_packed"])
-    assert np.array_equal(out["weight_scale"].numpy(), scales)
-    # bf16 weights: compressed-tensors quantizes in bf16; qconform widens the same values exactly
-    pytest.importorskip("compressed_tensors")
-    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
-    from compressed_tensors.quantization import QuantizationScheme
-    from compressed_tensors.quantization.quant_scheme import MXFP4
-    from compressed_tensors.quantization.utils.helpers import calculate_qparams
-
-    args = MXFP4["weights"]
-    g = wb.reshape(4, -1, BLOCK)
-    sc, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
-    out = MXFP4PackedCompressor.compress({"weight": wb.clone(), "weight_scale": sc, "weight_zero_point": zp},
-                                         QuantizationScheme(targets=["Linear"], weights=args))
-    codes, scales = quantize_mxfp4(wb.to(torch.float32).numpy(), MxVariant(scale_rule="even"))
-    assert np.array_equal(out["weight_packed"].numpy(), pack_mxfp4_ct(codes, scales)["weight_packed"])
-    assert np.array_equal(out["weight_scale"].numpy(), scales)
+    for w in (torch.from_numpy(w32), wb):  # bf16: compressed-tensors works in bf16, qconform widens exactly
+        out, _, _ = _ct_compress(w)
+        codes, scales = quantize_mxfp4(w.to(torch.float32).numpy(), MxVariant(scale_rule="even"))
+        assert np.array_equal(out["weight_packed"].numpy(), pack_mxfp4_ct(codes, scales)["weight_packed"])
+        assert np.array_equal(out["weight_scale"].numpy(), scales)
 
 
 def test_compressed_tensors_negative_zero_divergence():
@@ -453,6 +441,22 @@ def test_compressed_tensors_negative_zero_divergence():
     codes, scales = quantize_mxfp4(w, MxVariant(scale_rule="even"))
     assert codes[0, :4].tolist() == [6, 8, 8, 0]
     assert out["weight_packed"].numpy()[0, :2].tolist() == [6 | (0 << 4), 8 | (0 << 4)]
+
+
+def test_compressed_tensors_non_finite_and_top_binade_divergence():
+    """Documented divergence: in compressed-tensors 0.20 a group whose EVEN-rounded amax is not
+    finite (NaN or Inf in the group, or amax >= 1.75 * 2**127) gets scale byte 127: the float scale
+    is NaN/Inf and ``127 + floor(log2(scale)).to(int32)`` wraps to 127 in uint8. qconform: 0xFF for
+    NaN/Inf (OCP), and 253 (= 2**126) for the large finite block."""
+    w = np.zeros((3, 32), np.float32)
+    w[0, :3] = [1.0, np.nan, -2.0]
+    w[1, :3] = [1.0, np.inf, -2.0]
+    w[2, :3] = [3.4e38, 1.0, -1.0]
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        out, _, _ = _ct_compress(w)
+    assert out["weight_scale"].numpy().ravel().tolist() == [127, 127, 127]
+    assert quantize_mxfp4(w, MxVariant(scale_rule="even"))[1].ravel().tolist() == [0xFF, 0xFF, 253]
 
 
 def test_compressed_tensors_decompress_and_pack_helpers():

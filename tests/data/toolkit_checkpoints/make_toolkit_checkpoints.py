@@ -285,9 +285,18 @@ def write_outputs(folder, dequant, provenance):
     from safetensors.torch import save_file
 
     tensors = {f"{k}.weight": v.detach().to(torch.float32).contiguous().cpu() for k, v in dequant.items()}
-    for k, v in tensors.items():
+    neg_zeros = 0
+    narrow = {}
+    for k, v in list(tensors.items()):
         assert v.dim() == 2, (k, v.shape)
         assert torch.isfinite(v).all(), k
+        # The identity-probe path (x @ W with x = I) cannot preserve the sign of zero
+        # (-0.0 + 0.0 = +0.0) while direct dequant functions can; canonicalise every -0.0 to +0.0
+        # so all folders share one convention.  Compare against these with value equality.
+        neg_zeros += int(((v == 0) & torch.signbit(v)).sum())
+        tensors[k] = torch.where(v == 0, torch.zeros_like(v), v)
+        narrow[k] = [str(dt).replace("torch.", "") for dt in (torch.float16, torch.bfloat16)
+                     if torch.equal(v.to(dt).to(torch.float32), v)]
     save_file(tensors, os.path.join(folder, "toolkit_dequant.safetensors"), metadata={"format": "pt"})
     provenance = dict(provenance)
     provenance["toolkit_dequant"] = {
@@ -296,6 +305,8 @@ def write_outputs(folder, dequant, provenance):
         "dtype": "float32",
         "layout": "[out_features, in_features]",
         "tensors": {k: list(v.shape) for k, v in tensors.items()},
+        "negative_zeros_canonicalised_to_plus_zero": neg_zeros,
+        "values_exactly_representable_in": narrow,
     }
     provenance["checkpoint_tensors"] = list_tensors(folder)
     provenance["quantization_config"] = read_quant_config(folder)
@@ -554,6 +565,14 @@ def run_autoround(outroot, only=None):
                 "quantize_call": f"auto_round.AutoRound(model, tokenizer, iters=0, disable_opt_rtn=True, "
                 f"device_map='cpu', seed={SEED}, **{skw!r}).quantize_and_save(dir, format={fmt!r})",
                 "dequant_function": how,
+                "dequant_arithmetic": (
+                    "compressed-tensors decompress: result in the checkpoint's scale dtype, upcast to fp32"
+                    if qcfg.get("quant_method") == "compressed-tensors"
+                    else "MX: e2m1 value * 2**(e8m0-127) evaluated in float32 (exact)"
+                    if qcfg.get("data_type", "int") != "int"
+                    else "scales(float16) * (q - zero) evaluated by the toolkit in float16 (one rounding to fp16), "
+                    "then exactly upcast to float32"
+                ),
                 "dequant_notes": notes,
                 "degenerate_groups": degenerate_map_json(entries),
                 "model_config": MODEL_KW | {"torch_dtype": str(MODEL_DTYPE), "arch": "LlamaForCausalLM",
@@ -635,6 +654,9 @@ def run_llmcompressor(outroot, only=None):
                 "quantize_call": f"llmcompressor.oneshot(model=model, recipe={recipe_desc}); "
                 "model.save_pretrained(dir, save_compressed=True)",
                 "dequant_function": how,
+                "dequant_arithmetic": "compressed_tensors dequantize(): computed in the scale dtype "
+                "(bfloat16 here: int schemes round scale*(q-zp) to bf16; MXFP4 multiplies bf16 fp4 values by the "
+                "bf16 power-of-two scale, exact), then upcast to float32",
                 "dequant_notes": notes,
                 "degenerate_groups": degenerate_map_json(entries),
                 "model_config": MODEL_KW | {"torch_dtype": str(MODEL_DTYPE), "arch": "LlamaForCausalLM",
@@ -711,17 +733,22 @@ def run_gptqmodel(outroot, only=None):
                 model.save_pretrained(base)
                 tok.save_pretrained(base)
                 qcfg = getattr(gq, cfg_cls)(**cfg_kw, offload_to_disk=False)
-                qm = GPTQModel.load(base, qcfg)
-                if needs_calib:
-                    g = torch.Generator().manual_seed(SEED + 2)
-                    calib = [{"input_ids": torch.randint(4, MODEL_KW["vocab_size"], (64,), generator=g).tolist()}
-                             for _ in range(16)]
-                    calib_desc = "16 sequences x 64 random token ids in [4,128), torch.Generator seed 1236"
-                    qm.quantize(calib, tokenizer=tok, batch_size=1)
-                else:
-                    qm.quantize(tokenizer=tok)
-                out = os.path.join(tmp, "out")
-                qm.save(out)
+                cwd = os.getcwd()
+                os.chdir(tmp)  # gptqmodel writes ./logs/*.log into the working directory
+                try:
+                    qm = GPTQModel.load(base, qcfg)
+                    if needs_calib:
+                        g = torch.Generator().manual_seed(SEED + 2)
+                        calib = [{"input_ids": torch.randint(4, MODEL_KW["vocab_size"], (64,), generator=g).tolist()}
+                                 for _ in range(16)]
+                        calib_desc = "16 sequences x 64 random token ids in [4,128), torch.Generator seed 1236"
+                        qm.quantize(calib, tokenizer=tok, batch_size=1)
+                    else:
+                        qm.quantize(tokenizer=tok)
+                    out = os.path.join(tmp, "out")
+                    qm.save(out)
+                finally:
+                    os.chdir(cwd)
                 copy_checkpoint(out, dst)
             dq, how, notes = gptqmodel_dequant(dst)
             sanity_check(dq, ref, folder_name)
@@ -734,6 +761,8 @@ def run_gptqmodel(outroot, only=None):
                 "quantize_call": f"GPTQModel.load(base_dir, {cfg_cls}(**{cfg_kw!r}, offload_to_disk=False))"
                 f".quantize({'calib' if needs_calib else ''}, tokenizer=tok); .save(dir)",
                 "dequant_function": how,
+                "dequant_arithmetic": "scales(float16) * (q - zero) evaluated by the toolkit in float16 "
+                "(zeros after gptqmodel's whole-int32 v1->v2 qzeros conversion), then exactly upcast to float32",
                 "dequant_notes": notes,
                 "degenerate_groups": degenerate_map_json(entries),
                 "model_config": MODEL_KW | {"torch_dtype": str(MODEL_DTYPE), "arch": "LlamaForCausalLM",

@@ -1,0 +1,167 @@
+"""Backend registry, ``name:key=value`` parameters, and the dispatcher.
+
+Semantics: docs/backends.md#registry.
+
+Built-in backends are listed in ``BUILTIN`` (module:class, imported lazily so
+a missing kernel library never breaks the registry). Third-party backends
+register through the entry-point group ``qconform.backends``:
+
+    [project.entry-points."qconform.backends"]
+    mykernel = "mypkg.backend:MyKernelBackend"
+
+The dispatcher ``select(case)`` returns the available backend with the highest
+priority that can implement the case, else the emulator, and logs why it
+skipped each other backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from importlib import metadata
+
+from .base import Availability, Backend, Case
+
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection"]
+
+log = logging.getLogger("qconform.dispatch")
+
+ENTRY_POINT_GROUP = "qconform.backends"
+
+#: name -> "module:Class"; priority lives on the class (docs/backends.md#dispatcher)
+BUILTIN = {
+    "emulator": "backends.emulator:EmulatorBackend",
+    "torch-cpu": "backends.torch_cpu:TorchCpuBackend",
+    "ark": "backends.ark:ArkBackend",
+    "zentorch": "backends.zentorch:ZentorchBackend",
+    "vllm-cpu": "backends.vllm_cpu:VllmCpuBackend",
+    "cuda": "backends.cuda:CudaBackend",
+    "xpu": "backends.xpu:XpuBackend",
+}
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'name:key=value,key2=value2' -> (name, {key: value})."""
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"empty backend name in {spec!r}")
+    params: dict[str, str] = {}
+    if rest.strip():
+        for item in rest.split(","):
+            if "=" not in item:
+                raise ValueError(f"backend parameter {item!r} in {spec!r} is not key=value")
+            k, v = item.split("=", 1)
+            params[k.strip()] = v.strip()
+    return name, params
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except TypeError:  # pragma: no cover - Python < 3.10
+        eps = metadata.entry_points().get(ENTRY_POINT_GROUP, [])
+    return {ep.name: ep for ep in eps}
+
+
+def registered() -> dict[str, str]:
+    """name -> where it comes from ('builtin' or 'entry point <value>')."""
+    out = {n: "builtin" for n in BUILTIN}
+    for n, ep in _entry_points().items():
+        out.setdefault(n, f"entry point {ep.value}")
+    return out
+
+
+class _Unloadable(Backend):
+    """Stand-in for a backend whose adapter module itself cannot be imported."""
+
+    def __init__(self, name: str, error: str):
+        super().__init__()
+        self.name = name
+        self._error = error
+
+    def availability(self) -> Availability:
+        return Availability(False, f"adapter failed to load: {self._error}")
+
+    def can_implement(self, case):  # pragma: no cover - never reached when unavailable
+        from .base import no
+
+        return no(self._error)
+
+    def declared(self, case):  # pragma: no cover
+        raise RuntimeError(self._error)
+
+    def prepare(self, case, tensors):  # pragma: no cover
+        raise RuntimeError(self._error)
+
+    def run(self, prepared, x, **inputs):  # pragma: no cover
+        raise RuntimeError(self._error)
+
+
+def _load_class(target: str):
+    mod, _, cls = target.partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def create(spec: str) -> Backend:
+    """Instantiate a backend from 'name[:key=value,...]'. Unknown names raise ValueError."""
+    name, params = parse_spec(spec)
+    if name in BUILTIN:
+        try:
+            cls = _load_class(BUILTIN[name])
+        except Exception as e:  # an adapter import error must not hide the other backends
+            return _Unloadable(name, f"{type(e).__name__}: {e}")
+    else:
+        eps = _entry_points()
+        if name not in eps:
+            known = ", ".join(sorted(registered()))
+            raise ValueError(f"unknown backend {name!r}; registered: {known}")
+        try:
+            cls = eps[name].load()
+        except Exception as e:
+            return _Unloadable(name, f"entry point {eps[name].value} failed: {type(e).__name__}: {e}")
+    return cls(**params)
+
+
+class Selection:
+    """The dispatcher's answer: the chosen backend and why each other one was skipped."""
+
+    def __init__(self, backend: Backend, skipped: list[tuple[str, str]]):
+        self.backend = backend
+        self.skipped = skipped
+
+    def __repr__(self) -> str:
+        return f"Selection({self.backend.label}, skipped={self.skipped})"
+
+
+def select(case: Case, candidates: list[str] | None = None) -> Selection:
+    """Best available backend for ``case`` by priority; the emulator when nothing else can."""
+    names = candidates if candidates is not None else list(registered())
+    backends = []
+    skipped: list[tuple[str, str]] = []
+    for spec in names:
+        try:
+            backends.append(create(spec))
+        except Exception as e:
+            skipped.append((spec, f"cannot be created: {e}"))
+    backends.sort(key=lambda b: -b.priority)
+    for b in backends:
+        if b.name == "emulator":
+            continue
+        av = b.availability()
+        if not av.available:
+            skipped.append((b.label, f"unavailable: {av.reason}"))
+            continue
+        sup = b.can_implement(case)
+        if not sup.ok:
+            skipped.append((b.label, f"cannot implement {case.describe()}: {sup.reason}"))
+            continue
+        for name, why in skipped:
+            log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)
+        log.info("dispatch %s: selected %s", case.describe(), b.label)
+        return Selection(b, skipped)
+    emu = next((b for b in backends if b.name == "emulator"), None) or create("emulator")
+    for name, why in skipped:
+        log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)
+    log.info("dispatch %s: falling back to the emulator", case.describe())
+    return Selection(emu, skipped)
