@@ -140,7 +140,18 @@ def _detect_gptq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     if fmt not in ("gptq", "gptq_v2"):
         raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {fmt!r} is not defined (gptq, gptq_v2)")
     conv = "v2" if fmt == "gptq_v2" else "v1"
+    if conv == "v1" and _written_by_gptqmodel(cfg):
+        # GPTQModel writes v1 by subtracting 0x11111111 from whole packed v2 words, so a true zero
+        # point 0 borrows from the next field; its own loader adds 0x11111111 back (docs/checkpoints.md).
+        conv = "v1-packed"
     return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _int_prefixes(ckpt)]
+
+
+def _written_by_gptqmodel(cfg: dict) -> bool:
+    meta = cfg.get("meta") or {}
+    quantizer = meta.get("quantizer") if isinstance(meta, dict) else None
+    names = quantizer if isinstance(quantizer, list) else [quantizer]
+    return any(isinstance(q, str) and q.lower().startswith("gptqmodel") for q in names)
 
 
 def _layer_cfg(cfg: dict, prefix: str) -> dict:

@@ -65,7 +65,7 @@ def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
             qz = _midpoint_qzeros(info, params)
         t = gptq.GptqTensors(qweight=_data(tensors, "qweight"), qzeros=qz, scales=_data(tensors, "scales"),
                              g_idx=_data(tensors, "g_idx"))
-        return gptq.dequantize_gptq(t, params, shape=info.shape, layer=name)
+        return gptq.dequantize_gptq(t, params, shape=info.shape, layer=name, zero_read=_zero_read(info))
     if info.format == "awq":
         _check_float_scales(info, tensors, "scales")
         require("qzeros" in tensors, "missing tensor", layer=name, tensor="qzeros")
@@ -99,6 +99,11 @@ def _check_gptq_optional(info: LayerInfo, tensors: dict) -> None:
             layer=info.name, tensor="qzeros")
     require("g_idx" in tensors or not info.act_order, "missing tensor (desc_act=True needs g_idx)",
             layer=info.name, tensor="g_idx")
+
+
+def _zero_read(info: LayerInfo) -> str:
+    """v1-packed: the writer subtracted 0x11111111 from whole words, so read by adding it back."""
+    return "v1_packed_add" if info.zero_convention == "v1-packed" else "canonical"
 
 
 def _no_nan_scales(scale, layer, tensor):
@@ -198,7 +203,8 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
         if qz is None:
             qz = _midpoint_qzeros(info, params)
         c = gptq.unpack_gptq(gptq.GptqTensors(_data(tensors, "qweight"), qz, _data(tensors, "scales"),
-                                              _data(tensors, "g_idx")), params, shape=info.shape, layer=info.name)
+                                              _data(tensors, "g_idx")), params, shape=info.shape, layer=info.name,
+                             zero_read=_zero_read(info))
         w_int = c.q.astype(np.int32) - c.zeros[c.g_idx, :].T
         return w_int, np.asarray(c.scales), info.group_size, c.g_idx
     if info.format == "awq":

@@ -250,9 +250,14 @@ def quantize_gptq(
     - ``q = clamp(RNE(w / s) + z, 0, 2**bits - 1)``,
 
     where fmt rounds the float64 quotient to ``scale_dtype`` (RNE), and z and
-    q use that stored scale and the exact quotient. Every element inside the
-    grid's range ``[(0 - z) * s, (2**bits - 1 - z) * s]`` is then within s/2
-    of its dequantized value, and each dequantized value is a nearest grid point.
+    q use that stored scale and the exact quotient (z added after rounding, as
+    GPTQ's ``quantize`` does). Unlike GPTQ, sym always uses [-amax, amax]
+    (GPTQ keeps lo = 0 for an all-non-negative group; AutoGPTQ issue #293).
+
+    Bound: each dequantized value is a nearest grid point ``(j - z) * s``;
+    ``|w - W| <= s/2`` for w in ``[(-z - 1/2) s, (2**bits - 1 - z + 1/2) s]``;
+    and, the stored scale being rounded, ``|w - W| <= s * (1/2 + 2**bits * u)``
+    for every element (u = 2**-11 for float16 scales, 2**-8 for bfloat16).
     """
     w64 = check_weights(w, layer=layer)
     n, k = w64.shape

@@ -16,7 +16,7 @@ exponent stays inside float32's range (a float16 scale is at most 65504, so
 represents every multiple of 2**-149 below 2**-125 exactly). The only
 exception is a bfloat16 scale above 2**128 / 256, whose product overflows to
 +-Inf as IEEE float32 would. With float32 scales (compressed-tensors allows
-them) the exact product can need 33 bits, and the single RNE rounding to
+them) the exact product can need 32 bits, and the single RNE rounding to
 float32 is part of the definition.
 
 Named variants of the operation order (keyword-only arguments of every
@@ -155,12 +155,14 @@ def check_integer_range(a: np.ndarray, lo: int, hi: int, what: str, *, tensor: s
 
 
 def check_scales(s: np.ndarray, *, tensor: str, layer: str | None = None) -> np.ndarray:
-    """Scales must be finite and non-negative; returns them widened to float64.
+    """Scales must be finite; returns them widened to float64.
 
     NaN and +-Inf are errors (a NaN scale cannot come from any quantizer and
-    would silently poison a whole group). Negative scales are errors (no
-    quantizer produces them; a kernel that takes |s| and one that does not
-    would disagree). A zero scale is allowed: it dequantizes its group to
+    would silently poison a whole group). Negative scales are *valid*: auto-round's
+    symmetric quantizer maps the largest-magnitude weight to code -8 and so writes
+    a negative scale whenever that weight is positive (about half of all groups in
+    tests/data/toolkit_checkpoints/auto-round-w4g32-sym-*), and its own dequant
+    uses them as stored. A zero scale is allowed: it dequantizes its group to
     +-0 (the sign follows IEEE multiplication).
     """
     s64 = as_float64(s)
@@ -173,15 +175,6 @@ def check_scales(s: np.ndarray, *, tensor: str, layer: str | None = None) -> np.
             layer=layer,
             tensor=tensor,
         )
-    neg = np.signbit(s64) & (s64 != 0)
-    if np.any(neg):
-        idx = _first_index(neg)
-        raise FormatError(
-            f"scale {float(s64[idx])} at index {list(idx)} is negative ({int(neg.sum())} negative scale(s)); "
-            "scales must be >= 0",
-            layer=layer,
-            tensor=tensor,
-        )
     return s64
 
 
@@ -190,7 +183,7 @@ def check_weights(w, *, tensor: str = "w", layer: str | None = None) -> np.ndarr
 
     Only float16/bfloat16/float32 are accepted: with at most 24-bit
     significands for both weight and scale, the float64 quotient ``w / s``
-    never lands on the wrong side of a rounding tie (docs/formats/gptq.md#quantize),
+    never lands on the wrong side of a rounding tie (docs/formats/gptq.md#quantize-rtn-for-making-test-cases),
     so the RTN codes are those of the exact quotient.
     """
     arr = check_dtype(w, FLOAT_DTYPE_NAMES, tensor=tensor, layer=layer)
