@@ -81,15 +81,22 @@ class Checkpoint:
             raise FormatError(f"{self.folder}: not a checkpoint folder")
         self.config = _load_json(self.folder / "config.json", "config.json")
         qc = self.config.get("quantization_config")
+        source = self.folder / "config.json"
         if qc is None and (self.folder / "quantization_config.json").exists():
-            qc = _load_json(self.folder / "quantization_config.json", "quantization_config.json")
+            source = self.folder / "quantization_config.json"
+            qc = _load_json(source, "quantization_config.json")
+        elif qc is None and (self.folder / "quantize_config.json").exists():
+            # AutoGPTQ / GPTQModel side file (checkpoints saved without transformers): GPTQ by definition
+            source = self.folder / "quantize_config.json"
+            qc = {"quant_method": "gptq", **_load_json(source, "quantize_config.json")}
         if not isinstance(qc, dict):
-            raise UnsupportedFormatError(f"{self.folder}/config.json: no quantization_config (not a quantized checkpoint)")
+            raise UnsupportedFormatError(f"{source}: no quantization_config (not a quantized checkpoint)")
         self.qconfig = qc
+        self.qconfig_source = source
         method = str(qc.get("quant_method", "")).lower().replace("intel/", "").replace("_", "-")
         if method not in SUPPORTED_METHODS:
             raise UnsupportedFormatError(
-                f"{self.folder}/config.json: unknown quant_method {qc.get('quant_method')!r}; "
+                f"{source}: unknown quant_method {qc.get('quant_method')!r}; "
                 f"supported: {', '.join(SUPPORTED_METHODS)}")
         self.method = method
         self._files = self._index_files()
@@ -162,7 +169,7 @@ class Checkpoint:
         if name in self._layers:
             return self._layers[name]
         # Accept a tensor name or a trailing ".weight".
-        stripped = re.sub(r"\.(weight|qweight|weight_packed)$", "", name)
+        stripped = re.sub(r"(\.(weight|qweight|weight_packed)|_blocks)$", "", name)
         if stripped in self._layers:
             return self._layers[stripped]
         close = difflib.get_close_matches(stripped, list(self._layers), n=5, cutoff=0.6)

@@ -154,13 +154,22 @@ def _written_by_gptqmodel(cfg: dict) -> bool:
     return any(isinstance(q, str) and q.lower().startswith("gptqmodel") for q in names)
 
 
+def _re(pattern: str, name: str, *, full: bool = False) -> bool:
+    """Match a config's ``re:`` pattern; a pattern that does not compile is the config's error."""
+    try:
+        rx = re.compile(pattern[3:])
+    except re.error as e:
+        raise UnsupportedFormatError(f"quantization_config pattern {pattern!r} is not a valid regular expression ({e})") from None
+    return bool(rx.fullmatch(name) if full else rx.match(name))
+
+
 def _layer_cfg(cfg: dict, prefix: str) -> dict:
     """Per-layer overrides (auto-round ``extra_config``, GPTQModel ``dynamic``)."""
     extra = cfg.get("extra_config") or {}
     out = dict(cfg)
     if isinstance(extra, dict):
         for key, over in extra.items():
-            if isinstance(over, dict) and (key == prefix or (key.startswith("re:") and re.fullmatch(key[3:], prefix))):
+            if isinstance(over, dict) and (key == prefix or (key.startswith("re:") and _re(key, prefix, full=True))):
                 out.update(over)
     return out
 
@@ -234,7 +243,7 @@ def _ct_targets_match(targets, name: str) -> bool:
     for t in targets or []:
         t = str(t)
         if t.startswith("re:"):
-            if re.match(t[3:], name):
+            if _re(t, name):
                 return True
         elif t == "Linear" or name == t or name.endswith("." + t):
             return True
@@ -245,7 +254,7 @@ def _ct_ignored(cfg: dict, name: str) -> bool:
     ignore = cfg.get("ignore") or []
     for t in [ignore] if isinstance(ignore, str) else ignore:
         t = str(t)
-        if (t.startswith("re:") and re.match(t[3:], name)) or name == t or name.endswith("." + t):
+        if (t.startswith("re:") and _re(t, name)) or name == t or name.endswith("." + t):
             return True
     return False
 

@@ -169,6 +169,8 @@ class TensorFile:
         return self.header.get("__metadata__", {}) or {}
 
     def info(self, name: str) -> tuple[str, tuple]:
+        if name not in self.header or name == "__metadata__":
+            raise FormatError(f"{self.path}: no tensor named {name!r}")
         e = self.header[name]
         return e["dtype"], tuple(e["shape"])
 

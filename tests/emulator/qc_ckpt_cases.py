@@ -235,7 +235,8 @@ MALFORMED = [
          (LAYER, "weight_scale"), LAYER, "weight_scale"),
     Case("mxfp4-e8m0-0xff", "ct-mxfp4-w4a16", _set("weight_scale", _first(0xFF)), FormatError,
          (LAYER, "weight_scale", "0xFF"), LAYER, "weight_scale"),
-    Case("gptoss-e8m0-0xff", "gptoss-mxfp4", _set("", _first(0xFF), full=EXPERTS + "_scales"), FormatError, (EXPERTS, "scales", "0xFF"), EXPERTS, "down_proj_scales"),
+    Case("gptoss-e8m0-0xff", "gptoss-mxfp4", _set("", _first(0xFF), full=EXPERTS + "_scales"), FormatError,
+         (EXPERTS, "scales", "0xFF"), EXPERTS, "down_proj_scales"),
     # config
     Case("unknown-quant_method", "gptq-w4g32-sym-v1", _qc(quant_method="fancyquant"), UnsupportedFormatError,
          ("config.json", "fancyquant")),
@@ -253,6 +254,12 @@ MALFORMED = [
     Case("ct-config_groups-not-object", "ct-w4a16-g32-sym", _qc(config_groups=["group_0"]), FormatError,
          ("config.json", "config_groups")),
     Case("ct-layer-not-targeted", "ct-w4a16-g32-sym", _retarget, FormatError, (LAYER, "config_groups"), LAYER),
+    Case("ct-target-regex-invalid", "ct-w4a16-g32-sym",
+         _cfg(lambda c: c["quantization_config"]["config_groups"]["group_0"].update(targets=["re:model.(layers"])),
+         UnsupportedFormatError, ("re:model.(layers", "regular expression")),
+    Case("auto-round-extra_config-regex-invalid", "gptq-w4g32-sym-v1",
+         _qc(quant_method="auto-round", packing_format="auto_round:auto_gptq", extra_config={"re:[": {"bits": 8}}),
+         UnsupportedFormatError, ("re:[", "regular expression")),
     # sharded checkpoints
     Case("index-missing-shard", "gptq-w4g32-sym-v1",
          _index(lambda wm: wm.__setitem__(f"{LAYER}.scales", "model-00009-of-00009.safetensors")), FormatError,

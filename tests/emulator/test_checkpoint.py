@@ -125,6 +125,15 @@ def test_layer_lookup_accepts_tensor_names_and_suggests(tmp_path):
     with pytest.raises(QconformError) as e:
         ck.layer("model.layers.0.mlp.down_prj")
     assert "down_prj" in str(e.value) and name in str(e.value)
+    with pytest.raises(FormatError) as e:
+        ck.tensor_info(name + ".bias")
+    assert "bias" in str(e.value)
+
+
+def test_gptoss_layer_lookup_by_blocks_tensor(tmp_path):
+    cases.write(tmp_path, "gptoss-mxfp4")
+    ck = Checkpoint(tmp_path)
+    assert ck.layer(cases.EXPERTS + "_blocks").name == cases.EXPERTS
 
 
 # -- malformed checkpoints -----------------------------------------------------------------------
@@ -213,9 +222,11 @@ def _expected_from_provenance(folder: Path) -> dict:
     method = qc["quant_method"].lower()
     exp: dict = {"modules": sorted(modules), "shapes": shapes, "activation": None, "act_order": False}
     if method == "gptq":  # AutoGPTQ / GPTQModel layout; checkpoint_format says v1 or v2 zeros
+        v2 = qc.get("checkpoint_format", "gptq") == "gptq_v2"
+        # GPTQModel writes v1 by subtracting 0x11111111 from packed v2 words (docs/formats/gptq.md, PACKED_SUB)
+        v1 = "v1-packed" if prov.get("toolkit") == "gptqmodel" else "v1"
         exp.update(format="gptq", bits=qc["bits"], group_size=qc["group_size"], sym=qc["sym"],
-                   act_order=bool(qc.get("desc_act")),
-                   zero_convention="v2" if qc.get("checkpoint_format", "gptq") == "gptq_v2" else "v1")
+                   act_order=bool(qc.get("desc_act")), zero_convention="v2" if v2 else v1)
     elif method == "awq":  # AutoAWQ GEMM: zero_point=True means asymmetric, zeros stored as is
         exp.update(format="awq", bits=qc["bits"], group_size=qc["group_size"], sym=not qc["zero_point"],
                    zero_convention="literal")
@@ -296,3 +307,30 @@ def test_toolkit_checkpoint_is_detected(name):
             if ckpt_tensors:
                 assert tname in ckpt_tensors, where
                 assert ck.tensor_info(tname) == (ckpt_tensors[tname]["dtype"], tuple(ckpt_tensors[tname]["shape"]))
+
+
+@pytest.mark.parametrize("side_file,drop_method", [("quantization_config.json", False),
+                                                   ("quantize_config.json", False), ("quantize_config.json", True)])
+def test_quantization_config_side_files(tmp_path, side_file, drop_method):
+    """auto-round writes quantization_config.json, AutoGPTQ / GPTQModel quantize_config.json (whose
+    quant_method is implied); either stands in for a config.json without quantization_config."""
+    cases.write(tmp_path, "gptq-w4g32-asym-v2")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    qc = cfg.pop("quantization_config")
+    if drop_method:
+        qc.pop("quant_method")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / side_file).write_text(json.dumps(qc))
+    (info,) = Checkpoint(tmp_path).layers()
+    assert (info.format, info.zero_convention, info.sym, info.group_size) == ("gptq", "v2", False, 32)
+
+
+def test_unknown_quant_method_in_side_file_names_that_file(tmp_path):
+    cases.write(tmp_path, "gptq-w4g32-sym-v1")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    qc = cfg.pop("quantization_config")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "quantization_config.json").write_text(json.dumps({**qc, "quant_method": "hqq"}))
+    with pytest.raises(QconformError) as e:
+        Checkpoint(tmp_path)
+    assert "quantization_config.json" in str(e.value) and "hqq" in str(e.value)

@@ -520,3 +520,15 @@ def test_run_main_job(tmp_path):
     for c in checks:
         assert c["verdict"] == "pass" and c["detected_format_ok"] and c["round_trip_ok"] and c["linear_ok"], c
         assert c["format"] == cases.EXPECTED[c["scheme"]]["format"]
+
+
+def test_synthetic_bf16_activations_round_to_nearest(tmp_path):
+    """emulator.synthetic.save_activations (what users call to make -i files) rounds bf16 once, to nearest even."""
+    from emulator.synthetic import save_activations
+
+    x = np.array([[1 + 2.0 ** -8 + 2.0 ** -20, -(1 + 2.0 ** -8 + 2.0 ** -30), 1 + 2.0 ** -8, 3.0]])
+    save_activations(tmp_path / "x.safetensors", x, "bfloat16")
+    got = read_st(tmp_path / "x.safetensors")[0]["x"]
+    assert got.dtype == torch.bfloat16
+    assert got.double().numpy().tolist() == [[round_exact(float(v), "bfloat16") for v in x[0]]]
+    assert got.double().numpy()[0, :3].tolist() == [1 + 2.0 ** -7, -(1 + 2.0 ** -7), 1.0]

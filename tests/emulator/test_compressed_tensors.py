@@ -262,9 +262,16 @@ def test_sym_with_zero_point_is_an_error():
 def test_scale_values():
     p, t = _good()
     s = t.weight_scale.copy()
-    s[3, 1] = -1.0
-    with pytest.raises(FormatError, match=r"^weight_scale: scale -1.0 at index \[3, 1\] is negative"):
+    s[3, 1] = np.inf
+    with pytest.raises(FormatError, match=r"^weight_scale: scale inf at index \[3, 1\] is not finite"):
         dequantize_ct_packed(_replace(t, weight_scale=s), p)
+    # negative scales are valid (int_common.check_scales): used as stored, negating the group
+    s = t.weight_scale.copy()
+    s[3, 1] = -s[3, 1]
+    neg = dequantize_ct_packed(_replace(t, weight_scale=s), p)
+    pos = dequantize_ct_packed(t, p)
+    np.testing.assert_array_equal(neg[3, 32:], -pos[3, 32:])
+    np.testing.assert_array_equal(neg[:3], pos[:3])
 
 
 def test_codes_out_of_range():

@@ -120,7 +120,7 @@ def test_encode_rne_dense_sweep_vs_ml_dtypes():
 
 
 def test_encode_rne_vs_onnx_reference_cast():
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
 
@@ -135,7 +135,6 @@ def test_encode_rne_vs_onnx_reference_cast():
         y = ReferenceEvaluator(model).run(None, {"x": x})[0]
     got = encode_e2m1(x, Rounding.RNE, nan=E2M1NanRule.ZERO_SIGN_FLIPPED)
     assert np.array_equal(got, np.asarray(y).view(np.uint8))
-    assert onnx.__version__
 
 
 def test_midpoint_ties_all_modes_table():

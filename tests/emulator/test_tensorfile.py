@@ -198,9 +198,10 @@ def test_lazy_get_and_unknown_name(tmp_path):
     tf = TensorFile(tmp_path / "a.safetensors")
     assert tf.info("a") == ("I32", (3,))
     for bad in ("b", "__metadata__"):
-        with pytest.raises(FormatError) as e:
-            tf.get(bad)
-        assert "a.safetensors" in str(e.value) and repr(bad) in str(e.value)
+        for fn in (tf.get, tf.info):
+            with pytest.raises(FormatError) as e:
+                fn(bad)
+            assert "a.safetensors" in str(e.value) and repr(bad) in str(e.value)
 
 
 # -- strictness ----------------------------------------------------------------------------------

@@ -1,0 +1,548 @@
+"""ARK (auto-round-lib, ``import auto_round_kernel``): the CPU weight-only GEMMs vLLM PR #39778 calls.
+
+Covers: vLLM PR #39778 ("[Quantization][Autoround][Toolkit] Add W4A16 Support"),
+``vllm/model_executor/layers/quantization/inc/schemes/inc_wna16_linear.py::INCARKLinearMethod``
+and ``.../inc/schemes/inc_ark_ops.py`` (custom op ``vllm::inc_ark_woq_linear`` ->
+``auto_round_kernel.woqgemm_linear``), with the weight preparation of
+``auto_round_kernel/qlinear.py::QuantLinear.post_init`` (intel/auto-round
+``auto_round_extension/ark/auto_round_kernel/qlinear.py``); plus the other public ARK
+GEMM entry points that run on a CPU: ``woqgemm`` with int8 weights (W8A16) and
+``woqgemm_s8`` (int8 weights, dynamic int8 activations; see W8A8 below).
+
+How vLLM prepares a layer (reproduced here in torch, see ``gptq_layout`` / ``awq_layout``):
+
+1. ``INCXPULinearBase._create_inc_weights``: GPTQ ``qweight [K/8, N]`` (AWQ-packed
+   ``auto_round:auto_awq``: ``[K, N/8]``), ``scales [K/G, N]``, ``qzeros [K/G, N/8]``,
+   ``g_idx = k // G`` (the checkpoint's g_idx is never passed to ARK).
+2. AWQ-packed qweight is converted losslessly to GPTQ order
+   (``_convert_awq_qweight_to_gptq``: unpack, reorder nibbles with [0,4,1,5,2,6,3,7],
+   repack along K). **qzeros are copied unconverted.**
+3. ``QuantLinear(bits, group_size, sym, ...)`` — the class with ``QUANT_TYPE =
+   "ark_gptq_nozp"``, ``ZP_BIAS = 0`` — gets qweight/qzeros/scales/bias copied in, then
+   ``post_init()``: unpack qweight along K to ``[K, N]`` and subtract ``qbias = 2**(bits-1)``
+   (int8); asym: unpack qzeros along N, add ``ZP_BIAS`` (0: **no GPTQ-v1 +1**) and subtract
+   qbias; sym: zeros are not read (ARK's zero point is 8 for every group). On CPU:
+   ``sdt = "fp32"`` (scales ``.to(float32)``), ``cdt = "auto"``; then
+   ``ark.repack_quantized_weight(intweight, scales, zeros, group_size, cdt, wdt, sdt, asym)``
+   returns the opaque bestla blob; bias is kept in float32.
+4. ``apply``: ``woqgemm_linear(x, blob, bias, N, K, group_size, "auto", "int4", "fp32", asym)``:
+   x converted to float32 (exact for 16-bit inputs), ``woqgemm`` writes float32, and the
+   result is ``.to(x.dtype)`` (one RNE rounding).
+
+Parameters (``ark:engine=...,cdt=...``):
+
+- ``engine=vllm`` (default): the steps above. ``engine=auto-round``: auto-round's own
+  HF inference classes — ``QuantLinearGPTQ`` (``ZP_BIAS = 1``, the v1 +1) for v1 GPTQ
+  checkpoints and ``QuantLinearAWQ`` (qzeros reordered like qweight) for AWQ.
+- ``cdt``: the compute type passed to ARK (``auto`` as vLLM; ``fp32``, ``bf16``, ``fp16``,
+  ``int8``).
+
+What the CPU library computes (``wrapper/include/cpu_wrapper.hpp::BTLAGemmCoreId``): the
+bestla GEMM core is chosen from ``cdt`` *and the host*. On a CPU whose vendor is not
+GenuineIntel it returns the AVX2 fp32 core for every ``cdt`` (measured: blobs and outputs
+identical for auto/fp32/bf16/fp16/int8 on an AMD EPYC). On Intel, ``auto`` (and ``int8``)
+falls through "from low precision to high precision": the int8 KBlock cores (AMX-INT8,
+AVX512-VNNI, AVX-VNNI) first, which quantize activations per token *per K-block* (uint8
+with a zero point on the VNNI cores, ``prologue_a::ActivationKBlockQuantize``), then
+AMX-FP16, AMX-BF16, AVX512F/AVX2 fp32. The fp32 cores convert weights to float32 and
+accumulate in float32; the int8 cores' per-block activation scales are not expressible by
+the emulator's per-token variants, so those hosts/cdts are refused.
+
+W8A8 (``woqgemm_s8``, CPU oneDNN build: ``dnnl_wrapper.hpp::DnnlWrapper::woq_s8``):
+dynamic **per-tensor** symmetric int8 activations — one amax over all M rows,
+``scale = fl32(amax * fl32(1/127))``, quantized by a oneDNN reorder with a dst scale —
+then an s8s8 matmul with per-tensor src and per-channel weight scales. Per tensor equals
+per token only for M = 1, so only M = 1 is accepted.
+
+Not available on CPU (``can_implement`` says why): ``igemm_s8s8s32`` (the CPU path
+routes int8 through ``CpuWrapper::gemm``, which writes float32 bit patterns into the int32
+output: garbage), the MoE GEMMs (``moe_gemm``, ``moe``, ``MoeSymmetricGemm``: XPU only),
+MXFP4 (no FP4 weight type in ``woqgemm``; ``mxfp4_hadamard_quant`` is XPU only;
+``mxfp4_quant_reference`` is a pure-torch activation quantizer — its rule is in
+docs/backends/ark.md). The XPU library loads only when ``torch.xpu.is_available()``.
+
+Semantics and measurements: docs/backends/ark.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+
+import numpy as np
+
+from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+
+__all__ = [
+    "ArkBackend",
+    "ArkLayout",
+    "host_cpu",
+    "gemm_core",
+    "unpack_gptq_qweight",
+    "unpack_gptq_qzeros",
+    "awq_qweight_to_gptq",
+    "unpack_awq",
+    "gptq_layout",
+    "awq_layout",
+    "ct_pack_layout",
+    "ct_int8_layout",
+    "ENGINES",
+    "CDTS",
+]
+
+ENGINES = ("vllm", "auto-round")
+CDTS = ("auto", "fp32", "bf16", "fp16", "int8")
+#: AWQ stores column c of each 8-column block in nibble slot AWQ_PACK_ORDER.index(c)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+# -- host: which bestla core would ARK choose -------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class HostCpu:
+    vendor: str
+    flags: frozenset
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> HostCpu:
+    """CPU vendor string and ISA flags (Linux /proc/cpuinfo; empty when unreadable)."""
+    vendor, flags = "", frozenset()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = val.strip()
+                elif key == "flags" and not flags:
+                    flags = frozenset(val.split())
+                if vendor and flags:
+                    break
+    except OSError:
+        pass
+    return HostCpu(vendor, flags)
+
+
+def gemm_core(cdt: str, wbits: int, group: int, asym: bool, host: HostCpu | None = None) -> str:
+    """The bestla core ``BTLAGemmCoreId(QuantParam*)`` picks (cpu_wrapper.hpp), by name.
+
+    Returns one of: avx2, avx512f (fp32 compute); amx_bf16 (bf16); amx_fp16 (fp16);
+    amx_int8, avx512_vnni, avx_vnni (int8 activations, per-K-block quantized).
+    """
+    h = host or host_cpu()
+    if h.vendor != "GenuineIntel":
+        return "avx2"  # `if (!_cd->INTEL()) return tAVX2::ID;` whatever the compute type
+    f = h.flags
+    order = {"auto": ("s8", "f16", "bf16", "f32"), "int8": ("s8", "f16", "bf16", "f32"),
+             "fp16": ("f16", "bf16", "f32"), "bf16": ("bf16", "f32"), "fp32": ("f32",)}[cdt]
+    can_s8 = not (asym and wbits == 8) and (group % 4 == 0)
+    for step in order:
+        if step == "s8" and can_s8:
+            if "amx_int8" in f and group % 64 == 0:  # tAMX_INT8_SS_KBlock::KTILE
+                return "amx_int8"
+            if "avx512_vnni" in f:
+                return "avx512_vnni"
+            if "avx_vnni" in f:
+                return "avx_vnni"
+        if step == "f16" and "amx_fp16" in f and group % 32 == 0:
+            return "amx_fp16"
+        if step == "bf16" and "amx_bf16" in f and group % 32 == 0:
+            return "amx_bf16"
+        if step == "f32":
+            return "avx512f" if "avx512f" in f else "avx2"
+    return "avx2"
+
+
+_CORE_COMPUTE = {"avx2": "float32", "avx512f": "float32", "amx_bf16": "bfloat16", "amx_fp16": "float16",
+                 "amx_int8": "int8", "avx512_vnni": "int8", "avx_vnni": "int8"}
+
+
+# -- layout transforms (pure torch; the library is not needed) ---------------------------------
+def _torch():
+    import torch
+
+    return torch
+
+
+@dataclasses.dataclass
+class ArkLayout:
+    """What ``repack_quantized_weight`` receives: signed int8 codes, fp32 scales, int8 zeros."""
+
+    intweight: object  # torch.int8 [K, N]: code - 2**(bits-1) (ARK's signed weight)
+    scales: object  # torch.float32 [K/G, N]
+    zeros: object  # torch.int8 [K/G, N] (zero - 2**(bits-1)); empty when sym
+    group: int
+    bits: int
+    asym: bool
+
+    @property
+    def wdt(self) -> str:
+        return {2: "int2", 4: "int4", 8: "int8"}[self.bits]
+
+    def dequantize(self):
+        """(intweight - zeros) * scales as float64 [N, K] (to check a layout against the emulator)."""
+        torch = _torch()
+        w = self.intweight.to(torch.float64)
+        s = self.scales.to(torch.float64).repeat_interleave(self.group, 0)
+        z = self.zeros.to(torch.float64).repeat_interleave(self.group, 0) if self.asym else 0.0
+        return ((w - z) * s).T.contiguous()
+
+
+def _fields(words, bits: int, axis: int):
+    """Unpack int32 words LSB-first along ``axis`` into int32 fields (0 .. 2**bits - 1)."""
+    torch = _torch()
+    per = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    w = words.to(torch.int32)
+    mask = (1 << bits) - 1
+    if axis == 0:  # [R, C] -> [R * per, C]
+        f = (w.unsqueeze(1) >> shifts.view(1, per, 1)) & mask
+        return f.reshape(w.shape[0] * per, w.shape[1])
+    f = (w.unsqueeze(2) >> shifts.view(1, 1, per)) & mask  # [R, C] -> [R, C * per]
+    return f.reshape(w.shape[0], w.shape[1] * per)
+
+
+def unpack_gptq_qweight(qweight, bits: int):
+    """GPTQ qweight [K/F, N] -> ARK intweight int8 [K, N] = field - 2**(bits-1) (QuantLinear.post_init)."""
+    torch = _torch()
+    return (_fields(torch.as_tensor(qweight), bits, 0) - (1 << (bits - 1))).to(torch.int8)
+
+
+def unpack_gptq_qzeros(qzeros, bits: int, zp_bias: int):
+    """GPTQ qzeros [K/G, N/F] -> ARK zeros int8 [K/G, N] = (field + zp_bias) - 2**(bits-1).
+
+    ``zp_bias`` is QuantLinear's ``ZP_BIAS``: 0 for the ``ark_gptq_nozp`` class vLLM
+    instantiates (v1 fields read literally), 1 for auto-round's ``QuantLinearGPTQ``. For
+    8-bit the field + bias wraps in uint8 as QuantLinear's ``zeros.to(torch.uint8) += bias``.
+    """
+    torch = _torch()
+    f = _fields(torch.as_tensor(qzeros), bits, 1) + zp_bias
+    if bits == 8:
+        f = f & 0xFF
+    return (f - (1 << (bits - 1))).to(torch.int8)
+
+
+def awq_qweight_to_gptq(qweight):
+    """vLLM ``INCXPULinearBase._convert_awq_qweight_to_gptq``: AWQ [K, N/8] -> GPTQ [K/8, N], lossless."""
+    torch = _torch()
+    qw = torch.as_tensor(qweight).to(torch.int32)
+    k = qw.shape[0]
+    vals = _fields(qw, 4, 1).reshape(k, -1, 8)[:, :, list(AWQ_REVERSE_ORDER)].reshape(k, -1)  # [K, N] by column
+    v = vals.reshape(k // 8, 8, -1).to(torch.int64)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64).view(1, 8, 1)
+    words = (v << shifts).sum(dim=1)
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def unpack_awq(qweight, qzeros):
+    """auto-round ``QuantLinearAWQ.post_init``: both tensors unpacked along N with the AWQ
+    reverse order, minus 8 -> (intweight int8 [K, N], zeros int8 [K/G, N])."""
+    torch = _torch()
+
+    def cols(t):
+        t = torch.as_tensor(t).to(torch.int32)
+        return _fields(t, 4, 1).reshape(t.shape[0], -1, 8)[:, :, list(AWQ_REVERSE_ORDER)].reshape(t.shape[0], -1)
+
+    return (cols(qweight) - 8).to(torch.int8), (cols(qzeros) - 8).to(torch.int8)
+
+
+def _scales32(s):
+    torch = _torch()
+    return torch.as_tensor(np.ascontiguousarray(np.asarray(s, dtype=np.float32))).contiguous()
+
+
+def _group(case: Case) -> int:
+    return case.K if case.group_size in (-1, 0) else case.group_size
+
+
+def gptq_layout(case: Case, tensors: dict, engine: str = "vllm") -> ArkLayout:
+    """Canonical GPTQ tensors -> ARK layout, as QuantLinear (engine vllm) / QuantLinearGPTQ (auto-round)."""
+    torch = _torch()
+    bits = case.bits
+    iw = unpack_gptq_qweight(tensors["qweight"], bits)
+    zp_bias = 1 if (engine == "auto-round" and case.zero_convention != "v2") else 0
+    if case.sym:
+        zeros = torch.empty(0, dtype=torch.int8)
+    else:
+        zeros = unpack_gptq_qzeros(tensors["qzeros"], bits, zp_bias)
+    return ArkLayout(iw.contiguous(), _scales32(tensors["scales"]), zeros.contiguous(), _group(case), bits, not case.sym)
+
+
+def awq_layout(case: Case, tensors: dict, engine: str = "vllm") -> ArkLayout:
+    """Canonical AWQ tensors -> ARK layout.
+
+    vllm: qweight through ``_convert_awq_qweight_to_gptq`` then QuantLinear's GPTQ unpack;
+    qzeros copied as they are (AWQ nibble order) and unpacked in GPTQ order.
+    auto-round: ``QuantLinearAWQ`` (qzeros reordered like qweight).
+    """
+    if engine == "auto-round":
+        iw, zeros = unpack_awq(tensors["qweight"], tensors["qzeros"])
+    else:
+        iw = unpack_gptq_qweight(awq_qweight_to_gptq(tensors["qweight"]), 4)
+        zeros = unpack_gptq_qzeros(tensors["qzeros"], 4, 0)
+    return ArkLayout(iw.contiguous(), _scales32(tensors["scales"]), zeros.contiguous(), _group(case), 4, True)
+
+
+def ct_pack_layout(case: Case, tensors: dict) -> ArkLayout:
+    """compressed-tensors pack-quantized -> ARK layout (no engine routes CT to ARK; direct transform).
+
+    weight_packed [N, K/F] holds q + 2**(b-1) along K: unpack, subtract the offset, transpose
+    to [K, N]; weight_scale [N, K/G] -> [K/G, N]; weight_zero_point [N/F, K/G] (packed along N,
+    also offset) -> [K/G, N] signed.
+    """
+    torch = _torch()
+    bits = case.bits
+    n, k = (int(v) for v in np.asarray(tensors["weight_shape"]).reshape(-1))
+    off = 1 << (bits - 1)
+    q = _fields(torch.as_tensor(tensors["weight_packed"]), bits, 1)[:, :k] - off  # [N, K]
+    iw = q.T.to(torch.int8).contiguous()
+    scales = _scales32(np.asarray(tensors["weight_scale"], dtype=np.float32).T)
+    if case.sym:
+        zeros = torch.empty(0, dtype=torch.int8)
+    else:
+        zp = _fields(torch.as_tensor(tensors["weight_zero_point"]), bits, 0)[:n, :] - off  # [N, K/G]
+        zeros = zp.T.to(torch.int8).contiguous()
+    return ArkLayout(iw, scales, zeros, _group(case), bits, not case.sym)
+
+
+def ct_int8_layout(case: Case, tensors: dict) -> ArkLayout:
+    """compressed-tensors int-quantized int8 [N, K], scale [N, 1] -> ARK layout with one K-block."""
+    torch = _torch()
+    w = torch.as_tensor(np.asarray(tensors["weight"], dtype=np.int8))
+    n, k = w.shape
+    s = np.broadcast_to(np.asarray(tensors["weight_scale"], dtype=np.float32).reshape(-1, 1), (n, 1))
+    return ArkLayout(w.T.contiguous(), _scales32(s.T), torch.empty(0, dtype=torch.int8), k, 8, False)
+
+
+# -- the backend --------------------------------------------------------------------------------
+def _import_ark():
+    return importlib.import_module("auto_round_kernel")
+
+
+_TORCH_DT = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+class ArkBackend(Backend):
+    name = "ark"
+    covers = ("auto-round-lib ARK CPU woqgemm (vLLM PR #39778 INCARKLinearMethod / inc_ark_ops.py, "
+              "auto_round_kernel.qlinear.QuantLinear): W4A16/W8A16 int weights, woqgemm_s8 W8A8 (M=1)")
+    priority = 50
+
+    def __init__(self, **params: str):
+        super().__init__(**params)
+        unknown = set(params) - {"engine", "cdt"}
+        if unknown:
+            raise ValueError(f"ark: unknown parameter(s) {sorted(unknown)}; known: engine, cdt")
+        self.engine = params.get("engine", "vllm")
+        if self.engine not in ENGINES:
+            raise ValueError(f"ark: engine must be one of {ENGINES}, got {self.engine!r}")
+        self.cdt = params.get("cdt", "auto")
+        if self.cdt not in CDTS:
+            raise ValueError(f"ark: cdt must be one of {CDTS}, got {self.cdt!r}")
+
+    # -- 1. availability
+    def availability(self) -> Availability:
+        try:
+            ark = _import_ark()
+        except Exception as e:  # ImportError, or the library's own import-time failure
+            return Availability(False, f"auto_round_kernel (auto-round-lib) cannot be imported: "
+                                       f"{type(e).__name__}: {e}")
+        version = self._version(ark)
+        xpu = self._xpu_note(ark)
+        if getattr(ark, "cpu_lib", None) is None:
+            return Availability(False, f"auto_round_kernel imported but its CPU library did not load "
+                                       f"(auto_round_kernel_cpu); {xpu}", version)
+        h = host_cpu()
+        core = gemm_core(self.cdt, 4, 128, False, h)
+        dev = (f"cpu ({h.vendor or 'unknown vendor'}): bestla {core} core for cdt={self.cdt}"
+               + (" — non-Intel vendor, cdt ignored" if h.vendor != "GenuineIntel" else ""))
+        return Availability(True, f"CPU library loaded; {xpu}", version, dev)
+
+    @staticmethod
+    def _version(ark) -> str | None:
+        try:
+            from importlib import metadata
+
+            return metadata.version("auto-round-lib")
+        except Exception:
+            try:
+                return importlib.import_module("auto_round_kernel.version").__version__
+            except Exception:
+                return getattr(ark, "__version__", None)
+
+    @staticmethod
+    def _xpu_note(ark) -> str:
+        if getattr(ark, "xpu_lib", None) is not None:
+            return "XPU library loaded (not used by this adapter)"
+        try:
+            import torch
+
+            has_xpu = bool(torch.xpu.is_available())
+        except Exception as e:
+            return f"XPU library not loaded: torch.xpu unusable ({type(e).__name__}: {e})"
+        if not has_xpu:
+            return "XPU library not loaded: torch.xpu.is_available() is False (no Intel GPU / no XPU torch build)"
+        return "XPU library failed to load although torch.xpu is available"
+
+    # -- 2. can_implement
+    def schemes(self) -> list[str]:
+        return ["w4a16", "w8a16", "w8a8"]
+
+    def can_implement(self, case: Case) -> Support:
+        s, fmt = case.scheme, case.weight_format
+        if s == "w4a16-moe":
+            return no("ARK's MoE GEMMs (moe_gemm, moe, moe_gemm_decode/prefill, MoeSymmetricGemm.prepare) "
+                      "raise NotImplementedError off XPU ('is only supported on XPU'); this host has no XPU")
+        if s in ("w4a16-mxfp4", "w4a4-mxfp4"):
+            return no("ARK has no MXFP4 GEMM on CPU: woqgemm weight types are int2..int8 and fp8 only; "
+                      "mxfp4_hadamard_quant is XPU-only and mxfp4_quant_reference is a pure-torch "
+                      "activation quantizer, not a kernel")
+        if s == "w4a8":
+            core = gemm_core("int8", 4, _group(case), not case.sym)
+            if _CORE_COMPUTE[core] != "int8":
+                h = host_cpu()
+                return no(f"cdt=int8 does not reach an int8 core on this host: BTLAGemmCoreId picks the "
+                          f"{core} fp32 core (vendor {h.vendor or '?'}"
+                          f"{', not GenuineIntel' if h.vendor != 'GenuineIntel' else ''}), so ARK would run "
+                          "W4A16 in fp32, not W4A8")
+            return no(f"ARK's int8 core ({core}) quantizes activations per token per K-block "
+                      "(ActivationKBlockQuantize: uint8 with a zero point on VNNI cores) — not expressible by "
+                      "the emulator's per-token int8 variants")
+        if case.out_dtype not in (None, case.act_dtype):
+            return no("woqgemm_linear returns the activation dtype (out = result.to(x.dtype)); "
+                      f"out_dtype {case.out_dtype} != act_dtype {case.act_dtype}")
+        if case.act_order:
+            return no("ARK packs K-blocks in order: QuantLinear ignores g_idx and vLLM's INC ARK path never "
+                      "passes it (act order / desc_act unsupported)")
+        if case.E:
+            return no("dense GEMM adapter: E > 0 is a MoE case")
+        g = _group(case)
+        if case.K % g:
+            return no(f"K={case.K} is not a multiple of group_size {g} (QuantLinear: 'in_features must be "
+                      "divisible by group_size')")
+        if s == "w8a8":
+            if fmt != "ct-int-quantized":
+                return no("W8A8 here is woqgemm_s8 with compressed-tensors int-quantized int8 weights only")
+            if case.M != 1:
+                return no("woqgemm_s8 quantizes activations per TENSOR (one amax over all M rows, "
+                          "DnnlWrapper::dyn_quant_s8); per-tensor equals the emulator's per-token rule only "
+                          f"for M=1, got M={case.M}")
+            return yes()
+        if s == "w4a16":
+            if case.bits != 4:
+                return no(f"scheme w4a16 needs 4-bit weights, got bits={case.bits}")
+        elif s == "w8a16":
+            if case.bits != 8 and fmt != "ct-int-quantized":
+                return no(f"scheme w8a16 needs 8-bit weights, got bits={case.bits}")
+        else:
+            return no(f"scheme {s} is not implemented by ARK on CPU")
+        if fmt not in ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized"):
+            return no(f"weight format {fmt} has no ARK integer path")
+        if fmt == "ct-int-quantized" and s != "w8a16":
+            return no("ct-int-quantized int8 weights: scheme w8a16 (woqgemm int8 blob) or w8a8 (woqgemm_s8)")
+        if fmt == "awq":
+            if case.bits != 4:
+                return no("AWQ is 4-bit only")
+            if case.sym:
+                return no("AWQ checkpoints carry zero points (AutoAWQ GEMM is asymmetric); ARK with sym=True "
+                          "ignores qzeros (zero 8) — run AWQ as sym=False")
+        core = gemm_core(self.cdt, 8 if s == "w8a16" else 4, g, not case.sym)
+        if _CORE_COMPUTE[core] == "int8":
+            return no(f"cdt={self.cdt} selects the {core} int8 core on this host: activations are quantized "
+                      "per token per K-block (not expressible by the emulator); use ark:cdt=fp32")
+        return yes()
+
+    # -- 3. declared
+    def declared(self, case: Case) -> Declared:
+        out = case.output_dtype
+        if case.scheme == "w8a8":
+            return Declared(
+                variants={"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32",
+                          "qmin": -128, "qmax": 127, "zero_row": "zero"},
+                accumulate="int32", output=out,
+                notes="woqgemm_s8: per-tensor dynamic int8 (M=1 == per-token); scale = fl32(amax * fl32(1/127)) "
+                      "(emulator: fl32(amax/127)); oneDNN reorder with a dst scale; s8s8 matmul, int32 "
+                      "accumulation, fp32 scaling and bias; output fp32 then RNE to the activation dtype")
+        variants: dict = {}
+        notes = []
+        if case.weight_format == "gptq" and case.sym:
+            variants["zero_read"] = "ignore_qzeros"
+            notes.append("sym: qzeros are not read, zero point 8 (QuantLinear intweight -= qbias)")
+        v1_asym = case.weight_format == "gptq" and not case.sym and case.zero_convention != "v2"
+        if v1_asym and self.engine == "auto-round" and case.bits == 8:
+            variants["zero_read"] = "v1_wrap"
+            notes.append("QuantLinearGPTQ 8-bit: zeros.to(uint8) += 1 wraps field 0xFF to 0 ((field + 1) & 0xFF)")
+        if v1_asym and self.engine == "vllm":
+            notes.append("EXPECTED DISCREPANCY: v1 asym qzeros are read without the +1 (QuantLinear ZP_BIAS=0 as "
+                         "vLLM instantiates it); no emulator zero_read names a literal v1 read, so the canonical "
+                         "reading is declared")
+        if case.weight_format == "awq" and self.engine == "vllm":
+            notes.append("EXPECTED DISCREPANCY: vLLM copies AWQ qzeros without the nibble reorder it applies to "
+                         "qweight; QuantLinear reads them in GPTQ order (zeros permuted within 8 columns)")
+        core = gemm_core(self.cdt, 8 if case.scheme == "w8a16" else 4, _group(case), not case.sym)
+        comp = _CORE_COMPUTE[core]
+        wdt, adt = "exact", None
+        if comp in ("bfloat16", "float16"):  # AMX bf16/fp16 cores (source-derived; not measured here)
+            wdt, adt = comp, comp
+        notes.append(f"bestla core {core}: weights (q - z) * s formed in {'float32' if wdt == 'exact' else wdt}, "
+                     f"activations x.to(float32){'' if adt is None else ' then ' + adt}, float32 accumulation, "
+                     "float32 bias add, output .to(x.dtype) (RNE)")
+        if case.group_size in (-1, 0):
+            notes.append("group_size -1 mapped to one K-block (QuantLinear: group_size = in_features); vLLM's INC "
+                         "ARK path itself cannot load -1 (input_size // -1 in create_weights, and "
+                         "woqgemm validates groupsize > 0)")
+        return Declared(variants=variants, weight_dtype=wdt, act_compute_dtype=adt, accumulate="float32",
+                        output=out, notes="; ".join(notes))
+
+    # -- 4. prepare
+    def layout(self, case: Case, tensors: dict) -> ArkLayout:
+        fmt = case.weight_format
+        if fmt == "gptq":
+            return gptq_layout(case, tensors, self.engine)
+        if fmt == "awq":
+            return awq_layout(case, tensors, self.engine)
+        if fmt == "ct-pack-quantized":
+            return ct_pack_layout(case, tensors)
+        if fmt == "ct-int-quantized":
+            return ct_int8_layout(case, tensors)
+        raise ValueError(f"ark: no layout for weight format {fmt!r}")
+
+    def prepare(self, case: Case, tensors: dict) -> Prepared:
+        ark = _import_ark()
+        torch = _torch()
+        if case.scheme == "w8a8":
+            w = torch.as_tensor(np.ascontiguousarray(np.asarray(tensors["weight"], dtype=np.int8)))
+            n = w.shape[0]
+            s = np.broadcast_to(np.asarray(tensors["weight_scale"], dtype=np.float32).reshape(-1), (n,))
+            return Prepared(case, {"kind": "s8", "B": w.contiguous(), "scaleB": _scales32(s), "ark": ark})
+        lay = self.layout(case, tensors)
+        sdt = "fp32"  # QuantLinear.post_init on CPU
+        blob = ark.repack_quantized_weight(lay.intweight.contiguous(), lay.scales.contiguous(),
+                                           lay.zeros.contiguous(), lay.group, self.cdt, lay.wdt, sdt, lay.asym)
+        return Prepared(case, {"kind": "woq", "blob": blob, "layout": lay, "sdt": sdt, "ark": ark})
+
+    # -- 5. run
+    def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        torch = _torch()
+        case = prepared.case
+        d = prepared.data
+        ark = d["ark"]
+        act = getattr(torch, _TORCH_DT[case.act_dtype])
+        xt = torch.as_tensor(np.ascontiguousarray(np.asarray(x, dtype=np.float32))).to(act)
+        bias = inputs.get("bias")
+        bt = None if bias is None else torch.as_tensor(np.asarray(bias, dtype=np.float32)).to(act)
+        with torch.no_grad():
+            if d["kind"] == "s8":
+                # No engine wraps woqgemm_s8: give it float32 (exact), as woqgemm_linear does for woqgemm.
+                b32 = None if bt is None else bt.to(torch.float32).contiguous()
+                y = ark.woqgemm_s8(xt.to(torch.float32).contiguous(), d["B"], d["scaleB"], b32).to(act)
+            else:
+                lay: ArkLayout = d["layout"]
+                # vLLM: ark_linear.bias is a float32 buffer the layer's bias is copied into
+                b32 = None if bt is None else bt.to(torch.float32)
+                y = ark.woqgemm_linear(xt, d["blob"], b32, case.N, case.K, lay.group, self.cdt, lay.wdt, d["sdt"],
+                                       lay.asym)
+        out_dt = getattr(torch, _TORCH_DT[case.output_dtype])
+        return y.to(out_dt).to(torch.float32).numpy()
+

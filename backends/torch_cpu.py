@@ -1,0 +1,640 @@
+"""PyTorch's own CPU quantized-GEMM ops (ATen, torch 2.13) as a qconform backend.
+
+Covers four ATen CPU kernels, one per scheme (docs/backends/torch-cpu.md):
+
+- ``w4a16``: ``aten._convert_weight_to_int4pack_for_cpu`` + ``aten._weight_int4pack_mm_for_cpu``
+  (pytorch/pytorch ``aten/src/ATen/native/cpu/int4mm_kernel.cpp``, ``LinearAlgebra.cpp``;
+  CPU op split from the CUDA tinygemm op in pytorch/pytorch PR #139611; layout and
+  scale/zero packing as torchao's ``Int4CPULayout`` / ``Int4OpaqueTensor`` do,
+  pytorch/ao ``torchao/dtypes/uintx/int4_cpu_layout.py`` with
+  ``torchao.quantization.utils.pack_tinygemm_scales_and_zeros``). The kernel computes
+  ``w = (q - 8) * s + zero`` with a FLOAT zero point ("ZeroPointDomain.FLOAT"); integer
+  zero points z are mapped to ``zero = (8 - z) * s``, computed in float32 and stored in
+  the activation dtype (the kernel requires scales/zeros in the activation dtype).
+- ``w8a16``: ``aten._weight_int8pack_mm`` (``aten/src/ATen/native/cpu/int8mm_kernel.cpp``):
+  int8 weights [N, K], one scale per output channel, in the activation dtype.
+- ``w8a8``: ``torch._int_mm`` (int8 x int8 -> int32 on CPU) with the project's canonical
+  dynamic per-token int8 activation quantization implemented here in torch
+  (emulator/activations/int8.py: amax / 127 in fp32, ``x / scale`` in fp32, ``torch.round``
+  = RNE, saturate to [-128, 127], zero row -> scale 0 and codes 0), then the per-token
+  and per-channel scales applied in fp32.
+- ``w4a8``: ``aten._dyn_quant_pack_4bit_weight`` + ``aten._dyn_quant_matmul_4bit``
+  (KleidiAI on Arm, pytorch/pytorch PR #134124; on x86 the reference fallback in
+  ``int4mm_kernel.cpp``: ``ref_dyn_quant_matmul_4bit_{channelwise,groupwise}_kernel``).
+  Its activation quantization is KleidiAI's asymmetric per-row "qa8dx" scheme, which
+  the emulator cannot yet express (see ``kai_qa8dx_quantize`` below).
+
+Reference models for the two declared variants the emulator lacks
+(``zero_domain=float`` and ``act_scheme=kai_qa8dx``) live at the bottom of this file
+(``declared_weight_zero_float``, ``kai_qa8dx_quantize``, ``local_interval``); they are
+used by the tests and documented in docs/backends/torch-cpu.md, and are what
+emulator support for those variants should reproduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import platform
+
+import numpy as np
+
+from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+
+#: the ATen ops each scheme needs
+OPS = {
+    "w4a16": ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu"),
+    "w8a16": ("_weight_int8pack_mm",),
+    "w8a8": ("_int_mm",),
+    "w4a8": ("_dyn_quant_pack_4bit_weight", "_dyn_quant_matmul_4bit"),
+}
+#: group sizes ``_weight_int4pack_mm_for_cpu`` accepts (LinearAlgebra.cpp TORCH_CHECK)
+INT4PACK_GROUPS = (32, 64, 128, 256)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # column c of a word sits in slot AWQ_REVERSE_ORDER[c]
+
+
+def _import_torch():
+    import torch  # noqa: PLC0415
+
+    return torch
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_state() -> tuple[bool, str, str | None, str | None]:
+    """(importable, reason, version, cpu capability)."""
+    try:
+        torch = _import_torch()
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return False, f"torch is not importable: {type(e).__name__}: {e}", None, None
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # pragma: no cover - very old torch
+        cap = None
+    return True, "", torch.__version__, cap
+
+
+def _op(name: str):
+    torch = _import_torch()
+    if name == "_int_mm":
+        return getattr(torch, "_int_mm", None)
+    packet = getattr(torch.ops.aten, name, None)
+    return packet
+
+
+@functools.lru_cache(maxsize=None)
+def op_status(scheme: str) -> tuple[bool, str]:
+    """Whether the ops of ``scheme`` exist and run on this host (a tiny real call), and why not."""
+    ok, reason, _, _ = _torch_state()
+    if not ok:
+        return False, reason
+    torch = _import_torch()
+    missing = []
+    for name in OPS[scheme]:
+        try:
+            if _op(name) is None:
+                missing.append(name)
+        except Exception:
+            missing.append(name)
+    if missing:
+        return False, f"torch {torch.__version__} has no aten op(s) {', '.join(missing)}"
+    try:
+        if scheme == "w4a16":
+            q = torch.zeros(16, 64, dtype=torch.int32)
+            p = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            sz = torch.zeros(2, 16, 2, dtype=torch.bfloat16)
+            torch.ops.aten._weight_int4pack_mm_for_cpu(torch.zeros(1, 64, dtype=torch.bfloat16), p, 32, sz)
+        elif scheme == "w8a16":
+            torch.ops.aten._weight_int8pack_mm(torch.zeros(1, 32), torch.zeros(4, 32, dtype=torch.int8), torch.ones(4))
+        elif scheme == "w8a8":
+            torch._int_mm(torch.zeros(1, 32, dtype=torch.int8), torch.zeros(32, 4, dtype=torch.int8))
+        elif scheme == "w4a8":
+            w = torch.zeros(16, 32, dtype=torch.uint8)
+            pw = torch.ops.aten._dyn_quant_pack_4bit_weight(w, torch.ones(16, 1), None, 64, 64, 16)
+            torch.ops.aten._dyn_quant_matmul_4bit(torch.zeros(1, 64), pw, 64, 64, 16)
+    except Exception as e:
+        return False, f"{'/'.join(OPS[scheme])} failed on this host: {type(e).__name__}: {str(e).splitlines()[0]}"
+    return True, ""
+
+
+def kleidiai_available() -> bool:
+    """True where _dyn_quant_* dispatch to KleidiAI (Arm) instead of the reference fallback."""
+    try:
+        torch = _import_torch()
+        kai = getattr(torch.backends, "kleidiai", None)
+        return bool(kai is not None and kai.is_available())
+    except Exception:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading canonical checkpoint tensors into integer codes (pure torch; mirrors emulator/formats)
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Codes:
+    """Unsigned codes ``q [N, K]`` (int32), zero points ``z [N, G]`` (int32; the symmetric
+    midpoint 2**(bits-1) when the scheme is symmetric) and scales ``s [N, G]`` (checkpoint dtype)."""
+
+    q: "object"
+    z: "object"
+    s: "object"
+    bits: int
+
+
+def to_torch(a):
+    """numpy -> torch on CPU; ml_dtypes bfloat16 arrays are reinterpreted through int16."""
+    torch = _import_torch()
+    arr = np.ascontiguousarray(np.asarray(a))
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(arr.copy())
+
+
+def unpack_fields(words, bits: int, dim: int, order=None):
+    """int32 words -> unsigned ``bits``-wide fields along ``dim`` (LSB first; AWQ slot order optional)."""
+    torch = _import_torch()
+    f = 32 // bits
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(f, dtype=torch.int64) * bits
+    if order is not None:  # element c of each word lives in slot order[c]
+        shifts = torch.tensor([order[c] * bits for c in range(f)], dtype=torch.int64)
+    w = w.movedim(dim, -1)
+    fields = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., words, F]
+    fields = fields.reshape(*w.shape[:-1], w.shape[-1] * f)
+    return fields.movedim(-1, dim).to(torch.int32).contiguous()
+
+
+def read_codes(case: Case, tensors: dict) -> Codes:
+    """Canonical checkpoint tensors -> unsigned codes, zero points and scales, all [N, ...]."""
+    torch = _import_torch()
+    fmt = case.weight_format
+    N, K = case.N, case.K
+    if fmt == "gptq":
+        bits = case.bits
+        q = unpack_fields(to_torch(tensors["qweight"]), bits, 0)[:K].t().contiguous()
+        s = to_torch(tensors["scales"]).t().contiguous()
+        if case.sym:
+            # symmetric GPTQ: qzeros are not read (vLLM uint4b8 / uint8b128; emulator zero_read=ignore_qzeros)
+            z = torch.full(s.shape, 1 << (bits - 1), dtype=torch.int32)
+        else:
+            fields = unpack_fields(to_torch(tensors["qzeros"]), bits, 1)[:, :N]
+            z = (fields if case.zero_convention == "v2" else fields + 1).t().contiguous()
+        return Codes(q, z.to(torch.int32), s, bits)
+    if fmt == "awq":
+        q = unpack_fields(to_torch(tensors["qweight"]), 4, 1, AWQ_REVERSE_ORDER).t().contiguous()
+        z = unpack_fields(to_torch(tensors["qzeros"]), 4, 1, AWQ_REVERSE_ORDER).t().contiguous()
+        s = to_torch(tensors["scales"]).t().contiguous()
+        return Codes(q, z, s, 4)
+    if fmt == "ct-pack-quantized":
+        bits = case.bits
+        q = unpack_fields(to_torch(tensors["weight_packed"]), bits, 1)[:, :K].contiguous()
+        s = to_torch(tensors["weight_scale"]).reshape(N, -1).contiguous()
+        if "weight_zero_point" in tensors and tensors["weight_zero_point"] is not None:
+            z = unpack_fields(to_torch(tensors["weight_zero_point"]), bits, 0)[:N].contiguous()
+        else:
+            z = torch.full(s.shape, 1 << (bits - 1), dtype=torch.int32)
+        return Codes(q, z, s, bits)
+    if fmt == "ct-int-quantized":
+        w = to_torch(tensors["weight"]).to(torch.int32)
+        s = to_torch(tensors["weight_scale"]).reshape(-1)
+        if s.numel() == 1:
+            s = s.expand(N)
+        return Codes(w + 128, torch.full((N, 1), 128, dtype=torch.int32), s.reshape(N, 1).contiguous(), 8)
+    raise ValueError(f"torch-cpu reads no weight format {fmt!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Layout transforms
+# ------------------------------------------------------------------------------------------------
+def int4pack_block_n(capability: str | None) -> int:
+    """BLOCK_N of weight_to_int4pack_kernel: Vectorized<float>::size() * 4 (64 on AVX512, else 32)."""
+    return 64 if capability == "AVX512" else 32
+
+
+def unpack_int4pack_cpu(packed, N: int, K: int, capability: str | None):
+    """Inverse of ``_convert_weight_to_int4pack_for_cpu`` on x86 (int4mm_kernel.cpp
+    ``weight_to_int4pack_kernel``): packed uint8 [N, K/2] -> codes int32 [N, K].
+
+    Per block of BLOCK_N output channels the bytes are [K, BLOCK_N/2]; a full AVX512
+    block puts channel d (low nibble) with d+32 (high nibble) in byte d and d+16 with
+    d+48 in byte 16+d; a full AVX2 block pairs d with d+16; partial blocks and the
+    non-vectorized build pair consecutive channels (n low, n+1 high).
+    """
+    torch = _import_torch()
+    bn = int4pack_block_n(capability)
+    flat = packed.reshape(-1).to(torch.int32)
+    out = torch.empty(N, K, dtype=torch.int32)
+    for b0 in range(0, N, bn):
+        nb = min(bn, N - b0)
+        blk = flat[b0 * K // 2:(b0 + nb) * K // 2].reshape(K, nb // 2)
+        lo, hi = blk & 0xF, blk >> 4
+        if nb == bn and capability == "AVX512":
+            out[b0 + 0:b0 + 16] = lo[:, 0:16].t()
+            out[b0 + 32:b0 + 48] = hi[:, 0:16].t()
+            out[b0 + 16:b0 + 32] = lo[:, 16:32].t()
+            out[b0 + 48:b0 + 64] = hi[:, 16:32].t()
+        elif nb == bn and capability == "AVX2":
+            out[b0:b0 + 16] = lo[:, 0:16].t()
+            out[b0 + 16:b0 + 32] = hi[:, 0:16].t()
+        else:
+            out[b0:b0 + nb:2] = lo.t()
+            out[b0 + 1:b0 + nb:2] = hi.t()
+    return out
+
+
+def tinygemm_scales_and_zeros(s, z, act_dtype):
+    """[N, G] scales and integer zero points -> qScaleAndZeros [G, N, 2] in the activation dtype.
+
+    scale = s rounded (RNE) to the activation dtype T; zero = (8 - z) * scale computed in
+    float32 (exact: a 16-bit scale times an integer of at most 5 bits) and rounded once
+    (RNE) to T, so that ``(q - 8) * scale + zero == (q - z) * scale`` whenever that zero is
+    representable in T. Packed as torchao's ``pack_tinygemm_scales_and_zeros``:
+    ``cat([scale, zero], -1).transpose(0, 1)``.
+    """
+    torch = _import_torch()
+    s_t = s.to(act_dtype)
+    zero = ((8 - z).to(torch.float32) * s_t.to(torch.float32)).to(act_dtype)
+    return torch.stack([s_t, zero], dim=-1).transpose(0, 1).contiguous()
+
+
+def int4pack_group(case: Case) -> int:
+    """The qGroupSize passed to the kernel: the case's group, or for channel-wise scales the
+    largest accepted group dividing K (scales and zeros repeated over its K/G groups)."""
+    if case.group_size not in (-1, 0):
+        return case.group_size
+    for g in sorted(INT4PACK_GROUPS, reverse=True):
+        if case.K % g == 0:
+            return g
+    return 0
+
+
+def dyn_quant_nibbles(q):
+    """codes [N, K] in [0, 15] -> uint8 [N, K/2], even k in the low nibble (the fallback's reading)."""
+    torch = _import_torch()
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8).contiguous()
+
+
+# ------------------------------------------------------------------------------------------------
+# The backend
+# ------------------------------------------------------------------------------------------------
+_TDT = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def _tdtype(name: str):
+    torch = _import_torch()
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+class TorchCpuBackend(Backend):
+    name = "torch-cpu"
+    covers = ("PyTorch ATen CPU ops (torch 2.13): _weight_int4pack_mm_for_cpu (W4A16), _weight_int8pack_mm "
+              "(W8A16), torch._int_mm (W8A8 with canonical per-token int8 activations), _dyn_quant_matmul_4bit "
+              "(W4A8, KleidiAI qa8dx activations; reference fallback on x86)")
+    priority = 30
+
+    def __init__(self, **params: str):
+        super().__init__(**params)
+        if params:
+            raise ValueError(f"torch-cpu takes no parameters, got {sorted(params)}")
+
+    # -- 1. availability ------------------------------------------------------------------------
+    def availability(self) -> Availability:
+        ok, reason, version, cap = _torch_state()
+        if not ok:
+            return Availability(False, reason, None, None)
+        per = {s: op_status(s) for s in OPS}
+        if not any(v[0] for v in per.values()):
+            why = "; ".join(f"{s}: {r}" for s, (_, r) in per.items())
+            return Availability(False, f"no torch CPU quantized op runs here: {why}", version, f"cpu ({cap})")
+        parts = []
+        for s, (good, r) in per.items():
+            parts.append(f"{s} via {'+'.join(OPS[s])}: " + ("yes" if good else f"no ({r})"))
+        if per["w4a8"][0]:
+            parts.append("w4a8 runs " + ("KleidiAI" if kleidiai_available() else
+                                          f"the reference fallback (no KleidiAI on {platform.machine()})"))
+        return Availability(True, "; ".join(parts), version, f"cpu ({cap})")
+
+    def schemes(self) -> list[str]:
+        return [s for s in OPS if op_status(s)[0]]
+
+    # -- 2. can_implement -----------------------------------------------------------------------
+    def can_implement(self, case: Case) -> Support:
+        if case.scheme not in OPS:
+            return no(f"torch has no CPU op for scheme {case.scheme} (torch-cpu covers {', '.join(OPS)})")
+        ok, why = op_status(case.scheme)
+        if not ok:
+            return no(why)
+        if case.act_order:
+            return no("act order (g_idx) is not supported: the torch CPU kernels take contiguous K groups only")
+        if case.out_dtype not in (None, case.act_dtype) and case.scheme != "w8a8":
+            return no(f"the kernel writes its output in the activation dtype ({case.act_dtype}), "
+                      f"not {case.out_dtype}")
+        return getattr(self, "_can_" + case.scheme.replace("-", "_"))(case)
+
+    def _can_w4a16(self, case: Case) -> Support:
+        if case.weight_format not in ("gptq", "awq", "ct-pack-quantized"):
+            return no(f"w4a16 needs int4 GPTQ/AWQ/compressed-tensors weights, not {case.weight_format}")
+        if case.bits != 4:
+            return no(f"_weight_int4pack_mm_for_cpu is 4-bit only, got bits={case.bits}")
+        if case.N % 16:
+            return no(f"_convert_weight_to_int4pack_for_cpu needs N % 16 == 0, got N={case.N}")
+        if case.K % 2:
+            return no(f"_convert_weight_to_int4pack_for_cpu needs even K, got K={case.K}")
+        g = int4pack_group(case)
+        if case.group_size in (-1, 0):
+            if g == 0:
+                return no(f"channel-wise scales need K divisible by one of {INT4PACK_GROUPS} "
+                          f"(scales are repeated over groups), got K={case.K}")
+        elif g not in INT4PACK_GROUPS:
+            return no(f"_weight_int4pack_mm_for_cpu accepts qGroupSize 32, 64, 128 or 256 only, got {g}")
+        elif case.K % g:
+            return no(f"K={case.K} is not a multiple of group_size {g}")
+        return yes()
+
+    def _can_w8a16(self, case: Case) -> Support:
+        if case.weight_format not in ("gptq", "ct-pack-quantized", "ct-int-quantized"):
+            return no(f"w8a16 needs int8 GPTQ or compressed-tensors weights, not {case.weight_format}")
+        if case.weight_format != "ct-int-quantized" and case.bits != 8:
+            return no(f"_weight_int8pack_mm takes 8-bit weights, got bits={case.bits}")
+        if case.weight_format != "ct-int-quantized":
+            if not case.sym:
+                return no("_weight_int8pack_mm has no zero point: asymmetric 8-bit weights are not supported")
+            if case.group_size not in (-1, 0):
+                return no(f"_weight_int8pack_mm takes one scale per output channel, not groups of {case.group_size}")
+        if case.act_dtype == "bfloat16" and case.K % 16:
+            return no(f"_weight_int8pack_mm's AVX512 bf16 kernel steps K by 16 with no tail and no check: "
+                      f"K={case.K} reads past the row (wrong results or a crash; docs/backends/torch-cpu.md)")
+        return yes()
+
+    def _can_w8a8(self, case: Case) -> Support:
+        if case.weight_format != "ct-int-quantized":
+            return no(f"w8a8 is defined for compressed-tensors int-quantized weights, not {case.weight_format}")
+        return yes()
+
+    def _can_w4a8(self, case: Case) -> Support:
+        if case.weight_format not in ("gptq", "ct-pack-quantized"):
+            return no(f"_dyn_quant_matmul_4bit takes symmetric int4 weights (q - 8); {case.weight_format} "
+                      "carries zero points")
+        if case.bits != 4:
+            return no(f"_dyn_quant_matmul_4bit is 4-bit only, got bits={case.bits}")
+        if not case.sym:
+            return no("_dyn_quant_matmul_4bit has no weight zero point (weights are q - 8): asymmetric int4 "
+                      "is not supported")
+        if case.K % 2:
+            return no(f"_dyn_quant_matmul_4bit packs two codes per byte: K must be even, got {case.K}")
+        channel = case.group_size in (-1, 0) or case.group_size == case.K
+        if case.act_dtype == "float16":
+            return no("_dyn_quant_matmul_4bit takes float32 or bfloat16 input, not float16")
+        if case.act_dtype == "bfloat16" and not channel:
+            return no("_dyn_quant_matmul_4bit's bf16 fallback is channel-wise only "
+                      f"(\"Unsupported block size for BF16 fallback\"), got group_size={case.group_size}")
+        if not channel and (case.group_size % 32 or case.K % case.group_size):
+            return no(f"_dyn_quant_matmul_4bit groupwise needs group_size % 32 == 0 and K % group_size == 0, "
+                      f"got group_size={case.group_size}, K={case.K}")
+        return yes()
+
+    # -- 3. declared ----------------------------------------------------------------------------
+    def declared(self, case: Case) -> Declared:
+        T = case.act_dtype
+        if case.scheme == "w4a16":
+            v: dict = {}
+            if case.weight_format == "gptq" and case.sym:
+                v["zero_read"] = "ignore_qzeros"
+            if T != "float32" and case.scale_dtype != T:
+                v["weight_scale_dtype"] = T
+            asym = case.weight_format == "awq" or not case.sym
+            note = ("_weight_int4pack_mm_for_cpu: w = (q - 8) * s_T + zero_T with fp32 FMA (AVX512 bf16) or "
+                    "fp32 mul+add (scalar fp16/fp32 path), fp32 accumulation in K order, output rounded RNE "
+                    "to T; bias (if any) added after, in T, as torchao's Int4CPU linear does.")
+            if asym:
+                # the kernel's float zero: zero_T = RNE_T((8 - z) * s_T); see declared_weight_zero_float
+                v["zero_domain"] = "float"
+                v["zero_float_dtype"] = T
+                note += (" Asymmetric: zero_T = RNE_T(fp32((8 - z) * s_T)), so w = (q - 8) * s_T + RNE_T((8 - z)"
+                         " * s_T), which differs from (q - z) * s_T where (8 - z) * s_T is not representable "
+                         "in T (emulator axis 'zero_domain' missing: local model declared_weight_zero_float).")
+            if case.bias and T != "float32":
+                v["bias_stage"] = "after_output_rounding"
+            return Declared(variants=v, weight_dtype="float32", act_compute_dtype=None, accumulate="float32",
+                            output=T, notes=note)
+        if case.scheme == "w8a16":
+            v = {}
+            if case.weight_format == "gptq":
+                v["zero_read"] = "ignore_qzeros"
+            if T != "float32" and case.scale_dtype != T:
+                v["weight_scale_dtype"] = T
+            if case.bias and T != "float32":
+                v["bias_stage"] = "after_output_rounding"
+            return Declared(variants=v, weight_dtype="float32", accumulate="float32", output=T,
+                            notes="_weight_int8pack_mm: w = fp32(q * s_T) (exact for 16-bit scales), fp32 "
+                                  "accumulation (16-lane FMA + reduce on AVX512 bf16, scalar otherwise), output "
+                                  "rounded RNE to T; bias added after, in T.")
+        if case.scheme == "w8a8":
+            v = {"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32", "qmin": -128,
+                 "qmax": 127, "zero_row": "zero", "act_symmetric": True}
+            return Declared(variants=v, weight_dtype="exact", accumulate="int32", output=case.output_dtype,
+                            notes="canonical per-token int8 quantization in torch (amax/127 fp32, x/scale fp32, "
+                                  "torch.round RNE, clamp, zero row -> 0), torch._int_mm int32, then "
+                                  "fp32(fp32(acc * x_scale) * w_scale) [+ bias fp32], rounded RNE to the output.")
+        if case.scheme == "w4a8":
+            # closest expressible emulator variants + the exact scheme under keys the emulator lacks
+            v = {"act_symmetric": False, "act_rounding": "rhaz", "reciprocal": "recip_scale",
+                 "act_scheme": "kai_qa8dx", "act_range_includes_zero": True, "act_scale_rule": "recip_of_inv",
+                 "act_zp_rule": "kai_nudge"}
+            if case.weight_format == "gptq":
+                v["zero_read"] = "ignore_qzeros"
+            out_round = "rtz" if T == "bfloat16" else "rne"
+            return Declared(variants=v, weight_dtype="exact", accumulate="int32", output=T, output_rounding=out_round,
+                            notes="_dyn_quant_matmul_4bit x86 reference fallback: KleidiAI qa8dx activations "
+                                  "(see kai_qa8dx_quantize), int32 sum of (qa - zp)(q - 8) per group, fp32 "
+                                  "acc += iacc * s_g, * x_scale, + bias (fp32); fp32 output, or bf16 by "
+                                  "truncation (rtz) on the bf16 channel-wise path.")
+        raise ValueError(case.scheme)
+
+    # -- 4. prepare -----------------------------------------------------------------------------
+    def prepare(self, case: Case, tensors: dict) -> Prepared:
+        sup = self.can_implement(case)
+        if not sup:
+            raise ValueError(f"torch-cpu cannot implement {case.describe()}: {sup.reason}")
+        torch = _import_torch()
+        T = _tdtype(case.act_dtype)
+        c = read_codes(case, tensors)
+        if case.scheme == "w4a16":
+            g = int4pack_group(case)
+            reps = (case.K // g) // c.s.shape[1]
+            s, z = c.s, c.z
+            if reps > 1:  # channel-wise scales repeated over the kernel's groups
+                s, z = s.repeat_interleave(reps, dim=1), z.repeat_interleave(reps, dim=1)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.q.contiguous(), 1)
+            sz = tinygemm_scales_and_zeros(s, z, T)
+            return Prepared(case, {"packed": packed, "sz": sz, "group": g})
+        if case.scheme == "w8a16":
+            w = (c.q - c.z[:, :1]).to(torch.int8).contiguous()  # sym: z is the midpoint 128
+            return Prepared(case, {"w": w, "s": c.s.reshape(-1).to(T).contiguous()})
+        if case.scheme == "w8a8":
+            w = to_torch(tensors["weight"]).contiguous()
+            return Prepared(case, {"w": w, "s": c.s.reshape(-1).to(torch.float32).contiguous()})
+        if case.scheme == "w4a8":
+            bl = case.K if case.group_size in (-1, 0) else case.group_size
+            nib = dyn_quant_nibbles(c.q)
+            scales = c.s.to(torch.float32).contiguous()  # [N, K/bl]
+            return Prepared(case, {"nib": nib, "scales": scales, "bl": bl, "packed": {}})
+        raise ValueError(case.scheme)
+
+    # -- 5. run ---------------------------------------------------------------------------------
+    def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        torch = _import_torch()
+        case = prepared.case
+        d = prepared.data
+        T = _tdtype(case.act_dtype)
+        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(T).contiguous()
+        bias = inputs.get("bias")
+        if case.scheme == "w4a16":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xt, d["packed"], d["group"], d["sz"])
+            if bias is not None:
+                y = y + torch.from_numpy(np.asarray(bias, np.float32)).to(T)
+            return y.to(torch.float32).numpy()
+        if case.scheme == "w8a16":
+            y = torch.ops.aten._weight_int8pack_mm(xt, d["w"], d["s"])
+            if bias is not None:
+                y = y + torch.from_numpy(np.asarray(bias, np.float32)).to(T)
+            return y.to(torch.float32).numpy()
+        if case.scheme == "w8a8":
+            q, scale = quantize_int8_per_token_torch(xt.to(torch.float32))
+            acc = torch._int_mm(q, d["w"].t())
+            y = (acc.to(torch.float32) * scale) * d["s"]
+            if bias is not None:
+                y = y + torch.from_numpy(np.asarray(bias, np.float32))
+            return y.to(_tdtype(case.output_dtype)).to(torch.float32).numpy()
+        if case.scheme == "w4a8":
+            key = None if bias is None else np.asarray(bias, np.float32).tobytes()
+            if key not in d["packed"]:
+                d["packed"].clear()
+                b = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32).copy())
+                N, K, bl = case.N, case.K, d["bl"]
+                d["packed"][key] = torch.ops.aten._dyn_quant_pack_4bit_weight(
+                    d["nib"].reshape(N, K // bl, bl // 2), d["scales"], b, bl, K, N)
+            y = torch.ops.aten._dyn_quant_matmul_4bit(xt, d["packed"][key], d["bl"], case.K, case.N)
+            return y.to(torch.float32).numpy()
+        raise ValueError(case.scheme)
+
+
+def quantize_int8_per_token_torch(x32):
+    """The emulator's canonical symmetric per-token int8 quantization, in torch.
+
+    amax = max|x| (fp32); scale = fp32(amax / 127) (an elementwise tensor division, not a
+    scalar one, so no reciprocal is substituted); q = sat(torch.round(fp32(x / scale)))
+    with torch.round = round half to even; rows with amax = 0 get scale 0 and codes 0.
+    Returns (q int8 [M, K], scale fp32 [M, 1]).
+    """
+    torch = _import_torch()
+    amax = x32.abs().amax(dim=1, keepdim=True)
+    scale = amax / torch.full_like(amax, 127.0)
+    zero = scale == 0
+    quot = x32 / torch.where(zero, torch.ones_like(scale), scale)
+    q = torch.round(quot).clamp(-128, 127)
+    q = torch.where(zero, torch.zeros_like(q), q)
+    return q.to(torch.int8), scale
+
+
+# ------------------------------------------------------------------------------------------------
+# Local reference models of the declared variants the emulator does not have yet
+# ------------------------------------------------------------------------------------------------
+def declared_weight_zero_float(case: Case, tensors: dict, declared: Declared) -> np.ndarray:
+    """Weight [N, K] (float32 values) under ``zero_domain=float``: the int4pack kernel's arithmetic.
+
+    s_T = RNE_T(s) (T = ``zero_float_dtype``), zero_T = RNE_T((8 - z) * s_T),
+    w = fp32((q - 8) * s_T + zero_T) (one rounding, FMA; exact for 16-bit T).
+    """
+    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
+
+    c = read_codes(case, tensors)
+    T = declared.variants.get("zero_float_dtype", case.act_dtype)
+    s = round_to_dtype(c.s.to(_import_torch().float64).numpy(), T)
+    z = c.z.numpy().astype(np.float64)
+    zero = round_to_dtype((8.0 - z) * s, T)
+    G = s.shape[1]
+    grp = np.arange(case.K) // (case.K // G)
+    w = (c.q.numpy().astype(np.float64) - 8.0) * s[:, grp] + zero[:, grp]
+    return round_to_dtype(w, "float32").astype(np.float32)
+
+
+def kai_qa8dx_quantize(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """KleidiAI's asymmetric per-row int8 quantization (qa8dx) as the x86 fallback computes it
+    (int4mm_kernel.cpp ``ref_dyn_quant_matmul_4bit_*``), every step in fp32:
+
+        rmin = min(0, min_k x), rmax = max(0, max_k x)
+        inv  = rmin == rmax ? 1 : fl32(255 / fl32(rmax - rmin))       (quantization multiplier)
+        scale = fl32(1 / inv)                                         (dequantization scale)
+        dmin = fl32(rmin * inv), dmax = fl32(rmax * inv)
+        zp   = lrintf(clamp(fl32(-128 + dmin) + fl32(127 + dmax) > 0 ? fl32(-128 - dmin)
+                                                                     : fl32(127 - dmax), -128, 127))
+        q    = clamp(std::round(fl32(x * inv)) + zp, -128, 127)      (std::round: half away from zero)
+
+    Returns (q int64 [M, K], zp int64 [M], scale float32 [M]); the dequantized
+    activation is (q - zp) * scale.
+    """
+    x32 = np.asarray(x, dtype=np.float32)
+    f = np.float32
+    mn = np.minimum(f(0), x32.min(axis=1))
+    mx = np.maximum(f(0), x32.max(axis=1))
+    same = mn == mx
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        span = (mx - mn).astype(np.float32)
+        inv = np.where(same, f(1), (f(255) / np.where(same, f(1), span)).astype(np.float32)).astype(np.float32)
+        scale = (f(1) / inv).astype(np.float32)
+        dmin = (mn * inv).astype(np.float32)
+        dmax = (mx * inv).astype(np.float32)
+        e = ((f(-128) + dmin).astype(np.float32) + (f(127) + dmax).astype(np.float32)).astype(np.float32)
+        zpf = np.where(e > 0, (f(-128) - dmin).astype(np.float32), (f(127) - dmax).astype(np.float32))
+        zp = np.rint(np.clip(zpf, -128, 127)).astype(np.int64)
+        prod = (x32 * inv[:, None]).astype(np.float32).astype(np.float64)
+    r = np.sign(prod) * np.floor(np.abs(prod) + 0.5)
+    q = np.clip(r.astype(np.int64) + zp[:, None], -128, 127)
+    return q, zp, scale
+
+
+def local_interval(inp, declared: Declared):
+    """The accepted interval of ``declared`` on ``inp`` with the local models above standing in
+    for the variants the emulator lacks (``zero_domain=float`` for W4A16, ``act_scheme=kai_qa8dx``
+    for W4A8); same bound construction as conformance.acceptance.declared_interval."""
+    import dataclasses as dc  # noqa: PLC0415
+
+    from conformance import acceptance as acc  # noqa: PLC0415
+    from emulator import linear as lin  # noqa: PLC0415
+
+    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
+
+    case = inp.case
+    v = declared.variants
+    out_dtype = declared.output or case.output_dtype
+    if v.get("bias_stage") == "after_output_rounding" and inp.bias is not None:
+        # the kernel rounds its accumulator to T; the bias is added afterwards: fp32 sum of two T
+        # values rounded to T (torch's 16-bit add). Monotone, so the interval maps endpoint-wise.
+        rest = {k: val for k, val in v.items() if k != "bias_stage"}
+        iv0 = local_interval(dc.replace(inp, bias=None), dc.replace(declared, variants=rest))
+        b64 = inp.bias.astype(np.float64)
+
+        def add(a):
+            return round_to_dtype(round_to_dtype(np.asarray(a, np.float64) + b64, "float32"), out_dtype)
+
+        y_ref = add(iv0.y_ref)
+        return acc.Interval(y_ref=y_ref, y_exact=y_ref.astype(np.float64), lo=add(iv0.lo), hi=add(iv0.hi),
+                            bound=iv0.bound, out_dtype=out_dtype, parts=iv0.parts)
+    bias = None if inp.bias is None else inp.bias.astype(np.float64)
+    if case.scheme == "w4a16" and v.get("zero_domain") == "float":
+        w = declared_weight_zero_float(case, inp.tensors, declared).astype(np.float64)
+        x = inp.x.astype(np.float64)
+        r = lin.linear_w16(x, w, bias, out_dtype=out_dtype)
+        mag = np.abs(x) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
+        return acc._finish(r.y_exact, r.y_bound, mag, case.K + 1 + (bias is not None), declared, out_dtype)
+    if case.scheme == "w4a8" and v.get("act_scheme") == "kai_qa8dx":
+        q, zp, scale = kai_qa8dx_quantize(inp.x)
+        xd = (q - zp[:, None]).astype(np.float64) * scale.astype(np.float64)[:, None]
+        w = acc.declared_weight(case, inp.tensors, dc.replace(declared, weight_dtype="exact")).astype(np.float64)
+        r = lin.linear_w16(xd, w, bias, out_dtype=out_dtype)
+        mag = np.abs(xd) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
+        n_groups = case.K // case.group
+        d2 = dc.replace(declared, accumulate="float32")
+        return acc._finish(r.y_exact, r.y_bound, mag, n_groups + 3, d2, out_dtype,
+                           parts={"x_q": q, "x_zp": zp, "x_scale": scale})
+    return acc.declared_interval(inp, declared)
