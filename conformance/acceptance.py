@@ -282,14 +282,19 @@ def compare(y: np.ndarray, iv: Interval) -> Comparison:
     y64 = np.asarray(y, dtype=np.float64)
     if y64.shape != iv.y_exact.shape:
         return Comparison(False, int(iv.y_exact.size), np.inf, -1, -np.inf, None, False)
-    nan_ref = np.isnan(iv.y_exact)
-    inside = ((y64 >= iv.lo) & (y64 <= iv.hi)) | (nan_ref & np.isnan(y64))
-    inside &= ~(np.isnan(y64) & ~nan_ref)
-    err = np.abs(y64 - iv.y_exact)
-    # error / allowed error on the side of the exact value where y lies: <= 1 exactly when inside
-    side = np.where(y64 >= iv.y_exact, iv.hi - iv.y_exact, iv.y_exact - iv.lo)
+    nonfinite_ref = ~np.isfinite(iv.y_exact)
+    # Non-finite references (NaN/Inf activations, 0xFF scales) must be matched exactly: same Inf, or NaN.
+    same_nonfinite = (np.isnan(iv.y_exact) & np.isnan(y64)) | (np.isinf(iv.y_exact) & (y64 == iv.y_exact))
+    with np.errstate(invalid="ignore"):
+        inside = np.where(nonfinite_ref, same_nonfinite, (y64 >= iv.lo) & (y64 <= iv.hi))
+    err = np.abs(y64 - iv.y_ref)
+    # error/bound ratio: distance from the correctly rounded reference over the interval's reach on that
+    # side; 0 for a correctly rounded result, <= 1 exactly when inside the interval
+    with np.errstate(invalid="ignore"):
+        side = np.where(y64 >= iv.y_ref, iv.hi - iv.y_ref, iv.y_ref - iv.lo)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(err == 0, 0.0, err / side)
+    nan_ref = nonfinite_ref
     ratio = np.where(nan_ref, 0.0, ratio)
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     finite = np.isfinite(y64) & np.isfinite(iv.y_ref)

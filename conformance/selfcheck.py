@@ -49,7 +49,8 @@ _SCALE_EPS = {"F16": 2.0 ** -11, "BF16": 2.0 ** -8, "F32": 2.0 ** -24}  # unit r
 _SCALE_ABS = {"F16": 2.0 ** -25, "BF16": 2.0 ** -134, "F32": 2.0 ** -150}  # half the smallest subnormal
 
 
-def _step_bound(scheme: str, orig: np.ndarray, deq: np.ndarray, bits: int = 4, scale_dtype: str | None = None) -> np.ndarray:
+def _step_bound(scheme: str, orig: np.ndarray, deq: np.ndarray, bits: int = 4,
+                scale_dtype: str | None = None) -> np.ndarray:
     """Largest allowed |deq - orig| per element for a round-to-nearest quantizer."""
     if "mxfp4" in scheme:
         # spacing of E2M1 next to a value v, times the block scale, halved; saturation at 6*scale allowed

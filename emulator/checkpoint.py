@@ -118,7 +118,8 @@ class Checkpoint:
                 if fname not in files:
                     p = (self.folder / fname).resolve()
                     if root not in p.parents:
-                        raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) lies outside the checkpoint folder")
+                        raise FormatError(
+                            f"{index}: shard {fname!r} (tensor {tname!r}) lies outside the checkpoint folder")
                     if not p.is_file():
                         raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) not found in {self.folder}")
                     files[fname] = TensorFile(p)

@@ -159,7 +159,8 @@ def _re(pattern: str, name: str, *, full: bool = False) -> bool:
     try:
         rx = re.compile(pattern[3:])
     except re.error as e:
-        raise UnsupportedFormatError(f"quantization_config pattern {pattern!r} is not a valid regular expression ({e})") from None
+        raise UnsupportedFormatError(
+            f"quantization_config pattern {pattern!r} is not a valid regular expression ({e})") from None
     return bool(rx.fullmatch(name) if full else rx.match(name))
 
 
@@ -340,7 +341,8 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
             if dt != "I8":
                 # fp weights with a scale (e.g. FP8) are not an integer format qconform defines yet
                 raise UnsupportedFormatError(
-                    f"{prefix}.weight: compressed-tensors weight of dtype {dt} with weight_scale is not a defined format")
+                    f"{prefix}.weight: compressed-tensors weight of dtype {dt} with weight_scale "
+                    "is not a defined format")
             if not ckpt.has(prefix + ".weight_scale"):
                 raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
             tensors = {"weight": prefix + ".weight", "weight_scale": prefix + ".weight_scale"}

@@ -188,6 +188,12 @@ class TensorFile:
         if dt == "BF16":
             bits = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << np.uint32(16)
             data = bits.view(np.float32).reshape(shape)
+        elif dt == "BOOL":
+            raw = np.frombuffer(buf, dtype=np.uint8)
+            if np.any(raw > 1):
+                i = int(np.argmax(raw > 1))
+                raise FormatError(f"{self.path}: tensor {name!r}: byte {raw[i]} at element {i} is not a bool (0 or 1)")
+            data = raw.astype(np.bool_).reshape(shape)
         elif dt in _NP:
             data = np.frombuffer(buf, dtype=np.dtype(_NP[dt]).newbyteorder("<")).reshape(shape)
             data = data.astype(_NP[dt])  # native byte order, writable copy

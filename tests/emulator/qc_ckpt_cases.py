@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from emulator.errors import FormatError, UnsupportedFormatError
-from emulator.synthetic import SCHEMES, write_checkpoint
+from emulator.synthetic import write_checkpoint
 from emulator.tensorfile import Tensor, load_tensors, save_tensors
 
 LAYER = "model.layers.0.mlp.down_proj"

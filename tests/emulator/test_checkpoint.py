@@ -241,7 +241,8 @@ def _expected_from_provenance(folder: Path) -> dict:
         elif "llm_compressor" in packing and "mx" in qc["data_type"]:
             exp.update(format="ct-mxfp4", bits=4, group_size=32, sym=True, zero_convention=None)
             if qc.get("act_bits", 16) < 16:
-                exp["activation"] = {"num_bits": qc["act_bits"], "type": "float" if "fp" in qc["act_data_type"] else "int"}
+                exp["activation"] = {"num_bits": qc["act_bits"],
+                                     "type": "float" if "fp" in qc["act_data_type"] else "int"}
         else:
             raise AssertionError(f"{folder.name}: no expectation for auto-round packing {packing!r}")
     elif method == "compressed-tensors":

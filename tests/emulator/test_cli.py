@@ -289,7 +289,8 @@ def _unit_weight_checkpoint(folder: Path, n: int = 4, k: int = 32) -> None:
     w[0, :3] = 1
     w[1, 0] = -1
     stt.save_file({f"{LAYER}.weight": torch.from_numpy(w),
-                   f"{LAYER}.weight_scale": torch.ones((n, 1), dtype=torch.bfloat16)}, str(folder / "model.safetensors"))
+                   f"{LAYER}.weight_scale": torch.ones((n, 1), dtype=torch.bfloat16)},
+                  str(folder / "model.safetensors"))
     qc = {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
           "config_groups": {"group_0": {"targets": ["Linear"], "format": "int-quantized", "input_activations": None,
                                         "weights": {"num_bits": 8, "type": "int", "symmetric": True,
@@ -471,7 +472,7 @@ def test_inspect_malformed_exit_2_one_line(capsys, tmp_path, case):
     assert_input_error(rc, err, "inspect", *case.names, out=out)
 
 
-@pytest.mark.parametrize("case_id", ["gptq-nan-scale", "ct-pack-no-weight_scale", "index-missing-shard"])
+@pytest.mark.parametrize("case_id", ["gptq-nan-scale", "index-missing-shard"])
 def test_malformed_subprocess_has_no_traceback(tmp_path, case_id):
     case = next(c for c in cases.MALFORMED if c.id == case_id)
     folder = cases.build(case, tmp_path / "ckpt")

@@ -222,7 +222,8 @@ def _valid_bytes() -> bytes:
                        "b": torch.ones(3, dtype=torch.bfloat16),
                        "s": torch.tensor(7, dtype=torch.int8),
                        "e": torch.zeros((0, 2), dtype=torch.float16),
-                       "q": torch.arange(6, dtype=torch.int32)}, p, metadata={"k": "v"})
+                       "q": torch.arange(6, dtype=torch.int32),
+                       "f": torch.tensor([True, False, True])}, p, metadata={"k": "v"})
         return Path(p).read_bytes()
 
 
@@ -236,8 +237,8 @@ STRICT_CASES = {
     "non-json-header": (None, b"", {"raw_header": b"{this is not json}"}, ["header"]),
     "header-not-utf8": (None, b"", {"raw_header": b'{"\xff\xfe": 1}'}, ["header"]),
     "header-not-an-object": ([1, 2, 3], b"", {}, ["object"]),
-    "header-leading-space": (None, b"", {"raw_header": b' {"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}'},
-                             ["object"]),
+    "header-leading-space": (None, b"", {"raw_header": b' {"a": {"dtype": "F32", "shape": [0], '
+                                                       b'"data_offsets": [0, 0]}}'}, ["object"]),
     "duplicate-tensor-name": (None, b"\0" * 8, {"raw_header": b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": '
                                                              b'[0, 8]}, "a": {"dtype": "F32", "shape": [2], '
                                                              b'"data_offsets": [0, 8]}}'}, ["'a'"]),
@@ -281,6 +282,13 @@ def test_malformed_file_raises_format_error_naming_file_and_tensor(tmp_path, cas
         assert s in msg, (s, msg)
 
 
+def test_bool_bytes_other_than_0_1_are_rejected(tmp_path):
+    p = _file(tmp_path / "b.safetensors", {"flags": _entry(dtype="BOOL", shape=(3,), offs=(0, 3))}, b"\x00\x01\x02")
+    with pytest.raises(FormatError) as e:
+        load_tensors(p)
+    assert str(p) in str(e.value) and "'flags'" in str(e.value)
+
+
 @pytest.mark.parametrize("cut", [0, 5, 8, 9, 40, len(VALID) - 1, len(VALID) - 16])
 def test_truncated_file(tmp_path, cut):
     p = tmp_path / "t.safetensors"
@@ -300,7 +308,8 @@ def test_valid_reference_file_reads():
         p = Path(d) / "v.safetensors"
         p.write_bytes(VALID)
         got = load_tensors(p)
-    assert set(got) == {"w", "b", "s", "e", "q"}
+    assert set(got) == {"w", "b", "s", "e", "q", "f"}
+    assert got["f"].data.tolist() == [True, False, True]
     assert got["s"].shape == () and got["s"].data.item() == 7
     assert got["e"].shape == (0, 2)
 
@@ -338,7 +347,7 @@ def test_header_is_parsed_without_reading_tensor_data(tmp_path):
     p = tmp_path / "v.safetensors"
     p.write_bytes(VALID)
     tf = TensorFile(p)
-    assert set(tf.keys()) == {"w", "b", "s", "e", "q"}
+    assert set(tf.keys()) == {"w", "b", "s", "e", "q", "f"}
     assert tf.metadata == {"k": "v"}
 
 
@@ -435,7 +444,7 @@ _json = st.recursive(
 
 
 @_fuzz
-@given(st.sampled_from(["w", "b", "s", "e", "q", "__metadata__"]),
+@given(st.sampled_from(["w", "b", "s", "e", "q", "f", "__metadata__"]),
        st.sampled_from(["dtype", "shape", "data_offsets", None]),
        _json)
 def test_fuzz_header_values(name, field, value):

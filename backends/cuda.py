@@ -1,0 +1,537 @@
+"""PyTorch's own CUDA quantized-GEMM ops (ATen) as a qconform backend.
+
+Covers two ATen CUDA kernels (docs/backends/cuda.md):
+
+- ``w4a16``: tinygemm, ``aten._convert_weight_to_int4pack`` + ``aten._weight_int4pack_mm``
+  (pytorch/pytorch ``aten/src/ATen/native/cuda/int4mm.cu``; test and layout convention
+  in ``test/test_linalg.py::_group_quantize_tensor`` / ``test__int4_mm``; the uint8
+  [N, K/2] input of ``_convert_weight_to_int4pack`` since torch 2.5, pytorch PR #129940;
+  the CPU op split into ``*_for_cpu`` in PR #139611). Facts used here, from int4mm.cu:
+  the packer input is uint8 [N, K/2] with element ``2j`` in the HIGH nibble of byte ``j``
+  (``matrix_to_m16n8k16_Bint4_layout`` + ``convert_i4x8_to_bf16x2x4``; test_linalg packs
+  ``out[:, ::2] << 4 | out[:, 1::2]`` for CUDA); activations must be bfloat16
+  (``TORCH_CHECK(A.dtype() == at::kBFloat16)``) and the output is bfloat16
+  (``__float22bfloat162_rn``); ``qScaleAndZeros`` is bf16 [K/G, N, 2] (scale, zero);
+  each weight is ``fma.rn.bf16x2((q - 8), scale, zero)`` -- ONE bf16 rounding of
+  ``(q - 8) * s + zero`` -- where ``q - 8`` is exact (magic-number int4 -> bf16);
+  products go through ``mma.sync.m16n8k16 .f32.bf16.bf16.f32`` and are summed in fp32;
+  G in {32, 64, 128, 256}; N a multiple of 8; K a multiple of 16 * innerKTiles.
+  Integer zero points z are mapped to tinygemm's float zero (torchao
+  ``ZeroPointDomain.FLOAT``): ``zero = bf16((8 - z) * bf16(s))``; the scale itself is
+  rounded fp16 -> bf16. With z = 8 (symmetric) the zero is exactly 0 and the weight is
+  ``bf16((q - z) * bf16(s))``, i.e. emulator variants ``weight_scale_dtype=bfloat16`` +
+  ``weight_dtype=bfloat16``. With z != 8 the extra rounding of the float zero is NOT an
+  emulator variant (declared as ``zero_domain=float``); ``tinygemm_weight`` below is its
+  exact model and ``local_interval`` the matching acceptance interval.
+  No vLLM path uses tinygemm; the canonical zero-point reading of each checkpoint format
+  (GPTQ v1 ``field + 1`` / v2 literal, AWQ literal, compressed-tensors offset) is used.
+- ``w8a8``: ``torch._int_mm`` (int8 [M, K] @ int8 [K, N] -> int32 via cuBLASLt;
+  ``aten/src/ATen/native/cuda/Blas.cpp::_int_mm_out_cuda``: M > 16, K and N multiples
+  of 8), with the project's canonical dynamic per-token activation quantization done on
+  the device in torch (emulator/activations/int8.py): amax in fp32, ``scale = amax / 127``
+  and ``x / scale`` as TRUE fp32 divisions (a CPU-scalar divisor would make CUDA compute
+  ``x * (1/127)``: ``BinaryDivTrueKernel.cu`` turns ``tensor / cpu_scalar`` into a
+  reciprocal multiply), ``torch.round`` (RNE), saturate to [-128, 127], zero row ->
+  scale 0 and codes 0; then ``acc * x_scale * w_scale (+ bias)`` in fp32.
+
+Refused, with reasons in ``can_implement``: MXFP4 (``torch._scaled_mm`` with
+``float4_e2m1fn_x2`` and e8m0 block scales needs cuBLASLt block-scaled GEMM, sm_100+),
+W8A16/W4A8/MoE (no torch CUDA op).
+
+Parameters: ``cuda:bias_mode=bf16_add`` adds a w4a16 bias to the bf16 kernel output in
+bf16 as torchao's tinygemm linear does (rounds twice; refused by default);
+``cuda:inner_k_tiles=2|4|8`` (default: the largest that divides K / 16).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+
+__all__ = [
+    "CudaBackend",
+    "INT4PACK_GROUPS",
+    "cuda_state",
+    "read_int4_codes",
+    "tinygemm_pack",
+    "decode_tinygemm_u8",
+    "tinygemm_weight",
+    "local_interval",
+    "quantize_act_int8",
+    "measure",
+]
+
+#: group sizes ``_weight_int4pack_mm`` accepts (int4mm.cu TORCH_CHECK on qGroupSize)
+INT4PACK_GROUPS = (32, 64, 128, 256)
+#: column c of an AWQ word sits in slot AWQ_REVERSE_ORDER[c] (emulator/formats/awq.py)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+_TORCH_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _import_torch():
+    import torch  # noqa: PLC0415
+
+    return torch
+
+
+def cuda_state() -> dict:
+    """{'ok', 'reason', 'torch', 'device', 'capability'} of this host (not cached: cheap)."""
+    try:
+        torch = _import_torch()
+    except Exception as e:  # ImportError or a broken install
+        return {"ok": False, "reason": f"torch is not importable: {type(e).__name__}: {e}", "torch": None,
+                "device": None, "capability": None}
+    ver = torch.__version__
+    try:
+        avail = bool(torch.cuda.is_available())
+    except Exception as e:  # pragma: no cover - broken driver
+        return {"ok": False, "reason": f"no CUDA device: torch.cuda.is_available() raised {type(e).__name__}: {e} "
+                                       f"(torch {ver})", "torch": ver, "device": None, "capability": None}
+    if not avail:
+        return {"ok": False, "reason": f"no CUDA device: torch.cuda.is_available() is False (torch {ver})",
+                "torch": ver, "device": None, "capability": None}
+    name = torch.cuda.get_device_name(0)
+    cap = tuple(torch.cuda.get_device_capability(0))
+    return {"ok": True, "reason": f"{name} (sm_{cap[0]}{cap[1]}), torch {ver}, CUDA {torch.version.cuda}",
+            "torch": ver, "device": name, "capability": cap}
+
+
+# -- canonical int4 codes, in torch (CPU) ---------------------------------------------------------
+def _unpack_nibbles(words, dim: int, order=None):
+    """int32 words -> int64 4-bit fields along ``dim`` (field i at bits 4i; ``order`` maps element -> slot)."""
+    torch = _import_torch()
+    w = torch.as_tensor(np.ascontiguousarray(words, dtype=np.int32)).to(torch.int64) & 0xFFFFFFFF
+    moved = w.movedim(dim, -1)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    f = (moved.unsqueeze(-1) >> shifts) & 0xF
+    if order is not None:
+        f = f[..., list(order)]
+    return f.reshape(*moved.shape[:-1], moved.shape[-1] * 8).movedim(-1, dim)
+
+
+def _f32(a):
+    torch = _import_torch()
+    return torch.as_tensor(np.asarray(a).astype(np.float32))
+
+
+def read_int4_codes(case: Case, tensors: dict):
+    """Canonical (q [N, K] 0..15, z [K/G, N], s [K/G, N] float32) of an int4 checkpoint, in torch.
+
+    GPTQ: v1 ``z = field + 1``, v2 ``z = field``; AWQ: literal zeros with the AWQ column
+    interleave; compressed-tensors: q and zp both stored with +8 (sym: z = 8).
+    """
+    torch = _import_torch()
+    fmt = case.weight_format
+    if fmt == "gptq":
+        q = _unpack_nibbles(tensors["qweight"], 0).T.contiguous()
+        fields = _unpack_nibbles(tensors["qzeros"], 1)
+        z = fields if case.zero_convention == "v2" else fields + 1
+        s = _f32(tensors["scales"])
+    elif fmt == "awq":
+        q = _unpack_nibbles(tensors["qweight"], 1, AWQ_REVERSE_ORDER).T.contiguous()
+        z = _unpack_nibbles(tensors["qzeros"], 1, AWQ_REVERSE_ORDER)
+        s = _f32(tensors["scales"])
+    elif fmt == "ct-pack-quantized":
+        N, K = (int(v) for v in np.asarray(tensors["weight_shape"]).reshape(-1)[:2])
+        q = _unpack_nibbles(tensors["weight_packed"], 1)[:, :K].contiguous()
+        s = _f32(tensors["weight_scale"]).T.contiguous()
+        if tensors.get("weight_zero_point") is not None:
+            z = _unpack_nibbles(tensors["weight_zero_point"], 0)[:N].T.contiguous()
+        else:
+            z = torch.full(s.shape, 8, dtype=torch.int64)
+    else:
+        raise ValueError(f"no int4 codes in weight format {fmt!r}")
+    return q, z.to(torch.int64), s
+
+
+def tinygemm_pack(case: Case, tensors: dict) -> dict:
+    """The host-side tinygemm layout (pure torch, CPU): what ``_convert_weight_to_int4pack`` takes.
+
+    Returns ``packed_u8`` uint8 [N, K/2] (element 2j in the high nibble of byte j),
+    ``scales_and_zeros`` bf16 [K/G, N, 2] (scale, float zero) and ``group``.
+    """
+    torch = _import_torch()
+    q, z, s = read_int4_codes(case, tensors)
+    q8 = q.to(torch.uint8)
+    packed = ((q8[:, 0::2] << 4) | q8[:, 1::2]).contiguous()
+    s_bf = s.to(torch.bfloat16)
+    zf = ((8 - z).to(torch.float32) * s_bf.to(torch.float32)).to(torch.bfloat16)  # product exact in fp32
+    sz = torch.stack([s_bf, zf], dim=-1).contiguous()
+    return {"packed_u8": packed, "scales_and_zeros": sz, "group": case.group}
+
+
+def decode_tinygemm_u8(packed_u8) -> np.ndarray:
+    """Kernel-side reading of the uint8 [N, K/2] input: k = 2j from the high nibble, 2j+1 from the low."""
+    p = np.asarray(packed_u8, dtype=np.uint8)
+    out = np.empty((p.shape[0], p.shape[1] * 2), dtype=np.uint8)
+    out[:, 0::2] = p >> 4
+    out[:, 1::2] = p & 0xF
+    return out
+
+
+def tinygemm_weight(case: Case, tensors: dict) -> np.ndarray:
+    """Exact model of the weights tinygemm multiplies: bf16((q - 8) * s_bf16 + zero_bf16) [N, K] (float32 values)."""
+    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
+
+    torch = _import_torch()
+    pk = tinygemm_pack(case, tensors)
+    q = decode_tinygemm_u8(pk["packed_u8"].numpy()).astype(np.float64)
+    sz = pk["scales_and_zeros"].to(torch.float32).numpy().astype(np.float64)  # [G, N, 2]
+    N, K = q.shape
+    g = np.arange(K) // pk["group"]
+    s = sz[g, :, 0].T  # [N, K]
+    zf = sz[g, :, 1].T
+    # (q - 8) * s has <= 12 significant bits and the sum with zf is exact in float64: one RNE rounding (fma).
+    return round_to_dtype((q - 8.0) * s + zf, "bfloat16").astype(np.float32)
+
+
+def local_interval(inp, w: np.ndarray, *, out_dtype: str = "bfloat16", bias_after_rounding: bool = False):
+    """Acceptance interval for x @ w^T with fp32 accumulation (acceptance.declared_interval's bound).
+
+    ``bias_after_rounding``: the bias is added to the already-rounded output in ``out_dtype``
+    (rounding twice); the interval is then [RNE(lo + b), RNE(hi + b)] of the bias-free one.
+    """
+    from conformance.acceptance import UNIT_ROUNDOFF, Interval, round_down, round_up  # noqa: PLC0415
+    from emulator import linear as lin  # noqa: PLC0415
+    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
+
+    x = inp.x.astype(np.float64)
+    w64 = w.astype(np.float64)
+    bias = None if inp.bias is None else inp.bias.astype(np.float64)
+    K = x.shape[1]
+    u = UNIT_ROUNDOFF["float32"]
+    n = K + 1 + (bias is not None and not bias_after_rounding)
+    gam = n * u / (1 - n * u)
+    r = lin.linear_w16(x, w64, None if bias_after_rounding else bias, out_dtype=out_dtype)
+    mag = np.abs(x) @ np.abs(w64).T + (0 if (bias is None or bias_after_rounding) else np.abs(bias))
+    b = gam * mag + r.y_bound
+    lo = round_down(r.y_exact - b, out_dtype)
+    hi = round_up(r.y_exact + b, out_dtype)
+    y_exact = r.y_exact
+    if bias_after_rounding and bias is not None:
+        lo = round_to_dtype(lo + bias, out_dtype)
+        hi = round_to_dtype(hi + bias, out_dtype)
+        y_exact = y_exact + bias
+    return Interval(y_ref=round_to_dtype(y_exact, out_dtype), y_exact=y_exact, lo=lo, hi=hi, bound=b,
+                    out_dtype=out_dtype)
+
+
+# -- dynamic per-token int8 activations (canonical), in torch on any device -------------------
+def quantize_act_int8(x32):
+    """Canonical symmetric per-token int8 of a float32 tensor [M, K] -> (q int8, scale fp32 [M, 1]).
+
+    Both divisions are tensor/tensor (true IEEE fp32 division on CUDA); see module docstring.
+    """
+    torch = _import_torch()
+    amax = x32.abs().amax(dim=1, keepdim=True)
+    scale = torch.div(amax, torch.full_like(amax, 127.0))
+    zero = scale == 0
+    quo = torch.div(x32, torch.where(zero, torch.ones_like(scale), scale))
+    quo = torch.where(zero, torch.zeros_like(quo), quo)
+    q = torch.round(quo).clamp_(-128, 127).to(torch.int8)
+    return q, scale
+
+
+def _torch_dtype(name: str):
+    torch = _import_torch()
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _inner_k_tiles(K: int, requested: str | None) -> int | None:
+    if requested not in (None, "", "auto"):
+        t = int(requested)
+        return t if K % (16 * t) == 0 else None
+    for t in (8, 4, 2):
+        if K % (16 * t) == 0:
+            return t
+    return None
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    covers = ("PyTorch CUDA ops: tinygemm aten._weight_int4pack_mm (int4mm.cu, W4A16 bf16) and "
+              "torch._int_mm (cuBLASLt int8, W8A8 with canonical per-token activations)")
+    priority = 70
+
+    def __init__(self, **params: str):
+        super().__init__(**params)
+        unknown = set(params) - {"bias_mode", "inner_k_tiles"}
+        if unknown:
+            raise ValueError(f"cuda: unknown parameter(s) {sorted(unknown)}; known: bias_mode, inner_k_tiles")
+        self.bias_mode = params.get("bias_mode", "refuse")
+        if self.bias_mode not in ("refuse", "bf16_add"):
+            raise ValueError(f"cuda: bias_mode must be refuse or bf16_add, got {self.bias_mode!r}")
+        self.inner_k_tiles = params.get("inner_k_tiles")
+        if self.inner_k_tiles not in (None, "auto", "2", "4", "8"):
+            raise ValueError(f"cuda: inner_k_tiles must be 2, 4, 8 or auto, got {self.inner_k_tiles!r}")
+
+    # -- 1. availability ------------------------------------------------------------------------
+    def availability(self) -> Availability:
+        st = cuda_state()
+        dev = None
+        if st["ok"]:
+            cap = st["capability"]
+            dev = f"{st['device']} (sm_{cap[0]}{cap[1]})"
+        return Availability(st["ok"], st["reason"], st["torch"], dev)
+
+    def schemes(self) -> list[str]:
+        return ["w4a16", "w8a8"]
+
+    # -- 2. can_implement -----------------------------------------------------------------------
+    def can_implement(self, case: Case) -> Support:
+        s = case.scheme
+        if s == "w4a16":
+            return self._can_w4a16(case)
+        if s == "w8a8":
+            return self._can_w8a8(case)
+        if s == "w4a4-mxfp4":
+            return no("torch._scaled_mm MXFP4 (float4_e2m1fn_x2 operands with float8_e8m0fnu 1x32 block scales) "
+                      "needs cuBLASLt block-scaled GEMM, compute capability 10.x (Blackwell); not on sm_90 (H100) "
+                      "and not implemented here")
+        if s == "w4a16-mxfp4":
+            return no("no torch CUDA op multiplies MXFP4 weights by 16-bit activations (torch._scaled_mm takes "
+                      "fp8/fp4 for both operands)")
+        if s == "w8a16":
+            return no("no torch CUDA op for int8 weights x 16-bit activations (aten._weight_int8pack_mm is "
+                      "CPU/MPS only)")
+        if s == "w4a8":
+            return no("no torch CUDA op for int4 weights x int8 activations (aten._dyn_quant_matmul_4bit is CPU only)")
+        if s == "w4a16-moe":
+            return no("no torch CUDA fused-MoE op")
+        return no(f"scheme {s} is not implemented by the cuda backend")
+
+    def _can_w4a16(self, case: Case) -> Support:
+        if case.weight_format not in ("gptq", "awq", "ct-pack-quantized"):
+            return no(f"tinygemm needs int4 codes; weight format {case.weight_format} has none")
+        if case.bits != 4:
+            return no(f"_weight_int4pack_mm is int4 only, got bits={case.bits}")
+        if case.act_order:
+            return no("_weight_int4pack_mm takes contiguous K groups and no g_idx (act order)")
+        if case.act_dtype != "bfloat16":
+            return no(f"_weight_int4pack_mm takes bfloat16 activations only (int4mm.cu: "
+                      f"TORCH_CHECK(A.dtype() == at::kBFloat16)), got {case.act_dtype}")
+        if case.output_dtype != "bfloat16":
+            return no(f"_weight_int4pack_mm writes bfloat16 only, asked for {case.output_dtype}")
+        g = case.group
+        if g not in INT4PACK_GROUPS:
+            what = f"group_size=-1 means G = K = {case.K}" if case.group_size in (-1, 0) else f"G = {g}"
+            return no(f"_weight_int4pack_mm qGroupSize must be 32, 64, 128 or 256 ({what})")
+        if case.K % g:
+            return no(f"K = {case.K} is not a multiple of the group size {g}")
+        if _inner_k_tiles(case.K, self.inner_k_tiles) is None:
+            return no(f"K = {case.K} is not a multiple of 16 * innerKTiles "
+                      f"({'32' if self.inner_k_tiles in (None, 'auto') else 16 * int(self.inner_k_tiles)})")
+        if case.N % 8:
+            return no(f"N = {case.N} is not a multiple of 8 (tinygemm n-tiles of 8)")
+        if case.weight_format == "awq" and case.N % 8:
+            return no("AWQ packs 8 columns per word")
+        if case.bias and self.bias_mode == "refuse":
+            return no("_weight_int4pack_mm has no bias operand; adding the bias to its bf16 output rounds twice "
+                      "(use cuda:bias_mode=bf16_add to run it the torchao way)")
+        return yes()
+
+    def _can_w8a8(self, case: Case) -> Support:
+        if case.weight_format != "ct-int-quantized":
+            return no(f"W8A8 takes compressed-tensors int-quantized int8 weights, got {case.weight_format}")
+        if case.M <= 16:
+            return no(f"torch._int_mm on CUDA needs M > 16 (Blas.cpp: 'self.size(0) needs to be greater than 16'), "
+                      f"got M = {case.M}")
+        if case.K % 8:
+            return no(f"torch._int_mm on CUDA needs K a multiple of 8, got K = {case.K}")
+        if case.N % 8:
+            return no(f"torch._int_mm on CUDA needs N a multiple of 8, got N = {case.N}")
+        if case.output_dtype not in _TORCH_DTYPES:
+            return no(f"unsupported output dtype {case.output_dtype}")
+        return yes()
+
+    # -- 3. declared --------------------------------------------------------------------------------
+    def declared(self, case: Case) -> Declared:
+        if case.scheme == "w4a16":
+            notes = ("tinygemm: w = fma_bf16(q - 8, bf16(s), bf16((8 - z) * bf16(s))); mma bf16 x bf16 -> fp32; "
+                     "output RNE to bf16")
+            variants = {"weight_scale_dtype": "bfloat16", "dequant_order": "sub_then_mul"}
+            if not case.sym or case.weight_format == "awq":
+                variants["zero_domain"] = "float"  # not an emulator axis: see tinygemm_weight / local_interval
+                notes += "; asymmetric: the float zero is rounded to bf16 (zero_domain=float, not an emulator axis)"
+            if case.bias:
+                notes += "; bias added to the bf16 output in bf16 (bias_mode=bf16_add: rounds twice)"
+            return Declared(variants=variants, weight_dtype="bfloat16", act_compute_dtype=None, accumulate="float32",
+                            output="bfloat16", notes=notes)
+        if case.scheme == "w8a8":
+            return Declared(
+                variants={"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32",
+                          "zero_row": "zero", "qmin": -128, "qmax": 127},
+                weight_dtype="exact", act_compute_dtype=None, accumulate="int32", output=case.output_dtype,
+                notes="activation quant in torch on the device (true fp32 divisions, torch.round); "
+                      "cuBLASLt int8 GEMM -> int32; y = acc * x_scale * w_scale (+ bias) in fp32, RNE to output")
+        raise ValueError(f"cuda: nothing declared for scheme {case.scheme}")
+
+    # -- 4. prepare -----------------------------------------------------------------------------
+    def prepare(self, case: Case, tensors: dict) -> Prepared:
+        torch = _import_torch()
+        if case.scheme == "w4a16":
+            pk = tinygemm_pack(case, tensors)
+            data = dict(pk)
+            data["inner_k_tiles"] = _inner_k_tiles(case.K, self.inner_k_tiles)
+            if cuda_state()["ok"]:
+                dev = torch.device("cuda")
+                data["int4pack"] = torch.ops.aten._convert_weight_to_int4pack(pk["packed_u8"].to(dev),
+                                                                             data["inner_k_tiles"])
+                data["sz_dev"] = pk["scales_and_zeros"].to(dev)
+            return Prepared(case, data)
+        if case.scheme == "w8a8":
+            w = torch.as_tensor(np.ascontiguousarray(tensors["weight"], dtype=np.int8))
+            ws = _f32(tensors["weight_scale"]).reshape(-1)
+            data = {"weight": w, "weight_scale": ws}
+            if cuda_state()["ok"]:
+                data["weight_dev"] = w.cuda()
+                data["weight_scale_dev"] = ws.cuda()
+            return Prepared(case, data)
+        raise ValueError(f"cuda: cannot prepare scheme {case.scheme}")
+
+    # -- 5. run ---------------------------------------------------------------------------------
+    def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        torch = _import_torch()
+        st = cuda_state()
+        if not st["ok"]:
+            raise RuntimeError(f"cuda backend unavailable: {st['reason']}")
+        case = prepared.case
+        d = prepared.data
+        bias = inputs.get("bias")
+        x32 = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).cuda()
+        with torch.no_grad():
+            if case.scheme == "w4a16":
+                a = x32.to(torch.bfloat16).contiguous()
+                y = torch.ops.aten._weight_int4pack_mm(a, d["int4pack"], d["group"], d["sz_dev"])
+                if bias is not None:
+                    if self.bias_mode != "bf16_add":
+                        raise RuntimeError("cuda w4a16 with a bias needs bias_mode=bf16_add")
+                    y = y + torch.as_tensor(np.asarray(bias, np.float32)).cuda().to(torch.bfloat16)
+            elif case.scheme == "w8a8":
+                q, xs = quantize_act_int8(x32)
+                acc = torch._int_mm(q, d["weight_dev"].t())
+                y = acc.to(torch.float32) * xs
+                y = y * d["weight_scale_dev"].reshape(1, -1)
+                if bias is not None:
+                    y = y + torch.as_tensor(np.asarray(bias, np.float32)).cuda()
+                y = y.to(_torch_dtype(case.output_dtype))
+            else:
+                raise ValueError(f"cuda: cannot run scheme {case.scheme}")
+            torch.cuda.synchronize()
+        return y.to(torch.float32).cpu().numpy()
+
+
+# -- measurement (run on a CUDA host: python -m backends.cuda [out.json]) --------------------------
+def _w4a16_cases():
+    out = []
+    for fmt, sym, zc in (("gptq", True, None), ("gptq", False, None), ("gptq", False, "v2"), ("awq", False, None),
+                         ("ct-pack-quantized", True, None), ("ct-pack-quantized", False, None)):
+        for (M, N, K, g) in ((1, 64, 128, 32), (3, 96, 256, 128), (16, 256, 128, -1), (3, 64, 256, 64),
+                             (16, 96, 128, 128), (1, 256, 256, 256)):
+            if fmt == "awq" and g == -1:
+                g = 128
+            out.append(Case("w4a16", fmt, M, N, K, group_size=g, sym=sym, zero_convention=zc, act_dtype="bfloat16"))
+    return out
+
+
+def _w8a8_cases():
+    out = []
+    for dt in ("bfloat16", "float16", "float32"):
+        for (M, N, K, sd) in ((17, 64, 256, "float16"), (32, 96, 256, "float16"), (64, 256, 128, "float32"),
+                              (24, 128, 128, "bfloat16")):
+            for bias in (False, True):
+                out.append(Case("w8a8", "ct-int-quantized", M, N, K, act_dtype=dt, bias=bias, scale_dtype=sd))
+    return out
+
+
+def measure(seeds=(0, 1)) -> list[dict]:
+    """Run the smoke matrix against the emulator; one row per case and seed."""
+    from conformance.acceptance import compare, declared_interval  # noqa: PLC0415
+    from conformance.cases import make_inputs  # noqa: PLC0415
+
+    rows = []
+    for case in _w4a16_cases() + _w8a8_cases() + [
+            Case("w4a16", "gptq", 3, 64, 128, group_size=32, sym=True, bias=True),
+            Case("w4a16", "gptq", 16, 256, 256, group_size=128, sym=False, bias=True)]:
+        be = CudaBackend(bias_mode="bf16_add") if case.bias and case.scheme == "w4a16" else CudaBackend()
+        sup = be.can_implement(case)
+        if not sup:
+            rows.append({"case": case.describe(), "refused": sup.reason})
+            continue
+        for seed in seeds:
+            inp = make_inputs(case, seed)
+            prep = be.prepare(case, inp.tensors)
+            y = be.run(prep, inp.x, bias=inp.bias)
+            c = compare(y, declared_interval(inp, be.declared(case)))
+            row = {"case": case.describe(), "bias": case.bias, "scale_dtype": case.scale_dtype, "seed": seed, "exact": c.exact_match, "inside": c.ok,
+                   "n_out": c.n_out, "max_ulp": c.max_ulp, "sqnr_db": round(c.sqnr_db, 1)}
+            if case.scheme == "w4a16":
+                lc = compare(y, local_interval(inp, tinygemm_weight(case, inp.tensors),
+                                               bias_after_rounding=case.bias))
+                row.update({"local_inside": lc.ok, "local_n_out": lc.n_out, "local_exact": lc.exact_match,
+                            "local_max_ulp": lc.max_ulp})
+            rows.append(row)
+    return rows
+
+
+def probes() -> dict:
+    """Device facts the declarations rest on (run on a CUDA host)."""
+    torch = _import_torch()
+    out = {}
+    dev = torch.device("cuda")
+    # 1. tensor / CPU-scalar on CUDA multiplies by the reciprocal (BinaryDivTrueKernel.cu)
+    a = torch.rand(1 << 20, device=dev, dtype=torch.float32) * 100
+    by_scalar = a / 127.0
+    by_tensor = torch.div(a, torch.full_like(a, 127.0))
+    by_recip = a * torch.tensor(np.float32(1.0) / np.float32(127.0), device=dev)
+    out["div_cpu_scalar_differs_from_true_division"] = int((by_scalar != by_tensor).sum())
+    out["div_cpu_scalar_equals_reciprocal_multiply"] = bool(torch.equal(by_scalar, by_recip))
+    host = (a.cpu().numpy() / np.float32(127.0)).astype(np.float32)
+    out["div_tensor_equals_numpy_ieee"] = bool(np.array_equal(by_tensor.cpu().numpy(), host))
+    # 2. torch.round is RNE on CUDA
+    t = torch.tensor([0.5, 1.5, 2.5, -2.5, 126.5, 127.5], device=dev)
+    out["torch_round_cuda"] = torch.round(t).tolist()
+    # 3. MXFP4 through torch._scaled_mm on this device
+    try:
+        M, N, K = 32, 64, 128
+        a4 = torch.zeros(M, K // 2, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
+        b4 = torch.zeros(N, K // 2, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
+        sa = torch.full((M, K // 32), 127, dtype=torch.uint8, device=dev).view(torch.float8_e8m0fnu)
+        sb = torch.full((N, K // 32), 127, dtype=torch.uint8, device=dev).view(torch.float8_e8m0fnu)
+        torch._scaled_mm(a4, b4.t(), sa, sb, out_dtype=torch.bfloat16)
+        out["scaled_mm_mxfp4"] = "ran"
+    except Exception as e:  # expected on sm_90
+        out["scaled_mm_mxfp4"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    # 4. _int_mm with M = 16
+    try:
+        torch._int_mm(torch.zeros(16, 32, dtype=torch.int8, device=dev), torch.zeros(32, 8, dtype=torch.int8,
+                                                                                   device=dev))
+        out["int_mm_M16"] = "ran"
+    except Exception as e:
+        out["int_mm_M16"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    # 5. _weight_int4pack_mm with fp16 activations
+    try:
+        pk = torch.ops.aten._convert_weight_to_int4pack(torch.zeros(64, 64, dtype=torch.uint8, device=dev), 2)
+        sz = torch.zeros(4, 64, 2, dtype=torch.float16, device=dev)
+        torch.ops.aten._weight_int4pack_mm(torch.zeros(2, 128, dtype=torch.float16, device=dev), pk, 32, sz)
+        out["int4pack_mm_fp16"] = "ran"
+    except Exception as e:
+        out["int4pack_mm_fp16"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - device-side measurement
+    import json
+    import sys
+
+    st = cuda_state()
+    print(st["reason"])
+    res = {"state": {k: (list(v) if isinstance(v, tuple) else v) for k, v in st.items()}, "probes": probes(),
+           "rows": measure()}
+    print(res["probes"])
+    for r in res["rows"]:
+        print(r)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(res, f, indent=1)

@@ -1,0 +1,317 @@
+"""Input generators for the exact, edge and random tiers.
+
+Semantics: docs/conformance.md#tiers. A generator is a pure function
+``(case, seed) -> CaseInputs``: the same (case, generator, seed) always gives
+the same tensors, in any process, so a worker subprocess rebuilds the inputs
+it runs on from the case id alone and a replay bundle can be re-derived.
+
+- **exact**: small integers and power-of-two scales, K bounded, so every
+  partial sum is exact in fp32 and every accumulation order gives the same
+  accumulator: a conforming backend matches the emulator bit for bit.
+- **edge**: inputs built to hit what random data never does: rounding ties of
+  the activation quantizer (int8 and E2M1), amax exactly on MX scale-rule
+  boundaries, zero rows and blocks, -0, NaN/Inf activations, E8M0 bytes
+  0x00/0xFE/0xFF, GPTQ qzeros fields 0x0/0xF, act-order permutations,
+  K = group size, N not a multiple of 64, M = 1.
+- **random**: seeded draws from realistic distributions (Gaussian, heavy-tailed
+  with outlier channels as in LLM activations); conformance/strategies.py has
+  the same as composable Hypothesis strategies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import Case
+from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
+from emulator.numerics.e2m1 import E2M1_VALUES
+from emulator.numerics.floats import round_to_dtype
+
+from .cases import CaseInputs, make_inputs, weight_tensors
+
+__all__ = ["GENERATORS", "generate", "generators_for"]
+
+
+def _r(a, dtype) -> np.ndarray:
+    return round_to_dtype(np.asarray(a, dtype=np.float64), dtype).astype(np.float32)
+
+
+# -- weights from integer codes ---------------------------------------------------------------
+def int_weight_tensors(case: Case, q: np.ndarray, z: np.ndarray, s: np.ndarray, g_idx: np.ndarray | None,
+                       *, v1_zero_write: str = "raise") -> dict:
+    """Checkpoint tensors for integer codes q [N, K] (unsigned, 0..2^b-1), true zeros z [G, N], scales s [G, N]."""
+    fmt = case.weight_format
+    G = s.shape[0]
+    g = g_idx if g_idx is not None else (np.arange(case.K) // (case.K // G)).astype(np.int32)
+    sd = case.scale_dtype
+    s_arr = _scales_array(s, sd)
+    if fmt == "gptq":
+        p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
+                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+        codes = gptq.GptqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=s_arr, g_idx=g.astype(np.int32))
+        t = gptq.pack_gptq(codes, p, v1_zero_write=v1_zero_write)
+        return {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": g.astype(np.int32)}
+    if fmt == "awq":
+        t = awq.pack_awq(awq.AwqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=s_arr),
+                         awq.AwqParams(bits=4, group_size=case.group_size))
+        return {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales}
+    if fmt == "ct-pack-quantized":
+        off = 1 << (case.bits - 1)
+        channel = case.group_size in (-1, 0)
+        p = ct.CtPackParams(num_bits=case.bits, strategy="channel" if channel else "group",
+                            group_size=None if channel else case.group_size, symmetric=case.sym,
+                            actorder=case.act_order)
+        zp = None if case.sym else (z.T.astype(np.int16) - off).astype(np.int8)
+        codes = ct.CtCodes(q=(q.astype(np.int16) - off).astype(np.int8), scales=np.ascontiguousarray(s_arr.T),
+                           zero_point=zp, g_idx=g.astype(np.int32) if case.act_order else None)
+        t = ct.pack_ct_packed(codes, p)
+        out = {"weight_packed": t.weight_packed, "weight_scale": t.weight_scale,
+               "weight_shape": np.asarray(t.weight_shape, dtype=np.int64)}
+        if t.weight_zero_point is not None:
+            out["weight_zero_point"] = t.weight_zero_point
+        if t.weight_g_idx is not None:
+            out["weight_g_idx"] = t.weight_g_idx
+        return out
+    raise ValueError(f"integer codes do not apply to format {fmt!r}")
+
+
+def _scales_array(s: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(s, np.float32).astype(ml_dtypes.bfloat16)
+    return np.asarray(s).astype(dtype)
+
+
+def _int_codes(case: Case, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    maxq = (1 << case.bits) - 1
+    G = case.K // case.group
+    q = rng.integers(0, maxq + 1, (case.N, case.K))
+    if case.sym:
+        z = np.full((G, case.N), 1 << (case.bits - 1))
+    else:
+        z = rng.integers(1, maxq + 1, (G, case.N))  # v1 cannot store 0: covered by the edge tier
+    g_idx = None
+    if case.act_order:
+        g_idx = (rng.permutation(case.K) // case.group).astype(np.int32)
+    return q, z, g_idx
+
+
+# -- exact tier -----------------------------------------------------------------------------------
+def gen_exact(case: Case, seed: int) -> CaseInputs:
+    """Small integers x power-of-two scales: every accumulation order is exact."""
+    rng = np.random.default_rng(seed)
+    M, N, K = case.M, case.N, case.K
+    bias = None
+    if case.bias:
+        bias = _r(rng.integers(-8, 9, N) * 2.0 ** -3, case.act_dtype)
+    if case.weight_format in ("gptq", "awq", "ct-pack-quantized"):
+        q, z, g_idx = _int_codes(case, rng)
+        G = K // case.group
+        s = 2.0 ** -rng.integers(2, 7, (G, N)).astype(np.float64)
+        tensors = int_weight_tensors(case, q, z, s, g_idx)
+        if case.scheme in ("w4a8", "w8a8"):
+            x = _int8_exact_acts(case, rng)
+        else:
+            x = _r(rng.integers(-3, 4, (M, K)) * 2.0 ** rng.integers(-2, 1, (M, 1)), case.act_dtype)
+        return CaseInputs(case, seed, tensors, x, bias)
+    if case.weight_format == "ct-int-quantized":
+        wq = rng.integers(-128, 128, (N, K)).astype(np.int8)
+        ws = (2.0 ** -rng.integers(6, 10, (N, 1))).astype(case.scale_dtype if case.scale_dtype != "bfloat16" else np.float32)
+        if case.scale_dtype == "bfloat16":
+            ws = _scales_array(ws, "bfloat16")
+        x = _int8_exact_acts(case, rng)
+        return CaseInputs(case, seed, {"weight": wq, "weight_scale": ws}, x, bias)
+    if case.weight_format == "ct-mxfp4":
+        codes = rng.integers(0, 16, (N, K)).astype(np.uint8)
+        sb = rng.integers(124, 129, (N, K // 32)).astype(np.uint8)
+        tensors = mxfp4.pack_mxfp4_ct(codes, sb)
+        if case.scheme == "w4a4-mxfp4":
+            x = _mx_exact_acts(case, rng)
+        else:
+            x = _r(rng.integers(-3, 4, (M, K)) * 0.5, case.act_dtype)
+        return CaseInputs(case, seed, tensors, x, bias)
+    raise ValueError(f"exact tier has no generator for {case.weight_format}")
+
+
+def _int8_exact_acts(case: Case, rng) -> np.ndarray:
+    """Rows whose amax is 127 * 2**j: the scale is exactly 2**j and every quotient an integer."""
+    M, K = case.M, case.K
+    j = rng.integers(-6, -1, (M, 1))
+    ints = rng.integers(-127, 128, (M, K))
+    ints[:, 0] = np.where(rng.random(M) < 0.5, 127, -127)
+    return _r(ints * 2.0 ** j, case.act_dtype)
+
+
+def _mx_exact_acts(case: Case, rng) -> np.ndarray:
+    """Blocks of E2M1 values times 2**s with amax 6 * 2**s: quantization is the identity."""
+    M, K = case.M, case.K
+    codes = rng.integers(0, 16, (M, K))
+    vals = E2M1_VALUES[codes].astype(np.float64).reshape(M, K // 32, 32)
+    vals[..., 0] = 6.0
+    s = rng.integers(-3, 2, (M, K // 32, 1))
+    return _r((vals * 2.0 ** s).reshape(M, K), case.act_dtype)
+
+
+# -- edge tier ------------------------------------------------------------------------------------
+def _base(case: Case, seed: int) -> CaseInputs:
+    return make_inputs(case, seed)
+
+
+def gen_int8_ties(case: Case, seed: int) -> CaseInputs:
+    """Activations whose quotient x / scale is exactly k + 0.5 (scale = 2**j exactly)."""
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    M, K = case.M, case.K
+    j = -4
+    k = rng.integers(-126, 126, (M, K)) + 0.5
+    k[:, 0] = 127
+    inp.x = _r(k * 2.0 ** j, case.act_dtype)
+    return inp
+
+
+def gen_zero_rows(case: Case, seed: int) -> CaseInputs:
+    """All-zero activation rows (amax = 0) next to ordinary rows, with -0 entries."""
+    inp = _base(case, seed)
+    x = inp.x.copy()
+    x[0, :] = 0.0
+    if case.M > 1:
+        x[-1, ::3] = -0.0
+    inp.x = x
+    return inp
+
+
+def gen_nonfinite_acts(case: Case, seed: int) -> CaseInputs:
+    """NaN and +-Inf in activations (A16 only: propagate as in IEEE arithmetic)."""
+    inp = _base(case, seed)
+    x = inp.x.copy()
+    x[0, 1] = np.nan
+    x[1, 2] = np.inf
+    x[1, 5] = -np.inf  # +Inf and -Inf in one row: NaN wherever both weights are non-zero
+    x[2, 3] = -np.inf
+    inp.x = x  # rows 3.. stay finite, so the case still checks ordinary arithmetic
+    return inp
+
+
+def gen_mx_boundaries(case: Case, seed: int) -> CaseInputs:
+    """MX blocks with amax on scale-rule boundaries and elements on E2M1 ties after scaling."""
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    M, K = case.M, case.K
+    nb = K // 32
+    amax_choices = np.array([1.75, 1.0, 2.0, 1.5 * (1 + 2 ** -23), 6.0, 1.25, 0.75, 3.5])
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, -0.25, -0.75, -1.25, -2.5, -5.0])
+    x = np.zeros((M, nb, 32))
+    for m in range(M):
+        for b in range(nb):
+            e = int(rng.integers(-3, 3))
+            amax = amax_choices[(m * nb + b) % len(amax_choices)] * 2.0 ** e
+            # FLOOR scale of this block is 2**(floor(log2 amax) - 2): ties are mids * that scale
+            sc = 2.0 ** (np.floor(np.log2(amax)) - 2)
+            blk = rng.choice(mids, 32) * sc
+            blk = np.clip(blk, -amax, amax)
+            blk[0] = amax
+            x[m, b] = blk
+    if M > 1:
+        x[1, 0, :] = 0.0  # an all-zero block
+        x[1, 0, 5] = -0.0
+    inp.x = _r(x.reshape(M, K), case.act_dtype)
+    return inp
+
+
+def gen_e8m0_extremes(case: Case, seed: int) -> CaseInputs:
+    """MXFP4 weights with scale bytes 0x00 (2**-127) and 0xFE (2**127) and one 0xFF (NaN) block."""
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (case.N, case.K)).astype(np.uint8)
+    sb = np.full((case.N, case.K // 32), 127, np.uint8)
+    sb[0, :] = 0x00
+    if case.N > 1:
+        sb[1, 0] = 0xFE
+        codes[1, :32] = rng.integers(0, 2, 32)  # tiny codes so 2**127 stays finite in fp32 sums
+    if case.N > 2:
+        sb[2, -1] = 0xFF
+    inp.tensors = mxfp4.pack_mxfp4_ct(codes, sb)
+    inp.x = _r(rng.integers(-2, 3, (case.M, case.K)) * 2.0 ** -8, case.act_dtype)
+    return inp
+
+
+def gen_gptq_zero_fields(case: Case, seed: int) -> CaseInputs:
+    """GPTQ asymmetric zero points 0 (v1 field 0xF, read as 16) and 15 (v1 field 0xE), and v2 zeros 0."""
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    q, z, g_idx = _int_codes(case, rng)
+    z[:, 0] = 0
+    z[:, -1] = 15
+    if case.N > 9:
+        z[:, 9] = 0  # field 1 of word 1: a packed add would carry into field 2
+    G = z.shape[0]
+    s = rng.uniform(0.005, 0.02, (G, case.N))
+    s = round_to_dtype(s, case.scale_dtype)
+    # v1 cannot store 0 canonically: write the field 0xF with no borrow (FIELD_ALL_ONES), which
+    # canonical readers read as 16, exactly as AutoGPTQ-era kernels do.
+    write = "field_all_ones" if case.zero_convention != "v2" else "raise"
+    inp.tensors = int_weight_tensors(case, q, z, s, g_idx, v1_zero_write=write)
+    return inp
+
+
+def gen_sym_nonmidpoint_qzeros(case: Case, seed: int) -> CaseInputs:
+    """A symmetric GPTQ checkpoint whose qzeros are not 0x77777777: canonical readers use them."""
+    inp = _base(case, seed)
+    qz = np.asarray(inp.tensors["qzeros"]).copy()
+    qz.view(np.uint32)[0, :] = np.uint32(0x66666666)
+    inp.tensors = dict(inp.tensors, qzeros=qz)
+    return inp
+
+
+def gen_saturation(case: Case, seed: int) -> CaseInputs:
+    """Large activation outliers (one channel 1000x) and weights at the code range ends."""
+    inp = _base(case, seed)
+    x = inp.x.copy()
+    x[:, 0] *= 1000.0
+    inp.x = _r(x, case.act_dtype)
+    return inp
+
+
+# -- random tier ------------------------------------------------------------------------------------
+def gen_gaussian(case: Case, seed: int) -> CaseInputs:
+    return make_inputs(case, seed)
+
+
+def gen_outlier_channels(case: Case, seed: int) -> CaseInputs:
+    """Heavy-tailed activations (Student-t, 3 dof) with a few outlier channels x20-x100 (LLM.int8 style)."""
+    inp = make_inputs(case, seed)
+    rng = np.random.default_rng(seed + 99)
+    x = rng.standard_t(3, (case.M, case.K))
+    ch = rng.choice(case.K, max(1, case.K // 64), replace=False)
+    x[:, ch] *= rng.uniform(20, 100, len(ch))
+    inp.x = _r(x, case.act_dtype)
+    return inp
+
+
+#: generator name -> (tier, function, predicate(case) -> bool)
+GENERATORS = {
+    "exact": ("exact", gen_exact, lambda c: c.scheme != "w4a16-moe"),
+    "int8-ties": ("edge", gen_int8_ties, lambda c: c.scheme in ("w8a8", "w4a8")),
+    "zero-rows": ("edge", gen_zero_rows, lambda c: c.M > 1),
+    "nonfinite-acts": ("edge", gen_nonfinite_acts,
+                       lambda c: c.scheme in ("w4a16", "w8a16", "w4a16-mxfp4") and c.M > 3),
+    "mx-boundaries": ("edge", gen_mx_boundaries, lambda c: c.scheme == "w4a4-mxfp4"),
+    "e8m0-extremes": ("edge", gen_e8m0_extremes, lambda c: c.weight_format == "ct-mxfp4"),
+    "gptq-zero-fields": ("edge", gen_gptq_zero_fields, lambda c: c.weight_format == "gptq" and not c.sym),
+    "sym-nonmidpoint-qzeros": ("edge", gen_sym_nonmidpoint_qzeros,
+                               lambda c: c.weight_format == "gptq" and c.sym and c.scheme != "w4a16-moe"),
+    "saturation": ("edge", gen_saturation, lambda c: c.scheme in ("w8a8", "w4a8", "w4a4-mxfp4")),
+    "gaussian": ("random", gen_gaussian, lambda c: True),
+    "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),
+}
+
+
+def generators_for(case: Case, tiers) -> list[str]:
+    return [name for name, (tier, _, pred) in GENERATORS.items() if tier in tiers and pred(case)]
+
+
+def generate(case: Case, generator: str, seed: int) -> CaseInputs:
+    if generator not in GENERATORS:
+        raise ValueError(f"unknown generator {generator!r}; known: {', '.join(GENERATORS)}")
+    return GENERATORS[generator][1](case, seed)

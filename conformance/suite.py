@@ -1,0 +1,174 @@
+"""The case list: deterministic, profile-dependent, shardable.
+
+Semantics: docs/conformance.md#cases.
+
+A ``CaseSpec`` is a ``Case`` (scheme, format, parameters, shapes, dtypes) plus
+a tier, a generator name and a seed. Its ``case_id`` is a stable string; the
+list for a (schemes, tiers, profile) is a pure function of its arguments, so
+``--shard i/n`` on several hosts covers it exactly once and the shards' JSONL
+files merge into one result set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+
+from backends.base import Case
+
+from .generators import GENERATORS, generate, generators_for
+
+__all__ = ["TIERS", "PROFILES", "CaseSpec", "scheme_grid", "case_list", "shard", "list_hash", "parse_shard"]
+
+TIERS = ("exact", "edge", "random", "golden")
+
+#: profile -> knobs. ci: derandomised, bounded, reproducible. nightly: fresh seeds, more shapes and seeds.
+PROFILES = {
+    "smoke": {"seeds": 1, "shapes": [(1, 64, 128), (5, 96, 256)], "fresh_seeds": False},
+    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128)], "fresh_seeds": False},
+    "certification": {"seeds": 3, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512)],
+                      "fresh_seeds": False},
+    "nightly": {"seeds": 6, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512), (128, 512, 1024)],
+                "fresh_seeds": True},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseSpec:
+    case: Case
+    tier: str
+    generator: str
+    seed: int
+
+    @property
+    def case_id(self) -> str:
+        c = self.case
+        flags = "sym" if c.sym else "asym"
+        if c.act_order:
+            flags += "-ao"
+        if c.zero_convention:
+            flags += f"-{c.zero_convention}"
+        if c.bias:
+            flags += "-bias"
+        moe = f"-E{c.E}k{c.top_k}" if c.E else ""
+        return (f"{self.tier}/{c.scheme}/{c.weight_format}/{self.generator}/"
+                f"M{c.M}N{c.N}K{c.K}g{c.group_size}{moe}-{flags}-x{c.act_dtype}-s{c.scale_dtype}/seed{self.seed}")
+
+    def to_json(self) -> dict:
+        return {"case": self.case.to_json(), "tier": self.tier, "generator": self.generator, "seed": self.seed,
+                "case_id": self.case_id}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CaseSpec":
+        return cls(Case(**d["case"]), d["tier"], d["generator"], int(d["seed"]))
+
+    def inputs(self):
+        if self.tier == "golden":
+            from .golden import golden_inputs
+
+            return golden_inputs(self)
+        return generate(self.case, self.generator, self.seed)
+
+
+def scheme_grid(shapes) -> list[Case]:
+    """Every scheme x format x parameter combination, at the given (M, N, K) shapes."""
+    out: list[Case] = []
+    for (M, N, K) in shapes:
+        for act in ("bfloat16", "float16"):
+            for g in (32, 128):
+                if K % g:
+                    continue
+                out += [
+                    Case("w4a16", "gptq", M, N, K, group_size=g, sym=True, zero_convention="v1", act_dtype=act),
+                    Case("w4a16", "gptq", M, N, K, group_size=g, sym=False, zero_convention="v2", act_dtype=act,
+                         bias=True),
+                    Case("w4a16", "awq", M, N, K, group_size=g, sym=False, act_dtype=act),
+                    Case("w4a16", "ct-pack-quantized", M, N, K, group_size=g, sym=True, act_dtype=act,
+                         scale_dtype="bfloat16"),
+                    Case("w4a16", "ct-pack-quantized", M, N, K, group_size=g, sym=False, act_dtype=act),
+                    Case("w4a8", "ct-pack-quantized", M, N, K, group_size=g, sym=True, act_dtype=act),
+                    Case("w4a8", "gptq", M, N, K, group_size=g, sym=True, zero_convention="v1", act_dtype=act),
+                ]
+            out += [
+                Case("w4a16", "gptq", M, N, K, group_size=32, sym=False, zero_convention="v1", act_order=True,
+                     act_dtype=act),
+                Case("w4a16", "ct-pack-quantized", M, N, K, group_size=-1, sym=True, act_dtype=act),
+                Case("w8a8", "ct-int-quantized", M, N, K, group_size=-1, act_dtype=act, scale_dtype="bfloat16"),
+                Case("w8a8", "ct-int-quantized", M, N, K, group_size=-1, act_dtype=act, bias=True,
+                     scale_dtype="float32"),
+                Case("w4a16-mxfp4", "ct-mxfp4", M, N, K, group_size=32, act_dtype=act),
+                Case("w4a4-mxfp4", "ct-mxfp4", M, N, K, group_size=32, act_dtype=act),
+                Case("w4a16-moe", "gptq", M, min(N, 64), K, group_size=32, sym=True, act_dtype=act, E=4, top_k=2),
+            ]
+        out.append(Case("w4a16", "gptq", M, N, K, group_size=32, sym=True, zero_convention="v1", act_dtype="float32"))
+    # K equal to the group size
+    out.append(Case("w4a16", "gptq", 2, 40, 128, group_size=128, sym=False, zero_convention="v2"))
+    return out
+
+
+def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None) -> list[CaseSpec]:
+    """The ordered, de-duplicated case list for a profile."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    prof = PROFILES[profile]
+    base_seed = int(time.time()) if prof["fresh_seeds"] else 0
+    specs: list[CaseSpec] = []
+    seen = set()
+    for case in scheme_grid(prof["shapes"]):
+        if schemes and case.scheme not in schemes:
+            continue
+        if formats and case.weight_format not in formats:
+            continue
+        gens = generators_for(case, [t for t in tiers if t != "golden"])
+        for gen in gens:
+            tier = GENERATORS[gen][0]
+            n_seeds = prof["seeds"] if tier == "random" else 1
+            for s in range(n_seeds):
+                seed = _seed(case, gen, base_seed + s)
+                spec = CaseSpec(case, tier, gen, seed)
+                if spec.case_id not in seen:
+                    seen.add(spec.case_id)
+                    specs.append(spec)
+    if "golden" in tiers:
+        from .golden import golden_specs
+
+        for spec in golden_specs():
+            if (not schemes or spec.case.scheme in schemes) and (not formats or spec.case.weight_format in formats):
+                specs.append(spec)
+    return specs
+
+
+def _seed(case: Case, gen: str, s: int) -> int:
+    h = hashlib.sha256(json.dumps([case.to_json(), gen, s], sort_keys=True).encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard expects i/n (e.g. 1/4), got {text!r}") from None
+    if not (n >= 1 and 1 <= i <= n):
+        raise ValueError(f"--shard {text}: need 1 <= i <= n")
+    return i, n
+
+
+def shard(specs: list[CaseSpec], i: int, n: int) -> list[CaseSpec]:
+    """Shard i of n (1-based): a stable partition by case id hash, so shards stay balanced and disjoint."""
+    out = []
+    for s in specs:
+        h = int.from_bytes(hashlib.sha256(s.case_id.encode()).digest()[:8], "little")
+        if h % n == i - 1:
+            out.append(s)
+    return out
+
+
+def list_hash(specs: list[CaseSpec]) -> str:
+    h = hashlib.sha256()
+    for s in specs:
+        h.update(s.case_id.encode() + b"\n")
+    return h.hexdigest()
