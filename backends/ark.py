@@ -12,8 +12,9 @@ GEMM entry points that run on a CPU: ``woqgemm`` with int8 weights (W8A16) and
 How vLLM prepares a layer (reproduced here in torch, see ``gptq_layout`` / ``awq_layout``):
 
 1. ``INCXPULinearBase._create_inc_weights``: GPTQ ``qweight [K/8, N]`` (AWQ-packed
-   ``auto_round:auto_awq``: ``[K, N/8]``), ``scales [K/G, N]``, ``qzeros [K/G, N/8]``,
-   ``g_idx = k // G`` (the checkpoint's g_idx is never passed to ARK).
+   ``auto_round:auto_awq``: ``[K, N/8]``), ``scales [K/G, N]`` in ``params_dtype`` (loading
+   casts the checkpoint's scales to the model dtype = the activation dtype),
+   ``qzeros [K/G, N/8]``, ``g_idx = k // G`` (the checkpoint's g_idx is never passed to ARK).
 2. AWQ-packed qweight is converted losslessly to GPTQ order
    (``_convert_awq_qweight_to_gptq``: unpack, reorder nibbles with [0,4,1,5,2,6,3,7],
    repack along K). **qzeros are copied unconverted.**
@@ -50,8 +51,8 @@ the emulator's per-token variants, so those hosts/cdts are refused.
 
 W8A8 (``woqgemm_s8``, CPU oneDNN build: ``dnnl_wrapper.hpp::DnnlWrapper::woq_s8``):
 dynamic **per-tensor** symmetric int8 activations — one amax over all M rows,
-``scale = fl32(amax * fl32(1/127))``, quantized by a oneDNN reorder with a dst scale —
-then an s8s8 matmul with per-tensor src and per-channel weight scales. Per tensor equals
+``scale = fl32(amax * fl32(1/127))``, quantized by a oneDNN reorder with a dst scale
+(measured: quotient ``x * fl32(1/scale)``, RNE ties, saturating) — then an s8s8 matmul with per-tensor src and per-channel weight scales. Per tensor equals
 per token only for M = 1, so only M = 1 is accepted.
 
 Not available on CPU (``can_implement`` says why): ``igemm_s8s8s32`` (the CPU path

@@ -464,7 +464,7 @@ def measure(seeds=(0, 1)) -> list[dict]:
             prep = be.prepare(case, inp.tensors)
             y = be.run(prep, inp.x, bias=inp.bias)
             c = compare(y, declared_interval(inp, be.declared(case)))
-            row = {"case": case.describe(), "bias": case.bias, "scale_dtype": case.scale_dtype, "seed": seed, "exact": c.exact_match, "inside": c.ok,
+            row = {"case": case.describe(), "zero_convention": case.zero_convention, "bias": case.bias, "scale_dtype": case.scale_dtype, "seed": seed, "exact": c.exact_match, "inside": c.ok,
                    "n_out": c.n_out, "max_ulp": c.max_ulp, "sqnr_db": round(c.sqnr_db, 1)}
             if case.scheme == "w4a16":
                 lc = compare(y, local_interval(inp, tinygemm_weight(case, inp.tensors),

@@ -64,11 +64,27 @@ def _entry_points() -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in eps}
 
 
+def _extra() -> dict[str, str]:
+    """Backends named in QCONFORM_EXTRA_BACKENDS="name=module:Class,..." (local development and tests)."""
+    import os
+
+    out = {}
+    for item in os.environ.get("QCONFORM_EXTRA_BACKENDS", "").split(","):
+        if item.strip():
+            name, _, target = item.partition("=")
+            if not target or ":" not in target:
+                raise ValueError(f"QCONFORM_EXTRA_BACKENDS entry {item!r} is not name=module:Class")
+            out[name.strip()] = target.strip()
+    return out
+
+
 def registered() -> dict[str, str]:
-    """name -> where it comes from ('builtin' or 'entry point <value>')."""
+    """name -> where it comes from ('builtin', 'entry point <value>' or 'QCONFORM_EXTRA_BACKENDS')."""
     out = {n: "builtin" for n in BUILTIN}
     for n, ep in _entry_points().items():
         out.setdefault(n, f"entry point {ep.value}")
+    for n in _extra():
+        out.setdefault(n, "QCONFORM_EXTRA_BACKENDS")
     return out
 
 
@@ -106,9 +122,10 @@ def _load_class(target: str):
 def create(spec: str) -> Backend:
     """Instantiate a backend from 'name[:key=value,...]'. Unknown names raise ValueError."""
     name, params = parse_spec(spec)
-    if name in BUILTIN:
+    extra = _extra()
+    if name in BUILTIN or name in extra:
         try:
-            cls = _load_class(BUILTIN[name])
+            cls = _load_class(BUILTIN.get(name) or extra[name])
         except Exception as e:  # an adapter import error must not hide the other backends
             return _Unloadable(name, f"{type(e).__name__}: {e}")
     else:

@@ -267,6 +267,15 @@ def int4pack_group(case: Case) -> int:
     return 0
 
 
+def _w4a8_channelwise(case: Case) -> bool:
+    return case.group_size in (-1, 0) or case.group_size == case.K
+
+
+def _w4a8_kernel_dtype(case: Case) -> str:
+    """The dtype vLLM's Dynamic4bitLinearKernel hands to the op: bf16 only when channel-wise."""
+    return "bfloat16" if case.act_dtype == "bfloat16" and _w4a8_channelwise(case) else "float32"
+
+
 def dyn_quant_nibbles(q):
     """codes [N, K] in [0, 15] -> uint8 [N, K/2], even k in the low nibble (the fallback's reading)."""
     torch = _import_torch()
@@ -381,13 +390,7 @@ class TorchCpuBackend(Backend):
                       "is not supported")
         if case.K % 2:
             return no(f"_dyn_quant_matmul_4bit packs two codes per byte: K must be even, got {case.K}")
-        channel = case.group_size in (-1, 0) or case.group_size == case.K
-        if case.act_dtype == "float16":
-            return no("_dyn_quant_matmul_4bit takes float32 or bfloat16 input, not float16")
-        if case.act_dtype == "bfloat16" and not channel:
-            return no("_dyn_quant_matmul_4bit's bf16 fallback is channel-wise only "
-                      f"(\"Unsupported block size for BF16 fallback\"), got group_size={case.group_size}")
-        if not channel and (case.group_size % 32 or case.K % case.group_size):
+        if not _w4a8_channelwise(case) and (case.group_size % 32 or case.K % case.group_size):
             return no(f"_dyn_quant_matmul_4bit groupwise needs group_size % 32 == 0 and K % group_size == 0, "
                       f"got group_size={case.group_size}, K={case.K}")
         return yes()
@@ -442,11 +445,17 @@ class TorchCpuBackend(Backend):
                  "act_zp_rule": "kai_nudge"}
             if case.weight_format == "gptq":
                 v["zero_read"] = "ignore_qzeros"
-            out_round = "rtz" if T == "bfloat16" else "rne"
-            return Declared(variants=v, weight_dtype="exact", accumulate="int32", output=T, output_rounding=out_round,
-                            notes="_dyn_quant_matmul_4bit x86 reference fallback: KleidiAI qa8dx activations "
-                                  "(see kai_qa8dx_quantize), int32 sum of (qa - zp)(q - 8) per group, fp32 "
-                                  "acc += iacc * s_g, * x_scale, + bias (fp32); fp32 output, or bf16 by "
+            channel = _w4a8_channelwise(case)
+            if not channel and case.scale_dtype != "bfloat16":
+                v["weight_scale_dtype"] = "bfloat16"  # vLLM: "KleidiAI kernel requires bfloat16 scales"
+            kernel_dtype = _w4a8_kernel_dtype(case)
+            out_round = "rtz" if kernel_dtype == "bfloat16" else "rne"
+            return Declared(variants=v, weight_dtype="exact", act_compute_dtype=None, accumulate="int32", output=T,
+                            output_rounding=out_round,
+                            notes="vLLM Dynamic4bitLinearKernel + _dyn_quant_matmul_4bit x86 reference fallback: "
+                                  f"kernel input {kernel_dtype}; KleidiAI qa8dx activations (kai_qa8dx_quantize), "
+                                  "int32 sum of (qa - zp)(q - 8) per group, fp32 acc += iacc * s_g, * x_scale, "
+                                  "+ bias (fp32); fp32 output (cast RNE to the activation dtype), or bf16 by "
                                   "truncation (rtz) on the bf16 channel-wise path.")
         raise ValueError(case.scheme)
 
@@ -474,10 +483,13 @@ class TorchCpuBackend(Backend):
             w = to_torch(tensors["weight"]).contiguous()
             return Prepared(case, {"w": w, "s": c.s.reshape(-1).to(torch.float32).contiguous()})
         if case.scheme == "w4a8":
-            bl = case.K if case.group_size in (-1, 0) else case.group_size
+            # vLLM Dynamic4bitLinearKernel.process_weights_after_loading: signed codes + 8 packed two per byte
+            # (even k low), channel-wise scales float32 [N, 1], group scales bfloat16 [N, K/G]
+            bl = case.K if _w4a8_channelwise(case) else case.group_size
             nib = dyn_quant_nibbles(c.q)
-            scales = c.s.to(torch.float32).contiguous()  # [N, K/bl]
-            return Prepared(case, {"nib": nib, "scales": scales, "bl": bl, "packed": {}})
+            scales = c.s.to(torch.float32 if bl == case.K else torch.bfloat16).reshape(case.N, -1).contiguous()
+            return Prepared(case, {"nib": nib, "scales": scales, "bl": bl, "packed": {},
+                                   "kernel_dtype": _tdtype(_w4a8_kernel_dtype(case))})
         raise ValueError(case.scheme)
 
     # -- 5. run ---------------------------------------------------------------------------------
@@ -513,8 +525,10 @@ class TorchCpuBackend(Backend):
                 N, K, bl = case.N, case.K, d["bl"]
                 d["packed"][key] = torch.ops.aten._dyn_quant_pack_4bit_weight(
                     d["nib"].reshape(N, K // bl, bl // 2), d["scales"], b, bl, K, N)
-            y = torch.ops.aten._dyn_quant_matmul_4bit(xt, d["packed"][key], d["bl"], case.K, case.N)
-            return y.to(torch.float32).numpy()
+            # vLLM apply_weights: fp16, and bf16 with groups, run the float32 kernel and cast back
+            y = torch.ops.aten._dyn_quant_matmul_4bit(xt.to(d["kernel_dtype"]), d["packed"][key], d["bl"],
+                                                      case.K, case.N)
+            return y.to(T).to(torch.float32).numpy()
         raise ValueError(case.scheme)
 
 

@@ -399,10 +399,9 @@ class ZentorchBackend(Backend):
             s = torch.from_numpy(np.asarray(c.scales).astype(np.float32).T.copy())
             if case.sym:  # uint4b8: the stored qzeros are ignored, as every symmetric GPTQ kernel does
                 return (q - 8).to(torch.int8).contiguous(), None, s
+            # v1 zero points read as field + 1 (a stored 15 is 16): the int8 zero point holds it, and
+            # ZenDNN computes u4 - s8 zp exactly (probed with zp 16, -1, 100)
             zp = torch.from_numpy(np.asarray(c.zeros).astype(np.int32))
-            if int(zp.min()) < 0 or int(zp.max()) > 15:
-                raise BackendError("GPTQ zero point outside [0, 15] (v1 field 15 reads as 16): the u4 repack "
-                                   "cannot hold it")
             return q.to(torch.int8).contiguous(), zp.to(torch.int8).contiguous(), s
         if case.weight_format == "awq":
             from emulator.formats import awq

@@ -170,11 +170,12 @@ def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str
     u = UNIT_ROUNDOFF.get(declared.accumulate)
     if u is None:
         raise ValueError(f"unknown accumulation dtype {declared.accumulate!r}")
-    acc_bound = _gamma(n_terms, u) * mag
-    if extra is not None:
-        acc_bound = acc_bound + extra
-    bound = acc_bound + y_bound64
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
+        acc_bound = _gamma(n_terms, u) * mag
+        if extra is not None:
+            acc_bound = acc_bound + extra
+        bound = acc_bound + y_bound64
+    with np.errstate(invalid="ignore", over="ignore"):
         lo = round_down(y_exact - bound, out_dtype)
         hi = round_up(y_exact + bound, out_dtype)
     y_ref = round_to_dtype(y_exact, out_dtype)
@@ -299,8 +300,9 @@ def compare(y: np.ndarray, iv: Interval) -> Comparison:
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     finite = np.isfinite(y64) & np.isfinite(iv.y_ref)
     ulp = np.abs(_ordinal(np.where(finite, y64, 0), iv.out_dtype) - _ordinal(np.where(finite, iv.y_ref, 0), iv.out_dtype))
-    sig = float(np.sum(np.where(finite, iv.y_exact, 0) ** 2))
-    noise = float(np.sum(np.where(finite, y64 - iv.y_exact, 0) ** 2))
+    with np.errstate(invalid="ignore", over="ignore"):
+        sig = float(np.sum(np.where(finite, iv.y_exact, 0) ** 2))
+        noise = float(np.sum(np.where(finite, y64 - iv.y_exact, 0) ** 2))
     sqnr = np.inf if noise == 0 else (10 * np.log10(sig / noise) if sig > 0 else -np.inf)
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.where(np.isfinite(ratio), ratio, 1e300))),
                                                     ratio.shape)) if ratio.size else None

@@ -5,7 +5,8 @@ Commands (contract fixed by issue #2; more arrive with the suite):
 - ``qconform inspect CKPT [--json]``            every quantized layer and its format
 - ``qconform dequant CKPT --layer NAME -o OUT``   exact float32 weight as safetensors tensor ``weight``
 - ``qconform linear CKPT --layer NAME -i X -o Y`` reference y (x's dtype) and y_exact (float64)
-- ``qconform run``                                the main job (see conformance/selfcheck.py)
+- ``qconform run``                                the main job: conformance of every available backend
+- ``qconform selfcheck``                          the emulator end to end through checkpoint folders
 
 Errors in the input print one line naming the layer, tensor and problem and
 exit with status 2; no traceback unless ``--debug``.
@@ -148,7 +149,7 @@ def _cmd_linear(args) -> int:
     return EXIT_OK
 
 
-def _cmd_run(args) -> int:
+def _cmd_selfcheck(args) -> int:
     from . import selfcheck
 
     return selfcheck.main(args)
@@ -180,10 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation variant, e.g. rounding=rhaz, reciprocal=recip_amax, scale_rule=even")
     s.set_defaults(fn=_cmd_linear)
 
-    s = sub.add_parser("run", help="run the conformance job on the emulator (the main job)")
+    s = sub.add_parser("selfcheck", help="end-to-end check of the emulator through checkpoint folders")
     s.add_argument("--out", default="qconform-out", help="output folder")
     s.add_argument("--seed", type=int, default=0)
-    s.set_defaults(fn=_cmd_run)
+    s.set_defaults(fn=_cmd_selfcheck)
+
+    from .commands import add_commands
+
+    add_commands(sub)
     return p
 
 

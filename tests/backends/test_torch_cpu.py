@@ -103,8 +103,6 @@ REFUSALS = [
     (Case("w8a8", "gptq", 1, 64, 128, bits=8), "compressed-tensors int-quantized"),
     (Case("w4a8", "awq", 1, 64, 128, act_dtype="float32"), "carries zero points"),
     (Case("w4a8", "gptq", 1, 64, 128, sym=False, act_dtype="float32"), "no weight zero point"),
-    (Case("w4a8", "gptq", 1, 64, 128, act_dtype="float16"), "float32 or bfloat16 input"),
-    (Case("w4a8", "gptq", 1, 64, 256, group_size=128, act_dtype="bfloat16"), "channel-wise only"),
     (Case("w4a8", "gptq", 1, 64, 144, group_size=48, act_dtype="float32"), "group_size % 32 == 0"),
     (Case("w4a16-moe", "gptq", 1, 64, 128, E=4, top_k=2), "no CPU op for scheme"),
 ]
@@ -128,6 +126,8 @@ def test_can_implement_refusals(case, why):
     Case("w8a8", "ct-int-quantized", 3, 96, 100, out_dtype="float32"),
     Case("w4a8", "ct-pack-quantized", 3, 96, 256, group_size=64, act_dtype="float32"),
     Case("w4a8", "gptq", 3, 96, 256, group_size=-1, act_dtype="bfloat16"),
+    Case("w4a8", "gptq", 3, 96, 256, group_size=64, act_dtype="bfloat16"),  # vLLM upcasts to fp32
+    Case("w4a8", "gptq", 3, 96, 256, group_size=64, act_dtype="float16"),
 ], ids=lambda c: c.describe())
 def test_can_implement_accepts(case):
     _skip_unless(case.scheme)
@@ -348,6 +348,8 @@ SMOKE = [
     Case("w4a8", "ct-pack-quantized", 16, 256, 128, group_size=128, act_dtype="float32", bias=True),
     Case("w4a8", "ct-pack-quantized", 3, 96, 256, group_size=64, act_dtype="float32"),
     Case("w4a8", "ct-pack-quantized", 16, 64, 256, group_size=-1, act_dtype="bfloat16"),
+    Case("w4a8", "gptq", 3, 96, 256, group_size=32, act_dtype="bfloat16", bias=True),
+    Case("w4a8", "ct-pack-quantized", 16, 64, 128, group_size=64, act_dtype="float16"),
 ]
 
 
@@ -385,27 +387,27 @@ def _ct_asym_tensors(N, K, q_signed, zp_signed, scale):
 
 @needs_torch
 def test_probe_int4pack_float_zero():
-    """q = 0, z = 1, s = 1 + 2**-7: canonical (q - z) s = -1.0078125; the kernel's
-    (q - 8) s + bf16(7 s) = -8.0625 + 7.0625 = -1.0 (docs/backends/torch-cpu.md#w4a16)."""
+    """q = z = 15, s = 1 + 2**-7: canonical (q - z) s = 0; the kernel's (q - 8) s + bf16((8 - z) s)
+    = 7.0546875 + bf16(-7.0546875) = 7.0546875 - 7.0625 = -2**-7 (docs/backends/torch-cpu.md#w4a16)."""
     case = Case("w4a16", "ct-pack-quantized", 1, 16, 32, group_size=32, sym=False, act_dtype="bfloat16")
     _skip_unless("w4a16")
-    t = _ct_asym_tensors(16, 32, -8, -7, 1.0078125)
+    t = _ct_asym_tensors(16, 32, 7, 7, 1.0078125)
     x = np.zeros((1, 32), np.float32)
     x[0, 0] = 1.0
     b = _backend()
     y = b.run(b.prepare(case, t), x)
-    assert (y == -1.0).all()
+    assert (y == -2.0 ** -7).all()
     inp = CaseInputs(case, 0, t, x)
     d = b.declared(case)
     assert d.variants["zero_domain"] == "float"
     assert compare(y, tc.local_interval(inp, d)).exact_match
     canon = declared_interval(inp, d)  # the emulator ignores zero_domain: canonical weights
-    assert (canon.y_ref == np.float32(-1.0078125)).all()
+    assert (canon.y_ref == 0).all()
     assert not compare(y, canon).ok
     # float32 activations store the zero exactly: canonical
     case32 = dataclasses.replace(case, act_dtype="float32")
     y32 = b.run(b.prepare(case32, t), x)
-    assert (y32 == np.float32(-1.0078125)).all()
+    assert (y32 == 0).all()
 
 
 @needs_torch
@@ -496,3 +498,35 @@ def test_probe_int8pack_bf16_reads_past_row():
     if correct:
         pytest.fail("_weight_int8pack_mm bf16 now handles K % 16 != 0: relax TorchCpuBackend._can_w8a16")
     assert reads_past
+
+
+@needs_torch
+def test_probe_w4a8_bf16_channelwise_truncates():
+    """The bf16 channel-wise fallback writes its fp32 result to bf16 by dropping the low 16 bits
+    (round toward zero): it equals the fp32 path's output truncated, not rounded."""
+    import torch
+
+    _skip_unless("w4a8")
+    if tc.kleidiai_available():
+        pytest.skip("KleidiAI kernels, not the reference fallback")
+    case = Case("w4a8", "gptq", 16, 64, 256, group_size=-1, act_dtype="bfloat16", bias=True)
+    inp = make_inputs(case, 3)
+    b = _backend()
+    d = b.declared(case)
+    assert d.output_rounding == "rtz"
+    y = b.run(b.prepare(case, inp.tensors), inp.x, bias=inp.bias)
+    case32 = dataclasses.replace(case, act_dtype="float32")
+    y32 = b.run(b.prepare(case32, inp.tensors), inp.x, bias=inp.bias)
+    trunc = (torch.from_numpy(y32).view(torch.int32) & ~0xFFFF).view(torch.float32).numpy()
+    np.testing.assert_array_equal(y, trunc)
+    rne = torch.from_numpy(y32).bfloat16().float().numpy()
+    assert (y != rne).any()
+    assert compare(y, tc.local_interval(inp, d)).ok
+
+
+def test_w4a8_groupwise_declares_bf16_scales():
+    b = _backend()
+    d = b.declared(Case("w4a8", "gptq", 1, 64, 256, group_size=64, act_dtype="float32"))
+    assert d.variants["weight_scale_dtype"] == "bfloat16"
+    d = b.declared(Case("w4a8", "gptq", 1, 64, 256, group_size=-1, act_dtype="float32"))
+    assert "weight_scale_dtype" not in d.variants

@@ -506,9 +506,9 @@ def test_dequant_output_folder_missing(capsys, ckpts, tmp_path):
 
 
 # -- run -----------------------------------------------------------------------------------------
-def test_run_main_job(tmp_path):
+def test_selfcheck_job(tmp_path):
     out_dir = tmp_path / "out"
-    r = cli_sub("run", "--out", out_dir)
+    r = cli_sub("selfcheck", "--out", out_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     last = r.stdout.strip().splitlines()[-1]
     m = re.fullmatch(r"emulator: (\d+) passed, 0 failed", last)

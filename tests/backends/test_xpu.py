@@ -1,0 +1,343 @@
+"""The xpu backend (backends/xpu.py): vllm-xpu-kernels / ARK on Intel XPU.
+
+No XPU exists here or in CI: availability must say why, and kernel calls are never made.
+What is tested is vLLM's host-side weight transforms, decoded back with NumPy readers of
+the kernels' documented layouts and compared with the emulator's canonical codes, and the
+declared MXFP4 activation variant against a transcription of the kernel source.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends import xpu
+from backends.base import Case, Declared
+from conformance.acceptance import declared_weight, mx_variant
+from conformance.cases import make_inputs
+from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
+from emulator.formats.packing import unpack_int32
+from emulator.numerics.floats import round_to_dtype
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+# -- availability ----------------------------------------------------------------------------------
+def test_availability_without_xpu(monkeypatch):
+    torch = _torch()
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    for lib in ("vllm-xpu-kernels", "ark"):
+        av = xpu.XpuBackend(lib=lib).availability()
+        assert not av.available
+        assert av.reason == "no XPU device: torch.xpu.is_available() is False"
+
+
+def test_availability_this_host():
+    av = xpu.XpuBackend().availability()
+    assert not av.available  # no XPU in this project's machines or CI
+    assert av.reason.startswith(("no XPU device", "torch is not importable", "vllm_xpu_kernels not installed"))
+
+
+def test_availability_xpu_but_no_kernels(monkeypatch):
+    torch = _torch()
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+
+    def missing(name):
+        raise ModuleNotFoundError("No module named 'vllm_xpu_kernels'")
+
+    monkeypatch.setattr(xpu, "_import", missing)
+    av = xpu.XpuBackend().availability()
+    assert not av.available
+    assert av.reason == "vllm_xpu_kernels not installed: No module named 'vllm_xpu_kernels'"
+    av = xpu.XpuBackend(lib="ark").availability()
+    assert av.reason == "auto_round_kernel not installed: No module named 'vllm_xpu_kernels'"
+
+
+def test_availability_xpu_real_import(monkeypatch):
+    """With the device check passed, the real import of vllm_xpu_kernels fails here: its text is the reason."""
+    torch = _torch()
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    av = xpu.XpuBackend().availability()
+    assert not av.available and av.reason.startswith("vllm_xpu_kernels not installed: ")
+    av = xpu.XpuBackend(lib="ark").availability()
+    assert not av.available
+    assert av.reason.startswith(("auto_round_kernel not installed: ", "auto_round_kernel has no XPU library"))
+
+
+def test_availability_without_torch(monkeypatch):
+    def boom():
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(xpu, "_import_torch", boom)
+    av = xpu.XpuBackend().availability()
+    assert av.reason == "torch is not importable: ImportError: No module named 'torch'"
+
+
+def test_parameters():
+    with pytest.raises(ValueError, match="lib must be"):
+        xpu.XpuBackend(lib="ipex")
+    with pytest.raises(ValueError, match="unknown parameter"):
+        xpu.XpuBackend(path="x")
+
+
+def test_run_without_xpu_raises():
+    torch = _torch()
+    if torch.xpu.is_available():  # pragma: no cover
+        pytest.skip("an XPU is present")
+    case = Case("w4a16", "gptq", 3, 64, 128)
+    b = xpu.XpuBackend()
+    inp = make_inputs(case, 0)
+    prep = b.prepare(case, inp.tensors)
+    with pytest.raises(RuntimeError, match="no XPU device"):
+        b.run(prep, inp.x)
+
+
+# -- can_implement --------------------------------------------------------------------------------
+REFUSALS = [
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 128, act_dtype="float32"), "bfloat16/float16 activations"),
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 128, act_order=True), "act order"),
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 128, sym=False, zero_convention="v2"), "0x11111111"),
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 128, bits=8), "int4 only"),
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 128, group_size=16), "multiples of 32"),
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 80, group_size=-1), "multiple of 32"),
+    ("vllm-xpu-kernels", Case("w4a16", "ct-mxfp4", 3, 64, 128), "has none"),
+    ("vllm-xpu-kernels", Case("w4a16", "gptq", 3, 64, 128, out_dtype="float32"), "writes the activation dtype"),
+    ("vllm-xpu-kernels", Case("w4a4-mxfp4", "ct-mxfp4", 3, 64, 128, act_dtype="float32"), "float16 or bfloat16"),
+    ("vllm-xpu-kernels", Case("w4a4-mxfp4", "gptq", 3, 64, 128), "compressed-tensors MXFP4"),
+    ("vllm-xpu-kernels", Case("w4a16-mxfp4", "ct-mxfp4", 3, 64, 128), "no XPU MXFP4 W4A16"),
+    ("vllm-xpu-kernels", Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2, group_size=64), "group 64"),
+    ("vllm-xpu-kernels", Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2, sym=False), "symmetric GPTQ"),
+    ("vllm-xpu-kernels", Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2, act_dtype="float32"), "float16"),
+    ("vllm-xpu-kernels", Case("w8a8", "ct-int-quantized", 32, 64, 128), "not covered"),
+    ("ark", Case("w4a16", "gptq", 3, 64, 128, sym=False), "NotImplementedError"),
+    ("ark", Case("w4a16", "awq", 3, 64, 128), "GPTQ-packed"),
+    ("ark", Case("w4a4-mxfp4", "ct-mxfp4", 3, 64, 128), "W4A16 only"),
+    ("ark", Case("w4a16", "gptq", 3, 64, 128, act_dtype="float32"), "float16"),
+]
+
+
+@pytest.mark.parametrize("lib,case,why", REFUSALS, ids=[f"{lib}|{c.describe()}|{w}" for lib, c, w in REFUSALS])
+def test_can_implement_refusals(lib, case, why):
+    s = xpu.XpuBackend(lib=lib).can_implement(case)
+    assert not s.ok
+    assert why in s.reason
+
+
+def test_can_implement_accepts():
+    b = xpu.XpuBackend()
+    for c in (Case("w4a16", "gptq", 1, 64, 128, group_size=32), Case("w4a16", "gptq", 3, 96, 256, sym=False),
+              Case("w4a16", "awq", 3, 64, 128, act_dtype="float16"), Case("w4a16", "ct-pack-quantized", 3, 64, 128),
+              Case("w4a16", "ct-pack-quantized", 3, 64, 128, sym=False, group_size=-1),
+              Case("w4a4-mxfp4", "ct-mxfp4", 16, 256, 256), Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2)):
+        assert b.can_implement(c).ok, (c.describe(), b.can_implement(c).reason)
+    assert xpu.XpuBackend(lib="ark").can_implement(Case("w4a16", "gptq", 3, 64, 128)).ok
+
+
+# -- host-side transforms, decoded with the kernels' layouts ----------------------------------------
+W4A16 = [("gptq", True, 32, "bfloat16"), ("gptq", False, 128, "bfloat16"), ("gptq", False, 32, "float16"),
+         ("gptq", True, -1, "float16"), ("awq", False, 64, "bfloat16"), ("awq", False, 128, "float16"),
+         ("ct-pack-quantized", True, 32, "bfloat16"), ("ct-pack-quantized", False, 64, "float16"),
+         ("ct-pack-quantized", False, -1, "bfloat16")]
+
+
+def _canonical(case, t, zero_read="canonical"):
+    """(q [N, K] unsigned codes, z [K/G, N]) by the emulator's readers."""
+    if case.weight_format == "gptq":
+        p = gptq.GptqParams(bits=4, group_size=case.group_size, sym=case.sym)
+        c = gptq.unpack_gptq(gptq.GptqTensors(t["qweight"], t["qzeros"], t["scales"], t["g_idx"]), p,
+                             shape=(case.N, case.K), zero_read=zero_read)
+        return c.q, c.zeros
+    if case.weight_format == "awq":
+        c = awq.unpack_awq(awq.AwqTensors(t["qweight"], t["qzeros"], t["scales"]),
+                           awq.AwqParams(group_size=case.group_size), shape=(case.N, case.K))
+        return c.q, c.zeros
+    channel = case.group_size in (-1, 0)
+    p = ct.CtPackParams(num_bits=4, strategy="channel" if channel else "group",
+                        group_size=None if channel else case.group_size, symmetric=case.sym)
+    c = ct.unpack_ct_packed(ct.CtPackedTensors(t["weight_packed"], t["weight_scale"], t["weight_shape"],
+                                               t.get("weight_zero_point")), p)
+    z = np.zeros((case.K // case.group, case.N), np.int64) if c.zero_point is None else np.asarray(c.zero_point).T
+    return np.asarray(c.q).astype(np.int64) + 8, z + 8
+
+
+@pytest.mark.parametrize("fmt,sym,g,act", W4A16)
+def test_w4a16_transform_decodes_to_declared_codes(fmt, sym, g, act):
+    torch = _torch()
+    case = Case("w4a16", fmt, 3, 64, 256, group_size=g, sym=sym, act_dtype=act)
+    t = make_inputs(case, 1).tensors
+    d = xpu.prepare_w4a16_host(case, t)
+    K, N, G = case.K, case.N, case.group
+    qw = d["qweight"]
+    assert qw.dtype == torch.int32 and tuple(qw.shape) == (K // 8, N) and qw.stride() == (1, K // 8)  # "nt"
+    assert d["scales"].dtype == getattr(torch, act) and tuple(d["scales"].shape) == (K // G, N)
+    assert d["scales"].is_contiguous()
+    q = xpu.decode_onednn_u4_weight(qw, K, N)
+    z = xpu.decode_onednn_u4_zero_points(d["zero_points"], K // G, N)
+    eq, ez = _canonical(case, t)
+    np.testing.assert_array_equal(q, eq.T)
+    decl = xpu.XpuBackend().declared(case)
+    if fmt == "gptq" and sym:
+        assert d["zero_points"].dtype == torch.int8 and d["zero_points"].tolist() == [8]
+        assert decl.variants["zero_read"] == "ignore_qzeros"
+    elif fmt == "gptq":
+        _, zv = _canonical(case, t, "v1_packed_add")
+        np.testing.assert_array_equal(z, zv)
+        assert decl.variants["zero_read"] == "v1_packed_add"
+    else:
+        np.testing.assert_array_equal(z, ez)
+        assert "zero_read" not in decl.variants
+    # the weights the kernel forms from these operands, (u4 - zp) * s in the model dtype, are the declared ones
+    s = d["scales"].to(torch.float32).numpy().astype(np.float64)
+    gi = np.arange(K) // G
+    w = round_to_dtype((q.astype(np.float64) - z[gi, :]) * s[gi, :], act).T
+    np.testing.assert_array_equal(w, declared_weight(case, t, decl))
+
+
+def test_gptq_v1_packed_add_carry():
+    """A true zero point 0 is stored (by GPTQModel's packed subtract) as field 0xF with a borrow from its
+    neighbour; the XPU path's qzeros + 0x11111111 undoes that exactly, the canonical field + 1 does not."""
+    _torch()
+    case = Case("w4a16", "gptq", 1, 16, 64, group_size=32, sym=False)
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, (16, 64)).astype(np.uint8)
+    z = rng.integers(1, 15, (2, 16)).astype(np.int32)
+    z[0, 3] = 0  # field 3 of word 0 of group 0
+    z[1, 8] = 0  # field 0 of word 1 of group 1
+    s = np.full((2, 16), 0.01, np.float16)
+    p = gptq.GptqParams(group_size=32, sym=False)
+    tt = gptq.pack_gptq(gptq.GptqCodes(q, z, s, np.arange(64, dtype=np.int32) // 32), p, v1_zero_write="packed_sub")
+    t = {"qweight": tt.qweight, "qzeros": tt.qzeros, "scales": tt.scales, "g_idx": tt.g_idx}
+    d = xpu.prepare_w4a16_host(case, t)
+    zk = xpu.decode_onednn_u4_zero_points(d["zero_points"], 2, 16)
+    np.testing.assert_array_equal(zk, z)
+    _, zc = _canonical(case, t)
+    assert not np.array_equal(zc, z)  # canonical (field + 1) reads 16 and a decremented neighbour there
+    assert zc[0, 3] == 16 and zc[0, 4] == z[0, 4] - 1
+
+
+def test_mxfp4_transform():
+    torch = _torch()
+    case = Case("w4a4-mxfp4", "ct-mxfp4", 3, 96, 256)
+    t = make_inputs(case, 2).tensors
+    d = xpu.prepare_mxfp4_host(case, t)
+    w, s = d["weight"], d["weight_scale"]
+    assert w.dtype == torch.float4_e2m1fn_x2 and tuple(w.shape) == (128, 96)
+    assert not w.is_contiguous() and w.stride() == (1, 128)  # .t() of the [N, K/2] checkpoint tensor
+    assert s.dtype == torch.float8_e8m0fnu and tuple(s.shape) == (8, 96) and s.is_contiguous()
+    codes, sb = mxfp4.unpack_mxfp4_ct(t)
+    np.testing.assert_array_equal(xpu.decode_fp4_weight(w, 256, 96), codes)
+    np.testing.assert_array_equal(s.view(torch.uint8).numpy(), sb.T)  # scale (k // 32, n) at k // 32 * N + n
+
+
+@pytest.mark.parametrize("act,g", [("bfloat16", 32), ("float16", 128)])
+def test_moe_transform(act, g):
+    torch = _torch()
+    case = Case("w4a16-moe", "gptq", 3, 64, 128, group_size=g, E=3, top_k=2, act_dtype=act)
+    t = make_inputs(case, 3).tensors
+    d = xpu.prepare_moe_host(case, t)
+    E, I, K = case.E, case.N, case.K
+    assert d["w13"].dtype == torch.uint8 and tuple(d["w13"].shape) == (E, 2 * I, K // 2)
+    assert tuple(d["w2"].shape) == (E, K, I // 2)
+    assert tuple(d["w13_scales"].shape) == (E, 2 * I, K // g) and d["w13_scales"].dtype == getattr(torch, act)
+    g2 = min(g, I)
+    assert tuple(d["w2_scales"].shape) == (E, K, I // g2)
+    for w, qkey, skey in (("w13", "w13_qweight", "w13_scales"), ("w2", "w2_qweight", "w2_scales")):
+        dec = xpu.decode_moe_u4(d[w])
+        for e in range(E):
+            canon = unpack_int32(t[qkey][e], 4, axis=0).T  # [out, in]
+            np.testing.assert_array_equal(dec[e], canon)
+            np.testing.assert_array_equal(d[skey][e].float().numpy(),
+                                          round_to_dtype(t[skey][e].astype(np.float64), act).T)
+    # the kernel's u4 -> s4 step (implement_zp: nibble - 8, low nibble first) gives q - 8
+    assert int(xpu.decode_moe_u4(d["w13"]).min()) >= 0 and int(xpu.decode_moe_u4(d["w13"]).max()) <= 15
+
+
+def test_ark_transform():
+    torch = _torch()
+    case = Case("w4a16", "gptq", 3, 64, 128, group_size=32)
+    t = make_inputs(case, 4).tensors
+    d = xpu.prepare_ark_host(case, t)
+    assert d["intweight"].dtype == torch.int8 and tuple(d["intweight"].shape) == (128, 64)
+    q, _ = _canonical(case, t)
+    np.testing.assert_array_equal(d["intweight"].numpy().astype(np.int64) + 8, q.T)
+    assert d["scales"].dtype == torch.float16 and (d["cdt"], d["wdt"], d["sdt"]) == ("int8", "int4", "fp16")
+    assert d["zeros"].numel() == 0
+
+
+# -- declared arithmetic ----------------------------------------------------------------------------
+def test_declared():
+    b = xpu.XpuBackend()
+    d = b.declared(Case("w4a4-mxfp4", "ct-mxfp4", 3, 64, 128))
+    assert d.variants == xpu.XPU_MX_VARIANT and d.accumulate == "float32" and d.output == "bfloat16"
+    d = b.declared(Case("w4a16", "awq", 3, 64, 128, act_dtype="float16"))
+    assert (d.weight_dtype, d.variants["weight_scale_dtype"], d.output) == ("float16", "float16", "float16")
+    d = b.declared(Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2))
+    assert d.variants["moe"] == {"renormalize": True} and d.weight_dtype == "bfloat16"
+    assert "int8" in xpu.XpuBackend(lib="ark").declared(Case("w4a16", "gptq", 3, 64, 128)).notes
+
+
+def _xpu_variant():
+    return mx_variant(Declared(variants=dict(xpu.XPU_MX_VARIANT)))
+
+
+def test_declared_mx_variant_differs_from_canonical():
+    """The XPU activation quantizer differs from canonical MXFP4 exactly where its source says it does."""
+    v = _xpu_variant()
+    x = np.zeros((4, 32), np.float32)
+    x[0, :8] = [6, 0.75, 1.75, 3.5, 5, 2.5, 0.25, 1.25]  # scale 1 under both rules: ties only
+    x[1, 0] = 1.6  # FLOOR: 2**(0-2) -> byte 125; RCEIL: 2**ceil(log2(1.6/6)) = 2**-1 -> byte 126
+    x[2, :] = 0  # zero block: byte 0 canonically, 2**ceil(log2 1e-10) = 2**-33 (byte 94) on XPU
+    x[3, :3] = [np.nan, 1.0, -2.0]  # NaN: 0xFF canonically, skipped by the XPU amax
+    c_can, s_can = mxfp4.quantize_mxfp4(x[:3])
+    c_xpu, s_xpu = mxfp4.quantize_mxfp4(x, v)
+    assert c_can[0, :8].tolist() == [7, 2, 4, 6, 6, 4, 0, 2]  # RNE: 0.75->1, 1.75->2, 3.5->4
+    assert c_xpu[0, :8].tolist() == [7, 1, 3, 5, 6, 4, 0, 2]  # ties toward zero: 0.5, 1.5, 3
+    assert s_can[:, 0].tolist() == [127, 125, 0] and s_xpu[:3, 0].tolist() == [127, 126, 94]
+    assert mxfp4.quantize_mxfp4(x[3:4])[1][0, 0] == 0xFF
+    assert s_xpu[3, 0] == 126 and c_xpu[3, :3].tolist() == [7, 4, 14]  # scale 2**-1: NaN -> +6, 1 -> 2, -2 -> -4
+
+
+def _mx_inputs():
+    rng = np.random.default_rng(5)
+    out = []
+    for dt in ("float32", "bfloat16", "float16"):
+        mag = np.exp(rng.uniform(-6, 6, (48, 1)))
+        out.append(round_to_dtype(rng.standard_normal((48, 256)) * mag, dt).astype(np.float32))
+    ties = np.zeros((2, 64), np.float32)
+    ties[0, :16] = np.array([6, 0.75, 1.75, 3.5, 5, 2.5, 0.25, 1.25, -0.75, -1.75, -3.5, -5, -2.5, -0.25, 8, -7])
+    ties[1, 32:40] = [96, 12, 28, 56, 80, 40, 4, 20]  # scale 2**4: ties 0.75*16 ... at a larger scale
+    out.append(ties)
+    zero = np.zeros((1, 64), np.float32)
+    zero[0, 32] = 3
+    out.append(zero)
+    return out
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_source_model_matches_declared_variant(i):
+    """xpu_mxfp4_quant_model (a step-by-step transcription of mxfp4_quant.h) agrees with the declared
+    emulator variant on finite inputs without -0.0 and with block amax >= 6e-10."""
+    x = _mx_inputs()[i]
+    c, s = xpu.xpu_mxfp4_quant_model(x)
+    ce, se = mxfp4.quantize_mxfp4(x, _xpu_variant())
+    np.testing.assert_array_equal(s, se)
+    np.testing.assert_array_equal(c, ce)
+
+
+def test_source_model_where_variant_is_silent():
+    """Documented differences between the kernel source and every emulator variant (docs/backends/xpu.md)."""
+    v = _xpu_variant()
+    x = np.zeros((1, 128), np.float32)
+    x[0, 0], x[0, 1] = -0.0, 1.0  # -0.0: sign from (x < 0) -> code 0; the emulator keeps the sign (8)
+    x[0, 32], x[0, 33] = -np.nan, 1.0  # -NaN: fmin(NaN, 6) = 6 before the sign test -> +6 (code 7)
+    x[0, 64] = 1e-12  # tiny block: amax starts at eps, scale 2**-33 (byte 94); RCEIL gives byte 85
+    x[0, 96] = np.float32(6 * 2.0 ** 5 * (1 + 2.0 ** -23))  # amax/6 just above 2**5: fp32 log2 -> 5.0 exactly
+    c, s = xpu.xpu_mxfp4_quant_model(x)
+    ce, se = mxfp4.quantize_mxfp4(x, v)
+    assert (c[0, 0], ce[0, 0]) == (0, 8)
+    assert (c[0, 32], ce[0, 32]) == (7, 15)
+    assert (s[0, 2], se[0, 2]) == (94, 85)
+    assert (s[0, 3], se[0, 3]) == (127 + 5, 127 + 6)  # ceil(log2) in fp32 misses the round-up
+    assert c[0, 96] == 7 and ce[0, 96] == 5  # 6.0000007 clamps to 6 vs 3.0000004 -> 3
