@@ -416,7 +416,8 @@ class ArkBackend(Backend):
         s, fmt = case.scheme, case.weight_format
         if s == "w4a16-moe":
             return no("ARK's MoE GEMMs (moe_gemm, moe, moe_gemm_decode/prefill, MoeSymmetricGemm.prepare) "
-                      "raise NotImplementedError off XPU ('is only supported on XPU'); this host has no XPU")
+                      "raise NotImplementedError off XPU ('is only supported on XPU'); this adapter drives the CPU "
+                      "library only")
         if s in ("w4a16-mxfp4", "w4a4-mxfp4"):
             return no("ARK has no MXFP4 GEMM on CPU: woqgemm weight types are int2..int8 and fp8 only; "
                       "mxfp4_hadamard_quant is XPU-only and mxfp4_quant_reference is a pure-torch "

@@ -518,7 +518,33 @@ def probes() -> dict:
         out["int4pack_mm_fp16"] = "ran"
     except Exception as e:
         out["int4pack_mm_fp16"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    # 6. one asymmetric weight, read back through a one-hot activation: float zero rounding
+    out["float_zero_reproducer"] = float_zero_reproducer()
     return out
+
+
+def float_zero_reproducer() -> dict:
+    """q = 0, z = 15, s = 0.005035400390625 (a bf16 value), x = e_0: y[0, 0] is the weight tinygemm formed.
+
+    canonical bf16((q - z) * s) = -0.0756836; tinygemm bf16((q - 8) * s + bf16((8 - z) * s)) = -0.0751953.
+    """
+    torch = _import_torch()
+    N, K, G = 8, 32, 32
+    case = Case("w4a16", "gptq", 1, N, K, group_size=G, sym=False)
+    from emulator.formats import gptq as _g  # noqa: PLC0415
+
+    q = np.zeros((N, K), np.uint8)
+    z = np.full((1, N), 15, np.int32)
+    s = np.full((1, N), 0.005035400390625, np.float16)
+    t = _g.pack_gptq(_g.GptqCodes(q, z, s, np.zeros(K, np.int32)), _g.GptqParams(group_size=G, sym=False))
+    tensors = {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": t.g_idx}
+    x = np.zeros((1, K), np.float32)
+    x[0, 0] = 1.0
+    b = CudaBackend()
+    y = b.run(b.prepare(case, tensors), x)
+    torch.cuda.synchronize()
+    return {"kernel": float(y[0, 0]), "canonical_bf16": float(np.float32(-0.07568359375)),
+            "tinygemm_model": float(tinygemm_weight(case, tensors)[0, 0])}
 
 
 if __name__ == "__main__":  # pragma: no cover - device-side measurement

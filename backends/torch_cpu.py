@@ -3,32 +3,34 @@
 Covers four ATen CPU kernels, one per scheme (docs/backends/torch-cpu.md):
 
 - ``w4a16``: ``aten._convert_weight_to_int4pack_for_cpu`` + ``aten._weight_int4pack_mm_for_cpu``
-  (pytorch/pytorch ``aten/src/ATen/native/cpu/int4mm_kernel.cpp``, ``LinearAlgebra.cpp``;
-  CPU op split from the CUDA tinygemm op in pytorch/pytorch PR #139611; layout and
-  scale/zero packing as torchao's ``Int4CPULayout`` / ``Int4OpaqueTensor`` do,
-  pytorch/ao ``torchao/dtypes/uintx/int4_cpu_layout.py`` with
-  ``torchao.quantization.utils.pack_tinygemm_scales_and_zeros``). The kernel computes
-  ``w = (q - 8) * s + zero`` with a FLOAT zero point ("ZeroPointDomain.FLOAT"); integer
-  zero points z are mapped to ``zero = (8 - z) * s``, computed in float32 and stored in
-  the activation dtype (the kernel requires scales/zeros in the activation dtype).
-- ``w8a16``: ``aten._weight_int8pack_mm`` (``aten/src/ATen/native/cpu/int8mm_kernel.cpp``):
-  int8 weights [N, K], one scale per output channel, in the activation dtype.
-- ``w8a8``: ``torch._int_mm`` (int8 x int8 -> int32 on CPU) with the project's canonical
-  dynamic per-token int8 activation quantization implemented here in torch
-  (emulator/activations/int8.py: amax / 127 in fp32, ``x / scale`` in fp32, ``torch.round``
-  = RNE, saturate to [-128, 127], zero row -> scale 0 and codes 0), then the per-token
-  and per-channel scales applied in fp32.
-- ``w4a8``: ``aten._dyn_quant_pack_4bit_weight`` + ``aten._dyn_quant_matmul_4bit``
-  (KleidiAI on Arm, pytorch/pytorch PR #134124; on x86 the reference fallback in
-  ``int4mm_kernel.cpp``: ``ref_dyn_quant_matmul_4bit_{channelwise,groupwise}_kernel``).
-  Its activation quantization is KleidiAI's asymmetric per-row "qa8dx" scheme, which
-  the emulator cannot yet express (see ``kai_qa8dx_quantize`` below).
+  (pytorch/pytorch ``aten/src/ATen/native/cpu/int4mm_kernel.cpp``, ``LinearAlgebra.cpp``; the
+  CPU-only ops were split from the CUDA tinygemm ops in pytorch/pytorch PR #139611). Weights are
+  prepared as torchao's ``Int4CPULayout`` does (pytorch/ao ``torchao/dtypes/uintx/int4_cpu_layout.py``:
+  int32 codes [N, K] in [0, 15] -> ``_convert_weight_to_int4pack_for_cpu(codes, 1)``; scales and zeros
+  packed by ``pack_tinygemm_scales_and_zeros`` into [K/G, N, 2] in the activation dtype; the bias is
+  added to the kernel's output afterwards). The kernel computes ``w = (q - 8) * s + zero`` with a
+  FLOAT zero point; integer zero points z map to ``zero = (8 - z) * s`` (the mapping GPTQModel's
+  ``TorchAtenLinear``, ``gptqmodel/nn_modules/qlinear/torch_aten_kernel.py``, uses), computed in
+  float32 and stored (RNE) in the activation dtype.
+- ``w8a16``: ``aten._weight_int8pack_mm`` (``aten/src/ATen/native/cpu/int8mm_kernel.cpp``): int8
+  weights [N, K] and one scale per output channel, both in the activation dtype (as GPTQModel's
+  ``TorchInt8Linear``, ``gptqmodel/nn_modules/qlinear/torch_int8.py``, calls it; bias added after).
+- ``w8a8``: ``torch._int_mm`` (int8 x int8 -> int32 on CPU) with the project's canonical dynamic
+  per-token int8 activation quantization implemented here in torch (emulator/activations/int8.py:
+  amax / 127 in fp32, ``x / scale`` in fp32, ``torch.round`` = RNE, saturate to [-128, 127], zero
+  row -> scale 0 and codes 0), then the per-token and per-channel scales applied in fp32.
+- ``w4a8``: ``aten._dyn_quant_pack_4bit_weight`` + ``aten._dyn_quant_matmul_4bit`` (KleidiAI on Arm,
+  pytorch/pytorch PR #134124; on x86 the reference fallback in ``int4mm_kernel.cpp``,
+  ``ref_dyn_quant_matmul_4bit_{channelwise,groupwise}_kernel``), prepared and called as vLLM's
+  ``Dynamic4bitLinearKernel`` does (vllm-project/vllm
+  ``vllm/model_executor/kernels/linear/mixed_precision/dynamic_4bit.py``). Its activation
+  quantization is KleidiAI's asymmetric per-row "qa8dx" scheme, which the emulator cannot yet
+  express (see ``kai_qa8dx_quantize`` below).
 
-Reference models for the two declared variants the emulator lacks
-(``zero_domain=float`` and ``act_scheme=kai_qa8dx``) live at the bottom of this file
-(``declared_weight_zero_float``, ``kai_qa8dx_quantize``, ``local_interval``); they are
-used by the tests and documented in docs/backends/torch-cpu.md, and are what
-emulator support for those variants should reproduce.
+Reference models of the declared variants the emulator lacks (``zero_domain=float``,
+``bias_stage=after_output_rounding``, ``act_scheme=kai_qa8dx``) live at the bottom of this file
+(``declared_weight_zero_float``, ``kai_qa8dx_quantize``, ``local_interval``); the tests use them,
+and they are what emulator support for those variants should reproduce.
 """
 
 from __future__ import annotations
@@ -285,9 +287,6 @@ def dyn_quant_nibbles(q):
 # ------------------------------------------------------------------------------------------------
 # The backend
 # ------------------------------------------------------------------------------------------------
-_TDT = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
-
 def _tdtype(name: str):
     torch = _import_torch()
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
@@ -344,8 +343,6 @@ class TorchCpuBackend(Backend):
             return no(f"w4a16 needs int4 GPTQ/AWQ/compressed-tensors weights, not {case.weight_format}")
         if case.bits != 4:
             return no(f"_weight_int4pack_mm_for_cpu is 4-bit only, got bits={case.bits}")
-        if case.N % 16:
-            return no(f"_convert_weight_to_int4pack_for_cpu needs N % 16 == 0, got N={case.N}")
         if case.K % 2:
             return no(f"_convert_weight_to_int4pack_for_cpu needs even K, got K={case.K}")
         g = int4pack_group(case)
@@ -473,7 +470,13 @@ class TorchCpuBackend(Backend):
             s, z = c.s, c.z
             if reps > 1:  # channel-wise scales repeated over the kernel's groups
                 s, z = s.repeat_interleave(reps, dim=1), z.repeat_interleave(reps, dim=1)
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.q.contiguous(), 1)
+            q = c.q
+            pad = -case.N % 16  # the pack op needs N % 16 == 0: pad output channels with w = 0, sliced off
+            if pad:
+                q = torch.cat([q, torch.full((pad, case.K), 8, dtype=q.dtype)])
+                s = torch.cat([s, torch.zeros((pad, s.shape[1]), dtype=s.dtype)])
+                z = torch.cat([z, torch.full((pad, z.shape[1]), 8, dtype=z.dtype)])
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
             sz = tinygemm_scales_and_zeros(s, z, T)
             return Prepared(case, {"packed": packed, "sz": sz, "group": g})
         if case.scheme == "w8a16":
@@ -501,7 +504,7 @@ class TorchCpuBackend(Backend):
         xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(T).contiguous()
         bias = inputs.get("bias")
         if case.scheme == "w4a16":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xt, d["packed"], d["group"], d["sz"])
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xt, d["packed"], d["group"], d["sz"])[:, :case.N]
             if bias is not None:
                 y = y + torch.from_numpy(np.asarray(bias, np.float32)).to(T)
             return y.to(torch.float32).numpy()

@@ -320,8 +320,9 @@ class VllmCpuBackend(Backend):
         st = self._state()
         if not st["ok"]:
             return Availability(False, st["reason"], st.get("version"), "cpu")
-        if "cpu_gemm_wna16" not in st["ops"]:
-            return Availability(False, f"{st['reason']}, but it registers no _C::cpu_gemm_wna16", st["version"], "cpu")
+        if not st["ops"] & {"cpu_gemm_wna16", "onednn_scaled_mm", "int4_scaled_mm_cpu"}:
+            return Availability(False, f"{st['reason']}, but it registers none of the covered _C ops",
+                                st["version"], "cpu")
         why = st["reason"]
         if st["version"] != EXPECTED_VERSION:
             why += f" (adapter written against {DIST_NAME} {EXPECTED_VERSION})"
@@ -388,6 +389,8 @@ class VllmCpuBackend(Backend):
         bad = self._common_int4(case)
         if bad is not None:
             return bad
+        if "cpu_gemm_wna16" not in st["ops"]:
+            return no(f"{st['reason']} registers no _C::cpu_gemm_wna16 (vLLM 0.32.0's AVX2 build has none)")
         if case.act_dtype not in ("bfloat16", "float16"):
             return no(f"cpu_gemm_wna16 dispatches bf16/fp16 activations only (VLLM_DISPATCH_16B_TYPES); "
                       f"got {case.act_dtype}")
@@ -461,16 +464,30 @@ class VllmCpuBackend(Backend):
         return yes()
 
     # 3. declared ----------------------------------------------------------------------------------
+    def _truncating_bf16(self, case: Case) -> bool:
+        """vec_op's FP32->BF16 conversion without __AVX512BF16__ drops the low 16 bits (RTZ):
+        the _C_AVX512 / _C_AVX2 builds (cpu_types_x86.hpp); _C.abi3.so uses vcvtneps2bf16 (RNE)."""
+        if case.act_dtype != "bfloat16":
+            return False
+        st = self._state()
+        return bool(st.get("ok")) and st.get("lib") in ("AVX512", "AVX2")
+
     def declared(self, case: Case) -> Declared:
         act = case.act_dtype
+        trunc = self._truncating_bf16(case) and case.scheme in ("w4a16", "w8a8")
+        out_rounding = "rtz" if trunc else "rne"
+        trunc_note = ("; THIS BUILD (no AVX512-BF16) truncates every fp32->bf16 conversion (RTZ): the dequantized "
+                      "weights and the output; the output is inside the interval, the RTZ weights are not "
+                      "expressible (no weight-rounding axis)") if trunc else ""
         if case.scheme == "w4a16":
             v = {"weight_scale_dtype": act, "dequant_order": "sub_then_mul"}
             if case.weight_format == "gptq":
                 v["zero_read"] = "ignore_qzeros"
             return Declared(variants=v, weight_dtype=act, accumulate="float32", output=act,
+                            output_rounding=out_rounding,
                             notes="cpu_gemm_wna16: scales loaded in the activation dtype (vLLM params_dtype); "
                                   "fp32 LUT (q - z) * s rounded RNE to the activation dtype; fp32 FMA GEMM "
-                                  "(vec or AMX); fp32 bias add; RNE store")
+                                  "(vec or AMX); fp32 bias add; RNE store" + trunc_note)
         if case.scheme == "w4a8":
             v = {"act_rounding": "rne" if act == "bfloat16" else "rhaz", "reciprocal": "recip_amax",
                  "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True, "act_symmetric": True,
@@ -501,7 +518,8 @@ class VllmCpuBackend(Backend):
                           "BEFORE rounding: differs from the canonical RNE(x*inv) + azp at ties with odd azp — no "
                           "emulator axis expresses it), epilogue subtracts fl32(s_a*azp)*azp_adj with "
                           "azp_adj = fl32(sum_k w) * s_w")
-            return Declared(variants=v, accumulate="int32", output=act, notes=notes)
+            return Declared(variants=v, accumulate="int32", output=act, output_rounding=out_rounding,
+                            notes=notes + trunc_note)
         if case.scheme == "w4a16-moe":
             return Declared(variants={"moe": {"renormalize": True, "gate_up": "gate_up",
                                               "intermediate_dtype": act}},

@@ -117,12 +117,16 @@ def xpu_state(lib: str = "vllm-xpu-kernels") -> tuple[bool, str, str | None]:
                 _import(mod)
         except ImportError as e:
             return False, f"vllm_xpu_kernels not installed: {e}", None
+        except Exception as e:  # installed but its extension does not load (torch/oneAPI mismatch)
+            return False, f"vllm_xpu_kernels failed to load: {type(e).__name__}: {e}", None
         ver = _dist_version("vllm-xpu-kernels")
         return True, f"vllm-xpu-kernels {ver} on {torch.xpu.get_device_name(0)}", ver
     try:
         ark = _import("auto_round_kernel")
     except ImportError as e:
         return False, f"auto_round_kernel not installed: {e}", None
+    except Exception as e:
+        return False, f"auto_round_kernel failed to load: {type(e).__name__}: {e}", None
     ver = _dist_version("auto-round-lib")
     if getattr(ark, "xpu_lib", None) is None:
         return False, "auto_round_kernel has no XPU library loaded (auto_round_kernel.xpu_lib is None)", ver

@@ -91,7 +91,6 @@ REFUSALS = [
     (Case("w4a16", "gptq", 1, 64, 128, out_dtype="float32"), "activation dtype"),
     (Case("w4a16", "gptq", 1, 64, 128, group_size=16), "qGroupSize 32, 64, 128 or 256"),
     (Case("w4a16", "gptq", 1, 64, 1024, group_size=512), "qGroupSize 32, 64, 128 or 256"),
-    (Case("w4a16", "gptq", 1, 24, 128), "N % 16 == 0"),
     (Case("w4a16", "gptq", 1, 64, 128, bits=8), "4-bit only"),
     (Case("w4a16", "ct-int-quantized", 1, 64, 128), "int4 GPTQ/AWQ"),
     (Case("w4a16", "gptq", 1, 64, 48, group_size=-1), "channel-wise scales need K divisible"),
@@ -323,6 +322,8 @@ SMOKE = [
     Case("w4a16", "awq", 16, 256, 128, group_size=32, act_dtype="bfloat16", bias=True),
     Case("w4a16", "awq", 3, 96, 256, group_size=-1, act_dtype="float32", bias=True),
     Case("w4a16", "awq", 1, 64, 256, group_size=64, act_dtype="float16"),
+    Case("w4a16", "gptq", 5, 72, 256, group_size=32, sym=False, act_dtype="bfloat16", bias=True),  # N padded
+    Case("w4a16", "ct-pack-quantized", 3, 40, 128, group_size=-1, sym=True, act_dtype="float32"),
     Case("w4a16", "ct-pack-quantized", 3, 96, 256, group_size=128, sym=True, act_dtype="bfloat16", bias=True),
     Case("w4a16", "ct-pack-quantized", 16, 256, 128, group_size=32, sym=False, act_dtype="float16"),
     Case("w4a16", "ct-pack-quantized", 3, 64, 256, group_size=-1, sym=False, act_dtype="bfloat16",

@@ -449,3 +449,46 @@ def test_second_library_is_refused(kernel):
 
 def test_declared_type(kernel):
     assert isinstance(kernel.declared(Case("w4a16", "gptq", 1, 64, 128)), Declared)
+
+
+_AVX512_SCRIPT = r"""
+import dataclasses, json, numpy as np
+from backends.base import Case
+from backends.registry import create
+from conformance.acceptance import declared_weight
+from conformance.cases import make_inputs
+from emulator.numerics.floats import round_to_dtype
+from emulator.numerics.rounding import Rounding
+be = create("vllm-cpu:lib=AVX512")
+av = be.availability()
+if not av.available:
+    print(json.dumps({"skip": av.reason})); raise SystemExit
+K = 128
+case = Case("w4a16", "gptq", K, 64, K, group_size=32, act_dtype="bfloat16")
+inp = make_inputs(case, 0)
+y = be.run(be.prepare(case, inp.tensors), np.eye(K, dtype=np.float32)).T
+d = be.declared(case)
+w32 = declared_weight(case, inp.tensors, dataclasses.replace(d, weight_dtype="float32")).astype(np.float64)
+print(json.dumps({"rne": int((y != round_to_dtype(w32, "bfloat16")).sum()),
+                  "rtz": int((y != round_to_dtype(w32, "bfloat16", Rounding.RTZ)).sum()),
+                  "declared_output_rounding": d.output_rounding}))
+"""
+
+
+def test_avx512_build_truncates_bf16_weights(kernel):
+    """_C_AVX512.abi3.so (what vLLM loads on AVX-512 hosts without AVX512-BF16) converts fp32 -> bf16 by
+    dropping the low 16 bits: the dequantized weights are RTZ, not RNE. Needs a fresh process (one
+    _C library per process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", _AVX512_SCRIPT], cwd=root, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in res:
+        pytest.skip(res["skip"])
+    assert res["rtz"] == 0 and res["rne"] > 0 and res["declared_output_rounding"] == "rtz"
