@@ -204,6 +204,8 @@ def dequantize_awq(
     order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
     scale_dtype: ComputeDtype | str | None = None,
     compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - z[k // G]) * s[k // G]`` (see module docstring)."""
@@ -212,4 +214,5 @@ def dequantize_awq(
     g = default_g_idx(k, k // c.zeros.shape[0])
     z = c.zeros[g, :].T
     s = np.asarray(c.scales)[g, :].T
-    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype)
+    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=1 << (params.bits - 1))

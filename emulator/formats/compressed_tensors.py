@@ -342,6 +342,8 @@ def dequantize_ct_packed(
     order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
     scale_dtype: ComputeDtype | str | None = None,
     compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - zp[n, g]) * s[n, g]``, g = g_idx[k] (see module docstring)."""
@@ -351,7 +353,8 @@ def dequantize_ct_packed(
     g = c.g_idx if c.g_idx is not None else default_g_idx(k, k // n_groups)
     z = 0 if c.zero_point is None else c.zero_point[:, g]
     s = np.asarray(c.scales)[:, g]
-    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype)
+    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
 
 
 # --- int-quantized (W8A8 int8 weights) -------------------------------------------------
@@ -394,11 +397,16 @@ def quantize_ct_int8(w, *, scale_dtype: str | None = None, layer: str | None = N
 def dequantize_ct_int8(
     tensors: CtInt8Tensors,
     *,
+    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
     scale_dtype: ComputeDtype | str | None = None,
     compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
 ) -> np.ndarray:
-    """The float32 weight [N, K] = ``q * s`` (exact, rounded once; zero point 0)."""
+    """The float32 weight [N, K] = ``q * s`` (exact, rounded once; zero point 0, so every
+    ``order`` gives the same value up to the compute dtype's roundings)."""
     q, s = validate_ct_int8(tensors, layer=layer)
     s_full = np.broadcast_to(np.asarray(s), q.shape)
-    return dequantize_affine(q, 0, s_full, scale_dtype=scale_dtype, compute_dtype=compute_dtype)
+    return dequantize_affine(q, 0, s_full, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)

@@ -135,12 +135,17 @@ class GptqZeroRead(str, enum.Enum):
         ``(zeros + 1) & maxq`` of some GPTQ-for-LLaMa Triton forks).
     IGNORE_QZEROS: z = 2**(bits-1) for every group, qzeros unread (kernels
         for sym=True: vLLM gptq_marlin's uint4b8/uint8b128, XPU oneDNN).
+    V1_LITERAL: a v1 checkpoint's fields read as the zero points themselves,
+        without the +1 (``z = field``, i.e. one code below the canonical
+        reading): vLLM's INC/ARK glue, which instantiates auto-round's
+        ``QuantLinear`` (``ZP_BIAS = 0``) for v1 checkpoints.
     """
 
     CANONICAL = "canonical"
     V1_PACKED_ADD = "v1_packed_add"
     V1_WRAP = "v1_wrap"
     IGNORE_QZEROS = "ignore_qzeros"
+    V1_LITERAL = "v1_literal"
 
 
 class GptqV1ZeroWrite(str, enum.Enum):
@@ -349,13 +354,13 @@ def _pack_zeros(zeros: np.ndarray, params: GptqParams, write: GptqV1ZeroWrite, l
 def _read_zeros(qzeros: np.ndarray, params: GptqParams, read: GptqZeroRead, n_groups: int, n: int, layer: str | None) -> np.ndarray:
     if read is GptqZeroRead.IGNORE_QZEROS:
         return np.full((n_groups, n), params.sym_zero, dtype=np.int32)
-    if read in (GptqZeroRead.V1_PACKED_ADD, GptqZeroRead.V1_WRAP) and params.zero_convention is not ZeroConvention.V1:
+    if read in (GptqZeroRead.V1_PACKED_ADD, GptqZeroRead.V1_WRAP, GptqZeroRead.V1_LITERAL) and params.zero_convention is not ZeroConvention.V1:
         raise UnsupportedFormatError(f"zero_read={read.value} reads v1 ('gptq') zero points, but zero_convention is {params.zero_convention.value}")
     if read is GptqZeroRead.V1_PACKED_ADD:
         words = (qzeros.view(np.uint32) + _word_constant(params.bits)).view(np.int32)
         return unpack_int32(words, params.bits, axis=1, tensor="qzeros", layer=layer).astype(np.int32)
     fields = unpack_int32(qzeros, params.bits, axis=1, tensor="qzeros", layer=layer).astype(np.int32)
-    if params.zero_convention is ZeroConvention.V2:
+    if params.zero_convention is ZeroConvention.V2 or read is GptqZeroRead.V1_LITERAL:
         return fields
     if read is GptqZeroRead.V1_WRAP:
         return (fields + 1) & params.maxq
@@ -400,10 +405,13 @@ def dequantize_gptq(
     order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
     scale_dtype: ComputeDtype | str | None = None,
     compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - z[g_idx[k]]) * s[g_idx[k]]`` (see module docstring)."""
     c = unpack_gptq(tensors, params, shape=shape, zero_read=zero_read, layer=layer)
     z = c.zeros[c.g_idx, :].T
     s = np.asarray(c.scales)[c.g_idx, :].T
-    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype)
+    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=params.sym_zero)

@@ -34,6 +34,32 @@ Named variants of the operation order (keyword-only arguments of every
   result is rounded to C (RNE), as a kernel that dequantizes in C does. The
   returned array is still float32 (it holds values of C exactly).
 
+- ``DequantOrder.FLOAT_ZERO``: the zero point is turned into a *float*
+  offset stored in a dtype Z before the weights are formed (tinygemm:
+  torch ``_weight_int4pack_mm_for_cpu`` / CUDA ``_weight_int4pack_mm``,
+  whose ``qScaleAndZeros`` hold ``scale`` and ``zero`` in the activation
+  dtype). With ``m`` the format's midpoint code (``2**(bits-1)`` for the
+  unsigned GPTQ/AWQ codes, 0 for compressed-tensors' signed codes) and
+  ``s_C`` the scale in C:
+
+      zero = round_Z((m - z) * s_C)          the exact product, rounded once (RNE) to Z
+      w    = round_C((q - m) * s_C + zero)   the exact sum, rounded once to C (an FMA)
+
+  ``zero_dtype`` Z defaults to C. It equals SUB_THEN_MUL exactly when
+  ``(m - z) * s_C`` is representable in Z (always for symmetric weights,
+  z = m, and for Z = float32 with 16-bit scales).
+- ``scale_dtype``: the scales are first rounded (RNE) to this dtype, e.g.
+  ``ComputeDtype.BFLOAT16`` for kernels that load float16 checkpoint scales
+  into bfloat16 parameters (``SCALE_BF16``).
+- ``compute_dtype`` C: every operand is converted to C and every operation's
+  result is rounded to C, as a kernel that dequantizes in C does. The
+  returned array is still float32 (it holds values of C exactly).
+- ``compute_rounding``: the rounding of those conversions to C: RNE
+  (canonical) or RTZ (vLLM's ``_C_AVX512.abi3.so``, whose FP32->BF16
+  conversion without AVX512-BF16 drops the low 16 bits:
+  ``csrc/cpu/cpu_types_x86.hpp``). The ``scale_dtype`` cast and the Z
+  rounding of FLOAT_ZERO are load-time casts and always RNE.
+
 With 16-bit scales and float32 compute, MUL_THEN_SUB equals SUB_THEN_MUL
 bit for bit (every product and the difference are exact in float32); it
 differs with a 16-bit compute dtype or with float32 scales.
@@ -88,6 +114,7 @@ class DequantOrder(str, enum.Enum):
 
     SUB_THEN_MUL = "sub_then_mul"
     MUL_THEN_SUB = "mul_then_sub"
+    FLOAT_ZERO = "float_zero"  # (q - m) * s + round_Z((m - z) * s): tinygemm's float zero point
 
 
 class ComputeDtype(str, enum.Enum):
@@ -252,32 +279,48 @@ def dequantize_affine(
     order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
     scale_dtype: ComputeDtype | str | None = None,
     compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
+    midpoint: int = 0,
 ) -> np.ndarray:
     """Elementwise ``(q - z) * s`` under the named order/dtype variant; float32 out.
 
     ``q`` and ``z`` are integer arrays and ``s`` a float array, all already
-    broadcast to the weight's shape. See the module docstring for the rules.
+    broadcast to the weight's shape. ``midpoint`` is the code the float zero
+    of ``DequantOrder.FLOAT_ZERO`` is measured from (``2**(bits-1)`` for
+    unsigned codes, 0 for signed ones); the other orders ignore it and
+    ``zero_dtype``. See the module docstring for the rules.
     """
     order = DequantOrder(order)
     fmt = ComputeDtype(compute_dtype).fmt
+    mode = Rounding.parse(compute_rounding)
     s64 = as_float64(s)
     if scale_dtype is not None:
         s64 = round_to_format(s64, ComputeDtype(scale_dtype).fmt)
-    s64 = round_to_format(s64, fmt)  # operand conversion to the compute dtype
+    s64 = round_to_format(s64, fmt, mode)  # operand conversion to the compute dtype
     qi = np.asarray(q).astype(np.int64)
     zi = np.asarray(z).astype(np.int64)
     # Integers with |v| <= 256 have at most 8 significant bits, so they are
     # exact in every compute dtype (bfloat16 has 8), and each float64 product
-    # below has at most 8 + 24 significant bits: exact.
+    # below has at most 9 + 24 significant bits: exact.
     if order is DequantOrder.SUB_THEN_MUL:
-        out = round_to_format((qi - zi).astype(np.float64) * s64, fmt)
-    else:
-        a = round_to_format(qi.astype(np.float64) * s64, fmt)
-        b = round_to_format(zi.astype(np.float64) * s64, fmt)
+        out = round_to_format((qi - zi).astype(np.float64) * s64, fmt, mode)
+    elif order is DequantOrder.MUL_THEN_SUB:
+        a = round_to_format(qi.astype(np.float64) * s64, fmt, mode)
+        b = round_to_format(zi.astype(np.float64) * s64, fmt, mode)
         # a and b are members of fmt (<= 24 significant bits) whose exponents
         # differ by at most 9, so their float64 difference is exact before
         # the one rounding.
-        out = round_to_format(a - b, fmt)
+        out = round_to_format(a - b, fmt, mode)
+    else:
+        zfmt = fmt if zero_dtype is None else ComputeDtype(zero_dtype).fmt
+        zero = round_to_format((midpoint - zi).astype(np.float64) * s64, zfmt)
+        # (q - m) * s_C is a multiple of the quantum of s_C below 2**9 |s_C|; zero
+        # is a multiple of that quantum too (it is either the exact product, or a
+        # rounding of a value at least |s_C| to a format no finer than C), and at
+        # most 2**9 |s_C| (1 + 2**-7): the float64 sum needs at most 24 + 11 bits.
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = round_to_format((qi - midpoint).astype(np.float64) * s64 + zero, fmt, mode)
     return out.astype(np.float32)
 
 
