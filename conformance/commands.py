@@ -239,6 +239,17 @@ def add_commands(sub) -> None:
     s.set_defaults(fn=cmd_golden)
 
     add_target_command(sub)
+    # Commands that live with their feature: each module defines register(subparsers).
+    import importlib
+
+    for mod in ("conformance.selftest", "conformance.report", "conformance.certify", "conformance.fingerprint"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:
+                continue
+            raise
+        m.register(sub)
 
     s = sub.add_parser("backends", help="list registered backends, availability and schemes")
     s.add_argument("--json", action="store_true")
