@@ -52,8 +52,9 @@ the emulator's per-token variants, so those hosts/cdts are refused.
 W8A8 (``woqgemm_s8``, CPU oneDNN build: ``dnnl_wrapper.hpp::DnnlWrapper::woq_s8``):
 dynamic **per-tensor** symmetric int8 activations — one amax over all M rows,
 ``scale = fl32(amax * fl32(1/127))``, quantized by a oneDNN reorder with a dst scale
-(measured: quotient ``x * fl32(1/scale)``, RNE ties, saturating) — then an s8s8 matmul with per-tensor src and per-channel weight scales. Per tensor equals
-per token only for M = 1, so only M = 1 is accepted.
+(measured: quotient ``x * fl32(1/scale)``, RNE ties, saturating) — then an s8s8 matmul with
+per-tensor src and per-channel weight scales. Declared with the emulator's
+``act_granularity=per_tensor`` and ``act_scale_formula=recip_mul``, so every M is accepted.
 
 Not available on CPU (``can_implement`` says why): ``igemm_s8s8s32`` (the CPU path
 routes int8 through ``CpuWrapper::gemm``, which writes float32 bit patterns into the int32
@@ -349,7 +350,7 @@ def _import_ark():
 class ArkBackend(Backend):
     name = "ark"
     covers = ("auto-round-lib ARK CPU woqgemm (vLLM PR #39778 INCARKLinearMethod / inc_ark_ops.py, "
-              "auto_round_kernel.qlinear.QuantLinear): W4A16/W8A16 int weights, woqgemm_s8 W8A8 (M=1)")
+              "auto_round_kernel.qlinear.QuantLinear): W4A16/W8A16 int weights, woqgemm_s8 W8A8 (per-tensor)")
     priority = 50
 
     def __init__(self, **params: str):
@@ -448,10 +449,6 @@ class ArkBackend(Backend):
         if s == "w8a8":
             if fmt != "ct-int-quantized":
                 return no("W8A8 here is woqgemm_s8 with compressed-tensors int-quantized int8 weights only")
-            if case.M != 1:
-                return no("woqgemm_s8 quantizes activations per TENSOR (one amax over all M rows, "
-                          "DnnlWrapper::dyn_quant_s8); per-tensor equals the emulator's per-token rule only "
-                          f"for M=1, got M={case.M}")
             return yes()
         if s == "w4a16":
             if case.bits != 4:
@@ -483,11 +480,13 @@ class ArkBackend(Backend):
         if case.scheme == "w8a8":
             return Declared(
                 variants={"act_rounding": "rne", "reciprocal": "recip_scale", "act_scale_dtype": "float32",
-                          "qmin": -128, "qmax": 127, "zero_row": "zero"},
+                          "qmin": -128, "qmax": 127, "zero_row": "zero", "act_granularity": "per_tensor",
+                          "act_scale_formula": "recip_mul"},
                 accumulate="int32", output=out,
-                notes="woqgemm_s8: per-tensor dynamic int8 (M=1 == per-token); scale = fl32(amax * fl32(1/127)) "
-                      "(emulator: fl32(amax/127)); oneDNN reorder with a dst scale; s8s8 matmul, int32 "
-                      "accumulation, fp32 scaling and bias; output fp32 then RNE to the activation dtype")
+                notes="woqgemm_s8: dynamic per-TENSOR int8 (one amax over all rows, act_granularity=per_tensor); "
+                      "scale = fl32(amax * fl32(1/127)) (act_scale_formula=recip_mul); oneDNN reorder with a dst "
+                      "scale (x * fl32(1/scale), RNE, saturating); s8s8 matmul, int32 accumulation, fp32 scaling "
+                      "and bias; output fp32 then RNE to the activation dtype")
         variants: dict = {}
         notes = []
         if case.weight_format in ("gptq", "awq") and self.engine == "vllm" and case.act_dtype != "float32":
@@ -501,9 +500,10 @@ class ArkBackend(Backend):
             variants["zero_read"] = "v1_wrap"
             notes.append("QuantLinearGPTQ 8-bit: zeros.to(uint8) += 1 wraps field 0xFF to 0 ((field + 1) & 0xFF)")
         if v1_asym and self.engine == "vllm":
-            notes.append("EXPECTED DISCREPANCY: v1 asym qzeros are read without the +1 (QuantLinear ZP_BIAS=0 as "
-                         "vLLM instantiates it); no emulator zero_read names a literal v1 read, so the canonical "
-                         "reading is declared")
+            variants["zero_read"] = "v1_literal"
+            notes.append("v1 asym qzeros are read without the +1 (QuantLinear ZP_BIAS=0 as vLLM instantiates it): "
+                         "zero_read=v1_literal (one code below the checkpoint's meaning; latent in vLLM, which "
+                         "routes only sym GPTQ to ARK on CPU)")
         if case.weight_format == "awq" and self.engine == "vllm":
             notes.append("EXPECTED DISCREPANCY: vLLM copies AWQ qzeros without the nibble reorder it applies to "
                          "qweight; QuantLinear reads them in GPTQ order (zeros permuted within 8 columns)")

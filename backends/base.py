@@ -52,6 +52,8 @@ SCHEMES = {
 }
 
 WEIGHT_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized", "ct-mxfp4")
+#: checkpoint scale dtype of a Case that names none (every other format: float16)
+DEFAULT_SCALE_DTYPE = {"ct-int-quantized": "float32"}
 
 
 class BackendError(RuntimeError):
@@ -77,9 +79,13 @@ class Case:
     E: int = 0  # MoE: experts
     top_k: int = 0
     bits: int = 4
-    scale_dtype: str = "float16"  # dtype of the checkpoint's float scales (float16 | bfloat16 | float32)
+    #: dtype of the checkpoint's float scales (float16 | bfloat16 | float32); None: the format's default,
+    #: float32 for ct-int-quantized (vLLM keeps W8A8 scales in fp32) and float16 otherwise
+    scale_dtype: str | None = None
 
     def __post_init__(self):
+        if self.scale_dtype is None:
+            object.__setattr__(self, "scale_dtype", DEFAULT_SCALE_DTYPE.get(self.weight_format, "float16"))
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown scheme {self.scheme!r}; known: {', '.join(SCHEMES)}")
         if self.weight_format not in WEIGHT_FORMATS:
@@ -140,8 +146,16 @@ class Declared:
     product ("exact" when they are used exactly), ``act_compute_dtype`` the dtype
     activations are rounded to before the product (None: used as given),
     ``accumulate`` the accumulation dtype ("float32", "int32", "float64"), and
-    ``output`` the output dtype (rounded once with RNE from the accumulator unless
-    ``output_rounding`` says otherwise).
+    ``output`` the output dtype, rounded once from the accumulator with
+    ``output_rounding`` ("rne", or "rtz" for a kernel that truncates, e.g. an
+    fp32 -> bf16 conversion that drops the low 16 bits); both are honoured by
+    conformance.acceptance (docs/conformance.md#acceptance).
+
+    Variant keys that describe stages around the GEMM: ``bias_stage``
+    ("accumulator": the bias is added before the output rounding, canonical;
+    "after_output_rounding": the engine adds it to the rounded output),
+    ``azp_epilogue`` ("exact" | "compensation", asymmetric W8A8), ``moe``
+    (a dict of emulator.moe.MoeVariant fields, ``act_quant`` included).
     """
 
     variants: dict

@@ -24,13 +24,13 @@ Covers four ATen CPU kernels, one per scheme (docs/backends/torch-cpu.md):
   ``ref_dyn_quant_matmul_4bit_{channelwise,groupwise}_kernel``), prepared and called as vLLM's
   ``Dynamic4bitLinearKernel`` does (vllm-project/vllm
   ``vllm/model_executor/kernels/linear/mixed_precision/dynamic_4bit.py``). Its activation
-  quantization is KleidiAI's asymmetric per-row "qa8dx" scheme, which the emulator cannot yet
-  express (see ``kai_qa8dx_quantize`` below).
+  quantization is KleidiAI's asymmetric per-row "qa8dx" scheme (emulator
+  ``Int8ActVariant(scheme="kai_qa8dx")``).
 
-Reference models of the declared variants the emulator lacks (``zero_domain=float``,
-``bias_stage=after_output_rounding``, ``act_scheme=kai_qa8dx``) live at the bottom of this file
-(``declared_weight_zero_float``, ``kai_qa8dx_quantize``, ``local_interval``); the tests use them,
-and they are what emulator support for those variants should reproduce.
+Declared with emulator variants (docs/backends/torch-cpu.md#declared-arithmetic): the int4pack float
+zero point (``dequant_order=float_zero``, ``zero_dtype``), the bias added to the already rounded
+16-bit output (``bias_stage=after_output_rounding``), qa8dx activations (``act_scheme=kai_qa8dx``) and
+the truncating bf16 store of the W4A8 channel-wise fallback (``output_rounding=rtz``).
 """
 
 from __future__ import annotations
@@ -401,17 +401,14 @@ class TorchCpuBackend(Backend):
                 v["zero_read"] = "ignore_qzeros"
             if T != "float32" and case.scale_dtype != T:
                 v["weight_scale_dtype"] = T
-            asym = case.weight_format == "awq" or not case.sym
-            note = ("_weight_int4pack_mm_for_cpu: w = (q - 8) * s_T + zero_T with fp32 FMA (AVX512 bf16) or "
-                    "fp32 mul+add (scalar fp16/fp32 path), fp32 accumulation in K order, output rounded RNE "
-                    "to T; bias (if any) added after, in T, as torchao's Int4CPU linear does.")
-            if asym:
-                # the kernel's float zero: zero_T = RNE_T((8 - z) * s_T); see declared_weight_zero_float
-                v["zero_domain"] = "float"
-                v["zero_float_dtype"] = T
-                note += (" Asymmetric: zero_T = RNE_T(fp32((8 - z) * s_T)), so w = (q - 8) * s_T + RNE_T((8 - z)"
-                         " * s_T), which differs from (q - z) * s_T where (8 - z) * s_T is not representable "
-                         "in T (emulator axis 'zero_domain' missing: local model declared_weight_zero_float).")
+            # the kernel's float zero point (qScaleAndZeros holds zero_T = RNE_T(fp32((8 - z) * s_T)));
+            # for symmetric weights z = 8 and the zero is 0, i.e. the canonical value
+            v["dequant_order"] = "float_zero"
+            v["zero_dtype"] = T
+            note = ("_weight_int4pack_mm_for_cpu: w = (q - 8) * s_T + zero_T with zero_T = RNE_T((8 - z) * s_T) "
+                    "(dequant_order=float_zero, zero_dtype=T), formed in fp32 (FMA on AVX512 bf16, mul+add on the "
+                    "scalar fp16/fp32 path; exact either way for 16-bit T), fp32 accumulation in K order, output "
+                    "rounded RNE to T; bias (if any) added after, in T, as torchao's Int4CPU linear does.")
             if case.bias and T != "float32":
                 v["bias_stage"] = "after_output_rounding"
             return Declared(variants=v, weight_dtype="float32", act_compute_dtype=None, accumulate="float32",
@@ -436,10 +433,8 @@ class TorchCpuBackend(Backend):
                                   "torch.round RNE, clamp, zero row -> 0), torch._int_mm int32, then "
                                   "fp32(fp32(acc * x_scale) * w_scale) [+ bias fp32], rounded RNE to the output.")
         if case.scheme == "w4a8":
-            # closest expressible emulator variants + the exact scheme under keys the emulator lacks
-            v = {"act_symmetric": False, "act_rounding": "rhaz", "reciprocal": "recip_scale",
-                 "act_scheme": "kai_qa8dx", "act_range_includes_zero": True, "act_scale_rule": "recip_of_inv",
-                 "act_zp_rule": "kai_nudge"}
+            # KleidiAI's qa8dx activations; the C sources round the codes with std::round (RHAZ)
+            v = {"act_scheme": "kai_qa8dx", "act_rounding": "rhaz"}
             if case.weight_format == "gptq":
                 v["zero_read"] = "ignore_qzeros"
             channel = _w4a8_channelwise(case)
@@ -450,7 +445,7 @@ class TorchCpuBackend(Backend):
             return Declared(variants=v, weight_dtype="exact", act_compute_dtype=None, accumulate="int32", output=T,
                             output_rounding=out_round,
                             notes="vLLM Dynamic4bitLinearKernel + _dyn_quant_matmul_4bit x86 reference fallback: "
-                                  f"kernel input {kernel_dtype}; KleidiAI qa8dx activations (kai_qa8dx_quantize), "
+                                  f"kernel input {kernel_dtype}; KleidiAI qa8dx activations (act_scheme=kai_qa8dx), "
                                   "int32 sum of (qa - zp)(q - 8) per group, fp32 acc += iacc * s_g, * x_scale, "
                                   "+ bias (fp32); fp32 output (cast RNE to the activation dtype), or bf16 by "
                                   "truncation (rtz) on the bf16 channel-wise path.")
@@ -551,107 +546,3 @@ def quantize_int8_per_token_torch(x32):
     q = torch.round(quot).clamp(-128, 127)
     q = torch.where(zero, torch.zeros_like(q), q)
     return q.to(torch.int8), scale
-
-
-# ------------------------------------------------------------------------------------------------
-# Local reference models of the declared variants the emulator does not have yet
-# ------------------------------------------------------------------------------------------------
-def declared_weight_zero_float(case: Case, tensors: dict, declared: Declared) -> np.ndarray:
-    """Weight [N, K] (float32 values) under ``zero_domain=float``: the int4pack kernel's arithmetic.
-
-    s_T = RNE_T(s) (T = ``zero_float_dtype``), zero_T = RNE_T((8 - z) * s_T),
-    w = fp32((q - 8) * s_T + zero_T) (one rounding, FMA; exact for 16-bit T).
-    """
-    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
-
-    c = read_codes(case, tensors)
-    T = declared.variants.get("zero_float_dtype", case.act_dtype)
-    s = round_to_dtype(c.s.to(_import_torch().float64).numpy(), T)
-    z = c.z.numpy().astype(np.float64)
-    zero = round_to_dtype((8.0 - z) * s, T)
-    G = s.shape[1]
-    grp = np.arange(case.K) // (case.K // G)
-    w = (c.q.numpy().astype(np.float64) - 8.0) * s[:, grp] + zero[:, grp]
-    return round_to_dtype(w, "float32").astype(np.float32)
-
-
-def kai_qa8dx_quantize(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """KleidiAI's asymmetric per-row int8 quantization (qa8dx) as the x86 fallback computes it
-    (int4mm_kernel.cpp ``ref_dyn_quant_matmul_4bit_*``), every step in fp32:
-
-        rmin = min(0, min_k x), rmax = max(0, max_k x)
-        inv  = rmin == rmax ? 1 : fl32(255 / fl32(rmax - rmin))       (quantization multiplier)
-        scale = fl32(1 / inv)                                         (dequantization scale)
-        dmin = fl32(rmin * inv), dmax = fl32(rmax * inv)
-        zp   = lrintf(clamp(fl32(-128 + dmin) + fl32(127 + dmax) > 0 ? fl32(-128 - dmin)
-                                                                     : fl32(127 - dmax), -128, 127))
-        q    = clamp(std::round(fl32(x * inv)) + zp, -128, 127)      (std::round: half away from zero)
-
-    Returns (q int64 [M, K], zp int64 [M], scale float32 [M]); the dequantized
-    activation is (q - zp) * scale.
-    """
-    x32 = np.asarray(x, dtype=np.float32)
-    f = np.float32
-    mn = np.minimum(f(0), x32.min(axis=1))
-    mx = np.maximum(f(0), x32.max(axis=1))
-    same = mn == mx
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        span = (mx - mn).astype(np.float32)
-        inv = np.where(same, f(1), (f(255) / np.where(same, f(1), span)).astype(np.float32)).astype(np.float32)
-        scale = (f(1) / inv).astype(np.float32)
-        dmin = (mn * inv).astype(np.float32)
-        dmax = (mx * inv).astype(np.float32)
-        e = ((f(-128) + dmin).astype(np.float32) + (f(127) + dmax).astype(np.float32)).astype(np.float32)
-        zpf = np.where(e > 0, (f(-128) - dmin).astype(np.float32), (f(127) - dmax).astype(np.float32))
-        zp = np.rint(np.clip(zpf, -128, 127)).astype(np.int64)
-        prod = (x32 * inv[:, None]).astype(np.float32).astype(np.float64)
-    r = np.sign(prod) * np.floor(np.abs(prod) + 0.5)
-    q = np.clip(r.astype(np.int64) + zp[:, None], -128, 127)
-    return q, zp, scale
-
-
-def local_interval(inp, declared: Declared):
-    """The accepted interval of ``declared`` on ``inp`` with the local models above standing in
-    for the variants the emulator lacks (``zero_domain=float`` for W4A16, ``act_scheme=kai_qa8dx``
-    for W4A8); same bound construction as conformance.acceptance.declared_interval."""
-    import dataclasses as dc  # noqa: PLC0415
-
-    from conformance import acceptance as acc  # noqa: PLC0415
-    from emulator import linear as lin  # noqa: PLC0415
-
-    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
-
-    case = inp.case
-    v = declared.variants
-    out_dtype = declared.output or case.output_dtype
-    if v.get("bias_stage") == "after_output_rounding" and inp.bias is not None:
-        # the kernel rounds its accumulator to T; the bias is added afterwards: fp32 sum of two T
-        # values rounded to T (torch's 16-bit add). Monotone, so the interval maps endpoint-wise.
-        rest = {k: val for k, val in v.items() if k != "bias_stage"}
-        iv0 = local_interval(dc.replace(inp, bias=None), dc.replace(declared, variants=rest))
-        b64 = inp.bias.astype(np.float64)
-
-        def add(a):
-            return round_to_dtype(round_to_dtype(np.asarray(a, np.float64) + b64, "float32"), out_dtype)
-
-        y_ref = add(iv0.y_ref)
-        return acc.Interval(y_ref=y_ref, y_exact=y_ref.astype(np.float64), lo=add(iv0.lo), hi=add(iv0.hi),
-                            bound=iv0.bound, out_dtype=out_dtype, parts=iv0.parts)
-    bias = None if inp.bias is None else inp.bias.astype(np.float64)
-    if case.scheme == "w4a16" and v.get("zero_domain") == "float":
-        w = declared_weight_zero_float(case, inp.tensors, declared).astype(np.float64)
-        x = inp.x.astype(np.float64)
-        r = lin.linear_w16(x, w, bias, out_dtype=out_dtype)
-        mag = np.abs(x) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
-        return acc._finish(r.y_exact, r.y_bound, mag, case.K + 1 + (bias is not None), declared, out_dtype)
-    if case.scheme == "w4a8" and v.get("act_scheme") == "kai_qa8dx":
-        q, zp, scale = kai_qa8dx_quantize(inp.x)
-        xd = (q - zp[:, None]).astype(np.float64) * scale.astype(np.float64)[:, None]
-        w = acc.declared_weight(case, inp.tensors, dc.replace(declared, weight_dtype="exact")).astype(np.float64)
-        r = lin.linear_w16(xd, w, bias, out_dtype=out_dtype)
-        mag = np.abs(xd) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
-        n_groups = case.K // case.group
-        d2 = dc.replace(declared, accumulate="float32")
-        return acc._finish(r.y_exact, r.y_bound, mag, n_groups + 3, d2, out_dtype,
-                           parts={"x_q": q, "x_zp": zp, "x_scale": scale})
-    return acc.declared_interval(inp, declared)

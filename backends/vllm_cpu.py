@@ -19,7 +19,8 @@ Covers (docs/backends/vllm-cpu.md has the sources, the layouts and what was obse
   (``prepare_int4_moe_layer_for_cpu`` -> ``_C::convert_weight_packed_scale_zp``
   with ``CPUQuantAlgo.GPTQ``, ``_C::fused_experts_cpu`` with ``INT4_W4A8``;
   ``csrc/cpu/sgl-kernels/moe_int4.cpp``), which vLLM selects for "W4A16" MoE
-  but which quantizes the activations to int8.
+  but which quantizes the activations to int8 (declared with the emulator's
+  ``MoeVariant.act_quant``).
 
 No ``import vllm``: the kernel library is located with
 ``importlib.util.find_spec('vllm')`` (which does not execute the package) and
@@ -477,10 +478,11 @@ class VllmCpuBackend(Backend):
         trunc = self._truncating_bf16(case) and case.scheme in ("w4a16", "w8a8")
         out_rounding = "rtz" if trunc else "rne"
         trunc_note = ("; THIS BUILD (no AVX512-BF16) truncates every fp32->bf16 conversion (RTZ): the dequantized "
-                      "weights and the output; the output is inside the interval, the RTZ weights are not "
-                      "expressible (no weight-rounding axis)") if trunc else ""
+                      "weights (weight_rounding=rtz) and the output (output_rounding=rtz)") if trunc else ""
         if case.scheme == "w4a16":
             v = {"weight_scale_dtype": act, "dequant_order": "sub_then_mul"}
+            if trunc:
+                v["weight_rounding"] = "rtz"
             if case.weight_format == "gptq":
                 v["zero_read"] = "ignore_qzeros"
             return Declared(variants=v, weight_dtype=act, accumulate="float32", output=act,
@@ -514,21 +516,29 @@ class VllmCpuBackend(Backend):
                      "clamp [-128,127], RNE cvt; amax 0 -> 0*inf = NaN -> code 0); int32 GEMM * s_w in oneDNN "
                      "(fp32), epilogue * s_a + bias (fp32), RNE store")
             if not case.sym:
+                v["azp_before_rounding"] = True
+                v["azp_epilogue"] = "compensation"
                 notes += ("; azp: azp = nearbyint(-128 - min/scale), q = RNE(fl32(fl32(x*inv) + azp)) (azp added "
-                          "BEFORE rounding: differs from the canonical RNE(x*inv) + azp at ties with odd azp — no "
-                          "emulator axis expresses it), epilogue subtracts fl32(s_a*azp)*azp_adj with "
-                          "azp_adj = fl32(sum_k w) * s_w")
+                          "BEFORE rounding: azp_before_rounding), epilogue fl32(tmp*s_a) - azp_adj*fl32(s_a*azp) "
+                          "+ bias with tmp = fl32(s_w * sum q_x w) and azp_adj = fl32(fl32(sum_k w) * s_w) "
+                          "(azp_epilogue=compensation)")
             return Declared(variants=v, accumulate="int32", output=act, output_rounding=out_rounding,
                             notes=notes + trunc_note)
         if case.scheme == "w4a16-moe":
+            aq = {"rounding": "rne" if act == "bfloat16" else "rhaz", "reciprocal": "recip_amax",
+                  "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True, "symmetric": True}
             return Declared(variants={"moe": {"renormalize": True, "gate_up": "gate_up",
-                                              "intermediate_dtype": act}},
+                                              "intermediate_dtype": act, "gate_up_dtype": act,
+                                              "act_quant": aq},
+                                      "weight_scale_dtype": act},
                             weight_dtype="exact", accumulate="float32", output=act,
-                            notes="fused_experts_cpu INT4_W4A8 (CPUExpertsInt4): NOT W16 arithmetic. The hidden "
-                                  "states and the SiLU*up intermediate are quantized per token to uint8 (zp 128, "
-                                  "quantize_row_int8) before each int8 x int4 GEMM; the emulator's MoE declaration "
-                                  "has no axis for int8 activations, so the closest W16 declaration is given "
-                                  "(routing: top-k logits, softmax over them in fp32 = renormalized softmax)")
+                            notes="fused_experts_cpu INT4_W4A8 (CPUExpertsInt4): a W4A8 MoE. The hidden states "
+                                  "(stage 0) and the SiLU*up intermediate (stage 1.5) are quantized per token to "
+                                  "uint8 + 128 by quantize_row_int8 (as W4A8 linear: amax clamp 1e-7, "
+                                  "x * fl32(127/amax), RNE for bf16 / std::round for fp16) before each int8 x int4 "
+                                  "GEMM (moe.act_quant); the GEMM-1 output ic0 and the intermediate ic1 are "
+                                  "stored in the activation dtype (moe.gate_up_dtype, moe.intermediate_dtype); "
+                                  "scales loaded in params_dtype (weight_scale_dtype); routing: top-k logits, softmax over them in fp32 = renormalized softmax")
         raise BackendError(f"vllm-cpu declares nothing for scheme {case.scheme}")
 
     # 4. prepare -----------------------------------------------------------------------------------

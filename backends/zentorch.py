@@ -86,7 +86,6 @@ _OPS = {
     "w4a16": ("zentorch_woq_repack_weight", "zentorch_woq_linear"),
     "w8a8": ("zentorch_dynamic_qlinear",),
     "w4a8": ("zentorch_woq_repack_weight", "zentorch_dynamic_qlinear"),
-    "w4a16-moe": ("zentorch_fused_moe", "zentorch_woq_repack_weight"),
 }
 #: ZenDNN clamps the per-token activation scale from below: scale = max(amax / 127, 1e-10)
 #: (measured; expressed to the emulator as zero_row=eps with eps = 127 * 1e-10 on amax)
@@ -391,17 +390,16 @@ class ZentorchBackend(Backend):
                             notes="ZenDNN WOQ: (q - z) * s formed in bf16 from bf16 scales, bf16 x bf16 "
                                   "products accumulated in fp32, output rounded once to bf16")
         if case.scheme in ("w8a8", "w4a8"):
-            v = {"act_rounding": "rne", "reciprocal": "recip_amax", "act_scale_dtype": "bfloat16",
-                 "zero_row": "eps", "eps": ACT_AMAX_EPS, "qmin": -128, "qmax": 127, "act_symmetric": True,
-                 "weight_scale_dtype": "bfloat16"}
+            v = {"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32",
+                 "act_dequant_scale_dtype": "bfloat16", "zero_row": "eps", "eps": ACT_AMAX_EPS, "qmin": -128,
+                 "qmax": 127, "act_symmetric": True, "weight_scale_dtype": "bfloat16"}
             if case.scheme == "w4a8" and case.weight_format == "gptq":
                 v["zero_read"] = "ignore_qzeros"
             return Declared(variants=v, weight_dtype="exact", accumulate="int32", output=out,
                             notes="ZenDNN dynamic quant: s = max(amax/127, 1e-10) in fp32, q = RNE(x / s) with the "
-                                  "fp32 s, dequant scale = bf16(s) (the weight-scale dtype). The emulator cannot "
-                                  "express 'quotient with fp32 scale, dequant with bf16 scale'; recip_amax + bf16 "
-                                  "is the nearest variant (differs only where x*(127/amax) and x/(amax/127) round "
-                                  "to different sides of a .5 tie)")
+                                  "fp32 s (reciprocal=divide, act_scale_dtype=float32), dequant scale = bf16(s), the "
+                                  "weight-scale dtype (act_dequant_scale_dtype=bfloat16); weight scales cast to bf16 "
+                                  "(weight_scale_dtype); y = acc * bf16(s) * s_w in fp32, rounded once")
         raise BackendError(f"zentorch declares nothing for {case.scheme}")
 
     # 4. prepare -----------------------------------------------------------------------------

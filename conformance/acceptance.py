@@ -18,7 +18,19 @@ dtype with unit roundoff u,
 plus the float64 evaluation error of the reference itself (``y_bound``).
 The accepted outputs are the output-dtype values in
 [RD(y - b), RU(y + b)]: every value a correct kernel can produce by rounding an
-accumulator that lies within the bound.
+accumulator that lies within the bound. A backend that declares
+``output_rounding="rtz"`` rounds its accumulator toward zero; the set of its
+possible outputs is exactly [RTZ(y - b), RTZ(y + b)] (RTZ is monotone and
+returns grid points unchanged), and its reference is RTZ(y).
+
+Declared stages beyond one GEMM (docs/conformance-bounds in the docstrings below):
+
+- ``bias_stage="after_output_rounding"``: the engine adds the bias to the
+  kernel's already rounded output (``_after_output_rounding``);
+- ``azp_epilogue="compensation"``: asymmetric W8A8 whose epilogue subtracts
+  the zero-point term in floating point (``_w8a8_interval``);
+- MoE ``act_quant``: int8-quantized GEMM inputs, with the intermediate's
+  quantization perturbed by the first GEMM's rounding (``_moe_act_quant_deviation``).
 """
 
 from __future__ import annotations
@@ -94,15 +106,32 @@ class Interval:
 
 # -- declared weights and activations ---------------------------------------------------------
 def _weight_kwargs(declared: Declared) -> dict:
+    """Declared.variants keys of the weight dequantization -> ``dequantize_*`` keyword arguments.
+
+    ``dequant_order`` (sub_then_mul | mul_then_sub | float_zero), ``zero_dtype`` (the float zero's dtype
+    under float_zero; default: the weight dtype), ``weight_scale_dtype``, ``weight_rounding`` (rne | rtz:
+    the rounding to ``Declared.weight_dtype``).
+    """
     v = declared.variants
     kw = {}
     if v.get("dequant_order"):
         kw["order"] = v["dequant_order"]
     if v.get("weight_scale_dtype"):
         kw["scale_dtype"] = v["weight_scale_dtype"]
+    if v.get("zero_dtype"):
+        kw["zero_dtype"] = v["zero_dtype"]
+    if v.get("weight_rounding"):
+        kw["compute_rounding"] = v["weight_rounding"]
     if declared.weight_dtype not in ("exact", None):
         kw["compute_dtype"] = declared.weight_dtype
     return kw
+
+
+def _round_weights(w: np.ndarray, declared: Declared) -> np.ndarray:
+    """Exact weights rounded to ``Declared.weight_dtype`` with the declared ``weight_rounding``."""
+    if declared.weight_dtype in ("exact", None):
+        return w
+    return round_to_dtype(w, declared.weight_dtype, Rounding.parse(declared.variants.get("weight_rounding") or "rne"))
 
 
 def declared_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray:
@@ -130,9 +159,7 @@ def declared_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray
         return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
     if fmt == "ct-mxfp4":
         w = mxfp4.dequantize_mxfp4_ct(tensors, dtype=np.float64)
-        if declared.weight_dtype not in ("exact", None):
-            w = round_to_dtype(w, declared.weight_dtype)
-        return w.astype(np.float32)
+        return _round_weights(w, declared).astype(np.float32)
     raise ValueError(f"no declared weight for format {fmt!r}")
 
 
@@ -140,7 +167,9 @@ def int8_variant(declared: Declared) -> a8.Int8ActVariant:
     v = declared.variants
     kw = {}
     for src, dst in (("act_rounding", "rounding"), ("reciprocal", "reciprocal"), ("act_scale_dtype", "scale_dtype"),
-                     ("zero_row", "zero_row"), ("nan_to_int", "nan_to_int")):
+                     ("zero_row", "zero_row"), ("nan_to_int", "nan_to_int"), ("act_scale_formula", "scale_formula"),
+                     ("act_granularity", "granularity"), ("act_scheme", "scheme"),
+                     ("act_dequant_scale_dtype", "dequant_scale_dtype")):
         if v.get(src) is not None:
             kw[dst] = v[src]
     for key in ("qmin", "qmax"):
@@ -152,6 +181,8 @@ def int8_variant(declared: Declared) -> a8.Int8ActVariant:
         kw["symmetric"] = bool(v["act_symmetric"])
     if v.get("uint8_zp128") is not None:
         kw["uint8_zp128"] = bool(v["uint8_zp128"])
+    if v.get("azp_before_rounding") is not None:
+        kw["azp_before_rounding"] = bool(v["azp_before_rounding"])
     return a8.Int8ActVariant(**kw)
 
 
@@ -166,24 +197,88 @@ def mx_variant(declared: Declared) -> mxfp4.MxVariant:
 
 
 # -- intervals ----------------------------------------------------------------------------------
+OUTPUT_ROUNDINGS = ("rne", "rtz")
+
+
+def _output_rounding(declared: Declared) -> Rounding:
+    r = (declared.output_rounding or "rne").lower()
+    if r not in OUTPUT_ROUNDINGS:
+        raise ValueError(f"unknown output_rounding {declared.output_rounding!r}; known: {', '.join(OUTPUT_ROUNDINGS)}")
+    return Rounding.parse(r)
+
+
 def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str, parts=None, extra=None) -> Interval:
     u = UNIT_ROUNDOFF.get(declared.accumulate)
     if u is None:
         raise ValueError(f"unknown accumulation dtype {declared.accumulate!r}")
+    mode = _output_rounding(declared)
     with np.errstate(invalid="ignore", over="ignore"):
         acc_bound = _gamma(n_terms, u) * mag
         if extra is not None:
             acc_bound = acc_bound + extra
         bound = acc_bound + y_bound64
     with np.errstate(invalid="ignore", over="ignore"):
-        lo = round_down(y_exact - bound, out_dtype)
-        hi = round_up(y_exact + bound, out_dtype)
-    y_ref = round_to_dtype(y_exact, out_dtype)
+        if mode is Rounding.RTZ:
+            # RTZ is monotone and fixes grid points: the outputs of accumulators in [y - b, y + b] are
+            # exactly the grid points of [RTZ(y - b), RTZ(y + b)]
+            lo = round_to_dtype(y_exact - bound, out_dtype, Rounding.RTZ)
+            hi = round_to_dtype(y_exact + bound, out_dtype, Rounding.RTZ)
+        else:
+            lo = round_down(y_exact - bound, out_dtype)
+            hi = round_up(y_exact + bound, out_dtype)
+    y_ref = round_to_dtype(y_exact, out_dtype, mode)
     return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=out_dtype, parts=parts or {})
+
+
+BIAS_STAGES = ("accumulator", "after_output_rounding")
 
 
 def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
     """The accepted outputs of a backend declaring ``declared`` on ``inp``."""
+    stage = declared.variants.get("bias_stage") or "accumulator"
+    if stage not in BIAS_STAGES:
+        raise ValueError(f"unknown bias_stage {stage!r}; known: {', '.join(BIAS_STAGES)}")
+    if stage == "after_output_rounding" and inp.bias is not None:
+        return _after_output_rounding(inp, declared)
+    return _interval(inp, declared)
+
+
+def _after_output_rounding(inp: CaseInputs, declared: Declared) -> Interval:
+    """``bias_stage=after_output_rounding``: y = RNE_T(o + b_T), o the kernel's output without bias.
+
+    The kernel rounds its accumulator to the output dtype T (under ``output_rounding``); the engine
+    (torchao's Int4CPU linear, GPTQModel's torch kernels) then adds the bias held in T with a 16-bit
+    elementwise add, which torch evaluates as fl32(o + b) rounded to T. For T = fp16/bf16 that double
+    rounding equals one RNE of the exact sum: fp32's 24 bits are at least 2p + 2 for p <= 11
+    (Figueroa, "When is double rounding innocuous?", SIGNUM Newsletter 30(3), 1995); for T = fp32 it is
+    one rounding. Every o the kernel can produce lies in [lo0, hi0], the interval of the same
+    declaration without bias, and RNE_T(o + b) is non-decreasing in o, so
+
+        lo = RNE_T(lo0 + b_T),  hi = RNE_T(hi0 + b_T),  y_ref = RNE_T(y_ref0 + b_T).
+
+    The interval may contain values no o reaches (near cancellation o's grid is coarser than y's): it
+    is the tightest interval, not the exact set. ``y_exact`` is the unrounded y0 + b and ``bound`` the
+    distance from it to the farther end.
+    """
+    rest = {k: v for k, v in declared.variants.items() if k != "bias_stage"}
+    iv0 = _interval(dataclasses.replace(inp, bias=None), dataclasses.replace(declared, variants=rest))
+    T = iv0.out_dtype
+    b = round_to_dtype(inp.bias.astype(np.float64), T)[None, :]
+
+    def add(o):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return round_to_dtype(np.asarray(o, np.float64) + b, T)
+
+    lo, hi, y_ref = add(iv0.lo), add(iv0.hi), add(iv0.y_ref)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y_exact = iv0.y_exact + b
+        bound = np.maximum(y_exact - lo, hi - y_exact)
+    bound = np.where(np.isfinite(bound), bound, iv0.bound)
+    parts = dict(iv0.parts, bias_stage="after_output_rounding")
+    return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=T, parts=parts)
+
+
+def _interval(inp: CaseInputs, declared: Declared) -> Interval:
     case = inp.case
     out_dtype = declared.output or case.output_dtype
     x = inp.x.astype(np.float64)
@@ -193,22 +288,7 @@ def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
     _, act = {"w4a16": (0, "a16"), "w8a16": (0, "a16"), "w4a16-mxfp4": (0, "a16"), "w8a8": (0, "int8"),
               "w4a8": (0, "int8"), "w4a4-mxfp4": (0, "mxfp4"), "w4a16-moe": (0, "moe")}[case.scheme]
     if act == "moe":
-        w13 = emoe.dequantize_gptq_experts(inp.tensors["w13_qweight"], inp.tensors["w13_scales"], group_size=case.group)
-        w2 = emoe.dequantize_gptq_experts(inp.tensors["w2_qweight"], inp.tensors["w2_scales"],
-                                          group_size=min(case.group, case.N))
-        if declared.weight_dtype not in ("exact", None):
-            w13 = round_to_dtype(w13, declared.weight_dtype)
-            w2 = round_to_dtype(w2, declared.weight_dtype)
-        r = emoe.moe_w16(x.astype(np.float32), inp.router_logits, w13, w2, case.top_k,
-                         variant=emoe.MoeVariant(**(declared.variants.get("moe") or {})), out_dtype=out_dtype)
-        # Two GEMMs + routing in the declared precision: bound each stage's accumulation and the
-        # fp32 routing weights (relative u each), propagated through |w2| |a|.
-        u = UNIT_ROUNDOFF[declared.accumulate]
-        ia = case.N
-        inter_mag = r.y_bound / max(lin.gamma(ia + case.top_k + 8), 1e-300)
-        extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u) + 2.0 ** -7) * inter_mag
-        return _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype,
-                       parts={"topk_ids": r.parts["topk_ids"]}, extra=extra)
+        return _moe_interval(inp, x, declared, out_dtype)
     if act == "a16":
         w = declared_weight(case, inp.tensors, declared).astype(np.float64)
         r = lin.linear_w16(x, w, bias, out_dtype=out_dtype)
@@ -217,28 +297,20 @@ def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
         return _finish(r.y_exact, r.y_bound, mag, case.K + 1 + (bias is not None), declared, out_dtype)
     if act == "int8":
         v = int8_variant(declared)
-        if case.scheme == "w8a8":
-            t = inp.tensors
-            r = lin.linear_w8a8(x.astype(np.float32), t["weight"], np.asarray(t["weight_scale"], np.float32).reshape(-1),
-                                bias, act=v, out_dtype=out_dtype)
-            scale_mag = np.abs(r.acc * r.parts["x_scale"].astype(np.float64)
-                               * np.asarray(t["weight_scale"], np.float64).reshape(1, -1))
-            mag = scale_mag + (0 if bias is None else np.abs(bias))
-            # int32 accumulation is exact; the scale products and the bias add round in the accumulate dtype
-            acc_decl = dataclasses.replace(declared, accumulate="float32" if declared.accumulate == "int32"
-                                           else declared.accumulate)
-            return _finish(r.y_exact, r.y_bound, mag, 3, acc_decl, out_dtype, parts=r.parts)
-        # W4A8: integer weights (q - z) and group scales under the declared weight reading
-        w = declared_weight(case, inp.tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
-        r = lin.linear_w16(lin_dequant_acts(x, v), w, bias, out_dtype=out_dtype)
-        acts = a8.quantize_int8_per_token(x.astype(np.float32), v)
-        xd = a8.dequantize_int8_per_token(acts)
-        mag = np.abs(xd) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
-        n_groups = case.K // case.group
         acc_decl = dataclasses.replace(declared, accumulate="float32" if declared.accumulate == "int32"
                                        else declared.accumulate)
+        if case.scheme == "w8a8":
+            return _w8a8_interval(inp, x, bias, v, declared, acc_decl, out_dtype)
+        # W4A8: integer weights (q - z) and group scales under the declared weight reading
+        w = declared_weight(case, inp.tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
+        acts = a8.quantize_int8_per_token(x.astype(np.float32), v)
+        xd = a8.dequantize_int8_per_token(acts)
+        r = lin.linear_w16(xd, w, bias, out_dtype=out_dtype)
+        mag = np.abs(xd) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
+        n_groups = case.K // case.group
         return _finish(r.y_exact, r.y_bound, mag, n_groups + 3, acc_decl, out_dtype,
-                       parts={"x_q": acts.q, "x_scale": acts.scale, "x_tie": acts.tie})
+                       parts={"x_q": acts.q, "x_scale": acts.scale, "x_tie": acts.tie,
+                              "x_zero_point": acts.zero_point})
     if act == "mxfp4":
         mv = mx_variant(declared)
         codes, sb = mxfp4.unpack_mxfp4_ct(inp.tensors)
@@ -249,6 +321,181 @@ def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
             mag = np.abs(xd) @ np.abs(wd).T + (0 if bias is None else np.abs(bias))
         return _finish(r.y_exact, r.y_bound, mag, case.K + 1, declared, out_dtype, parts=r.parts)
     raise ValueError(case.scheme)
+
+
+AZP_EPILOGUES = ("exact", "compensation")
+
+
+def _w8a8_interval(inp, x, bias, v, declared, acc_decl, out_dtype) -> Interval:
+    """W8A8: int32 accumulation is exact; the scale products and the bias add round in fp32.
+
+    ``azp_epilogue="exact"`` (canonical): the kernel forms sum_k (q_x - azp) w as an integer and
+    computes s_a s_w acc + b with at most 3 roundings: gamma_3 (|s_a s_w acc| + |b|).
+
+    ``azp_epilogue="compensation"`` (asymmetric activations; vLLM's x86 oneDNN epilogue,
+    ``csrc/cpu/dnnl_kernels.cpp``): the integer GEMM sees the stored codes, and the zero point is
+    removed in floating point, y = fl(fl(A - B) + b) with
+
+        A = fl(fl(S1 s_w) s_a),  S1 = sum_k q_x w            (int32, exact; 2 roundings)
+        B = fl(fl(S2 s_w) fl(s_a azp)),  S2 = sum_k w        (exact; 3 roundings)
+
+    so the computed value is A(1 + t4) - B(1 + t5) + b(1 + t1) with |t_n| <= gamma_n (Higham, Lemma
+    3.1), and |y - y0| <= gamma_5 (|s_a s_w S1| + |s_a s_w azp S2| + |b|): the magnitude is that of the
+    two terms *before* they cancel, which the canonical |s_a s_w (S1 - azp S2)| can underestimate by
+    orders of magnitude.
+    """
+    case, t = inp.case, inp.tensors
+    ws = np.asarray(t["weight_scale"], np.float32).reshape(-1)
+    if declared.variants.get("weight_scale_dtype"):  # e.g. vLLM's zentorch path casts W8A8 scales to bf16
+        ws = round_to_dtype(ws, declared.variants["weight_scale_dtype"]).astype(np.float32)
+    r = lin.linear_w8a8(x.astype(np.float32), t["weight"], ws, bias, act=v, out_dtype=out_dtype)
+    ws64 = np.broadcast_to(ws.astype(np.float64), (case.N,))[None, :]
+    sa = r.parts["x_scale"].astype(np.float64)
+    epi = declared.variants.get("azp_epilogue") or "exact"
+    if epi not in AZP_EPILOGUES:
+        raise ValueError(f"unknown azp_epilogue {epi!r}; known: {', '.join(AZP_EPILOGUES)}")
+    bmag = 0 if bias is None else np.abs(bias)
+    if epi == "compensation":
+        wq = np.asarray(t["weight"]).astype(np.float64)
+        s1 = r.parts["x_q"].astype(np.float64) @ wq.T
+        s2 = r.parts["x_zero_point"].astype(np.float64) * wq.sum(axis=1)[None, :]
+        mag = np.abs(sa * ws64) * (np.abs(s1) + np.abs(s2)) + bmag
+        return _finish(r.y_exact, r.y_bound, mag, 5, acc_decl, out_dtype, parts=r.parts)
+    mag = np.abs(r.acc * sa * ws64) + bmag
+    return _finish(r.y_exact, r.y_bound, mag, 3, acc_decl, out_dtype, parts=r.parts)
+
+
+# -- MoE ------------------------------------------------------------------------------------------
+def moe_variant(declared: Declared) -> emoe.MoeVariant:
+    """Declared.variants["moe"] (a dict of MoeVariant fields; ``act_quant`` a dict of Int8ActVariant fields)."""
+    return emoe.MoeVariant(**(declared.variants.get("moe") or {}))
+
+
+def _moe_interval(inp: CaseInputs, x: np.ndarray, declared: Declared, out_dtype: str) -> Interval:
+    """Two GEMMs + routing in the declared precision: each stage's accumulation and the fp32 routing
+    weights (relative u each), propagated through |w2| |a|; with ``act_quant``, plus the deviation of
+    the kernel's quantized intermediate from the reference's (``_moe_act_quant_deviation``)."""
+    case = inp.case
+    kw = _weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
+    w13 = emoe.dequantize_gptq_experts(inp.tensors["w13_qweight"], inp.tensors["w13_scales"], group_size=case.group,
+                                       **kw)
+    w2 = emoe.dequantize_gptq_experts(inp.tensors["w2_qweight"], inp.tensors["w2_scales"],
+                                      group_size=min(case.group, case.N), **kw)
+    w13 = _round_weights(w13.astype(np.float64), declared)
+    w2 = _round_weights(w2.astype(np.float64), declared)
+    mv = moe_variant(declared)
+    r = emoe.moe_w16(x.astype(np.float32), inp.router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
+    u = UNIT_ROUNDOFF[declared.accumulate]
+    ia = case.N
+    inter_mag = r.y_bound / max(lin.gamma(ia + case.top_k + 8), 1e-300)
+    extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u) + 2.0 ** -7) * inter_mag
+    parts = {"topk_ids": r.parts["topk_ids"]}
+    if mv.act_quant is not None:
+        dev = _moe_act_quant_deviation(r, x, w13, w2, mv, case, u, out_dtype)
+        extra = extra + dev * (1 + _gamma(ia + case.top_k + 4, u))
+        parts["act_quant_deviation"] = dev
+    return _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype, parts=parts, extra=extra)
+
+
+#: allowance for the kernel's fp32 SiLU (x / (1 + exp(-x)) with vectorized exp approximations) relative to
+#: |silu(g) * up|: far above the documented accuracy of at::vec exp (u10/u20 ULP), far below a 16-bit ULP
+SILU_REL_ERR = 2.0 ** -14
+_SILU_ARGMIN = -1.2784645427610738  # silu'(g) = 0: the global minimum of g / (1 + exp(-g))
+
+
+def _silu(g):
+    with np.errstate(over="ignore"):
+        return g / (1.0 + np.exp(-g))
+
+
+def _silu_range(lo, hi):
+    """[min, max] of silu over [lo, hi] (decreasing below its argmin, increasing above)."""
+    a, b = _silu(lo), _silu(hi)
+    mn = np.where((lo <= _SILU_ARGMIN) & (hi >= _SILU_ARGMIN), _silu(_SILU_ARGMIN), np.minimum(a, b))
+    return mn, np.maximum(a, b)
+
+
+def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: float, out_dtype: str) -> np.ndarray:
+    """Bound on |y_kernel - y_ref| caused by the int8 quantization of a perturbed intermediate.
+
+    x's quantization is emulated exactly (it sees the exact input). The intermediate a is not: the
+    kernel quantizes *its* a', which differs from the reference a by the first GEMM's rounding. Per
+    token m, slot j (expert e) and element i, interval arithmetic with monotone steps:
+
+    1. h' in [h - e_h, h + e_h], h = x_in W13[e]^T exact, e_h = gamma_{K+2}(u) |x_in| |W13[e]|^T (the
+       per-block integer dot is exact; block scaling and the block sum are fp32), then rounded to
+       ``gate_up_dtype`` when declared (RNE, monotone: [RNE(lo), RNE(hi)]);
+    2. silu(g) * up over the box (silu's exact range on an interval; the product's four corners),
+       widened by SILU_REL_ERR for the kernel's fp32 evaluation, rounded to the intermediate dtype;
+    3. the row's amax' lies in [max_i mig(a'_i), max_i mag(a'_i)]; the code of a'_i under the declared
+       (symmetric) ``act_quant`` is monotone in a'_i and in amax', so it lies between the codes of the
+       four corners, each computed by the emulator's own quantizer on the row [amax', a'_i]; the
+       scale s(amax') is monotone too, so the dequantized value lies between the corner products;
+    4. D_i = the larger distance from the reference's dequantized a_in,i to that range, and
+       |y' - y| <= sum_j w_j (D @ |W2[e]|^T).
+
+    Elements whose box stays inside one code contribute only the scale change |s' - s| |c|, so the
+    bound is tight where the first GEMM's error cannot move a code.
+    """
+    aq = mv.act_quant
+    if not aq.symmetric or aq.scheme is not a8.Int8Scheme.MINMAX or aq.granularity is not a8.Granularity.PER_TOKEN:
+        raise ValueError("the MoE act_quant bound is defined for symmetric per-token MINMAX int8 schemes")
+    ids, wts = r.parts["topk_ids"], r.parts["topk_weights"]
+    x_in, a_in = r.parts["x_in"], r.parts["a_in"]
+    inter_dtype = mv.intermediate_dtype or out_dtype
+    M, top_k = ids.shape
+    K = x_in.shape[1]
+    I = a_in.shape[2]
+    # 1-2: per (m, j) the kernel's intermediate box [alo, ahi]
+    alo = np.zeros_like(a_in)
+    ahi = np.zeros_like(a_in)
+    for j in range(top_k):
+        for e in np.unique(ids[:, j]):
+            rows = np.nonzero(ids[:, j] == e)[0]
+            h = x_in[rows] @ w13[e].T
+            eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_in[rows]) @ np.abs(w13[e]).T)
+            hlo, hhi = h - eh, h + eh
+            if mv.gate_up_dtype:
+                hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
+            glo, ulo = emoe._split_gate_up(hlo, mv)
+            ghi, uhi = emoe._split_gate_up(hhi, mv)
+            slo, shi = _silu_range(glo, ghi)
+            corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
+            plo, phi = corners.min(axis=0), corners.max(axis=0)
+            widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
+            plo, phi = plo - widen, phi + widen
+            if inter_dtype != "float64":
+                plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
+            alo[rows, j], ahi[rows, j] = plo, phi
+    # 3: amax' range per row, codes and scales at the corners
+    mig = np.where((alo <= 0) & (ahi >= 0), 0.0, np.minimum(np.abs(alo), np.abs(ahi)))
+    mag = np.maximum(np.abs(alo), np.abs(ahi))
+    amin_row, amax_row = mig.max(axis=2), mag.max(axis=2)  # [M, top_k]
+
+    def codes(amax, v):
+        """Signed code (q - zp) of v in a row whose amax is max(amax, |v|), by the emulator's quantizer."""
+        A = np.broadcast_to(amax[..., None], v.shape).reshape(-1)
+        acts = a8.quantize_int8_per_token(np.stack([A, v.reshape(-1)], axis=1).astype(np.float32), aq)
+        return (acts.q[:, 1].astype(np.float64) - acts.zero_point[:, 0]).reshape(v.shape)
+
+    def scale(amax):
+        acts = a8.quantize_int8_per_token(amax.reshape(-1, 1).astype(np.float32), aq)
+        return acts.scale[:, 0].astype(np.float64).reshape(amax.shape)[..., None]
+
+    c = np.stack([codes(amin_row, alo), codes(amin_row, ahi), codes(amax_row, alo), codes(amax_row, ahi)])
+    clo, chi = c.min(axis=0), c.max(axis=0)
+    slo, shi = scale(amin_row), scale(amax_row)
+    # the kernel's dequantized value c' s' with c' in [clo, chi], s' in [slo, shi]: the interval product
+    prods = np.stack([clo * slo, clo * shi, chi * slo, chi * shi])
+    vlo, vhi = prods.min(axis=0), prods.max(axis=0)
+    dev_el = np.maximum(np.maximum(vhi - a_in, a_in - vlo), 0.0)
+    # 4: through the second GEMM and the routing weights
+    dev = np.zeros((M, w2.shape[1]))
+    for j in range(top_k):
+        for e in np.unique(ids[:, j]):
+            rows = np.nonzero(ids[:, j] == e)[0]
+            dev[rows] += np.abs(wts[rows, j:j + 1]) * (dev_el[rows, j] @ np.abs(w2[e]).T)
+    return dev
 
 
 def lin_dequant_acts(x: np.ndarray, v: a8.Int8ActVariant) -> np.ndarray:

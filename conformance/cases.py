@@ -14,7 +14,7 @@ import numpy as np
 from backends.base import Case
 from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
 from emulator.numerics.floats import round_to_dtype
-from emulator.synthetic import make_weight
+from emulator.synthetic import make_weight, tiny_amplitude
 
 __all__ = ["CaseInputs", "make_inputs", "weight_tensors"]
 
@@ -93,5 +93,12 @@ def make_inputs(case: Case, seed: int = 0) -> CaseInputs:
                    "w2_qweight": np.stack([t.qweight for t in t2]), "w2_scales": np.stack([t.scales for t in t2])}
         logits = rng.standard_normal((case.M, E)).astype(np.float32)
         return CaseInputs(case, seed, tensors, x, None, logits, None)
-    w = make_weight(case.N, case.K, seed + 3, group=case.group)
+    w = make_weight(case.N, case.K, seed + 3, group=case.group, tiny=_tiny(case))
     return CaseInputs(case, seed, weight_tensors(case, w, seed), x, bias, None, w)
+
+
+def _tiny(case: Case) -> float:
+    """The planted tiny group's amplitude: as small as the case's scale dtype can store (8-bit weights
+    with float16 scales get a larger one than 4-bit weights, or their scales would underflow)."""
+    bits = 8 if case.weight_format == "ct-int-quantized" else case.bits
+    return tiny_amplitude(bits, case.scale_dtype)

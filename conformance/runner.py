@@ -177,6 +177,32 @@ def _tie_widening(iv: Interval, inp, declared: Declared) -> tuple[np.ndarray, np
 _TIE_AXES = {"w8a8": "act_rounding", "w4a8": "act_rounding", "w4a4-mxfp4": "e2m1_rounding"}
 
 
+def rounded_interval(iv: Interval, declared: Declared) -> Interval:
+    """The interval narrowed to the outputs a kernel that rounds *once*, as it declares, can produce.
+
+    A kernel's accumulator lies in [y - b, y + b]; it rounds it once to the output dtype with its
+    declared ``output_rounding`` R (rne or rtz). R is monotone and returns grid points unchanged, so
+    its outputs are exactly the grid points of [R(y - b), R(y + b)] (the arguments widened by one
+    float64 ulp outward, so the float64 evaluation of y -+ b cannot exclude a correct value). The
+    interval from ``declared_interval`` rounds outward ([RD(y - b), RU(y + b)]), which also admits
+    the neighbour on the other side of a correctly rounded value: a kernel that truncates while
+    declaring round-to-nearest would pass it. Where the declaration adds a stage after the rounding
+    (``bias_stage=after_output_rounding``) or uses another rounding, the interval is kept as is.
+    """
+    mode = (declared.output_rounding or "rne").lower()
+    if mode not in ("rne", "rtz") or iv.parts.get("bias_stage") == "after_output_rounding":
+        return iv
+    from emulator.numerics.floats import round_to_dtype
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo_t = round_to_dtype(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
+        hi_t = round_to_dtype(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
+        fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
+        lo = np.where(fin, np.maximum(iv.lo, lo_t), iv.lo)
+        hi = np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
+    return dataclasses.replace(iv, lo=lo, hi=hi)
+
+
 def _alternative_rule(inp, y, declared: Declared):
     """If the output is explained by another tie rule than the declared one, name it.
 
@@ -192,7 +218,7 @@ def _alternative_rule(inp, y, declared: Declared):
             continue
         alt = dataclasses.replace(declared, variants=dict(declared.variants, **{axis: rule}))
         try:
-            if compare(y, declared_interval(inp, alt)).ok:
+            if compare(y, rounded_interval(declared_interval(inp, alt), alt)).ok:
                 return axis, rule, mine
         except Exception:
             continue
@@ -200,8 +226,16 @@ def _alternative_rule(inp, y, declared: Declared):
 
 
 def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
-    """Verdict and metrics for one observed output."""
-    cmp = compare(y, iv)
+    """Verdict and metrics for one observed output.
+
+    Inside means inside ``rounded_interval`` (the outputs of one declared rounding of an accumulator
+    within the bound); the error/bound ratios and the quality warning use the outward interval.
+    """
+    loose, iv = iv, rounded_interval(iv, declared)
+    cmp = compare(y, loose)
+    cmp_t = compare(y, iv)
+    rounding_only = cmp.ok and not cmp_t.ok
+    cmp = dataclasses.replace(cmp, ok=cmp_t.ok, n_out=cmp_t.n_out)
     rec = {"max_ratio": cmp.max_ratio, "max_ulp": cmp.max_ulp, "sqnr_db": cmp.sqnr_db, "n_outside": cmp.n_out,
            "exact_match": cmp.exact_match, "worst": list(cmp.worst) if cmp.worst else None, "tie_flips": 0}
     if rec["worst"] is not None:
@@ -217,9 +251,9 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
             return rec
         y64 = np.asarray(y, np.float64)
         fin = np.isfinite(iv.y_exact)
-        side = np.where(y64 >= iv.y_ref, iv.hi - iv.y_ref, iv.y_ref - iv.lo)
+        side = np.where(y64 >= loose.y_ref, loose.hi - loose.y_ref, loose.y_ref - loose.lo)
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(y64 == iv.y_ref, 0.0, np.abs(y64 - iv.y_ref) / side)
+            ratio = np.where(y64 == loose.y_ref, 0.0, np.abs(y64 - loose.y_ref) / side)
         ratio = ratio[fin & np.isfinite(ratio)]
         if ratio.size and iv.bound.max(initial=0) > 0 and ratio.mean() > 0.5 and ratio.max() > 0.9:
             rec.update(verdict="quality-warning", reason=f"error uses {ratio.mean():.0%} of the bound on average")
@@ -236,8 +270,10 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
         widen, ties_per_row = widened
         y64 = np.asarray(y, np.float64)
         with np.errstate(invalid="ignore"):
-            lo = round_down(iv.y_exact - iv.bound - widen, iv.out_dtype)
-            hi = round_up(iv.y_exact + iv.bound + widen, iv.out_dtype)
+            wide = rounded_interval(dataclasses.replace(
+                iv, lo=round_down(iv.y_exact - iv.bound - widen, iv.out_dtype),
+                hi=round_up(iv.y_exact + iv.bound + widen, iv.out_dtype), bound=iv.bound + widen), declared)
+            lo, hi = wide.lo, wide.hi
         nan_ref = np.isnan(iv.y_exact)
         inside_decl = (y64 >= iv.lo) & (y64 <= iv.hi)
         inside_tie = ((y64 >= lo) & (y64 <= hi)) | (nan_ref & np.isnan(y64))
@@ -248,6 +284,11 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
                        reason=f"outside the declared interval only where {rec['tie_flips']} activation tie(s) "
                               f"in {len(rows)} row(s) can flip")
             return rec
+    if rounding_only:
+        rec.update(verdict="fail", reason=f"{cmp.n_out} output element(s) are not the declared rounding "
+                                          f"({(declared.output_rounding or 'rne').lower()}) of any accumulator "
+                                          "within the bound (e.g. truncated instead of rounded to nearest)")
+        return rec
     rec.update(verdict="fail", reason=f"{cmp.n_out} output element(s) outside the declared interval")
     return rec
 
@@ -315,8 +356,12 @@ def read_results(path: "str | Path") -> list[dict]:
 
 class Runner:
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
-                 progress: bool = True, worker_env: dict | None = None):
+                 progress: bool = True, worker_env: dict | None = None, on_output=None):
         self.out_dir = Path(out_dir)
+        #: optional callback(label, spec, inp, declared, interval, y, rec), called (from worker threads)
+        #: for every judged output before its result line is written; conformance/certify.py keeps the
+        #: observed outputs and intervals with it
+        self.on_output = on_output
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out_dir / "results.jsonl"
         self.timeout = timeout
@@ -365,6 +410,13 @@ class Runner:
         for bspec in backend_specs:
             hello = self.hello(bspec)
             label = hello.get("label", bspec)
+            # one line per backend: version and device, for the reports' environment section
+            with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"kind": "backend", "backend": label, "spec": bspec,
+                                    "available": bool(hello.get("ok") and hello.get("available")),
+                                    "reason": hello.get("reason") or hello.get("error") or "",
+                                    "version": hello.get("version"), "device": hello.get("device"),
+                                    "covers": hello.get("covers")}, default=_json_default) + "\n")
             todo = [s for s in specs if (label, s.case_id) not in done]
             self._total += len(todo)
             if not hello.get("ok") or not hello.get("available"):
@@ -458,6 +510,8 @@ class Runner:
                            seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"))
         if verdict == "fail":
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
+        if self.on_output is not None:
+            self.on_output(label, spec, inp, declared, iv, y, rec)
         return rec
 
     def _bundle(self, label, spec, inp, declared, verdict, reason, y, iv) -> Path:

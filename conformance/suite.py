@@ -101,10 +101,25 @@ def scheme_grid(shapes) -> list[Case]:
                 Case("w4a16-mxfp4", "ct-mxfp4", M, N, K, group_size=32, act_dtype=act),
                 Case("w4a4-mxfp4", "ct-mxfp4", M, N, K, group_size=32, act_dtype=act),
                 Case("w4a16-moe", "gptq", M, min(N, 64), K, group_size=32, sym=True, act_dtype=act, E=4, top_k=2),
+                Case("w8a16", "ct-int-quantized", M, N, K, group_size=-1, act_dtype=act, scale_dtype="bfloat16"),
             ]
         out.append(Case("w4a16", "gptq", M, N, K, group_size=32, sym=True, zero_convention="v1", act_dtype="float32"))
+        if K % 128 == 0:
+            out.append(Case("w8a16", "gptq", M, N, K, group_size=128, sym=True, zero_convention="v1", bits=8))
     # K equal to the group size
     out.append(Case("w4a16", "gptq", 2, 40, 128, group_size=128, sym=False, zero_convention="v2"))
+    # square scale matrices (K / G == N, and K / 32 == N for MXFP4): a kernel that reads the scales
+    # transposed passes every shape check here and only here
+    out += [
+        Case("w4a16", "gptq", 3, 16, 512, group_size=32, sym=True, zero_convention="v1"),
+        Case("w4a16", "awq", 3, 16, 512, group_size=32, sym=False),
+        Case("w4a16", "ct-pack-quantized", 3, 16, 512, group_size=32, sym=False),
+        Case("w4a16-mxfp4", "ct-mxfp4", 3, 16, 512, group_size=32),
+    ]
+    # K not a multiple of 16 (vectorised kernels without a K tail), bf16 activations
+    out.append(Case("w8a16", "ct-int-quantized", 4, 64, 40, group_size=-1, scale_dtype="bfloat16"))
+    # channel-wise MoE experts with I != K (w13 and w2 have different group sizes)
+    out.append(Case("w4a16-moe", "gptq", 5, 64, 128, group_size=-1, sym=True, E=4, top_k=2))
     return out
 
 

@@ -15,7 +15,10 @@ For each token m with router logits r[m, :E]:
 
 Weights are the exact dequantized expert matrices (any int4 format), so the
 MoE semantics stay independent of the weight format. ``MoeVariant`` names the
-choices kernels make differently.
+choices kernels make differently, among them int8-quantized GEMM inputs
+(``act_quant``: a W4A8 MoE, vLLM CPU ``fused_experts_cpu`` INT4_W4A8): x and
+the intermediate a are replaced by their per-token int8 quantize-dequantize
+(``activations.int8``) before the GEMM that consumes them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import enum
 
 import numpy as np
 
+from .activations import int8 as a8
 from .errors import require
 from .linear import LinearResult, dtype_name, gamma, round_output
 from .numerics.floats import round_to_dtype
@@ -43,18 +47,36 @@ class GateUpOrder(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class MoeVariant:
+    """Choices of the fused-MoE forward. Defaults are canonical.
+
+    - ``gate_up_dtype``: the dtype the first GEMM's output h (gate and up) is rounded to (RNE) before
+      SiLU * up; None (canonical): h is used exactly. vLLM's fused-MoE kernels store h in a buffer of
+      the activation dtype (``intermediate_cache0`` / ``ic0``).
+    - ``act_quant``: an ``Int8ActVariant`` (or a dict of its fields): both GEMM inputs are quantized
+      per token with it and used dequantized, ``x -> (q_x - zp_x) s_x`` before the first GEMM and
+      ``a -> (q_a - zp_a) s_a`` (one scale per token and chosen expert) before the second; None
+      (canonical): the GEMMs take x and a as they are (W4A16). vLLM CPU ``fused_experts_cpu`` with
+      ``CPUQuantMethod.INT4_W4A8`` (``csrc/cpu/sgl-kernels/moe_int4.cpp``: ``quantize_row_int8`` of the
+      hidden states, stage 0, and of ``silu_and_mul``'s output, stage 1.5).
+    """
+
     renormalize: bool = True
     gate_up: GateUpOrder = GateUpOrder.GATE_UP
     tie_lower_index_first: bool = True
     intermediate_dtype: str | None = None  # None: the activation dtype; "float64": no rounding
+    gate_up_dtype: str | None = None
+    act_quant: a8.Int8ActVariant | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "gate_up", GateUpOrder(self.gate_up))
+        if isinstance(self.act_quant, dict):
+            object.__setattr__(self, "act_quant", a8.Int8ActVariant(**self.act_quant))
 
     def describe(self) -> dict:
         return {"renormalize": self.renormalize, "gate_up": self.gate_up.value,
                 "tie_lower_index_first": self.tie_lower_index_first,
-                "intermediate_dtype": self.intermediate_dtype}
+                "intermediate_dtype": self.intermediate_dtype, "gate_up_dtype": self.gate_up_dtype,
+                "act_quant": None if self.act_quant is None else self.act_quant.describe()}
 
 
 CANONICAL = MoeVariant()
@@ -93,9 +115,22 @@ def _silu(g: np.ndarray) -> np.ndarray:
     return g / (1.0 + np.exp(-g))
 
 
+def _quant_dequant(v: np.ndarray, variant: a8.Int8ActVariant) -> tuple[np.ndarray, a8.Int8Activations]:
+    """Per-token int8 quantize-dequantize of the rows of v (values exact in float32)."""
+    acts = a8.quantize_int8_per_token(v.astype(np.float32), variant)
+    return a8.dequantize_int8_per_token(acts), acts
+
+
 def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANONICAL,
             out_dtype: str | None = None) -> LinearResult:
-    """Fused-MoE reference with dequantized experts w13 [E, 2I, K], w2 [E, K, I]."""
+    """Fused-MoE reference with dequantized experts w13 [E, 2I, K], w2 [E, K, I].
+
+    ``parts`` holds the routing (``topk_ids``, ``topk_weights``) and, per token and chosen slot j,
+    the GEMM-1 output ``h`` [M, top_k, 2I] (after ``gate_up_dtype``), the intermediate ``a``
+    [M, top_k, I] (after ``intermediate_dtype``) and the GEMM-2 input ``a_in`` (``a``, or its
+    quantize-dequantize under ``act_quant``, whose scales are ``a_scale`` [M, top_k]); with
+    ``act_quant`` also ``x_in``, the dequantized quantized x.
+    """
     out_dtype = out_dtype or dtype_name(x)
     x64 = as_float64(x)
     w13 = as_float64(w13)
@@ -110,28 +145,46 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
     require(ids.shape[0] == x64.shape[0], "router_logits and x disagree on M", tensor="router_logits")
     inter_dtype = variant.intermediate_dtype or dtype_name(x)
     M = x64.shape[0]
+    parts: dict = {"topk_ids": ids, "topk_weights": wts}
+    x_in = x64
+    if variant.act_quant is not None:
+        x_in, xa = _quant_dequant(x64, variant.act_quant)
+        parts.update(x_in=x_in, x_q=xa.q, x_scale=xa.scale, x_tie=xa.tie)
+    h_all = np.zeros((M, top_k, two_i))
+    a_all = np.zeros((M, top_k, inter))
+    a_in_all = np.zeros((M, top_k, inter))
+    a_scale = np.zeros((M, top_k))
     y = np.zeros((M, K), dtype=np.float64)
     mag = np.zeros((M, K), dtype=np.float64)
     for j in range(top_k):
         for e in np.unique(ids[:, j]):
             rows = np.nonzero(ids[:, j] == e)[0]
-            h = x64[rows] @ w13[e].T
+            h = x_in[rows] @ w13[e].T
+            if variant.gate_up_dtype:
+                h = round_to_dtype(h, variant.gate_up_dtype)
             gate, up = _split_gate_up(h, variant)
             a = _silu(gate) * up
             if inter_dtype != "float64":
                 a = round_to_dtype(a, inter_dtype)
-            o = a @ w2[e].T
+            a_in = a
+            if variant.act_quant is not None:
+                a_in, aa = _quant_dequant(a, variant.act_quant)
+                a_scale[rows, j] = aa.scale[:, 0]
+            h_all[rows, j], a_all[rows, j], a_in_all[rows, j] = h, a, a_in
+            o = a_in @ w2[e].T
             y[rows] += wts[rows, j:j + 1] * o
-            mag[rows] += np.abs(wts[rows, j:j + 1]) * (np.abs(a) @ np.abs(w2[e]).T)
+            mag[rows] += np.abs(wts[rows, j:j + 1]) * (np.abs(a_in) @ np.abs(w2[e]).T)
+    parts.update(h=h_all, a=a_all, a_in=a_in_all)
+    if variant.act_quant is not None:
+        parts["a_scale"] = a_scale
     # float64 evaluation error only (the reference itself is defined in float64 after routing).
     bound = gamma(inter + top_k + 8) * mag
     res_y, amb = round_output(y, bound, out_dtype)
-    return LinearResult(y=res_y, y_exact=y, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
-                        parts={"topk_ids": ids, "topk_weights": wts})
+    return LinearResult(y=res_y, y_exact=y, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype, parts=parts)
 
 
 def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bits: int = 4,
-                            zero_convention: str = "gptq", tensor: str = "w13") -> np.ndarray:
+                            zero_convention: str = "gptq", tensor: str = "w13", **dequant_kw) -> np.ndarray:
     """Stacked GPTQ experts -> float32 [E, out, in].
 
     vLLM's FusedMoE GPTQ layout: ``qweight [E, in/8, out]`` int32 (each expert a GPTQ
@@ -161,7 +214,8 @@ def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bi
         else:
             qz = np.asarray(qzeros)[e]
         t = gptq.GptqTensors(qweight=qw[e], qzeros=qz, scales=sc[e], g_idx=None)
-        experts.append(gptq.dequantize_gptq(t, params, shape=(out_dim, in_dim), layer=f"{tensor}[expert {e}]"))
+        experts.append(gptq.dequantize_gptq(t, params, shape=(out_dim, in_dim), layer=f"{tensor}[expert {e}]",
+                                            **dequant_kw))
     return np.stack(experts).astype(np.float32)
 
 

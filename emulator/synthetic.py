@@ -21,7 +21,7 @@ from .formats import awq, compressed_tensors as ct, gptq, mxfp4
 from .numerics.floats import round_to_dtype
 from .tensorfile import Tensor, save_tensors
 
-__all__ = ["SCHEMES", "make_weight", "write_checkpoint"]
+__all__ = ["SCHEMES", "TINY", "tiny_amplitude", "make_weight", "write_checkpoint"]
 
 #: scheme name -> short description; every name is a format + parameter set write_checkpoint knows.
 SCHEMES = {
@@ -41,8 +41,29 @@ SCHEMES = {
 }
 
 
-def make_weight(n: int, k: int, seed: int, *, group: int = 32, dtype=np.float16) -> np.ndarray:
-    """Seeded Gaussian weight [N, K] with planted degenerate groups in its first rows."""
+#: amplitude of the planted "tiny" group for 4-bit weights with float16 scales: its scale lands a few
+#: quanta above float16's smallest subnormal (2**-24), the deepest a stored scale can go
+TINY = 1e-6
+
+
+def tiny_amplitude(bits: int = 4, scale_dtype: str = "float16") -> float:
+    """Amplitude of the planted tiny group for ``bits``-bit weights with ``scale_dtype`` scales.
+
+    A group's scale is about amplitude * 2 / (2**bits - 1); with float16 scales 4-bit weights use
+    ``TINY`` (scales around 5 * 2**-24), and wider codes scale the amplitude by (2**bits - 1) / 15 so
+    that their scales land on the same subnormal float16 values instead of underflowing to 0 (which
+    no quantizer can store). bfloat16 and float32 scales reach far lower: ``TINY`` for every width.
+    """
+    if scale_dtype != "float16" or bits <= 4:
+        return TINY
+    return TINY * ((1 << bits) - 1) / 15
+
+
+def make_weight(n: int, k: int, seed: int, *, group: int = 32, dtype=np.float16, tiny: float = TINY) -> np.ndarray:
+    """Seeded Gaussian weight [N, K] with planted degenerate groups in its first rows.
+
+    ``tiny`` is the amplitude of the tiny group (see ``tiny_amplitude``).
+    """
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k)) * 0.02
     g = min(group, k)
@@ -51,7 +72,7 @@ def make_weight(n: int, k: int, seed: int, *, group: int = 32, dtype=np.float16)
         np.full(g, 0.0625),  # constant
         np.abs(rng.standard_normal(g)) * 0.02 + 0.005,  # all positive
         -(np.abs(rng.standard_normal(g)) * 0.02 + 0.005),  # all negative
-        rng.standard_normal(g) * 1e-6,  # tiny
+        rng.standard_normal(g) * tiny,  # tiny
     ]
     outlier = rng.standard_normal(g) * 0.02
     outlier[g // 3] = 1.0

@@ -152,7 +152,7 @@ def pack_mxfp4_ct(codes: np.ndarray, scale_bytes: np.ndarray) -> dict[str, np.nd
     return {"weight_packed": pack_e2m1(codes, axis=-1), "weight_scale": np.ascontiguousarray(scale_bytes, dtype=np.uint8)}
 
 
-def unpack_mxfp4_ct(tensors: dict, *, layer: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def unpack_mxfp4_ct(tensors: dict, *, layer: str | None = None, validate_only: bool = False):
     """compressed-tensors MXFP4 -> (codes [N, K], scale bytes [N, K/32]), validating the layout."""
     for name in ("weight_packed", "weight_scale"):
         require(name in tensors, "missing tensor", layer=layer, tensor=name)
@@ -166,6 +166,8 @@ def unpack_mxfp4_ct(tensors: dict, *, layer: str | None = None) -> tuple[np.ndar
     require(K % BLOCK == 0, f"K={K} is not a multiple of {BLOCK}", layer=layer, tensor="weight_packed")
     require(scale.shape == (N, K // BLOCK), f"expected shape [N, K/32] = {[N, K // BLOCK]}, got {list(scale.shape)}",
             layer=layer, tensor="weight_scale")
+    if validate_only:
+        return None
     return unpack_e2m1(packed, axis=-1), scale
 
 
@@ -191,8 +193,41 @@ def unpack_mxfp4_gptoss(blocks, scales, *, layer: str | None = None,
     return unpack_e2m1(packed, axis=-1), s
 
 
+def _byte_pairs_f32() -> np.ndarray:
+    """[256, 2] float32: the two E2M1 values of each packed byte (low nibble first)."""
+    b = np.arange(256)
+    return np.stack([E2M1_F32[b & 0xF], E2M1_F32[b >> 4]], axis=1).astype(np.float32)
+
+
+E2M1_F32 = decode_e2m1(np.arange(16, dtype=np.uint8)).astype(np.float32)
+_PAIRS = _byte_pairs_f32()
+_PAIRS_U64 = _PAIRS.view(np.uint64).reshape(256)  # both values of a byte as one 8-byte word: one gather per byte
+#: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
+_E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
+
+
+def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
+    """Fast float32 dequantization straight from packed bytes: one table lookup and one multiply.
+
+    Equal to ``dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``: the
+    product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in fp32
+    unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives) — and the
+    float32 multiply rounds exactly like the canonical single rounding.
+    """
+    p = np.asarray(packed)
+    sb = np.asarray(scale_bytes)
+    vals = np.take(_PAIRS_U64, p).view(np.float32).reshape(p.shape[:-1] + (p.shape[-1] * 2,))
+    blocks = vals.reshape(sb.shape + (BLOCK,))
+    with np.errstate(over="ignore", invalid="ignore"):
+        blocks *= _E8M0_F32[sb][..., None]
+    return vals
+
+
 def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.float32) -> np.ndarray:
     """compressed-tensors MXFP4 weight -> [N, K] (NaN where a scale byte is 0xFF)."""
+    if dtype in (np.float32, "float32"):
+        unpack_mxfp4_ct(tensors, layer=layer, validate_only=True)
+        return dequantize_mxfp4_packed(tensors["weight_packed"], tensors["weight_scale"])
     codes, scale = unpack_mxfp4_ct(tensors, layer=layer)
     return dequantize_mxfp4(codes, scale, dtype=dtype, what=f"{layer or ''}.weight_packed".lstrip("."))
 
@@ -200,5 +235,9 @@ def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.flo
 def dequantize_mxfp4_gptoss(blocks, scales, *, layer: str | None = None, dtype=np.float32,
                             names: tuple[str, str] = ("blocks", "scales")) -> np.ndarray:
     """gpt-oss MXFP4 blocks/scales -> [..., N, K]."""
+    if dtype in (np.float32, "float32"):
+        unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)  # validates
+        b = np.asarray(blocks)
+        return dequantize_mxfp4_packed(b.reshape(b.shape[:-2] + (b.shape[-2] * 16,)), scales)
     codes, s = unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)
     return dequantize_mxfp4(codes, s, dtype=dtype)

@@ -241,3 +241,28 @@ def decode(bits, fmt: "FloatFormat | str") -> np.ndarray:
 def round_to_dtype(x, dtype: str, mode: Rounding | str = Rounding.RNE) -> np.ndarray:
     """Round to ``'float32' | 'float16' | 'bfloat16'`` (IEEE overflow); float64 out."""
     return round_to_format(x, format_of(dtype), mode, Overflow.IEEE)
+
+
+def round_float32_array(y32: np.ndarray, dtype: str) -> np.ndarray:
+    """RNE-round float32 values to ``dtype`` ('float32' | 'float16' | 'bfloat16'); float32 out.
+
+    The fast path for rounding an fp32 accumulator to the output dtype: equal to
+    ``round_to_dtype`` on float32 input (tests/emulator/test_floats.py checks every
+    fp32 bit class), using the IEEE float32 -> float16 conversion and the classic
+    integer RNE on the upper 16 bits for bfloat16.
+    """
+    y = np.asarray(y32, dtype=np.float32)
+    if dtype == "float32":
+        return y
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return y.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = y.view(np.uint32)
+        lsb = (bits >> np.uint32(16)) & np.uint32(1)
+        rounded = (bits + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)
+        nan = np.isnan(y)
+        if nan.any():
+            rounded = np.where(nan, (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000), rounded)
+        return rounded.view(np.float32)
+    raise ValueError(f"unknown dtype {dtype!r}")

@@ -98,7 +98,6 @@ def test_intel_core_choice():
     (_case(act_order=True), "g_idx"),
     (_case(out_dtype="float32"), "activation dtype"),
     (_case(fmt="awq", sym=True), "zero points"),
-    (_case("w8a8", "ct-int-quantized", M=3, bits=8), "per TENSOR"),
     (_case("w8a8", "gptq", M=1, bits=8), "int-quantized"),
     (_case(K=96, group_size=64), "multiple of group_size"),
     (_case(bits=8), "4-bit"),
@@ -130,7 +129,7 @@ def test_intel_auto_cdt_is_int8_and_refused(monkeypatch):
 @pytest.mark.parametrize("case", [
     _case(), _case(sym=False), _case(sym=False, zero_convention="v2"), _case(fmt="awq", sym=False),
     _case(fmt="ct-pack-quantized", group_size=-1), _case("w8a16", bits=8), _case("w8a16", "ct-int-quantized"),
-    _case("w8a8", "ct-int-quantized", M=1, bits=8),
+    _case("w8a8", "ct-int-quantized", M=1, bits=8), _case("w8a8", "ct-int-quantized", M=3, bits=8),
 ])
 def test_can_implement_accepts(monkeypatch, case):
     monkeypatch.setattr(ark_mod, "host_cpu", lambda: AMD)
@@ -142,11 +141,14 @@ def test_declared_variants(monkeypatch):
     d = ArkBackend().declared(_case(act_dtype="bfloat16"))
     assert d.variants == {"zero_read": "ignore_qzeros", "weight_scale_dtype": "bfloat16"}
     assert d.accumulate == "float32" and d.weight_dtype == "exact" and d.output == "bfloat16"
-    assert "EXPECTED DISCREPANCY" in ArkBackend().declared(_case(sym=False)).notes
+    assert ArkBackend().declared(_case(sym=False)).variants["zero_read"] == "v1_literal"
+    assert "zero_read" not in ArkBackend().declared(_case(sym=False, zero_convention="v2")).variants
+    assert "EXPECTED DISCREPANCY" in ArkBackend().declared(_case(fmt="awq", sym=False)).notes
     d8 = ArkBackend(engine="auto-round").declared(_case("w8a16", sym=False, bits=8, act_dtype="float32"))
     assert d8.variants == {"zero_read": "v1_wrap"}
-    d = ArkBackend().declared(_case("w8a8", "ct-int-quantized", M=1, bits=8))
+    d = ArkBackend().declared(_case("w8a8", "ct-int-quantized", M=3, bits=8))
     assert d.variants["reciprocal"] == "recip_scale" and d.accumulate == "int32"
+    assert d.variants["act_granularity"] == "per_tensor" and d.variants["act_scale_formula"] == "recip_mul"
 
 
 # -- layout transforms (torch only) ---------------------------------------------------------------
@@ -306,6 +308,10 @@ SMOKE = [
     ("w8a16", "ct-int-quantized", 16, 64, 128, -1, True, None, "float16", True, "vllm"),
     ("w8a8", "ct-int-quantized", 1, 64, 256, -1, True, None, "bfloat16", True, "vllm"),
     ("w8a8", "ct-int-quantized", 1, 96, 128, -1, True, None, "float32", False, "vllm"),
+    ("w8a8", "ct-int-quantized", 5, 96, 256, -1, True, None, "bfloat16", True, "vllm"),
+    ("w8a8", "ct-int-quantized", 16, 64, 128, -1, True, None, "float16", False, "vllm"),
+    ("w4a16", "gptq", 3, 96, 256, 32, False, None, "bfloat16", True, "vllm"),  # v1 asym: v1_literal
+    ("w8a16", "gptq", 3, 96, 256, 32, False, None, "float16", False, "vllm"),
 ]
 
 
@@ -327,12 +333,18 @@ def test_smoke_inside_declared_interval(scheme, fmt, M, N, K, g, sym, zc, act, b
 @needs_ark
 @pytest.mark.parametrize("bits", [4, 8])
 def test_vllm_v1_asym_reads_zero_without_plus_one(bits):
-    """Discrepancy (engine glue): vLLM's QuantLinear (ZP_BIAS=0) on a v1 asym checkpoint = the v2 reading."""
+    """vLLM's QuantLinear (ZP_BIAS=0) on a v1 asym checkpoint = the v2 reading of the same tensors, i.e.
+    the emulator's zero_read=v1_literal (declared); the canonical v1 reading (+1) is outside."""
     c = _case("w4a16" if bits == 4 else "w8a16", M=3, N=96, K=256, bits=bits, sym=False, group_size=32,
               act_dtype="bfloat16", bias=True, scale_dtype="bfloat16")
     b = ArkBackend()
     inp, y = _run(b, c, seed=1)
-    assert not compare(y, declared_interval(inp, b.declared(c))).ok
+    d = b.declared(c)
+    assert d.variants["zero_read"] == "v1_literal"
+    r = compare(y, declared_interval(inp, d))
+    assert r.ok and r.exact_match
+    canon = dataclasses.replace(d, variants={k: v for k, v in d.variants.items() if k != "zero_read"})
+    assert not compare(y, declared_interval(inp, canon)).ok
     c2 = dataclasses.replace(c, zero_convention="v2")
     r2 = compare(y, declared_interval(dataclasses.replace(inp, case=c2), b.declared(c2)))
     assert r2.ok and r2.exact_match
@@ -358,7 +370,10 @@ def test_vllm_awq_zero_points_are_permuted():
 
 @needs_ark
 def test_woqgemm_s8_is_per_tensor_with_recip_scale():
-    """woqgemm_s8: one activation scale for all rows; quotient x * fl32(1/scale), RNE."""
+    """woqgemm_s8: one activation scale for all rows (act_granularity=per_tensor), scale =
+    fl32(amax * fl32(1/127)) (act_scale_formula=recip_mul), quotient x * fl32(1/scale), RNE."""
+    from emulator.activations import int8 as a8
+
     ark = ArkBackend().prepare(_case("w8a8", "ct-int-quantized", M=1, bits=8),
                                make_inputs(_case("w8a8", "ct-int-quantized", M=1, bits=8,
                                                  scale_dtype="bfloat16"), 0).tensors).data["ark"]
@@ -369,6 +384,11 @@ def test_woqgemm_s8_is_per_tensor_with_recip_scale():
     x[1, 1:5] = torch.tensor([0.5, 1.5, 2.5, -2.5])
     y = ark.woqgemm_s8(x, eye, ones)
     assert y[1, :5].tolist() == [1.0, 0.0, 2.0, 2.0, -2.0]  # per-tensor scale 1.0, ties to even
+    declared = a8.Int8ActVariant(reciprocal="recip_scale", granularity="per_tensor", scale_formula="recip_mul")
+    acts = a8.quantize_int8_per_token(x.numpy(), declared)
+    assert acts.q[1, :5].tolist() == [1, 0, 2, 2, -2] and (acts.scale == 1.0).all()
+    # per token, row 1 has its own amax 2.5: x = 1 becomes code 51, not 1
+    assert a8.quantize_int8_per_token(x.numpy(), a8.Int8ActVariant(reciprocal="recip_scale")).q[1, 0] == 51
     # scale = fl32(amax * fl32(1/127)), not fl32(amax / 127): differs for amax = 1.1171875
     a = np.float32(1.1171875)
     s_ark = np.float32(a * (np.float32(1) / np.float32(127)))
@@ -377,10 +397,8 @@ def test_woqgemm_s8_is_per_tensor_with_recip_scale():
     x[0, 0], x[0, 1] = float(a), float(a) / 2  # exact quotient 63.5: the two scales round it apart
     y = ark.woqgemm_s8(x, eye, ones)
     assert y[0, 1].item() == float(np.float32(64 * s_ark))
-    from emulator.activations import int8 as a8
-
-    q = a8.quantize_int8_per_token(x.numpy(), a8.Int8ActVariant(reciprocal="recip_scale")).q
-    assert q[0, 1] == 63  # the declared variant (scale by division) gives 63: see docs/backends/ark.md
+    assert a8.quantize_int8_per_token(x.numpy(), declared).q[0, 1] == 64  # the declared variant
+    assert a8.quantize_int8_per_token(x.numpy(), a8.Int8ActVariant(reciprocal="recip_scale")).q[0, 1] == 63
 
 
 @needs_ark

@@ -383,56 +383,50 @@ def test_w8a8_azp_is_added_before_rounding(kernel):
     assert np.array_equal(q.numpy() != canon.q, canon.tie & (q.numpy() != canon.q))  # only at ties
 
 
-@pytest.mark.parametrize("act", ["bfloat16", "float32"])
-def test_w8a8_azp_smoke_outside_only_where_explained(kernel, act):
-    """Out-of-interval outputs of the azp path are all explained: (bf16/fp16) rows holding a tie code
-    that the add-before-round rule changes; (fp32) the compensation epilogue's cancellation, which
-    stays within 8u * s_a s_w (|sum q_x w| + |azp sum w|) (acceptance.py bounds |s_a s_w sum (q_x - azp) w|)."""
+@pytest.mark.parametrize("act", ["bfloat16", "float16", "float32"])
+def test_w8a8_azp_inside_with_declared_variants(kernel, act):
+    """The azp path is inside its declaration: azp added before rounding (azp_before_rounding) and the
+    compensation epilogue's bound (azp_epilogue=compensation, gamma_5 s_a s_w (|sum q_x w| + |azp sum w|)).
+    Without those two keys the same seed is outside (the adapter author's smoke reproducer)."""
     import torch
 
     case = Case("w8a8", "ct-int-quantized", 16, 256, 256, sym=False, act_dtype=act, scale_dtype="float32")
     inp, y, c = _run(kernel, case)
-    iv = declared_interval(inp, kernel.declared(case))
-    inside = (y >= iv.lo) & (y <= iv.hi)
-    x32 = inp.x.astype(np.float32)
-    mx, mn = x32.max(1, keepdims=True), x32.min(1, keepdims=True)
-    s = ((mx - mn) / np.float32(255)).astype(np.float32)
-    azp = np.rint((np.float32(-128) - (mn / s).astype(np.float32)).astype(np.float32))
-    inv = (1.0 / s.astype(np.float64)).astype(np.float32)
-    q = np.rint(np.clip(((x32 * inv).astype(np.float32) + azp).astype(np.float32), -128, 127))
+    assert c.ok, c
+    d = kernel.declared(case)
+    assert d.variants["azp_before_rounding"] is True and d.variants["azp_epilogue"] == "compensation"
+    old = dataclasses.replace(d, variants={k: v for k, v in d.variants.items()
+                                           if k not in ("azp_before_rounding", "azp_epilogue")})
+    if act != "float16":  # this seed's fp16 rows happen to hold no tie the two azp rules resolve apart
+        assert not compare(y, declared_interval(inp, old)).ok
+    # the emulator's codes are the kernel's own quantizer output, bit for bit
+    iv = declared_interval(inp, d)
     xq = torch.empty((16, 256), dtype=torch.int8)
-    torch.ops._C.dynamic_scaled_int8_quant(xq, torch.from_numpy(x32).to(torch.float32 if act == "float32"
-                                                                          else torch.bfloat16),
-                                           torch.empty((16, 1)), torch.empty((16, 1), dtype=torch.int32))
-    assert np.array_equal(xq.numpy(), q)  # the kernel's quantizer, modelled exactly
-    assert not c.ok  # the documented discrepancy is exercised by this seed
-    if act == "bfloat16":
-        canon_rows = {int(r) for r in np.nonzero((iv.parts["x_q"] != q).any(1))[0]}
-        assert {int(r) for r in np.nonzero(~inside.all(1))[0]} <= canon_rows
-    else:
-        w = inp.tensors["weight"].astype(np.float64)
-        sw = np.asarray(inp.tensors["weight_scale"], np.float64).reshape(1, -1)
-        acc = (q - azp) @ w.T  # = sum q_x w - azp sum w, exactly
-        mag = np.abs(s * sw) * (np.abs(q @ w.T) + np.abs(azp * w.sum(1)[None, :]))
-        b = 8 * 2.0 ** -24 * mag
-        y_exact = acc * s * sw
-        ok = (y >= round_down(y_exact - b, act)) & (y <= round_up(y_exact + b, act))
-        assert ok.all()
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[act]
+    torch.ops._C.dynamic_scaled_int8_quant(xq, torch.from_numpy(inp.x).to(dt), torch.empty((16, 1)),
+                                           torch.empty((16, 1), dtype=torch.int32))
+    assert np.array_equal(xq.numpy().astype(np.int32), iv.parts["x_q"])
 
 
 def test_moe_int8_activations_and_channelwise_group_bug(kernel):
-    """vLLM's CPU "W4A16" MoE quantizes activations to int8 (~35 dB, never the W16 interval exactly);
-    with channel-wise scales and I != K it reuses w13's group size K for w2 and returns garbage."""
+    """vLLM's CPU "W4A16" MoE is a W4A8 MoE (moe.act_quant): inside that declaration, outside the W16
+    one; with channel-wise scales and I != K it reuses w13's group size K for w2 and returns garbage."""
     be = create("vllm-cpu:gate=kernel")
 
-    def sqnr(M, I, K, g):
-        case = Case("w4a16-moe", "gptq", M, I, K, group_size=g, E=4, top_k=2, act_dtype="bfloat16")
-        return _run(be, case)[2]
+    def run(M, I, K, g, act="bfloat16", seed=0):
+        case = Case("w4a16-moe", "gptq", M, I, K, group_size=g, E=4, top_k=2, act_dtype=act)
+        inp, y, c = _run(be, case, seed)
+        d = be.declared(case)
+        moe16 = {k: v for k, v in d.variants["moe"].items() if k not in ("act_quant", "gate_up_dtype")}
+        w16 = compare(y, declared_interval(inp, dataclasses.replace(d, variants=dict(d.variants, moe=moe16))))
+        return c, w16
 
-    grouped = sqnr(8, 128, 256, 64)
-    assert 28 < grouped.sqnr_db < 45 and not grouped.exact_match
-    assert 28 < sqnr(8, 128, 128, -1).sqnr_db < 45  # channel-wise, I == K: fine
-    assert sqnr(8, 64, 128, -1).sqnr_db < 5  # channel-wise, I != K: wrong scales for w2
+    for args in ((8, 128, 256, 64), (16, 64, 128, 32), (8, 128, 128, -1), (8, 128, 256, 64, "float16")):
+        c, w16 = run(*args)
+        assert c.ok and c.sqnr_db > 48, (args, c)
+        assert not w16.ok and w16.sqnr_db < 40, (args, w16)
+    c, _ = run(8, 64, 128, -1)  # channel-wise, I != K: wrong scales for w2 (kernel bug)
+    assert not c.ok and c.sqnr_db < 5
 
 
 def test_dispatcher_picks_vllm_cpu_or_explains(kernel):
@@ -469,9 +463,20 @@ inp = make_inputs(case, 0)
 y = be.run(be.prepare(case, inp.tensors), np.eye(K, dtype=np.float32)).T
 d = be.declared(case)
 w32 = declared_weight(case, inp.tensors, dataclasses.replace(d, weight_dtype="float32")).astype(np.float64)
+from conformance.acceptance import compare, declared_interval
+smoke = Case("w4a16", "gptq", 16, 256, 256, group_size=128, act_dtype="bfloat16", bias=True)
+sinp = make_inputs(smoke, 0)
+ys = be.run(be.prepare(smoke, sinp.tensors), sinp.x, bias=sinp.bias)
+sd = be.declared(smoke)
+rne_decl = dataclasses.replace(sd, output_rounding="rne",
+                               variants={k: v for k, v in sd.variants.items() if k != "weight_rounding"})
 print(json.dumps({"rne": int((y != round_to_dtype(w32, "bfloat16")).sum()),
                   "rtz": int((y != round_to_dtype(w32, "bfloat16", Rounding.RTZ)).sum()),
-                  "declared_output_rounding": d.output_rounding}))
+                  "declared_weight_exact": bool(np.array_equal(y, declared_weight(case, inp.tensors, d))),
+                  "declared_output_rounding": d.output_rounding,
+                  "declared_weight_rounding": d.variants.get("weight_rounding"),
+                  "smoke_inside": compare(ys, declared_interval(sinp, sd)).ok,
+                  "smoke_inside_rne": compare(ys, declared_interval(sinp, rne_decl)).ok}))
 """
 
 
@@ -492,3 +497,7 @@ def test_avx512_build_truncates_bf16_weights(kernel):
     if "skip" in res:
         pytest.skip(res["skip"])
     assert res["rtz"] == 0 and res["rne"] > 0 and res["declared_output_rounding"] == "rtz"
+    # declared as weight_rounding=rtz: the declared weight is the kernel's, bit for bit, and the smoke
+    # case is inside; with RNE weights and output it is not
+    assert res["declared_weight_rounding"] == "rtz" and res["declared_weight_exact"]
+    assert res["smoke_inside"] and not res["smoke_inside_rne"]

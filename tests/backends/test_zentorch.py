@@ -173,7 +173,8 @@ def test_declarations():
     assert d.variants == {"weight_scale_dtype": "bfloat16"}
     d8 = be.declared(Case("w8a8", "ct-int-quantized", 1, 64, 128, group_size=-1, act_dtype="float32"))
     assert d8.accumulate == "int32" and d8.output == "float32"
-    assert d8.variants["act_scale_dtype"] == "bfloat16" and d8.variants["zero_row"] == "eps"
+    assert d8.variants["act_scale_dtype"] == "float32" and d8.variants["zero_row"] == "eps"
+    assert d8.variants["reciprocal"] == "divide" and d8.variants["act_dequant_scale_dtype"] == "bfloat16"
     assert d8.variants["weight_scale_dtype"] == "bfloat16"
 
 
@@ -183,7 +184,6 @@ try:
 except ImportError:  # pragma: no cover - CI installs torch with the test extras
     torch = None
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
 
 

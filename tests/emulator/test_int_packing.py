@@ -178,10 +178,13 @@ def test_compute_dtype_matches_torch_arithmetic(seed, dtype, order):
     qt, zt = torch.from_numpy(q), torch.from_numpy(z)
     if order is DequantOrder.SUB_THEN_MUL:
         ref = (qt - zt).to(tdt) * s_t
-    else:  # quant_utils.quantize_weights(ref_zero_points_after_scales=True)
+    elif order is DequantOrder.MUL_THEN_SUB:  # quant_utils.quantize_weights(ref_zero_points_after_scales=True)
         ref = qt.to(tdt) * s_t - zt.to(tdt) * s_t
+    else:  # tinygemm: zero stored in the dtype, then one fused multiply-add (exact in fp32 here) rounded once
+        zero = ((8 - zt).float() * s_t.float()).to(tdt)
+        ref = ((qt - 8).float() * s_t.float() + zero.float()).to(tdt)
     s_np = s_t.float().numpy()  # the scales as stored in that dtype
-    out = dequantize_affine(q, z, s_np, order=order, compute_dtype=dtype)
+    out = dequantize_affine(q, z, s_np, order=order, compute_dtype=dtype, midpoint=8)
     np.testing.assert_array_equal(out.view(np.uint32), ref.float().numpy().view(np.uint32))
 
 

@@ -1,0 +1,255 @@
+"""qconform benchmarks: the emulator fallback and the suite, against baselines measured in the same run.
+
+Run: ``qconform bench [--quick] [--json FILE]`` (or ``python -m benchmarks.bench``).
+Every number is reported as a ratio to a baseline timed in the same process
+on the same data, so results are comparable across machines:
+
+- dequant: int4 (GPTQ, AWQ, compressed-tensors) and MXFP4 -> fp32 at N = K = 4096,
+  as output GB/s, against the host's memory-write bandwidth for the same bytes
+  (``np.copyto`` into an fp32 array of that size). Target >= 1/3.
+- fallback linear: the emulator backend's fast path (weights dequantized once and
+  cached) for W4A16, W8A8 and MXFP4, M in {1, 16, 256}, against a dense matmul
+  of the same shape in the precision the declared result needs (fp32 sgemm for
+  W4A16/MXFP4; float64 dgemm for W8A8, whose int32 accumulator needs exact
+  integer sums: 8-bit x 8-bit x 4096 exceeds fp32's 24 bits). Target <= 1.3x.
+  The best native CPU kernel available here is timed on the same shapes.
+- exact reference: conformance.acceptance.declared_interval per case size.
+- suite throughput: cases/s per backend on the smoke profile.
+- peak RSS of each benchmark (each runs in its own process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def _best(fn, repeat: int, min_time: float = 0.0) -> float:
+    """Best wall time of ``repeat`` calls (after one warm-up)."""
+    fn()
+    best = float("inf")
+    t_end = time.perf_counter() + min_time
+    n = 0
+    while n < repeat or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        n += 1
+    return best
+
+
+# -- individual benchmarks (each runs in a fresh process) -------------------------------------------
+def bench_dequant(fmt: str, n: int, k: int, repeat: int) -> dict:
+    from backends.base import Case
+    from conformance.acceptance import declared_weight
+    from backends.base import Declared
+    from conformance.cases import weight_tensors
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((n, k)) * 0.02).astype(np.float16)
+    case = {"gptq": Case("w4a16", "gptq", 1, n, k, group_size=128, sym=False, zero_convention="v2"),
+            "awq": Case("w4a16", "awq", 1, n, k, group_size=128, sym=False),
+            "ct": Case("w4a16", "ct-pack-quantized", 1, n, k, group_size=128, sym=True),
+            "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", 1, n, k, group_size=32)}[fmt]
+    tensors = weight_tensors(case, w, 0)
+    decl = Declared(variants={})
+    out = np.empty((n, k), np.float32)
+    src = np.ones((n, k), np.float32)
+    t_copy = _best(lambda: np.copyto(out, src), repeat)
+    t_deq = _best(lambda: declared_weight(case, tensors, decl), repeat)
+    gb = n * k * 4 / 1e9
+    return {"bench": "dequant", "format": fmt, "N": n, "K": k, "seconds": t_deq, "GBps": gb / t_deq,
+            "baseline": "np.copyto fp32 (memory write)", "baseline_seconds": t_copy, "baseline_GBps": gb / t_copy,
+            "ratio_of_bandwidth": t_copy / t_deq, "target": ">= 0.333"}
+
+
+def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool) -> dict:
+    from backends.base import Case
+    from backends.registry import create
+    from conformance.cases import make_inputs
+
+    case = {"w4a16": Case("w4a16", "gptq", m, n, k, group_size=128, sym=True, zero_convention="v1",
+                          act_dtype="bfloat16"),
+            "w8a8": Case("w8a8", "ct-int-quantized", m, n, k, group_size=-1, act_dtype="bfloat16",
+                         scale_dtype="float32"),
+            "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", m, n, k, group_size=32, act_dtype="bfloat16")}[scheme]
+    inp = make_inputs(case, 0)
+    emu = create("emulator")
+    prep = emu.prepare(case, inp.tensors)
+    emu.run(prep, inp.x)  # dequantize and cache
+    t_emu = _best(lambda: emu.run(prep, inp.x), repeat, 0.2)
+    rng = np.random.default_rng(1)
+    if scheme == "w8a8":
+        a = rng.integers(-127, 128, (m, k)).astype(np.float64)
+        b = rng.integers(-127, 128, (n, k)).astype(np.float64)
+        base = "float64 dgemm (exact integer sums)"
+    else:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k)).astype(np.float32)
+        base = "float32 sgemm"
+    t_dense = _best(lambda: a @ b.T, repeat, 0.2)
+    rec = {"bench": "linear", "scheme": scheme, "M": m, "N": n, "K": k, "seconds": t_emu, "baseline": base,
+           "baseline_seconds": t_dense, "ratio_to_dense": t_emu / t_dense, "target": "<= 1.3"}
+    if native:
+        best = None
+        for name in ("ark", "torch-cpu", "vllm-cpu", "zentorch"):
+            try:
+                b_ = create(name)
+                if not b_.availability().available or not b_.can_implement(case).ok:
+                    continue
+                p = b_.prepare(case, inp.tensors)
+                t = _best(lambda: b_.run(p, inp.x), max(3, repeat // 2), 0.2)
+            except Exception as e:  # a kernel that fails here is reported by the suite, not the benchmark
+                rec.setdefault("native_errors", {})[name] = f"{type(e).__name__}: {e}"[:200]
+                continue
+            rec.setdefault("native", {})[name] = t
+            if best is None or t < best[1]:
+                best = (name, t)
+        if best:
+            rec["best_native"] = best[0]
+            rec["best_native_seconds"] = best[1]
+            rec["emulator_over_best_native"] = t_emu / best[1]
+    return rec
+
+
+def bench_reference(scheme: str, m: int, n: int, k: int, repeat: int) -> dict:
+    from backends.base import Case, Declared
+    from conformance.acceptance import declared_interval
+    from conformance.cases import make_inputs
+
+    case = {"w4a16": Case("w4a16", "gptq", m, n, k, group_size=128, sym=True, zero_convention="v1"),
+            "w8a8": Case("w8a8", "ct-int-quantized", m, n, k, group_size=-1, scale_dtype="float32"),
+            "w4a4": Case("w4a4-mxfp4", "ct-mxfp4", m, n, k, group_size=32)}[scheme]
+    inp = make_inputs(case, 0)
+    decl = Declared(variants={}, accumulate="float32")
+    t = _best(lambda: declared_interval(inp, decl), repeat)
+    return {"bench": "reference", "scheme": scheme, "M": m, "N": n, "K": k, "seconds": t}
+
+
+def bench_suite(backend: str, jobs: int, profile: str) -> dict:
+    import tempfile
+
+    from conformance.runner import Runner
+    from conformance.suite import case_list
+
+    specs = case_list(profile=profile)
+    out = tempfile.mkdtemp(prefix="qconform-bench-")
+    r = Runner(out, timeout=300, jobs=jobs, progress=False)
+    t0 = time.perf_counter()
+    res = r.run([backend], specs)
+    wall = time.perf_counter() - t0
+    ran = [x for x in res if x["verdict"] != "unsupported"]
+    return {"bench": "suite", "backend": backend, "profile": profile, "jobs": jobs, "cases": len(res),
+            "cases_run": len(ran), "wall_seconds": wall, "cases_per_second": len(res) / wall,
+            "verdicts": {v: sum(1 for x in res if x["verdict"] == v) for v in sorted({x["verdict"] for x in res})}}
+
+
+def _child(fn_name, args, q):
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        rec = globals()[fn_name](*args)
+    except Exception as e:  # keep the other benchmarks running
+        rec = {"bench": fn_name, "error": f"{type(e).__name__}: {e}"}
+    rec["peak_rss_MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rec["start_rss_MB"] = rss0 / 1024
+    q.put(rec)
+
+
+def _isolated(fn_name, *args) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(fn_name, args, q))
+    p.start()
+    rec = q.get()
+    p.join()
+    return rec
+
+
+def run(quick: bool = False, suite: bool = True) -> list[dict]:
+    n = k = 4096
+    repeat = 3 if quick else 7
+    results = []
+    for fmt in ("gptq", "awq", "ct", "mxfp4"):
+        results.append(_isolated("bench_dequant", fmt, n, k, repeat))
+        _print(results[-1])
+    for scheme in ("w4a16", "w8a8", "mxfp4"):
+        for m in ((1, 16) if quick else (1, 16, 256)):
+            results.append(_isolated("bench_linear", scheme, m, n, k, repeat, True))
+            _print(results[-1])
+    for (m, nn, kk) in ((5, 96, 256), (33, 256, 512), (128, 512, 1024)):
+        for scheme in ("w4a16", "w8a8", "w4a4"):
+            results.append(_isolated("bench_reference", scheme, m, nn, kk, repeat))
+            _print(results[-1])
+    if suite:
+        for b in (("emulator",) if quick else ("emulator", "torch-cpu", "ark", "zentorch", "vllm-cpu")):
+            results.append(_isolated("bench_suite", b, 2, "smoke" if quick else "ci"))
+            _print(results[-1])
+    return results
+
+
+def _print(r: dict) -> None:
+    b = r.get("bench")
+    if "error" in r:
+        print(f"{b:10s} ERROR {r['error']}")
+        return
+    rss = f"rss {r['peak_rss_MB']:.0f} MB"
+    if b == "dequant":
+        print(f"dequant   {r['format']:6s} {r['N']}x{r['K']}  {r['GBps']:6.2f} GB/s  write bw {r['baseline_GBps']:6.2f} GB/s"
+              f"  ratio {r['ratio_of_bandwidth']:.2f} (target >= 0.33)  {rss}")
+    elif b == "linear":
+        nat = f"  best native {r['best_native']} x{r['emulator_over_best_native']:.2f}" if r.get("best_native") else ""
+        print(f"linear    {r['scheme']:6s} M={r['M']:<4d} {r['seconds'] * 1e3:8.2f} ms  vs {r['baseline']}: "
+              f"x{r['ratio_to_dense']:.2f} (target <= 1.3){nat}  {rss}")
+    elif b == "reference":
+        print(f"reference {r['scheme']:6s} {r['M']}x{r['N']}x{r['K']}  {r['seconds'] * 1e3:8.2f} ms  {rss}")
+    elif b == "suite":
+        print(f"suite     {r['backend']:10s} {r['profile']}: {r['cases']} cases in {r['wall_seconds']:.1f} s "
+              f"= {r['cases_per_second']:.1f} cases/s  {r['verdicts']}  {rss}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="qconform bench")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--no-suite", action="store_true")
+    args = ap.parse_args(argv)
+    return _main(args)
+
+
+def _main(args) -> int:
+    info = {"python": platform.python_version(), "machine": platform.machine(), "numpy": np.__version__,
+            "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        from threadpoolctl import threadpool_info
+
+        info["blas"] = [{k: d.get(k) for k in ("internal_api", "version", "num_threads", "architecture")}
+                        for d in threadpool_info()]
+    except ImportError:
+        pass
+    print(f"qconform bench  {info}")
+    results = run(quick=args.quick, suite=not args.no_suite)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"info": info, "results": results}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("bench", help="benchmarks of the emulator fallback and the suite (ratios to baselines)")
+    s.add_argument("--quick", action="store_true")
+    s.add_argument("--json")
+    s.add_argument("--no-suite", action="store_true")
+    s.set_defaults(fn=_main)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
