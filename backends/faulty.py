@@ -84,3 +84,49 @@ class RaiseBackend(_Faulty):
         if self._triggered(prepared):
             raise RuntimeError("kernel reported an internal error")
         return super().run(prepared, x, **inputs)
+
+
+class SequentialAccumulatorBackend(EmulatorBackend):
+    """A16 linears accumulated one K term at a time in a chosen dtype (``acc=float32|float16|bfloat16``).
+
+    Not faulty: an honest low-precision kernel model (it declares its accumulation dtype), used to
+    check that ``qconform fingerprint`` brackets accumulation precision (tests/conformance/test_fingerprint.py).
+    Products are formed exactly (float64) and each partial sum is rounded (RNE) to ``acc``.
+    """
+
+    name = "seq-acc"
+    covers = "a sequential low-precision accumulator (test model, not a real kernel)"
+    priority = -1000
+
+    def __init__(self, **params):
+        acc = params.pop("acc", "float32")
+        if acc not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"seq-acc: acc must be float32, float16 or bfloat16, got {acc!r}")
+        super().__init__(**params)
+        self.acc = acc
+        self.params["acc"] = acc
+
+    def can_implement(self, case):
+        from .base import no, yes
+
+        return yes() if case.scheme in ("w4a16", "w8a16", "w4a16-mxfp4") else no("A16 schemes only")
+
+    def declared(self, case):
+        import dataclasses
+
+        return dataclasses.replace(super().declared(case), accumulate=self.acc,
+                                   notes=f"sequential accumulation in {self.acc}")
+
+    def run(self, prepared, x, **inputs):
+        from conformance.acceptance import declared_weight
+        from emulator.numerics.floats import round_to_dtype
+
+        case = prepared.case
+        w = declared_weight(case, prepared.data["tensors"], self.computed(case)).astype(np.float64)
+        x64 = np.asarray(x, np.float64)
+        acc = np.zeros((x64.shape[0], w.shape[0]))
+        for k in range(x64.shape[1]):
+            acc = round_to_dtype(acc + x64[:, k:k + 1] * w[None, :, k], self.acc)
+        if inputs.get("bias") is not None:
+            acc = round_to_dtype(acc + np.asarray(inputs["bias"], np.float64), self.acc)
+        return round_to_dtype(acc, case.output_dtype).astype(np.float32)

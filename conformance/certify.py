@@ -116,101 +116,169 @@ def _offsets(values, ref_ord: np.ndarray, dtype: str) -> "np.ndarray | None":
     return _ord(bits, _WIDTH[dtype]) - ref_ord
 
 
+_PAIR_BITS = (1, 2, 4, 8)  # bits per field: an element's pair takes 2, 4, 8 or 16 bits
+
+
+def _pack_pair(t: dict, name: str, u: np.ndarray, v: np.ndarray) -> bool:
+    """Store two small non-negative integer fields per element in k bits each (k = 1, 2, 4 or 8, the
+    smallest file), ``<name><2k>`` (U8, or U16 for k = 8); elements whose fields do not fit are listed as
+    exceptions (``<name>_xi`` index, ``_xu``/``_xv`` values). False (nothing stored) when more than a
+    quarter of the elements would be exceptions at every k."""
+    u = u.reshape(-1).astype(np.int64)
+    v = v.reshape(-1).astype(np.int64)
+    n = u.size
+    best = None
+    for k in _PAIR_BITS:
+        top = (1 << k) - 1
+        ok = (u >= 0) & (u <= top) & (v >= 0) & (v <= top)
+        n_bad = int(n - ok.sum())
+        if n_bad > n // 4:
+            continue
+        cost = (n * 2 * k + 7) // 8 + n_bad * 8
+        if best is None or cost < best[0]:
+            best = (cost, k, ok)
+    if best is None:
+        return False
+    _, k, ok = best
+    code = np.where(ok, (u << k) | v, 0)
+    if k == 8:
+        packed = code.astype(np.uint16)
+    else:
+        per = 8 // (2 * k)  # elements per byte
+        code = np.concatenate([code, np.zeros((-n) % per, np.int64)]).reshape(-1, per)
+        packed = np.zeros(code.shape[0], np.int64)
+        for i in range(per):
+            packed |= code[:, i] << (2 * k * (per - 1 - i))
+        packed = packed.astype(np.uint8)
+    t[f"{name}{2 * k}"] = packed
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        t[name + "_xi"] = bad.astype(np.uint16 if n <= 65536 else np.int32)
+        t[name + "_xu"] = _small_int(u[bad])
+        t[name + "_xv"] = _small_int(v[bad])
+    return True
+
+
+def _unpack_pair(t: dict, name: str, shape: tuple) -> "tuple[np.ndarray, np.ndarray] | None":
+    n = int(np.prod(shape)) if shape else 1
+    key = next((f"{name}{2 * k}" for k in _PAIR_BITS if f"{name}{2 * k}" in t), None)
+    if key is None:
+        return None
+    k = int(key[len(name):]) // 2
+    p = t[key].astype(np.int64)
+    if k == 8:
+        code = p
+    else:
+        per = 8 // (2 * k)
+        mask = (1 << (2 * k)) - 1
+        code = np.stack([(p >> (2 * k * (per - 1 - i))) & mask for i in range(per)], axis=1).reshape(-1)
+    code = code[:n]
+    u, v = code >> k, code & ((1 << k) - 1)
+    if name + "_xi" in t:
+        idx = t[name + "_xi"].astype(np.int64)
+        u[idx] = t[name + "_xu"].astype(np.int64)
+        v[idx] = t[name + "_xv"].astype(np.int64)
+    return u.reshape(shape), v.reshape(shape)
+
+
 def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bool, judged=None, tie=None,
                 alt=None) -> tuple[dict, dict]:
     """(tensors, meta) storing one case's observed output and accepted interval, losslessly for verdicts.
 
-    - ``ref``: the reference y_ref as raw bits of the output dtype (U16/U32);
-    - ``lohi`` (U8: (ref - lo + 1) << 4 | (hi - ref + 1), in steps of the output grid, -0 one step below
-      +0) when both fit in 4 bits, else ``lo``/``hi`` as grid-step offsets from ref (smallest int type),
+    All values of the output dtype are kept as steps on its grid (an integer order of its bit patterns,
+    -0 one step below +0) relative to the reference y_ref:
+
+    - ``ref``: y_ref as raw bits of the output dtype (U16/U32);
+    - the outward interval [lo, hi]: ``lh2``/``lh4``/``lh8``/``lh16`` (the pair (ref - lo, hi - ref) in
+      1, 2, 4 or 8 bits a field, outliers in ``lh_x*``), else ``lo``/``hi`` offsets (smallest int type),
       else ``lo_v``/``hi_v`` F64;
-    - ``judged`` (jlo, jhi): the interval the judge tests insideness against when it is narrower than
-      [lo, hi] (a kernel that rounds once, as declared, cannot reach the outward neighbour): ``jd`` (U8:
-      (jlo - lo + 1) << 4 | (hi - jhi + 1)) or ``jlo``/``jhi`` offsets from ref; absent when it equals [lo, hi];
-    - nothing when y equals y_ref bit for bit (meta ``y_is_ref``), else ``y_idx``/``y_off`` (sparse: the
-      elements that differ from ref), or ``y_off`` dense, or ``y_v`` (F32,
-      the worker's values as written) when y is not on the output grid;
-    - ``exf`` (U8) only where y_exact's finiteness differs from y_ref's (overflow), ``exv`` (F64) where a
+    - the judged interval [jlo, jhi] (what ``conformance.runner.judge`` tests insideness against, when
+      narrower than [lo, hi]: a kernel that rounds once, as declared, cannot reach the outward
+      neighbour): ``jd2``..``jd16`` (the pair (jlo - lo, hi - jhi)), else ``jlo``/``jhi`` offsets,
+      else ``jlo_v``/``jhi_v``; absent (meta ``judged`` false) when it equals [lo, hi];
+    - the observed y: nothing when it equals y_ref bit for bit (meta ``y_is_ref``), else ``y_idx``/
+      ``y_off`` (sparse: the elements that differ), ``y_off`` dense, or ``y_v`` (F32, the worker's values
+      as written) when y is not on the output grid;
+    - ``exf`` (U8) only where y_exact's finiteness differs from y_ref's (overflow); ``exv`` (F64) where a
       non-finite y_exact is not y_ref's value;
-    - ``tlo``/``thi`` + ``ties`` (per row): the interval widened by activation tie flips (the judge's
-      second question), ``alo``/``ahi``: the interval of another tie rule that explains the output.
-    y_exact itself is not kept (8 bytes an element); SQNR is re-checked by ``verify_bundle(deep=True)``.
+    - ``tlo``/``thi`` + ``ties`` (per row): the judged interval widened by activation tie flips;
+      ``alo``/``ahi``: the judged interval of another tie rule that explains the output (meta ``alt``).
+
+    y_exact itself is not kept (8 bytes an element): SQNR is re-checked by ``verify_bundle(deep=True)``.
+    Typical cost: 2.5 bytes an element (2 for ref, 1/4 + 1/4 for the two intervals).
     """
-    shape = np.asarray(y_ref).shape
+    y_ref = np.asarray(y_ref, np.float64)
+    shape = y_ref.shape
     t: dict = {}
     meta: dict = {"dtype": out_dtype, "shape": list(shape), "bound_positive": bool(bound_positive)}
     ref_bits = _to_bits(y_ref, out_dtype)
-    if ref_bits is None:  # an output dtype without a compact grid encoding: dense float64
+    ref_ord = None if ref_bits is None else _ord(ref_bits, _WIDTH[out_dtype])
+
+    def offs(values):
+        return None if ref_ord is None else _offsets(values, ref_ord, out_dtype)
+
+    lo_off, hi_off = offs(lo), offs(hi)
+    if ref_ord is None:  # an output dtype without a grid encoding here: dense float64
         meta["dense"] = True
-        t["ref_v"] = np.asarray(y_ref, np.float64)
-        t["lo_v"] = np.asarray(lo, np.float64)
-        t["hi_v"] = np.asarray(hi, np.float64)
-        t["y_v"] = np.asarray(y, np.float32)
-        ref_ord = None
+        t["ref_v"] = y_ref
     else:
-        w = _WIDTH[out_dtype]
         t["ref"] = ref_bits
-        ref_ord = _ord(ref_bits, w)
-        _store_interval(t, "", lo, hi, ref_ord, out_dtype, packed=True)
-        y_off = _offsets(y, ref_ord, out_dtype) if np.asarray(y).shape == shape else None
-        if y_off is None:
-            t["y_v"] = np.asarray(y, np.float32)
-        else:
-            nz = np.flatnonzero(y_off)
-            if nz.size == 0:
-                meta["y_is_ref"] = True
-            elif nz.size <= y_off.size // 8:
-                t["y_idx"] = nz.astype(np.int32)
-                t["y_off"] = _small_int(y_off.reshape(-1)[nz])
-            else:
-                t["y_off"] = _small_int(y_off)
+    _put_interval(t, "", lo, hi, lo_off, hi_off,
+                  pack=None if lo_off is None or hi_off is None else ("lh", -lo_off, hi_off))
     if judged is not None and not (_same(judged[0], lo) and _same(judged[1], hi)):
         meta["judged"] = True
-        jlo_off = _offsets(judged[0], ref_ord, out_dtype) if ref_ord is not None else None
-        jhi_off = _offsets(judged[1], ref_ord, out_dtype) if ref_ord is not None else None
-        lo_off = _offsets(lo, ref_ord, out_dtype) if ref_ord is not None else None
-        hi_off = _offsets(hi, ref_ord, out_dtype) if ref_ord is not None else None
-        if any(o is None for o in (jlo_off, jhi_off, lo_off, hi_off)):
-            t["jlo_v"] = np.asarray(judged[0], np.float64)
-            t["jhi_v"] = np.asarray(judged[1], np.float64)
+        jlo_off, jhi_off = offs(judged[0]), offs(judged[1])
+        pack = None
+        if not any(o is None for o in (jlo_off, jhi_off, lo_off, hi_off)):
+            pack = ("jd", jlo_off - lo_off, hi_off - jhi_off)
+        _put_interval(t, "j", judged[0], judged[1], jlo_off, jhi_off, pack=pack)
+    y_off = offs(y) if np.asarray(y).shape == shape else None
+    if y_off is None:
+        t["y_v"] = np.asarray(y, np.float32)
+    else:
+        nz = np.flatnonzero(y_off)
+        if nz.size == 0:
+            meta["y_is_ref"] = True
+        elif nz.size <= y_off.size // 8:
+            t["y_idx"] = nz.astype(np.uint16 if y_off.size <= 65536 else np.int32)
+            t["y_off"] = _small_int(y_off.reshape(-1)[nz])
         else:
-            dlo, dhi = jlo_off - lo_off, hi_off - jhi_off
-            if dlo.min() >= -1 and dlo.max() <= 14 and dhi.min() >= -1 and dhi.max() <= 14:
-                t["jd"] = (((dlo + 1) << 4) | (dhi + 1)).astype(np.uint8)
-            else:
-                t["jlo"] = _small_int(jlo_off)
-                t["jhi"] = _small_int(jhi_off)
+            t["y_off"] = _small_int(y_off)
     ex = np.asarray(y_exact, np.float64)
-    ref64 = np.asarray(y_ref, np.float64)
     exf = np.isfinite(ex)
-    if not np.array_equal(exf, np.isfinite(ref64)):
+    if not np.array_equal(exf, np.isfinite(y_ref)):
         t["exf"] = exf.astype(np.uint8)
-    if not _same(np.where(exf, 0.0, ex), np.where(exf, 0.0, ref64)):
+    if not _same(np.where(exf, 0.0, ex), np.where(exf, 0.0, y_ref)):
         t["exv"] = np.where(exf, 0.0, ex)
     if tie is not None:
         tlo, thi, ties = tie
-        _store_interval(t, "t", tlo, thi, ref_ord, out_dtype, packed=False)
+        _put_interval(t, "t", tlo, thi, offs(tlo), offs(thi), pack=None)
         t["ties"] = np.asarray(ties, np.int64)
         meta["tie"] = True
     if alt is not None:
         name, alo, ahi = alt
-        _store_interval(t, "a", alo, ahi, ref_ord, out_dtype, packed=False)
+        _put_interval(t, "a", alo, ahi, offs(alo), offs(ahi), pack=None)
         meta["alt"] = name
     return t, meta
 
 
-def _store_interval(t: dict, prefix: str, lo, hi, ref_ord, dtype: str, *, packed: bool) -> None:
-    lo_off = _offsets(lo, ref_ord, dtype) if ref_ord is not None else None
-    hi_off = _offsets(hi, ref_ord, dtype) if ref_ord is not None else None
+def _put_interval(t: dict, prefix: str, lo, hi, lo_off, hi_off, *, pack) -> None:
+    if pack is not None and _pack_pair(t, *pack):
+        return
     if lo_off is None or hi_off is None:
         t[prefix + "lo_v"] = np.asarray(lo, np.float64)
         t[prefix + "hi_v"] = np.asarray(hi, np.float64)
-    elif packed and lo_off.size and -14 <= lo_off.min() and lo_off.max() <= 1 and -1 <= hi_off.min() \
-            and hi_off.max() <= 14:
-        t[prefix + "lohi"] = (((1 - lo_off) << 4) | (hi_off + 1)).astype(np.uint8)
     else:
         t[prefix + "lo"] = _small_int(lo_off)
         t[prefix + "hi"] = _small_int(hi_off)
+
+
+def _get_interval(t: dict, prefix: str, ref_ord, dtype: str, shape: tuple):
+    if prefix + "lo_v" in t:
+        return t[prefix + "lo_v"].astype(np.float64), t[prefix + "hi_v"].astype(np.float64)
+    w = _WIDTH[dtype]
+    lo_off, hi_off = t[prefix + "lo"].astype(np.int64), t[prefix + "hi"].astype(np.int64)
+    return _from_bits(_unord(ref_ord + lo_off, w), dtype), _from_bits(_unord(ref_ord + hi_off, w), dtype)
 
 
 def decode_case(t: dict, meta: dict) -> dict:
@@ -223,59 +291,55 @@ def decode_case(t: dict, meta: dict) -> dict:
     shape = tuple(meta["shape"])
     out = {}
     if meta.get("dense"):
-        ref = t["ref_v"].astype(np.float64)
-        out["lo"], out["hi"] = t["lo_v"].astype(np.float64), t["hi_v"].astype(np.float64)
-        out["y"] = t["y_v"].astype(np.float64)
+        ref = t["ref_v"].astype(np.float64).reshape(shape)
         ref_ord = None
     else:
-        w = _WIDTH[dtype]
-        ref_ord = _ord(t["ref"], w)
-        ref = _from_bits(t["ref"], dtype)
-        out["lo"], out["hi"] = _load_interval(t, "", ref_ord, dtype)
-        if meta.get("y_is_ref"):
-            out["y"] = ref.copy()
-        elif "y_v" in t:
-            out["y"] = t["y_v"].astype(np.float64)
-        elif "y_idx" in t:
-            off = np.zeros(ref_ord.size, np.int64)
-            off[t["y_idx"].astype(np.int64)] = t["y_off"].astype(np.int64)
-            out["y"] = _from_bits(_unord(ref_ord + off.reshape(ref_ord.shape), w), dtype)
+        ref = _from_bits(t["ref"], dtype).reshape(shape)
+        ref_ord = _ord(t["ref"], _WIDTH[dtype]).reshape(shape)
+    w = _WIDTH.get(dtype)
+
+    def from_ord(o):
+        return _from_bits(_unord(o, w), dtype)
+
+    pair = _unpack_pair(t, "lh", shape)
+    if pair is not None:
+        lo_o, hi_o = ref_ord - pair[0], ref_ord + pair[1]
+        out["lo"], out["hi"] = from_ord(lo_o), from_ord(hi_o)
+    else:
+        out["lo"], out["hi"] = _get_interval(t, "", ref_ord, dtype, shape)
+        lo_o = hi_o = None
+    out["jlo"], out["jhi"] = out["lo"], out["hi"]
+    if meta.get("judged"):
+        pair = _unpack_pair(t, "jd", shape)
+        if pair is not None:
+            if lo_o is None:
+                lo_o = _ord(_to_bits(out["lo"], dtype), w)
+                hi_o = _ord(_to_bits(out["hi"], dtype), w)
+            out["jlo"], out["jhi"] = from_ord(lo_o + pair[0]), from_ord(hi_o - pair[1])
         else:
-            out["y"] = _from_bits(_unord(ref_ord + t["y_off"].astype(np.int64), w), dtype)
-    ref = ref.reshape(shape)
+            out["jlo"], out["jhi"] = _get_interval(t, "j", ref_ord, dtype, shape)
+    if meta.get("y_is_ref"):
+        out["y"] = ref.copy()
+    elif "y_v" in t:
+        out["y"] = t["y_v"].astype(np.float64)
+    elif "y_idx" in t:
+        off = np.zeros(ref.size, np.int64)
+        off[t["y_idx"].astype(np.int64)] = t["y_off"].astype(np.int64)
+        out["y"] = from_ord(ref_ord + off.reshape(shape))
+    else:
+        out["y"] = from_ord(ref_ord + t["y_off"].astype(np.int64))
     out["y_ref"] = ref
     exf = t["exf"].astype(bool) if "exf" in t else np.isfinite(ref)
     big = np.finfo(np.float64).max
     proxy = np.where(np.isfinite(ref), ref, np.where(ref > 0, big, -big))  # finite stand-in where ref overflowed
     nonfinite_value = t["exv"] if "exv" in t else ref
     out["y_exact_proxy"] = np.where(exf, proxy, nonfinite_value)
-    out["jlo"], out["jhi"] = out["lo"], out["hi"]
-    if meta.get("judged"):
-        if "jd" in t:
-            w = _WIDTH[dtype]
-            p = t["jd"].astype(np.int64)
-            out["jlo"] = _from_bits(_unord(_ord(_to_bits(out["lo"], dtype), w) + (p >> 4) - 1, w), dtype)
-            out["jhi"] = _from_bits(_unord(_ord(_to_bits(out["hi"], dtype), w) - (p & 15) + 1, w), dtype)
-        else:
-            out["jlo"], out["jhi"] = _load_interval(t, "j", ref_ord, dtype)
     if meta.get("tie"):
-        out["tlo"], out["thi"] = _load_interval(t, "t", ref_ord, dtype)
+        out["tlo"], out["thi"] = _get_interval(t, "t", ref_ord, dtype, shape)
         out["ties"] = t["ties"].astype(np.int64)
     if meta.get("alt"):
-        out["alo"], out["ahi"] = _load_interval(t, "a", ref_ord, dtype)
+        out["alo"], out["ahi"] = _get_interval(t, "a", ref_ord, dtype, shape)
     return out
-
-
-def _load_interval(t: dict, prefix: str, ref_ord, dtype: str):
-    if prefix + "lo_v" in t:
-        return t[prefix + "lo_v"].astype(np.float64), t[prefix + "hi_v"].astype(np.float64)
-    w = _WIDTH[dtype]
-    if prefix + "lohi" in t:
-        p = t[prefix + "lohi"].astype(np.int64)
-        lo_off, hi_off = 1 - (p >> 4), (p & 15) - 1
-    else:
-        lo_off, hi_off = t[prefix + "lo"].astype(np.int64), t[prefix + "hi"].astype(np.int64)
-    return (_from_bits(_unord(ref_ord + lo_off, w), dtype), _from_bits(_unord(ref_ord + hi_off, w), dtype))
 
 
 # -- recomputing a verdict from stored arrays (mirrors conformance.runner.judge) ---------------------
@@ -431,11 +495,12 @@ def load_outputs(path: "str | Path") -> tuple[str, dict]:
 @dataclasses.dataclass
 class CertifyResult:
     path: Path
-    ok: bool  # no fail, crash or timeout (after waivers)
+    ok: bool  # every backend available, and no fail, crash or timeout (after waivers)
     n_results: int
     n_bad: int
     manifest_sha256: str  # the bundle's identity: sha256 of its MANIFEST.json
     counts: dict
+    unavailable: dict = dataclasses.field(default_factory=dict)  # backend label -> why it could not run
 
 
 def _sha256_file(p: Path) -> str:
@@ -579,18 +644,21 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
         _put_extra(folder, name, data)
     counts = Counter(r["verdict"] for r in latest.values())
     n_bad = sum(counts.get(v, 0) for v in BAD)
+    # a backend that could not run certifies nothing: its cases are all 'unsupported', and no pass is claimed
+    unavailable = {label: info.get("reason") or "unavailable" for label, info in backends_info.items()
+                   if info.get("available") is False}
     bundle = {"format": BUNDLE_FORMAT, "suite_version": env.get("suite_version"), "emulator_version": emulator_version,
               "git_commit": env.get("git_commit"), "host_label": host, "profile": profile, "tiers": list(tiers),
               "schemes": list(schemes) if schemes else "all", "shard": shard, "case_count": len(specs),
               "case_list_sha256": case_hash, "cases_file": "cases.txt", "golden_manifest": "golden_manifest.json"
               if golden_sha else None, "golden_manifest_sha256": golden_sha, "backends": backends_info,
               "waiver_dates": run_dates, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "verdicts": dict(counts), "ok": n_bad == 0}
+              "verdicts": dict(counts), "unavailable": unavailable, "ok": n_bad == 0 and not unavailable}
     _write_json(folder / "bundle.json", bundle)
     summary = summarize_sources([load_source(folder)])
     write_reports(folder, summary, title=f"qconform certification: {', '.join(labels)} on {host}")
     sha = _seal(folder)
-    return CertifyResult(folder, n_bad == 0, len(latest), n_bad, sha, dict(counts))
+    return CertifyResult(folder, n_bad == 0 and not unavailable, len(latest), n_bad, sha, dict(counts), unavailable)
 
 
 def _put_extra(folder: Path, name: str, data) -> Path:
@@ -791,13 +859,13 @@ def _check_one(rec: dict, entry, folder: Path, waivers, dates, problems: list, c
     who = f"{rec['backend']} {rec['case_id']}"
     v = rec.get("verdict")
     raw_recorded = rec.get("waived_verdict") or v
+    bp = rec.get("bundle")
+    if bp and not (folder / "bundles" / Path(bp).name).is_file():
+        problems.append(f"{who}: {raw_recorded}: its replay bundle is not in bundles/")
     if entry is None:
         if raw_recorded in RECOMPUTABLE:
             problems.append(f"{who}: verdict {v} but no stored output to recompute it from")
             return
-        bp = rec.get("bundle")
-        if bp and not (folder / "bundles" / Path(bp).name).is_file():
-            problems.append(f"{who}: {raw_recorded}: its replay bundle is not in bundles/")
         checked["not_recomputable"] += 1  # crash, timeout, unsupported: nothing was output
         return
     if v in ("unsupported", "crash", "timeout"):
@@ -806,7 +874,8 @@ def _check_one(rec: dict, entry, folder: Path, waivers, dates, problems: list, c
     meta = entry["meta"]
     try:
         d = decode_case(entry["tensors"], meta)
-        got = offline_verdict(d, bool(meta.get("bound_positive")), meta["dtype"])
+        with np.errstate(all="ignore"):
+            got = offline_verdict(d, bool(meta.get("bound_positive")), meta["dtype"])
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: stored output/interval unreadable ({type(e).__name__}: {e})")
         return
@@ -848,7 +917,8 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
     try:
         inp = spec.inputs()
         declared = Declared(**rec["declared"])
-        iv = declared_interval(inp, declared)
+        with np.errstate(all="ignore"):
+            iv = declared_interval(inp, declared)
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: deep: cannot rebuild the case ({type(e).__name__}: {e})")
         return
@@ -859,7 +929,8 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
         if not _same(d[k], arr):
             problems.append(f"{who}: deep: stored {k} differs from the interval recomputed here")
             return
-    j = judge(inp, iv, d["y"], declared)
+    with np.errstate(all="ignore"):
+        j = judge(inp, iv, d["y"], declared)
     m = rec.get("metrics") or {}
     raw = rec.get("waived_verdict") or rec.get("verdict")
     if rec.get("waiver_expired") and raw == "fail" and j["verdict"] != "fail":
@@ -902,7 +973,13 @@ def cmd_certify(args) -> int:
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
     print(f"report: {res.path / 'report.html'}")
     print(f"verify: qconform verify-bundle {res.path}")
-    print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results})")
+    for label, why in res.unavailable.items():
+        print(f"unavailable: {label}: {why}")
+    if res.unavailable:
+        print(f"certification: NOT CERTIFIED ({len(res.unavailable)} backend(s) could not run here; "
+              f"{res.n_bad} failing of {res.n_results})")
+    else:
+        print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results})")
     return 0 if res.ok else 1
 
 

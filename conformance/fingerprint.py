@@ -424,17 +424,21 @@ def _dequant_inputs(rng, case: Case, mode: str) -> CaseInputs:
 
 
 def _accumulate_rows(case: Case) -> np.ndarray:
-    """Cancellation rows: +B ... -B around 126 small terms (1 + 2^-5, -(1 - 2^-5), ...).
+    """Cancellation rows: +B ... -B around K - 2 small terms +(1 + f), -(1 - f), ...
 
-    The small terms sum exactly to 63 * 2^-4; an accumulator whose partial sums hold +-B loses
-    their low bits whenever B's ulp in its dtype exceeds 2^-4: B = 2^8 separates 16-bit
-    accumulators from float32, B = 2^20 separates float32 from float64.
+    The small terms sum exactly to (K - 2) f; an accumulator whose partial sums hold +-B loses
+    their low bits whenever B's ulp in its dtype exceeds 2 f: B = 2^8 with f = 2^-5 separates 16-bit
+    accumulators from float32, B = 2^20 (bf16 activations; f = 2^-5) or B = 2^15 (fp16 activations,
+    whose range stops at 65504; f = 2^-10) separates float32 from float64.
     """
     K, dt = case.K, case.act_dtype
-    Bs = [2.0 ** 8, 2.0 ** 12, 2.0 ** 16, 2.0 ** 20] if dt != "float16" else [2.0 ** 8, 2.0 ** 11, 2.0 ** 14]
-    small = np.where(np.arange(K - 2) % 2 == 0, 1 + 2.0 ** -5, -(1 - 2.0 ** -5))
+    if dt == "float16":
+        plan = [(2.0 ** 8, 2.0 ** -5), (2.0 ** 11, 2.0 ** -5), (2.0 ** 15, 2.0 ** -10)]
+    else:
+        plan = [(2.0 ** 8, 2.0 ** -5), (2.0 ** 12, 2.0 ** -5), (2.0 ** 16, 2.0 ** -5), (2.0 ** 20, 2.0 ** -5)]
     rows = []
-    for B in Bs:
+    for B, f in plan:
+        small = np.where(np.arange(K - 2) % 2 == 0, 1 + f, -(1 - f))
         for a, b in ((0, K - 1), (K - 1, 0), (0, K // 2)):
             r = np.zeros(K)
             rest = [k for k in range(K) if k not in (a, b)]
@@ -496,7 +500,7 @@ def _extra_declared_value(axis: Axis, base: Declared) -> tuple | None:
     keys = sorted({k for _, ov in axis.values for k in ov})
     ov = {k: (getattr(base, k) if k in _FIELDS else base.variants.get(k)) for k in keys}
     if axis.name == "zero_row" and _norm("zero_row", ov.get("zero_row")) == "eps":
-        return (f"eps={float(ov['eps']):.0e}".replace("e-0", "e-"), ov)
+        return (f"eps={float(ov['eps']):.0e}", ov)
     label = "/".join(str(_norm(k, ov[k])) for k in keys)
     return (f"declared:{label}", ov)
 
@@ -762,12 +766,34 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     if dv is None and len(values) > len(axis.values):
         dv = values[-1][0]
     res["declared"] = dv
+    # hypotheses the emulator cannot evaluate under this declaration (e.g. a variant that the declared
+    # scheme fixes) are not candidates: report them apart, never as excluded by a probe
+    first = _accumulate_probes(case)[0] if axis.probe == "accumulate" else _trial_fn(axis, case, seed)(0)
+    errors = {}
+    for h in hyps:
+        try:
+            declared_interval(first, h.declared)
+        except Exception as e:  # noqa: BLE001 - the emulator's own message is the reason
+            errors.setdefault(h.value, f"{type(e).__name__}: {e}")
+    bad = {v for v in errors if all(hp.value != v or hp.value in errors for hp in hyps)}
+    valid_values = [v for v in res["values"] if v not in bad]
+    if bad:
+        res["inapplicable"] = {v: errors[v][:300] for v in sorted(bad)}
+    if len(valid_values) < 2 and axis.probe != "accumulate":
+        res.update(status="not-applicable", consistent=valid_values, excluded={}, unseparated=[],
+                   reason="the declared arithmetic leaves this axis no choice: " +
+                          (next(iter(errors.values()))[:300] if errors else "one value"))
+        return res
+    hyps = [h for h in hyps if h.value not in bad]
+    res["values"] = valid_values
     # probes
     if axis.probe == "accumulate":
         probes, need = _accumulate_probes(case), np.zeros((len(hyps), len(hyps)), bool)
     else:
-        probes, need = _search(hyps, _trial_fn(axis, case, seed), max_trials,
-                               min_trials=16 if axis.probe == "int8" else 8)
+        few_rows = axis.probe in ("int8", "mx") and case.M < 8  # fewer candidates per input: try more inputs
+        probes, need = _search(hyps, _trial_fn(axis, case, seed), max_trials * (4 if few_rows else 1),
+                               patience=96 if few_rows else 24,
+                               min_trials=(48 if few_rows else 16) if axis.probe == "int8" else 8)
     if not probes:
         res.update(status="not-observable", reason="no probe input separates any two values" +
                    (f" ({axis.note})" if axis.note else ""), consistent=list(res["values"]), excluded={},
@@ -913,6 +939,8 @@ def _axis_line(scheme: str, a: dict) -> str:
     head = f"  {scheme:12s} {a['axis']:20s}"
     if a["status"] == "unsupported":
         return f"{head} unsupported: {a.get('reason', '')[:160]}"
+    if a["status"] == "not-applicable":
+        return f"{head} not applicable: {a.get('reason', '')[:200]}"
     if a["status"] in ("crash", "error"):
         return f"{head} {a['status']}: {a.get('reason', '')[:200]}"
     cons = ", ".join(a.get("consistent", [])) or "NONE"
@@ -978,3 +1006,49 @@ def register(sub) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("-v", "--verbose", action="store_true", help="print each axis as it is decided")
     s.set_defaults(fn=_cmd_fingerprint)
+
+
+# -- tables (docs/fingerprints.md) -------------------------------------------------------------------
+def _cell(a: dict | None) -> str:
+    if a is None:
+        return ""
+    st = a.get("status")
+    if st == "unsupported":
+        return "-"
+    if st == "not-applicable":
+        return "n/a"
+    if st in ("crash", "error"):
+        return st
+    cons = a.get("consistent") or []
+    if a["axis"] == "accumulate" and a.get("bracket"):
+        b = a["bracket"]
+        text = ("<= float64" if b.startswith("no accumulation error") else
+                b.replace("coarser than ", "> ").replace(", within the ", ", <= ").replace(" bound", ""))
+    elif st == "not-observable":
+        text = "not observable"
+    else:
+        text = " / ".join(cons) if cons else "NONE"
+    if a.get("contradiction"):
+        text += f" **(declared {a.get('declared')})**"
+    return text
+
+
+def markdown_tables(results: list[dict], names: list[str] | None = None) -> str:
+    """One markdown table per scheme: a row per fingerprint, a column per axis (consistent values)."""
+    names = names or [r.get("label", r["backend"]) for r in results]
+    out = []
+    for scheme, axes in SCHEME_AXES.items():
+        rows = []
+        for name, r in zip(names, results):
+            got = {a["axis"]: a for a in r.get("schemes", {}).get(scheme, {}).get("axes", [])}
+            if not got or all(a.get("status") == "unsupported" for a in got.values()):
+                continue
+            rows.append(f"| {name} | " + " | ".join(_cell(got.get(ax)) for ax in axes) + " |")
+        if not rows:
+            continue
+        out.append(f"**{scheme}**\n")
+        out.append("| backend | " + " | ".join(axes) + " |")
+        out.append("| --- | " + " | ".join("---" for _ in axes) + " |")
+        out += rows
+        out.append("")
+    return "\n".join(out)

@@ -198,25 +198,41 @@ def gen_nonfinite_acts(case: Case, seed: int) -> CaseInputs:
 
 
 def gen_mx_boundaries(case: Case, seed: int) -> CaseInputs:
-    """MX blocks with amax on scale-rule boundaries and elements on E2M1 ties after scaling."""
+    """MX blocks whose scale depends on the scale rule, and elements on E2M1 ties after scaling.
+
+    Even rows (row 0 included) are *rule rows*: each block's amax has mantissa 1.875 (FLOOR keeps
+    2**(e-2), EVEN, RCEIL and CEIL take 2**(e-1)), 1.625 (FLOOR and EVEN fine, RCEIL and CEIL
+    coarse) or 1.375 (only CEIL coarse), so every ordered pair of the four rules gives a different
+    scale in some block of every row; the other elements are E2M1 values and +-0.375 / +-0.625
+    steps of the fine scale, which round differently at the two scales while no element of the
+    row is a tie under any rule. A wrong scale rule then fails outright: no activation tie can
+    explain it. Odd rows are *tie rows*: amax on the rule boundaries (1.75 * 2**e, 2**e,
+    1.5 * 2**e + ulp, ...) and elements on E2M1 midpoints of the FLOOR scale (the tie rule), with an
+    all-zero block holding a -0 in row 1.
+    """
     inp = _base(case, seed)
     rng = np.random.default_rng(seed)
     M, K = case.M, case.K
     nb = K // 32
-    # mantissas of amax: 1.75 (EVEN bumps), 1.0 (every rule agrees), 1.5 (+ulp: RCEIL), 1.25 (CEIL only),
-    # 1.625 (between 1.5 and 1.75: RCEIL bumps, EVEN does not); so every pair of rules differs somewhere
-    amax_choices = np.array([1.75, 1.0, 2.0, 1.5 * (1 + 2 ** -23), 6.0, 1.25, 0.75, 3.5, 1.625])
+    amax_choices = np.array([1.75, 1.0, 2.0, 1.5 * (1 + 2 ** -23), 6.0, 1.25, 0.75, 3.5])
     mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, -0.25, -0.75, -1.25, -2.5, -5.0])
+    rule_mantissas = np.array([1.875, 1.625, 1.375])
+    clean = np.array([0.0, 0.375, 0.625, 1.0, 2.0, 3.0, 4.0, -0.375, -0.625, -1.0, -2.0, -3.0, -4.0])
     x = np.zeros((M, nb, 32))
     for m in range(M):
         for b in range(nb):
             e = int(rng.integers(-3, 3))
-            amax = amax_choices[(m * nb + b) % len(amax_choices)] * 2.0 ** e
-            # FLOOR scale of this block is 2**(floor(log2 amax) - 2): ties are mids * that scale
-            sc = 2.0 ** (np.floor(np.log2(amax)) - 2)
-            blk = rng.choice(mids, 32) * sc
-            blk = np.clip(blk, -amax, amax)
-            blk[0] = amax
+            if m % 2 == 0:
+                fine = 2.0 ** (e - 2)
+                blk = rng.choice(clean, 32) * fine
+                blk[0] = rule_mantissas[(m // 2 + b) % 3] * 2.0 ** e * rng.choice([-1.0, 1.0])
+            else:
+                amax = amax_choices[(m * nb + b) % len(amax_choices)] * 2.0 ** e
+                # FLOOR scale of this block is 2**(floor(log2 amax) - 2): ties are mids * that scale
+                sc = 2.0 ** (np.floor(np.log2(amax)) - 2)
+                blk = rng.choice(mids, 32) * sc
+                blk = np.clip(blk, -amax, amax)
+                blk[0] = amax
             x[m, b] = blk
     if M > 1:
         x[1, 0, :] = 0.0  # an all-zero block

@@ -317,8 +317,8 @@ def ratio_histogram_svg(hist: list[int], *, width: int = 168, height: int = 58, 
              f'd="M{bx:.1f} {top - 2}V{base_y:.1f}"/>')
     labels = (f'<text x="{left + bw / 2:.1f}" y="{height - 3}" text-anchor="middle">0</text>'
               f'<text x="{left + 5.5 * bw:.1f}" y="{height - 3}" text-anchor="middle">0.5</text>'
-              f'<text x="{bx:.1f}" y="{height - 3}" text-anchor="middle">1</text>'
-              f'<text x="{left + (n - 0.5) * bw:.1f}" y="{height - 3}" text-anchor="middle">&gt;1</text>')
+              f'<text x="{bx - 1:.1f}" y="{height - 3}" text-anchor="end">1</text>'
+              f'<text x="{bx + 1:.1f}" y="{height - 3}" text-anchor="start">&gt;1</text>')
     tip = title + "\n" + "\n".join(f"{lab}: {c}" for lab, c in zip(RATIO_BINS, hist) if c)
     return (f'<svg class="ratio-plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img"><title>{html.escape(tip.strip())}</title>'
@@ -335,6 +335,7 @@ table{border-collapse:collapse;background:#fff}
 th,td{border:1px solid #d1d5db;padding:6px 8px;vertical-align:top;font-size:13px}
 th{background:#f3f4f6;text-align:left}
 table.matrix td.cell{min-width:176px}
+table.matrix th.col{max-width:210px;overflow-wrap:anywhere}
 table.matrix th.col small{display:block;font-weight:400;color:#4b5563}
 .verdict{font-weight:700;font-size:13px;border-radius:4px;padding:1px 6px;display:inline-block}
 .counts{font-size:12px;margin:3px 0}.metrics{font-size:11px;color:#1f2937;margin-top:2px}
@@ -571,6 +572,11 @@ def report_run(run: "str | Path", out_dir: "str | Path | None" = None, *, html_r
                md_report: bool = True) -> list[Path]:
     """The reports of one run folder (or JSONL file), written next to it unless ``out_dir`` is given."""
     src = load_source(run)
+    if out_dir is None and (Path(src["folder"]) / "MANIFEST.json").is_file():
+        from emulator.errors import QconformError
+
+        raise QconformError(f"{src['folder']} is a sealed certification bundle: its reports are part of it "
+                            "(rewriting them would break its hashes); give --out DIR")
     summary = summarize_sources([src])
     return write_reports(out_dir or src["folder"], summary, html_report=html_report, md_report=md_report)
 

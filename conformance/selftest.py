@@ -69,10 +69,21 @@ def select_mutants(patterns=None) -> list[str]:
     return out
 
 
+_SPECS: dict = {}
+
+
+def _profile_specs(profile: str, tiers: tuple) -> list:
+    """The profile's case list, computed once per process (nightly's fresh seeds stay fixed for the run)."""
+    key = (profile, tiers)
+    if key not in _SPECS:
+        _SPECS[key] = case_list(tiers=tiers, profile=profile)
+    return _SPECS[key]
+
+
 def mutant_specs(name: str, profile: str = "ci", tiers=TIERS) -> dict:
     """tier -> the profile's cases (in case-list order) that the mutant's bug can affect."""
     m = _mutants().get(name)
-    specs = case_list(schemes=list(m.schemes), tiers=tuple(tiers), profile=profile)
+    specs = _profile_specs(profile, tuple(tiers))
     return {t: [s for s in specs if s.tier == t and m.applies(s.case)] for t in tiers}
 
 
@@ -325,7 +336,7 @@ def _cell(t: dict) -> str:
     if not t["cases"]:
         return "n/a"
     if t.get("killed"):
-        return f"{t['cases_to_kill']} / {t['seconds_to_kill']:.2f}s"
+        return f"{t['cases_to_kill']} / {t['seconds_to_kill']:.3f}s"
     return f"survived ({t['run']})"
 
 
@@ -373,7 +384,7 @@ def format_markdown(report: dict) -> str:
             elif not c["cases"]:
                 cells.append("n/a")
             elif c.get("killed"):
-                cells.append(f"**{c['cases_to_kill']}** / {c['seconds_to_kill']:.2f} s")
+                cells.append(f"**{c['cases_to_kill']}** / {c['seconds_to_kill']:.3f} s")
             else:
                 cells.append(f"survived ({c['run']})")
         lines.append(f"| `{r['name']}` | {r['title']} | {r['source']} | " + " | ".join(cells) + " |")
@@ -383,6 +394,12 @@ def format_markdown(report: dict) -> str:
                  f"({s['mutation_score']:.1f} %); killed by a deterministic tier: {s['killed_deterministic']}/"
                  f"{s['mutants']} ({s['deterministic_score']:.1f} %). Kills per tier: "
                  + ", ".join(f"{t} {n}" for t, n in s["killed_per_tier"].items()) + ".")
+    if "control" in report:
+        c = report["control"]
+        lines.append("")
+        lines.append("Control (`none`, the same pipeline without a bug): " + (
+            "killed by " + ", ".join(c["killed_by"]) + " (the harness is wrong)" if c["killed"] else
+            f"passes all {sum(t['run'] for t in c['tiers'].values())} cases it can run."))
     return "\n".join(lines) + "\n"
 
 

@@ -117,3 +117,24 @@ def rich_bundle(tmp_path_factory) -> Path:
 def copy_bundle(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def _gone_backend():
+    from backends.base import Availability
+    from backends.emulator import EmulatorBackend
+
+    class GoneBackend(EmulatorBackend):
+        """A backend whose library or device is absent on this host."""
+
+        name = "gone"
+
+        def availability(self):
+            return Availability(False, "test: the device is not on this host")
+
+    return GoneBackend
+
+
+def __getattr__(name):  # the worker imports tests.conformance.bundle_cache:GoneBackend lazily
+    if name == "GoneBackend":
+        return _gone_backend()
+    raise AttributeError(name)

@@ -242,8 +242,16 @@ def test_edited_interval_fails(basic, tmp_path):
     b = copy_bundle(basic, tmp_path / "b")
 
     def shift(tensors, cases):
-        n, c = next((n, c) for n, c in cases.items() if f"{int(n):06d}.lohi" in tensors)
-        tensors[f"{int(n):06d}.lohi"] = np.full_like(tensors[f"{int(n):06d}.lohi"], 0x0F)  # lo = ref + 1, hi = ref + 14
+        n, c = next((n, c) for n, c in cases.items() if f"{int(n):06d}.lo" not in tensors)
+        key = f"{int(n):06d}"
+        size = int(np.prod(c["shape"]))
+        for name in [k for k in tensors if k.startswith(key + ".lh")]:
+            del tensors[name]
+        # (ref - lo, hi - ref) = (-1, 2) everywhere, as exceptions to an all-zero 1-bit field: lo = ref + 1
+        tensors[key + ".lh2"] = np.zeros((size + 3) // 4, np.uint8)
+        tensors[key + ".lh_xi"] = np.arange(size, dtype=np.int32)
+        tensors[key + ".lh_xu"] = np.full(size, -1, np.int8)
+        tensors[key + ".lh_xv"] = np.full(size, 2, np.int8)
         return c["case_id"]
 
     cid = _edit_outputs(b, shift)
@@ -275,7 +283,8 @@ def _next_up(v, dtype, k):
 def _bf16_step(a, up):
     import ml_dtypes
 
-    f32 = a.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        f32 = a.astype(np.float32)
     bits = f32.view(np.uint32).astype(np.int64) >> 16
     neg = bits >= 0x8000
     mag = bits & 0x7FFF
@@ -284,7 +293,8 @@ def _bf16_step(a, up):
     new = np.where(grow, mag + 1, mag - 1)
     sign = np.where(mag == 0, 0 if up else 0x8000, bits & 0x8000)
     new = np.where(mag == 0, 1, new)
-    return ((sign | new).astype(np.uint32) << 16).view(np.float32).astype(ml_dtypes.bfloat16)
+    with np.errstate(invalid="ignore"):
+        return ((sign | new).astype(np.uint32) << 16).view(np.float32).astype(ml_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -308,10 +318,12 @@ def test_encoding_round_trips_exactly(dtype):
     off[0, 5] = np.nextafter(off[0, 5], np.float32(np.inf))  # off the bf16/fp16 grid
     cases.append((off.astype(np.float64), lo, hi))
     for yy, l, h in cases:
-        t, meta = encode_case(yy.astype(np.float32), ref, l, h, exact, dtype, bound_positive=True,
+        jl = np.where(np.arange(l.size).reshape(l.shape) % 3 == 0, ref, l)  # narrower at every third element
+        t, meta = encode_case(yy.astype(np.float32), ref, l, h, exact, dtype, bound_positive=True, judged=(jl, h),
                               tie=(l, h, np.arange(6)), alt=("act_rounding=rhaz", l, h))
         d = decode_case(t, json.loads(json.dumps(meta)))
-        for k, want in (("y_ref", ref), ("lo", l), ("hi", h), ("tlo", l), ("thi", h), ("alo", l), ("ahi", h)):
+        for k, want in (("y_ref", ref), ("lo", l), ("hi", h), ("jlo", jl), ("jhi", h), ("tlo", l), ("thi", h),
+                        ("alo", l), ("ahi", h)):
             np.testing.assert_array_equal(d[k], want, err_msg=k)
             assert np.array_equal(np.signbit(d[k][~np.isnan(want)]), np.signbit(want[~np.isnan(want)])), k
         np.testing.assert_array_equal(d["y"], yy.astype(np.float32).astype(np.float64))
@@ -331,10 +343,52 @@ def test_encoding_keeps_overflowed_references_finite():
     assert np.array_equal(np.isfinite(d["y_exact_proxy"]), np.isfinite(exact))
 
 
-def test_typical_case_costs_three_bytes_an_element():
+def test_typical_case_costs_two_and_a_half_bytes_an_element():
+    """A bf16 output equal to its reference, the outward and judged intervals one step either side,
+    a few elements near zero with wide intervals: 2 bytes for ref + 1/4 + 1/4 for the intervals."""
     rng = np.random.default_rng(1)
     exact = rng.standard_normal((33, 256))
     ref = _grid(exact, "bfloat16")
     lo, hi = _next_up(ref, "bfloat16", -1), _next_up(ref, "bfloat16", 1)
-    t, _ = encode_case(ref.astype(np.float32), ref, lo, hi, exact, "bfloat16", bound_positive=True)
-    assert sum(a.nbytes for a in t.values()) <= 3 * ref.size + 16
+    lo[0, :5] = _next_up(ref[0, :5], "bfloat16", -300)  # outliers: exceptions, not a wider encoding
+    t, meta = encode_case(ref.astype(np.float32), ref, lo, hi, exact, "bfloat16", bound_positive=True,
+                          judged=(np.where(rng.random(ref.shape) < 0.5, lo, ref), ref))
+    assert meta["y_is_ref"] and meta["judged"]
+    assert sum(a.nbytes for a in t.values()) <= 2.5 * ref.size + 128, {k: a.nbytes for k, a in t.items()}
+    d = decode_case(t, meta)
+    np.testing.assert_array_equal(d["lo"], lo)
+    np.testing.assert_array_equal(d["jhi"], ref)
+
+
+def test_unavailable_backend_is_not_certified(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "gone=tests.conformance.bundle_cache:GoneBackend")
+    out = tmp_path / "b"
+    rc = main(["certify", "--backend", "gone", "--scheme", "w8a8", "--profile", "smoke", "--tier", "exact",
+               "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    assert rc == 1 and "NOT CERTIFIED" in text and "not on this host" in text
+    meta = json.loads((out / "bundle.json").read_text())
+    assert meta["ok"] is False and "gone" in meta["unavailable"]
+    assert {r["verdict"] for r in _results(out)} == {"unsupported"}
+    assert verify_bundle(out).ok  # a true record of what could not run
+
+
+@pytest.mark.parametrize("spread", [1, 3, 15, 255, 5000])
+def test_pair_packing_round_trips_with_exceptions(spread):
+    from conformance.certify import _pack_pair, _unpack_pair
+
+    rng = np.random.default_rng(spread)
+    for shape in [(1, 1), (3, 7), (33, 65)]:
+        u = rng.integers(0, spread + 1, shape)
+        v = rng.integers(0, spread + 1, shape)
+        u.flat[0] = -1  # negatives and outliers go to the exception list
+        v.flat[-1] = 70000
+        t = {}
+        if not _pack_pair(t, "p", u, v):
+            # refused only where more than a quarter of the elements would be exceptions
+            assert spread > 255 or u.size < 8
+            continue
+        assert spread > 255 or u.size < 8 or any(k.startswith("p") and k[1:].isdigit() for k in t)
+        got = _unpack_pair(t, "p", shape)
+        np.testing.assert_array_equal(got[0], u)
+        np.testing.assert_array_equal(got[1], v)

@@ -55,15 +55,14 @@ def test_float_zero_same_value_in_every_format():
 
 
 def test_float_zero_is_one_fused_rounding():
-    """In a 16-bit compute dtype the sum (q - m) s + zero is rounded once (an FMA), not product then sum."""
-    q, z = np.array([15]), np.array([1])
-    s = np.array([1.0078125 + 2.0 ** -6])  # 1.0234375: bf16 exact, (q - 8) s needs 10 bits
+    """In a 16-bit compute dtype the sum (q - m) s + zero is rounded once (an FMA, as tinygemm's
+    __hfma2), not product then sum: q = 1, z = 0, s = 0.58203125 (bf16)."""
+    q, z, s = np.array([1]), np.array([0]), np.array([0.58203125])
     fused = dequantize_affine(q, z, s, order="float_zero", compute_dtype="bfloat16", midpoint=8)
-    zero = round_to_dtype((8 - 1) * s, "bfloat16")
-    two_roundings = round_to_dtype(round_to_dtype((15 - 8) * s, "bfloat16") + zero, "bfloat16")
-    exact_once = round_to_dtype((15 - 8) * s + zero, "bfloat16")
-    assert fused[0] == exact_once[0]
-    assert two_roundings[0] != exact_once[0]
+    zero = round_to_dtype((8 - 0) * s, "bfloat16")  # 4.65625: exact
+    two_roundings = round_to_dtype(round_to_dtype((1 - 8) * s, "bfloat16") + zero, "bfloat16")
+    assert fused[0] == 0.58203125 == round_to_dtype((1 - 8) * s + zero, "bfloat16")[0]
+    assert two_roundings[0] == 0.59375
 
 
 @given(st.integers(0, 2**32 - 1))
@@ -96,8 +95,8 @@ def test_rtz_weight_rounding_reproduces_avx512_truncation():
 def test_rtz_weights_are_truncated_fp32_weights(seed):
     rng = np.random.default_rng(seed)
     q, z = rng.integers(0, 16, 256), rng.integers(0, 16, 256)
-    s = (rng.random(256) * 0.1).astype(np.float16)
-    w32 = dequantize_affine(q, z, s)  # exact in fp32 for fp16 scales
+    s = round_to_dtype(rng.random(256) * 0.1, "bfloat16")  # vLLM holds the scales in bf16 already
+    w32 = dequantize_affine(q, z, s)  # exact in fp32 for 16-bit scales
     trunc = (w32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
     assert np.array_equal(dequantize_affine(q, z, s, compute_dtype="bfloat16", compute_rounding="rtz"), trunc)
 
@@ -249,7 +248,7 @@ AQ = dict(reciprocal="recip_amax", zero_row="eps", eps=1e-7, uint8_zp128=True)
 
 def test_moe_act_quant_is_quantize_dequantize_of_both_gemm_inputs():
     x, logits, w13, w2 = _moe_setup()
-    v = emoe.MoeVariant(act_quant=AQ)
+    v = emoe.MoeVariant(act_quant=AQ, intermediate_dtype="bfloat16")
     r = emoe.moe_w16(x, logits, w13, w2, 2, variant=v, out_dtype="bfloat16")
     ids, wts = emoe.route(logits, 2)
     aq = a8.Int8ActVariant(**AQ)
@@ -263,7 +262,8 @@ def test_moe_act_quant_is_quantize_dequantize_of_both_gemm_inputs():
             a_in = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(a[None].astype(np.float32), aq))[0]
             y[m] += wts[m, j] * (a_in @ w2[e].T)
     np.testing.assert_allclose(r.y_exact, y, rtol=1e-12, atol=1e-15)
-    canon = emoe.moe_w16(x, logits, w13, w2, 2, out_dtype="bfloat16")
+    canon = emoe.moe_w16(x, logits, w13, w2, 2, variant=emoe.MoeVariant(intermediate_dtype="bfloat16"),
+                         out_dtype="bfloat16")
     assert not np.allclose(canon.y_exact, r.y_exact, rtol=1e-3, atol=0)
     assert np.allclose(canon.y_exact, r.y_exact, rtol=0.1, atol=0.05)  # the same layer, quantized
 
