@@ -87,6 +87,11 @@ def _f64(a) -> np.ndarray:
         else np.asarray(a).astype(np.float64)
 
 
+def _bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """The value of bfloat16 bit patterns (uint16), as float64: they are the top half of a float32."""
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+
+
 def _int_codes(case: Case, t: dict):
     """(q int64 [N, K], z int64 [G, N], s float64 [G, N], g int64 [K]) with W = (q - z[g].T) * s[g].T."""
     fmt = case.weight_format
@@ -228,9 +233,7 @@ def _fp16_bits_as_bf16(case, t, q, z, s, g):
     raw = np.asarray(t["scales"] if case.weight_format in ("gptq", "awq") else t["weight_scale"])
     if raw.dtype != np.float16:
         return q, z, s, g
-    import ml_dtypes
-
-    bf = raw.view(np.uint16).view(ml_dtypes.bfloat16).astype(np.float32).astype(np.float64)
+    bf = _bf16_bits(raw.view(np.uint16))
     return q, z, (bf.T if case.weight_format == "ct-pack-quantized" else bf), g
 
 
@@ -291,12 +294,9 @@ def _mx_neg_zero_unmasked(backend, case, t, w):
     (byte - 127) << 7 to its bits and then restores zeros it found with ``(x & 0x7FFF) == 0``; with the
     mask on the raw bits (``x == 0``) the E2M1 -0 (bf16 0x8000) is lost: it takes the exponent add and
     becomes -2**(byte - 254), or wraps to a large positive value or +Inf for bytes below 127."""
-    import ml_dtypes
-
     codes, sb = mxfp4.unpack_mxfp4_ct(t)
     byte = np.repeat(sb.astype(np.int64), mxfp4.BLOCK, axis=-1)
-    bits = ((0x8000 + (byte - 127) * 128) & 0xFFFF).astype(np.uint16)
-    val = bits.view(ml_dtypes.bfloat16).astype(np.float32).astype(np.float64)
+    val = _bf16_bits(((0x8000 + (byte - 127) * 128) & 0xFFFF).astype(np.uint16))
     neg0 = (codes == 8) & (byte != 0xFF)
     return np.where(neg0, val, w)
 

@@ -23,7 +23,8 @@ accumulator that lies within the bound. A backend that declares
 possible outputs is exactly [RTZ(y - b), RTZ(y + b)] (RTZ is monotone and
 returns grid points unchanged), and its reference is RTZ(y).
 
-Declared stages beyond one GEMM (docs/conformance-bounds in the docstrings below):
+Declared stages beyond one GEMM (derivations in the docstrings below and in
+docs/formats/activations.md#declared-stages-and-their-acceptance-bounds, docs/formats/moe.md):
 
 - ``bias_stage="after_output_rounding"``: the engine adds the bias to the
   kernel's already rounded output (``_after_output_rounding``);
@@ -430,7 +431,9 @@ def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: 
     3. the row's amax' lies in [max_i mig(a'_i), max_i mag(a'_i)]; the code of a'_i under the declared
        (symmetric) ``act_quant`` is monotone in a'_i and in amax', so it lies between the codes of the
        four corners, each computed by the emulator's own quantizer on the row [amax', a'_i]; the
-       scale s(amax') is monotone too, so the dequantized value lies between the corner products;
+       scale s(amax') is monotone in amax', so it lies between the scales of the two ends; the
+       kernel's dequantized value c' s' lies in the product of those two ranges (the product itself
+       is not monotone in amax', so the corners of the product are not enough);
     4. D_i = the larger distance from the reference's dequantized a_in,i to that range, and
        |y' - y| <= sum_j w_j (D @ |W2[e]|^T).
 

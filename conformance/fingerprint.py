@@ -298,9 +298,11 @@ def _int8_row(rng, case: Case, mode: str) -> np.ndarray:
         row[1:N:3] = -0.0
         return row
     row[0] = amax if rng.random() < 0.5 else -amax
-    s32 = np.float32(amax) / np.float32(127.0)
-    scales = [float(s32), float(_r(s32, "bfloat16")), float(_r(s32, "float16")),
-              float(np.float32(1.0) / (np.float32(127.0) / np.float32(amax)))]
+    with np.errstate(over="ignore", divide="ignore", under="ignore"):
+        s32 = np.float32(amax) / np.float32(127.0)
+        scales = [float(s32), float(_r(s32, "bfloat16")), float(_r(s32, "float16")),
+                  float(np.float32(1.0) / (np.float32(127.0) / np.float32(amax))),
+                  float(np.float32(amax) * (np.float32(1.0) / np.float32(127.0)))]  # recip_mul scale formula
     scales = [s for s in scales if s > 0 and np.isfinite(s)] or [amax / 127.0]
     n = N - 1
     sc = np.asarray(scales)[rng.integers(0, len(scales), n)]
@@ -884,6 +886,9 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
     for a in axes or ():
         if a not in AXES:
             raise ValueError(f"fingerprint: unknown axis {a!r}; known: {', '.join(AXES)}")
+    from backends.registry import create
+
+    create(backend)  # an unknown name or parameter is the caller's error (one line, exit 2), not a worker crash
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="qconform-fp-")

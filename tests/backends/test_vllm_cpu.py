@@ -16,7 +16,7 @@ import pytest
 from backends import vllm_cpu as vc
 from backends.base import Case, Declared
 from backends.registry import create, select
-from conformance.acceptance import compare, declared_interval, declared_weight, round_down, round_up
+from conformance.acceptance import compare, declared_interval, declared_weight
 from conformance.cases import make_inputs
 
 ALL_OPS = {"cpu_gemm_wna16", "dynamic_scaled_int8_quant", "create_onednn_scaled_mm_handler", "onednn_scaled_mm",

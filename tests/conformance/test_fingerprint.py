@@ -11,8 +11,6 @@ Values that no linear output can tell apart are expected as groups, with the rea
 
 - zero_row ``zero`` / ``nan``: an all-zero row yields 0 under both;
 - mx_nan ``ignore/zero*``: +0 and -0 element codes add the same 0;
-- weight_scale_dtype ``bfloat16`` under ``weight_dtype=bfloat16``: the bf16 weight arithmetic rounds
-  the scale operand to bf16 anyway (emulator int_common.dequantize_affine);
 - act_scale_dtype ``float16`` / ``float32`` under ``recip_amax``: the quotient ignores the scale, and
   the dequantization scales differ by less than a bf16 output ulp.
 """

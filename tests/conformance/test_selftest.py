@@ -217,3 +217,34 @@ def test_markdown_and_table_name_every_tier():
             "mx-rule-even-for-floor", "mx-rule-rceil-for-floor", "mx-rule-ceil-for-floor"]
     with pytest.raises(ValueError, match="no mutant matches"):
         selftest.select_mutants(["nope*"])
+
+
+# -- the mutants' own building blocks --------------------------------------------------------------------
+def test_local_int8_quantizer_without_its_bug_is_the_emulators():
+    from backends import mutants
+
+    rng = np.random.default_rng(1)
+    x = round_to_dtype(rng.standard_normal((6, 96)) * 2.0 ** rng.integers(-8, 4, (6, 1)), "bfloat16")
+    x[2] = 0.0
+    x32 = x.astype(np.float32)
+    q, s = mutants.int8_local()(None, x32)
+    ref = a8.quantize_int8_per_token(x32)
+    assert np.array_equal(q, ref.q) and np.array_equal(s, ref.scale.astype(np.float64))
+    qn, _ = mutants.int8_local(zero_row="nan")(None, x32)
+    assert np.isnan(qn[2]).all() and np.array_equal(np.delete(qn, 2, 0), np.delete(ref.q, 2, 0))
+    assert np.array_equal(mutants.mx_local()(None, x32),
+                          mxfp4.dequantize_mxfp4(*mxfp4.quantize_mxfp4(x32), dtype=np.float64))
+
+
+def test_unmasked_negative_zero_takes_the_exponent_add():
+    from backends import mutants
+
+    codes = np.full((1, 96), 8, np.uint8)  # E2M1 -0 everywhere
+    sb = np.array([[127, 126, 0]], np.uint8)
+    t = mxfp4.pack_mxfp4_ct(codes, sb)
+    case = Case("w4a16-mxfp4", "ct-mxfp4", 1, 1, 96, group_size=32)
+    w = mutants._canonical_weight(case, t)
+    assert np.all(w == 0)
+    got = mutants._mx_neg_zero_unmasked(None, case, t, w)
+    # byte 127: 0x8000 + 0 stays -0; byte 126: 0x8000 - 0x80 = 0x7F80 = +Inf; byte 0: 0x8000 - 0x3F80 = 0x4080 = 4.0
+    assert np.all(got[0, :32] == 0) and np.all(np.isposinf(got[0, 32:64])) and np.all(got[0, 64:] == 4.0)
