@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -734,7 +733,6 @@ def _num_equal(a, b) -> bool:
 def verify_bundle(bundle: "str | Path", *, deep: bool = False) -> VerifyResult:
     """Re-check a bundle offline: hashes, case-list coverage, every verdict from stored outputs."""
     from .runner import Waiver, read_results
-    from .suite import CaseSpec
 
     folder = Path(bundle)
     problems: list[str] = []

@@ -42,6 +42,7 @@ from .int_common import (
     check_weights,
     default_g_idx,
     dequantize_affine,
+    dequantize_grouped,
     float_array,
     resolve_group_size,
     round_scale,
@@ -210,9 +211,6 @@ def dequantize_awq(
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - z[k // G]) * s[k // G]`` (see module docstring)."""
     c = unpack_awq(tensors, params, shape=shape, layer=layer)
-    k = c.q.shape[1]
-    g = default_g_idx(k, k // c.zeros.shape[0])
-    z = c.zeros[g, :].T
-    s = np.asarray(c.scales)[g, :].T
-    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=1 << (params.bits - 1))
+    return dequantize_grouped(c.q, c.zeros.T, np.asarray(c.scales).T, None, order=order, scale_dtype=scale_dtype,
+                              compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
+                              midpoint=1 << (params.bits - 1))

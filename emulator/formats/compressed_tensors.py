@@ -49,6 +49,7 @@ from .int_common import (
     check_weights,
     default_g_idx,
     dequantize_affine,
+    dequantize_grouped,
     float_array,
     round_scale,
     rtn_codes,
@@ -348,13 +349,10 @@ def dequantize_ct_packed(
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - zp[n, g]) * s[n, g]``, g = g_idx[k] (see module docstring)."""
     c = unpack_ct_packed(tensors, params, layer=layer)
-    n, k = c.q.shape
-    n_groups = np.asarray(c.scales).shape[1]
-    g = c.g_idx if c.g_idx is not None else default_g_idx(k, k // n_groups)
-    z = 0 if c.zero_point is None else c.zero_point[:, g]
-    s = np.asarray(c.scales)[:, g]
-    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
+    z = 0 if c.zero_point is None else c.zero_point
+    return dequantize_grouped(c.q, z, c.scales, c.g_idx, order=order, scale_dtype=scale_dtype,
+                              compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
+                              midpoint=0)
 
 
 # --- int-quantized (W8A8 int8 weights) -------------------------------------------------

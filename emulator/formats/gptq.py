@@ -54,6 +54,7 @@ from .int_common import (
     check_weights,
     default_g_idx,
     dequantize_affine,
+    dequantize_grouped,
     float_array,
     resolve_group_size,
     round_scale,
@@ -411,7 +412,6 @@ def dequantize_gptq(
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - z[g_idx[k]]) * s[g_idx[k]]`` (see module docstring)."""
     c = unpack_gptq(tensors, params, shape=shape, zero_read=zero_read, layer=layer)
-    z = c.zeros[c.g_idx, :].T
-    s = np.asarray(c.scales)[c.g_idx, :].T
-    return dequantize_affine(c.q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=params.sym_zero)
+    return dequantize_grouped(c.q, c.zeros.T, np.asarray(c.scales).T, c.g_idx, order=order, scale_dtype=scale_dtype,
+                              compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
+                              midpoint=params.sym_zero)

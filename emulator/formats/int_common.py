@@ -294,6 +294,9 @@ def dequantize_affine(
     order = DequantOrder(order)
     fmt = ComputeDtype(compute_dtype).fmt
     mode = Rounding.parse(compute_rounding)
+    fast = _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, ComputeDtype(compute_dtype), mode)
+    if fast is not None:
+        return fast
     s64 = as_float64(s)
     if scale_dtype is not None:
         s64 = round_to_format(s64, ComputeDtype(scale_dtype).fmt)
@@ -322,6 +325,53 @@ def dequantize_affine(
         with np.errstate(over="ignore", invalid="ignore"):
             out = round_to_format((qi - midpoint).astype(np.float64) * s64 + zero, fmt, mode)
     return out.astype(np.float32)
+
+
+def dequantize_grouped(q, zeros, scales, g_idx, **kw) -> np.ndarray:
+    """``dequantize_affine`` for q [N, K] with per-group zeros/scales [N, G] (zeros may be 0).
+
+    Group g of column k is ``g_idx[k]``; the default grouping (k // (K / G)) is applied by
+    broadcasting [N, G, 1] against q viewed as [N, G, K / G] instead of materialising two
+    [N, K] gathers. Same values either way: the rule is elementwise.
+    """
+    q = np.asarray(q)
+    s = np.asarray(scales)
+    n, k = q.shape
+    n_groups = s.shape[1]
+    if g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups)):
+        gs = k // n_groups
+        zz = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, :, None]
+        out = dequantize_affine(q.reshape(n, n_groups, gs), zz, s[:, :, None], **kw)
+        return out.reshape(n, k)
+    g = np.asarray(g_idx)
+    zz = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, g]
+    return dequantize_affine(q, zz, s[:, g], **kw)
+
+
+def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding):
+    """The common case computed with IEEE float32 arithmetic, bit-identical to the rule above.
+
+    Applies to SUB_THEN_MUL with RNE and scales stored as fp16/bf16/fp32: the scale is
+    exact in float32, each operand conversion is an RNE rounding of a float32 (done by
+    ``round_float32_array``), q - z (|q - z| <= 256) is exact in float32, and the float32
+    product is the correctly rounded exact product — for a 16-bit compute dtype it is exact
+    (<= 9 + 11 significant bits) and then rounded once. Returns None when it does not apply.
+    """
+    if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE:
+        return None
+    sa = np.asarray(s)
+    if sa.dtype.name not in ("float16", "bfloat16", "float32"):
+        return None
+    from ..numerics.floats import round_float32_array
+
+    s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
+    if scale_dtype is not None:
+        s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
+    s32 = round_float32_array(s32, compute.value)
+    d = np.subtract(np.asarray(q), np.asarray(z), dtype=np.int16).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.multiply(d, s32, out=d)
+    return round_float32_array(d, compute.value)
 
 
 def round_scale(s64: np.ndarray, dtype: str, *, tensor: str, layer: str | None = None) -> np.ndarray:
