@@ -159,6 +159,8 @@ def declared_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray
     if fmt == "ct-int-quantized":
         return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
     if fmt == "ct-mxfp4":
+        if declared.weight_dtype in ("exact", None):
+            return mxfp4.dequantize_mxfp4_ct(tensors)  # exact float32 values (fast path)
         w = mxfp4.dequantize_mxfp4_ct(tensors, dtype=np.float64)
         return _round_weights(w, declared).astype(np.float32)
     raise ValueError(f"no declared weight for format {fmt!r}")
@@ -385,6 +387,9 @@ def _moe_interval(inp: CaseInputs, x: np.ndarray, declared: Declared, out_dtype:
     w13 = _round_weights(w13.astype(np.float64), declared)
     w2 = _round_weights(w2.astype(np.float64), declared)
     mv = moe_variant(declared)
+    if mv.intermediate_dtype is None:
+        # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
+        mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)
     r = emoe.moe_w16(x.astype(np.float32), inp.router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
     u = UNIT_ROUNDOFF[declared.accumulate]
     ia = case.N
@@ -538,7 +543,8 @@ def compare(y: np.ndarray, iv: Interval) -> Comparison:
     same_nonfinite = (np.isnan(iv.y_exact) & np.isnan(y64)) | (np.isinf(iv.y_exact) & (y64 == iv.y_exact))
     with np.errstate(invalid="ignore"):
         inside = np.where(nonfinite_ref, same_nonfinite, (y64 >= iv.lo) & (y64 <= iv.hi))
-    err = np.abs(y64 - iv.y_ref)
+    with np.errstate(invalid="ignore"):
+        err = np.where(y64 == iv.y_ref, 0.0, np.abs(y64 - iv.y_ref))  # Inf == Inf is no error
     # error/bound ratio: distance from the correctly rounded reference over the interval's reach on that
     # side; 0 for a correctly rounded result, <= 1 exactly when inside the interval
     with np.errstate(invalid="ignore"):

@@ -48,7 +48,7 @@ from .int_common import (
     round_scale,
     rtn_codes,
 )
-from .packing import inverse_order, pack_int32, unpack_int32
+from .packing import inverse_order, pack_int32, unpack_int32, unpack_int32_transposed
 
 __all__ = [
     "AWQ_PACK_ORDER",
@@ -192,9 +192,9 @@ def unpack_awq(tensors: AwqTensors, params: AwqParams, *, shape: tuple | None = 
     qzeros = check_dtype(tensors.qzeros, ("int32",), tensor="qzeros", layer=layer)
     check_shape(qzeros, (n_groups, n // PACK), "[K/G, N/8]", tensor="qzeros", layer=layer)
     scales = _check_awq_scales(tensors.scales, n_groups, n, layer)
-    q = unpack_int32(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight", layer=layer).T
+    q = unpack_int32_transposed(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight", layer=layer)
     zeros = unpack_int32(qzeros, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qzeros", layer=layer)
-    return AwqCodes(q=np.ascontiguousarray(q), zeros=zeros.astype(np.int32), scales=scales)
+    return AwqCodes(q=q, zeros=zeros.astype(np.int32), scales=scales)
 
 
 def dequantize_awq(

@@ -60,7 +60,7 @@ from .int_common import (
     round_scale,
     rtn_codes,
 )
-from .packing import pack_int32, unpack_int32
+from .packing import pack_int32, unpack_int32, unpack_int32_transposed
 
 __all__ = [
     "GptqParams",
@@ -392,9 +392,9 @@ def unpack_gptq(
     check_shape(qzeros, (n_groups, n // f), f"[K/G, N/{f}]", tensor="qzeros", layer=layer)
     scales = _check_gptq_scales(tensors.scales, n_groups, n, layer)
     g = _resolve_g_idx(tensors.g_idx, k, group, params, layer)
-    q = unpack_int32(qweight, params.bits, axis=0, tensor="qweight", layer=layer).T
+    q = unpack_int32_transposed(qweight, params.bits, axis=0, tensor="qweight", layer=layer)
     zeros = _read_zeros(qzeros, params, read, n_groups, n, layer)
-    return GptqCodes(q=np.ascontiguousarray(q), zeros=zeros, scales=scales, g_idx=g)
+    return GptqCodes(q=q, zeros=zeros, scales=scales, g_idx=g)
 
 
 def dequantize_gptq(

@@ -107,3 +107,30 @@ def unpack_int32(packed, bits: int, axis: int = 0, *, order=None, tensor: str = 
         fields[..., element] = ((words >> np.uint32(bits * slot)) & mask).astype(np.uint8)
     out = fields.reshape(words.shape[:-1] + (words.shape[-1] * per_word,))
     return np.moveaxis(out, -1, axis)
+
+
+def unpack_int32_transposed(packed, bits: int, axis: int, *, order=None, tensor: str = "packed",
+                            layer: str | None = None) -> np.ndarray:
+    """``unpack_int32(packed, bits, axis, order=order).T`` for a 2-D ``packed``, as a contiguous array.
+
+    Transposes the 32-bit words (a quarter or an eighth of the bytes) before unpacking, so
+    the result is written in its final [rows, cols] order instead of being unpacked and then
+    transposed byte by byte — the layout step that dominates dequantizing GPTQ and AWQ.
+    """
+    per_word = fields_per_word(bits)
+    order = _check_order(order, per_word)
+    p = np.asarray(packed)
+    if p.dtype != np.int32:
+        raise FormatError(f"expected dtype int32, got {p.dtype.name}", layer=layer, tensor=tensor)
+    require(p.ndim == 2, f"expected a 2-D array, got shape {list(p.shape)}", layer=layer, tensor=tensor)
+    w = np.ascontiguousarray(p.T).view(np.uint32)  # [B, A]
+    mask = np.uint32((1 << bits) - 1)
+    if axis % 2 == 0:  # packed along rows: result [B, A * per_word], fields interleaved along the last axis
+        out = np.empty(w.shape + (per_word,), dtype=np.uint8)
+        for slot, element in enumerate(order):
+            out[..., element] = ((w >> np.uint32(bits * slot)) & mask).astype(np.uint8)
+        return out.reshape(w.shape[0], w.shape[1] * per_word)
+    out = np.empty((w.shape[0], per_word, w.shape[1]), dtype=np.uint8)  # [B, per_word, A]
+    for slot, element in enumerate(order):
+        out[:, element, :] = ((w >> np.uint32(bits * slot)) & mask).astype(np.uint8)
+    return out.reshape(w.shape[0] * per_word, w.shape[1])
