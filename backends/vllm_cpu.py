@@ -527,9 +527,11 @@ class VllmCpuBackend(Backend):
         if case.scheme == "w4a16-moe":
             aq = {"rounding": "rne" if act == "bfloat16" else "rhaz", "reciprocal": "recip_amax",
                   "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True, "symmetric": True}
+            # tie_order any: vLLM picks experts with torch.topk(sorted=False), whose order on exact
+            # ties is unspecified (router-ties edge cases)
             return Declared(variants={"moe": {"renormalize": True, "gate_up": "gate_up",
                                               "intermediate_dtype": act, "gate_up_dtype": act,
-                                              "act_quant": aq},
+                                              "act_quant": aq, "tie_order": "any"},
                                       "weight_scale_dtype": act},
                             weight_dtype="exact", accumulate="float32", output=act,
                             notes="fused_experts_cpu INT4_W4A8 (CPUExpertsInt4): a W4A8 MoE. The hidden states "

@@ -370,8 +370,14 @@ def _w8a8_interval(inp, x, bias, v, declared, acc_decl, out_dtype) -> Interval:
 
 # -- MoE ------------------------------------------------------------------------------------------
 def moe_variant(declared: Declared) -> emoe.MoeVariant:
-    """Declared.variants["moe"] (a dict of MoeVariant fields; ``act_quant`` a dict of Int8ActVariant fields)."""
-    return emoe.MoeVariant(**(declared.variants.get("moe") or {}))
+    """Declared.variants["moe"] (a dict of MoeVariant fields; ``act_quant`` a dict of Int8ActVariant fields).
+
+    ``tie_order: "any"`` is not a MoeVariant field: it declares that the kernel's top-k order on
+    exact ties is unspecified (``torch.topk(sorted=False)``); see ``_moe_interval``.
+    """
+    fields = dict(declared.variants.get("moe") or {})
+    fields.pop("tie_order", None)
+    return emoe.MoeVariant(**fields)
 
 
 def _moe_interval(inp: CaseInputs, x: np.ndarray, declared: Declared, out_dtype: str) -> Interval:
@@ -400,7 +406,24 @@ def _moe_interval(inp: CaseInputs, x: np.ndarray, declared: Declared, out_dtype:
         dev = _moe_act_quant_deviation(r, x, w13, w2, mv, case, u, out_dtype)
         extra = extra + dev * (1 + _gamma(ia + case.top_k + 4, u))
         parts["act_quant_deviation"] = dev
-    return _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype, parts=parts, extra=extra)
+    iv = _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype, parts=parts, extra=extra)
+    if (declared.variants.get("moe") or {}).get("tie_order") == "any":
+        iv = _union_over_tie_orders(iv, inp, x, declared, out_dtype)
+    return iv
+
+
+def _union_over_tie_orders(iv: Interval, inp: CaseInputs, x, declared: Declared, out_dtype: str) -> Interval:
+    """A kernel whose top-k order on exact ties is unspecified may pick either tied expert in a row:
+    accept, row by row, the union of the intervals of both tie rules (rows without ties are unchanged,
+    since both rules choose the same experts there)."""
+    moe = dict(declared.variants["moe"])
+    moe.pop("tie_order")
+    flipped = dict(moe, tie_lower_index_first=not moe.get("tie_lower_index_first", True))
+    other = _moe_interval(inp, x, dataclasses.replace(declared, variants=dict(declared.variants, moe=flipped)),
+                          out_dtype)
+    lo, hi = np.minimum(iv.lo, other.lo), np.maximum(iv.hi, other.hi)
+    return dataclasses.replace(iv, lo=lo, hi=hi, bound=np.maximum(iv.bound, other.bound + np.abs(other.y_exact
+                                                                                                  - iv.y_exact)))
 
 
 #: allowance for the kernel's fp32 SiLU (x / (1 + exp(-x)) with vectorized exp approximations) relative to
