@@ -18,11 +18,14 @@ Covers two ATen CUDA kernels (docs/backends/cuda.md):
   G in {32, 64, 128, 256}; N a multiple of 8; K a multiple of 16 * innerKTiles.
   Integer zero points z are mapped to tinygemm's float zero (torchao
   ``ZeroPointDomain.FLOAT``): ``zero = bf16((8 - z) * bf16(s))``; the scale itself is
-  rounded fp16 -> bf16. With z = 8 (symmetric) the zero is exactly 0 and the weight is
-  ``bf16((q - z) * bf16(s))``, i.e. emulator variants ``weight_scale_dtype=bfloat16`` +
-  ``weight_dtype=bfloat16``. With z != 8 the extra rounding of the float zero is NOT an
-  emulator variant (declared as ``zero_domain=float``); ``tinygemm_weight`` below is its
-  exact model and ``local_interval`` the matching acceptance interval.
+  rounded fp16 -> bf16. That is the emulator's named variant ``dequant_order=float_zero``
+  with ``zero_dtype=bfloat16``, ``weight_scale_dtype=bfloat16`` and ``weight_dtype=bfloat16``
+  (docs/formats/gptq.md#float-zero-point-dequantorderfloat_zero): ``round_bf16((q - m) * s_bf16
+  + round_bf16((m - z) * s_bf16))`` with m = 8 for GPTQ/AWQ codes (m = 0 for compressed-tensors'
+  signed codes, the same numbers). With z = 8 (symmetric) the zero is exactly 0 and the weight
+  is the canonical ``bf16((q - z) * bf16(s))``. ``tinygemm_weight`` below recomputes the
+  weights from the packed operands in torch (an oracle independent of the emulator's code);
+  tests/backends/test_cuda.py checks it equals the declared variant bit for bit.
   No vLLM path uses tinygemm; the canonical zero-point reading of each checkpoint format
   (GPTQ v1 ``field + 1`` / v2 literal, AWQ literal, compressed-tensors offset) is used.
 - ``w8a8``: ``torch._int_mm`` (int8 [M, K] @ int8 [K, N] -> int32 via cuBLASLt;
@@ -38,9 +41,11 @@ Refused, with reasons in ``can_implement``: MXFP4 (``torch._scaled_mm`` with
 ``float4_e2m1fn_x2`` and e8m0 block scales needs cuBLASLt block-scaled GEMM, sm_100+),
 W8A16/W4A8/MoE (no torch CUDA op).
 
-Parameters: ``cuda:bias_mode=bf16_add`` adds a w4a16 bias to the bf16 kernel output in
-bf16 as torchao's tinygemm linear does (rounds twice; refused by default);
-``cuda:inner_k_tiles=2|4|8`` (default: the largest that divides K / 16).
+Parameters: ``cuda:bias_mode=bf16_add`` (default) adds a w4a16 bias to the bf16 kernel output
+in bf16, as torchao's tinygemm linear does; declared as ``bias_stage=after_output_rounding``
+(conformance/acceptance.py: y = RNE_bf16(o + b), o the rounded kernel output), so the
+declared interval covers the double rounding. ``cuda:bias_mode=refuse`` refuses w4a16 cases
+with a bias instead. ``cuda:inner_k_tiles=2|4|8`` (default: the largest that divides K / 16).
 """
 
 from __future__ import annotations
@@ -57,7 +62,6 @@ __all__ = [
     "tinygemm_pack",
     "decode_tinygemm_u8",
     "tinygemm_weight",
-    "local_interval",
     "quantize_act_int8",
     "measure",
 ]
@@ -171,50 +175,25 @@ def decode_tinygemm_u8(packed_u8) -> np.ndarray:
 
 
 def tinygemm_weight(case: Case, tensors: dict) -> np.ndarray:
-    """Exact model of the weights tinygemm multiplies: bf16((q - 8) * s_bf16 + zero_bf16) [N, K] (float32 values)."""
-    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
+    """The weights tinygemm multiplies, recomputed from the packed operands in torch: [N, K] float32 values.
 
+    ``bf16((q - 8) * s_bf16 + zero_bf16)`` with q read back from ``packed_u8`` and (s, zero)
+    from ``scales_and_zeros``: the kernel's ``fma.rn.bf16x2`` (one rounding). The fp32
+    arithmetic here is exact, so the final ``.to(bfloat16)`` (RNE) is that one rounding:
+    ``(q - 8) * s`` has <= 4 + 8 significant bits, and the float zero (0, or a bf16 value of
+    magnitude >= |s|) is a multiple of s's bf16 quantum, as is the product; the sum stays
+    below 2**6 |s|, i.e. within 14 bits of that quantum. Independent of the emulator's
+    dequantization code (torch only), it is the oracle the declared
+    ``dequant_order=float_zero`` variant is tested against.
+    """
     torch = _import_torch()
     pk = tinygemm_pack(case, tensors)
-    q = decode_tinygemm_u8(pk["packed_u8"].numpy()).astype(np.float64)
-    sz = pk["scales_and_zeros"].to(torch.float32).numpy().astype(np.float64)  # [G, N, 2]
-    N, K = q.shape
-    g = np.arange(K) // pk["group"]
-    s = sz[g, :, 0].T  # [N, K]
-    zf = sz[g, :, 1].T
-    # (q - 8) * s has <= 12 significant bits and the sum with zf is exact in float64: one RNE rounding (fma).
-    return round_to_dtype((q - 8.0) * s + zf, "bfloat16").astype(np.float32)
-
-
-def local_interval(inp, w: np.ndarray, *, out_dtype: str = "bfloat16", bias_after_rounding: bool = False):
-    """Acceptance interval for x @ w^T with fp32 accumulation (acceptance.declared_interval's bound).
-
-    ``bias_after_rounding``: the bias is added to the already-rounded output in ``out_dtype``
-    (rounding twice); the interval is then [RNE(lo + b), RNE(hi + b)] of the bias-free one.
-    """
-    from conformance.acceptance import UNIT_ROUNDOFF, Interval, round_down, round_up  # noqa: PLC0415
-    from emulator import linear as lin  # noqa: PLC0415
-    from emulator.numerics.floats import round_to_dtype  # noqa: PLC0415
-
-    x = inp.x.astype(np.float64)
-    w64 = w.astype(np.float64)
-    bias = None if inp.bias is None else inp.bias.astype(np.float64)
-    K = x.shape[1]
-    u = UNIT_ROUNDOFF["float32"]
-    n = K + 1 + (bias is not None and not bias_after_rounding)
-    gam = n * u / (1 - n * u)
-    r = lin.linear_w16(x, w64, None if bias_after_rounding else bias, out_dtype=out_dtype)
-    mag = np.abs(x) @ np.abs(w64).T + (0 if (bias is None or bias_after_rounding) else np.abs(bias))
-    b = gam * mag + r.y_bound
-    lo = round_down(r.y_exact - b, out_dtype)
-    hi = round_up(r.y_exact + b, out_dtype)
-    y_exact = r.y_exact
-    if bias_after_rounding and bias is not None:
-        lo = round_to_dtype(lo + bias, out_dtype)
-        hi = round_to_dtype(hi + bias, out_dtype)
-        y_exact = y_exact + bias
-    return Interval(y_ref=round_to_dtype(y_exact, out_dtype), y_exact=y_exact, lo=lo, hi=hi, bound=b,
-                    out_dtype=out_dtype)
+    q = torch.from_numpy(decode_tinygemm_u8(pk["packed_u8"].numpy()).astype(np.float32))  # [N, K]
+    sz = pk["scales_and_zeros"].to(torch.float32)  # [K/G, N, 2]
+    gi = torch.arange(q.shape[1]) // pk["group"]
+    s = sz[gi, :, 0].T
+    zf = sz[gi, :, 1].T
+    return ((q - 8.0) * s + zf).to(torch.bfloat16).to(torch.float32).numpy()
 
 
 # -- dynamic per-token int8 activations (canonical), in torch on any device -------------------
@@ -259,7 +238,7 @@ class CudaBackend(Backend):
         unknown = set(params) - {"bias_mode", "inner_k_tiles"}
         if unknown:
             raise ValueError(f"cuda: unknown parameter(s) {sorted(unknown)}; known: bias_mode, inner_k_tiles")
-        self.bias_mode = params.get("bias_mode", "refuse")
+        self.bias_mode = params.get("bias_mode", "bf16_add")
         if self.bias_mode not in ("refuse", "bf16_add"):
             raise ValueError(f"cuda: bias_mode must be refuse or bf16_add, got {self.bias_mode!r}")
         self.inner_k_tiles = params.get("inner_k_tiles")
@@ -327,8 +306,8 @@ class CudaBackend(Backend):
         if case.weight_format == "awq" and case.N % 8:
             return no("AWQ packs 8 columns per word")
         if case.bias and self.bias_mode == "refuse":
-            return no("_weight_int4pack_mm has no bias operand; adding the bias to its bf16 output rounds twice "
-                      "(use cuda:bias_mode=bf16_add to run it the torchao way)")
+            return no("_weight_int4pack_mm has no bias operand and cuda:bias_mode=refuse was given (the default, "
+                      "bf16_add, adds it to the bf16 output as torchao does)")
         return yes()
 
     def _can_w8a8(self, case: Case) -> Support:
@@ -348,14 +327,13 @@ class CudaBackend(Backend):
     # -- 3. declared --------------------------------------------------------------------------------
     def declared(self, case: Case) -> Declared:
         if case.scheme == "w4a16":
-            notes = ("tinygemm: w = fma_bf16(q - 8, bf16(s), bf16((8 - z) * bf16(s))); mma bf16 x bf16 -> fp32; "
-                     "output RNE to bf16")
-            variants = {"weight_scale_dtype": "bfloat16", "dequant_order": "sub_then_mul"}
-            if not case.sym or case.weight_format == "awq":
-                variants["zero_domain"] = "float"  # not an emulator axis: see tinygemm_weight / local_interval
-                notes += "; asymmetric: the float zero is rounded to bf16 (zero_domain=float, not an emulator axis)"
+            # tinygemm's float zero point: w = fma_bf16(q - 8, bf16(s), bf16((8 - z) * bf16(s)))
+            variants = {"weight_scale_dtype": "bfloat16", "dequant_order": "float_zero", "zero_dtype": "bfloat16"}
+            notes = ("tinygemm: w = fma_bf16(q - 8, bf16(s), bf16((8 - z) * bf16(s))) (dequant_order=float_zero, "
+                     "zero_dtype=bfloat16; canonical for z = 8); mma bf16 x bf16 -> fp32; output RNE to bf16")
             if case.bias:
-                notes += "; bias added to the bf16 output in bf16 (bias_mode=bf16_add: rounds twice)"
+                variants["bias_stage"] = "after_output_rounding"
+                notes += "; bias added to the bf16 output in bf16, as torchao does (bias_stage=after_output_rounding)"
             return Declared(variants=variants, weight_dtype="bfloat16", act_compute_dtype=None, accumulate="float32",
                             output="bfloat16", notes=notes)
         if case.scheme == "w8a8":
@@ -453,8 +431,10 @@ def measure(seeds=(0, 1)) -> list[dict]:
     rows = []
     for case in _w4a16_cases() + _w8a8_cases() + [
             Case("w4a16", "gptq", 3, 64, 128, group_size=32, sym=True, bias=True),
-            Case("w4a16", "gptq", 16, 256, 256, group_size=128, sym=False, bias=True)]:
-        be = CudaBackend(bias_mode="bf16_add") if case.bias and case.scheme == "w4a16" else CudaBackend()
+            Case("w4a16", "gptq", 16, 256, 256, group_size=128, sym=False, bias=True),
+            Case("w4a16", "awq", 3, 96, 256, group_size=64, sym=False, bias=True),
+            Case("w4a16", "ct-pack-quantized", 16, 64, 128, group_size=-1, sym=False, bias=True)]:
+        be = CudaBackend()
         sup = be.can_implement(case)
         if not sup:
             rows.append({"case": case.describe(), "refused": sup.reason})
@@ -464,14 +444,9 @@ def measure(seeds=(0, 1)) -> list[dict]:
             prep = be.prepare(case, inp.tensors)
             y = be.run(prep, inp.x, bias=inp.bias)
             c = compare(y, declared_interval(inp, be.declared(case)))
-            row = {"case": case.describe(), "zero_convention": case.zero_convention, "bias": case.bias, "scale_dtype": case.scale_dtype, "seed": seed, "exact": c.exact_match, "inside": c.ok,
-                   "n_out": c.n_out, "max_ulp": c.max_ulp, "sqnr_db": round(c.sqnr_db, 1)}
-            if case.scheme == "w4a16":
-                lc = compare(y, local_interval(inp, tinygemm_weight(case, inp.tensors),
-                                               bias_after_rounding=case.bias))
-                row.update({"local_inside": lc.ok, "local_n_out": lc.n_out, "local_exact": lc.exact_match,
-                            "local_max_ulp": lc.max_ulp})
-            rows.append(row)
+            rows.append({"case": case.describe(), "zero_convention": case.zero_convention, "bias": case.bias,
+                         "scale_dtype": case.scale_dtype, "seed": seed, "exact": c.exact_match, "inside": c.ok,
+                         "n_out": c.n_out, "max_ulp": c.max_ulp, "sqnr_db": round(c.sqnr_db, 1)})
     return rows
 
 
@@ -540,11 +515,14 @@ def float_zero_reproducer() -> dict:
     tensors = {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": t.g_idx}
     x = np.zeros((1, K), np.float32)
     x[0, 0] = 1.0
+    from conformance.acceptance import declared_weight  # noqa: PLC0415
+
     b = CudaBackend()
     y = b.run(b.prepare(case, tensors), x)
     torch.cuda.synchronize()
     return {"kernel": float(y[0, 0]), "canonical_bf16": float(np.float32(-0.07568359375)),
-            "tinygemm_model": float(tinygemm_weight(case, tensors)[0, 0])}
+            "tinygemm_model": float(tinygemm_weight(case, tensors)[0, 0]),
+            "declared_float_zero": float(declared_weight(case, tensors, b.declared(case))[0, 0])}
 
 
 if __name__ == "__main__":  # pragma: no cover - device-side measurement

@@ -38,7 +38,9 @@ Nothing here can run without an XPU: ``availability`` says why. The host-side
 transforms are plain torch and are tested on any host by decoding the transformed
 tensors with the kernels' documented layouts (``decode_*`` below, NumPy).
 ``xpu_mxfp4_quant_model`` is a NumPy transcription of the activation quantizer's source,
-used to check the declared emulator variant against what the source computes.
+used to check the declared emulator variant (``XPU_MX_VARIANT``) against what the source
+computes: equal bit for bit (codes and scale bytes) except in the corners listed in
+docs/backends/xpu.md.
 """
 
 from __future__ import annotations
@@ -67,12 +69,14 @@ __all__ = [
 
 #: The XPU MXFP4 activation quantizer (mxfp4_quant.h) in emulator variant names:
 #: scale 2**ceil(log2(amax/6)) (RCEIL); elements counted against thresholds with '>' (ties
-#: toward zero); NaN elements: the clamp fmax(-6, fmin(NaN, 6)) returns +6 before the sign
-#: test, so a positive NaN saturates (SATURATE matches for +NaN; -NaN also gives +6);
-#: amax starts at eps = 1e-10 -> an all-zero block gets 2**-33 (byte 94); sycl max / fmax
-#: skip NaN in the amax reduction (Inf still gives an Inf scale -> e8m0 0xFF).
-XPU_MX_VARIANT = {"mx_scale_rule": "rceil", "e2m1_rounding": "rhtz", "e2m1_nan": "saturate",
-                  "mx_zero_block": "eps_1e10", "mx_nan_block": "ignore"}
+#: toward zero: RHTZ); NaN elements: the clamp fmax(-6, fmin(NaN, 6)) returns +6 before the
+#: sign test, so every NaN, +NaN or -NaN, becomes +6 (SATURATE_POSITIVE); the sign bit is
+#: (v < 0), so -0 gives code 0 (element zero sign POSITIVE); amax starts at eps = 1e-10 and the
+#: descale amax/6 is floored at eps, so every block's scale is at least 2**-33 (byte 94:
+#: EPS_1E10_FLOOR, not only all-zero blocks); sycl max / fmax skip NaN in the amax reduction
+#: (Inf still gives an Inf scale -> e8m0 0xFF).
+XPU_MX_VARIANT = {"mx_scale_rule": "rceil", "e2m1_rounding": "rhtz", "e2m1_nan": "saturate_positive",
+                  "e2m1_zero_sign": "positive", "mx_zero_block": "eps_1e10_floor", "mx_nan_block": "ignore"}
 MX_EPS = 1e-10
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 LIBS = ("vllm-xpu-kernels", "ark")
@@ -461,7 +465,8 @@ class XpuBackend(Backend):
         if case.scheme == "w4a4-mxfp4":
             return Declared(variants=dict(XPU_MX_VARIANT), weight_dtype="exact", act_compute_dtype=None,
                             accumulate="float32", output=act,
-                            notes="activation quant: mxfp4_quant.h (RCEIL, ties toward zero, eps 1e-10); "
+                            notes="activation quant: mxfp4_quant.h (RCEIL, ties toward zero, NaN -> +6, -0 -> +0, "
+                                  "every block's scale >= 2**-33 from eps 1e-10, NaN skipped by the amax); "
                                   "oneDNN fp4_gemm with e8m0 block scales, f32 accumulation")
         if case.scheme == "w4a16-moe":
             return Declared(variants={"moe": {"renormalize": True}}, weight_dtype=act, act_compute_dtype=None,

@@ -193,7 +193,8 @@ def mx_variant(declared: Declared) -> mxfp4.MxVariant:
     v = declared.variants
     kw = {}
     for src, dst in (("mx_scale_rule", "scale_rule"), ("e2m1_rounding", "element_rounding"),
-                     ("e2m1_nan", "element_nan"), ("mx_zero_block", "zero_block"), ("mx_nan_block", "nan_block")):
+                     ("e2m1_nan", "element_nan"), ("mx_zero_block", "zero_block"), ("mx_nan_block", "nan_block"),
+                     ("e2m1_zero_sign", "element_zero_sign")):
         if v.get(src) is not None:
             kw[dst] = v[src]
     return mxfp4.MxVariant(**kw)

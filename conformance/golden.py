@@ -34,7 +34,19 @@ from .suite import CaseSpec, generators_for
 
 __all__ = ["GOLDEN_DIR", "golden_cases", "golden_specs", "golden_inputs", "regenerate", "verify"]
 
-GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+def _golden_dir() -> Path:
+    """QCONFORM_GOLDEN_DIR, else the repository's golden/ (editable install or source tree), else ./golden."""
+    import os
+
+    if os.environ.get("QCONFORM_GOLDEN_DIR"):
+        return Path(os.environ["QCONFORM_GOLDEN_DIR"])
+    beside = Path(__file__).resolve().parents[1] / "golden"
+    if (beside / "MANIFEST.json").exists():
+        return beside
+    return Path.cwd() / "golden"
+
+
+GOLDEN_DIR = _golden_dir()
 MANIFEST = "MANIFEST.json"
 
 

@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from ..errors import FormatError, require
-from ..numerics.e2m1 import E2M1NanRule, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from ..numerics.e2m1 import E2M1NanRule, E2M1ZeroSign, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from ..numerics.e8m0 import E8M0_NAN, MxScaleRule, NanBlockRule, ZeroBlockRule, decode_e8m0, mx_scale_byte
 from ..numerics.rounding import Rounding, as_float64
 
@@ -64,6 +64,7 @@ class MxVariant:
     element_nan: E2M1NanRule = E2M1NanRule.ZERO
     zero_block: ZeroBlockRule = ZeroBlockRule.MIN
     nan_block: NanBlockRule = NanBlockRule.SCALE_NAN
+    element_zero_sign: E2M1ZeroSign = E2M1ZeroSign.KEEP
 
     def __post_init__(self):
         object.__setattr__(self, "scale_rule", MxScaleRule(self.scale_rule))
@@ -71,6 +72,7 @@ class MxVariant:
         object.__setattr__(self, "element_nan", E2M1NanRule(self.element_nan))
         object.__setattr__(self, "zero_block", ZeroBlockRule(self.zero_block))
         object.__setattr__(self, "nan_block", NanBlockRule(self.nan_block))
+        object.__setattr__(self, "element_zero_sign", E2M1ZeroSign(self.element_zero_sign))
 
     def describe(self) -> dict:
         return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
@@ -113,7 +115,7 @@ def quantize_mxfp4(x, variant: MxVariant = CANONICAL, *, what: str = "x") -> tup
     # x / 2**s is exact in float64 (power-of-two scaling, far from float64's limits).
     s = np.where(scale == E8M0_NAN, 0, scale.astype(np.int64) - 127)
     y = np.ldexp(xb.astype(np.float64), -s[..., None])
-    codes = encode_e2m1(y, variant.element_rounding, variant.element_nan)
+    codes = encode_e2m1(y, variant.element_rounding, variant.element_nan, variant.element_zero_sign)
     # A 0xFF block decodes to NaN whatever its elements hold: canonically they are code 0
     # (OCP leaves them unspecified), so a comparison of packed data is deterministic.
     codes = np.where((scale == E8M0_NAN)[..., None], np.uint8(0), codes)

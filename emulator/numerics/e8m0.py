@@ -61,20 +61,33 @@ class ZeroBlockRule(str, enum.Enum):
       triton_kernels (which also quantises with scale 0; elements are 0 either way)
     - HALF: scale 2**-1 (byte 126): auto-round ``quant_mx`` (log2 of 0 replaced by 1)
     - EPS_FP32: scale 2**-23 (byte 104): Quark FLOOR/CEIL observer (0 -> fp32 eps)
-    - EPS_1E10: scale 2**ceil(log2 1e-10) = 2**-33 (byte 94): vllm-xpu-kernels mxfp4 quant
+    - EPS_1E10: scale 2**ceil(log2 1e-10) = 2**-33 (byte 94)
+    - EPS_1E10_FLOOR: every block's scale is at least 2**-33 (byte 94), not only the all-zero
+      block's: byte = max(rule byte, 94). vllm-xpu-kernels ``mxfp4_quant.h`` (called by vLLM with
+      eps = 1e-10) starts its amax reduction at eps and floors the descale amax / 6 at eps
+      (``exp2(ceil(log2(fmax(|amax / 6|, eps))))``), so under its RCEIL rule every block with
+      amax < 6e-10 gets 2**-33. (Flooring amax alone at 1e-10 would give RCEIL 2**-35, byte 92.)
+
+    The byte is per rule, not per scale rule: EPS_1E10_FLOOR applies ``max(byte, 94)`` after any
+    ``MxScaleRule``; the others only replace the byte of amax == 0.
     """
 
     MIN = "min"
     HALF = "half"
     EPS_FP32 = "eps_fp32"
     EPS_1E10 = "eps_1e10"
+    EPS_1E10_FLOOR = "eps_1e10_floor"
 
+
+#: the smallest scale byte under ZeroBlockRule.EPS_1E10_FLOOR: 2**ceil(log2(fp32(1e-10))) = 2**-33
+EPS_1E10_BYTE = E8M0_BIAS - 33
 
 _ZERO_BLOCK_BYTE = {
     ZeroBlockRule.MIN: 0,
     ZeroBlockRule.HALF: E8M0_BIAS - 1,
     ZeroBlockRule.EPS_FP32: E8M0_BIAS - 23,
-    ZeroBlockRule.EPS_1E10: E8M0_BIAS - 33,
+    ZeroBlockRule.EPS_1E10: EPS_1E10_BYTE,
+    ZeroBlockRule.EPS_1E10_FLOOR: EPS_1E10_BYTE,
 }
 
 
@@ -165,5 +178,7 @@ def mx_scale_byte(
     s = _rule_exponent(safe, rule)
     byte = np.clip(s, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS
     byte = np.where(a == 0, _ZERO_BLOCK_BYTE[zero_block], byte)
+    if zero_block is ZeroBlockRule.EPS_1E10_FLOOR:
+        byte = np.maximum(byte, EPS_1E10_BYTE)
     byte = np.where(finite, byte, 0xFF)
     return byte.astype(np.uint8)

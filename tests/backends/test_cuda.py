@@ -8,6 +8,8 @@ Needs neither compressed-tensors nor onnx, so it also runs on the lent GPU machi
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -78,7 +80,6 @@ REFUSALS = [
     (Case("w4a16", "gptq", 3, 64, 512, group_size=-1), "G = K = 512"),
     (Case("w4a16", "gptq", 3, 60, 128), "multiple of 8"),
     (Case("w4a16", "ct-mxfp4", 3, 64, 128), "has none"),
-    (Case("w4a16", "gptq", 3, 64, 128, bias=True), "no bias operand"),
     (Case("w4a16", "gptq", 3, 64, 128, out_dtype="float32"), "writes bfloat16 only"),
     (Case("w8a8", "ct-int-quantized", 16, 64, 128), "M > 16"),
     (Case("w8a8", "ct-int-quantized", 1, 64, 128), "got M = 1"),
@@ -100,12 +101,18 @@ def test_can_implement_refusals(case, why):
     assert why in s.reason
 
 
+def test_bias_mode_refuse():
+    case = Case("w4a16", "gptq", 3, 64, 128, bias=True)
+    s = cu.CudaBackend(bias_mode="refuse").can_implement(case)
+    assert not s.ok and "no bias operand" in s.reason and "bias_mode=refuse" in s.reason
+    assert cu.CudaBackend().can_implement(case).ok  # default bf16_add: declared bias_stage=after_output_rounding
+
+
 def test_can_implement_accepts():
     b = cu.CudaBackend()
     for fmt, sym, zc, g in INT4_FORMATS:
         assert b.can_implement(_case(fmt, sym, zc, g)).ok
     assert b.can_implement(Case("w4a16", "gptq", 1, 64, 256, group_size=-1)).ok  # G = K = 256
-    assert cu.CudaBackend(bias_mode="bf16_add").can_implement(Case("w4a16", "gptq", 3, 64, 128, bias=True)).ok
     assert not cu.CudaBackend(inner_k_tiles="8").can_implement(Case("w4a16", "gptq", 3, 64, 96, group_size=32)).ok
     for dt in ("bfloat16", "float16", "float32"):
         assert b.can_implement(Case("w8a8", "ct-int-quantized", 17, 64, 128, act_dtype=dt, bias=True)).ok
@@ -174,38 +181,74 @@ def test_tinygemm_scales_and_zeros(fmt, sym, zc, g):
         assert not sz[..., 1].float().abs().sum()  # z = 8 -> float zero exactly 0
 
 
-@pytest.mark.parametrize("fmt,sym,zc,g", INT4_FORMATS)
-def test_tinygemm_weight_vs_declared(fmt, sym, zc, g):
-    """Symmetric: the tinygemm weights ARE the declared emulator weights (bf16 scale, bf16 dequant).
-    Asymmetric: they differ exactly where the float zero (8 - z) * s is not a bf16 value."""
-    case = _case(fmt, sym, zc, g)
+FORMATS = [("gptq", True, None), ("gptq", False, None), ("gptq", True, "v2"), ("gptq", False, "v2"),
+           ("awq", False, None), ("ct-pack-quantized", True, None), ("ct-pack-quantized", False, None)]
+WEIGHT_CASES = [(f, s, zc, g, gen) for (f, s, zc) in FORMATS for g in (32, 64, 128, 256, -1)
+                for gen in ("gaussian", "weight-mantissa") if not (f == "awq" and g == -1)]
+WEIGHT_CASES += [("gptq", False, zc, g, "gptq-zero-fields") for zc in (None, "v2") for g in (32, 128)]
+WEIGHT_CASES += [("gptq", True, zc, 64, "sym-nonmidpoint-qzeros") for zc in (None, "v2")]
+
+
+@pytest.mark.parametrize("fmt,sym,zc,g,gen", WEIGHT_CASES, ids=["-".join(map(str, c)) for c in WEIGHT_CASES])
+def test_tinygemm_weight_is_declared_float_zero(fmt, sym, zc, g, gen):
+    """The weights the packed tinygemm operands give (``tinygemm_weight``: torch, from the packed bytes and
+    the bf16 [scale, zero] pairs) equal the declared emulator variant (dequant_order=float_zero,
+    zero_dtype=bfloat16, bf16 scales and weights) bit for bit; they differ from the canonical order
+    exactly where the float zero (8 - z) * s is not a bf16 value."""
+    from conformance.generators import generate
+
+    case = _case(fmt, sym, zc, g, N=64, K=256)
     b = cu.CudaBackend()
-    t = make_inputs(case, 3).tensors
-    wt = cu.tinygemm_weight(case, t)
-    wd = declared_weight(case, t, b.declared(case))
-    _, z, s = cu.read_int4_codes(case, t)
-    s_bf = round_to_dtype(s.numpy().astype(np.float64), "bfloat16")
-    zf = (8 - z.numpy()) * s_bf
-    inexact = round_to_dtype(zf, "bfloat16") != zf  # [G, N]
-    gi = np.arange(case.K) // case.group
-    may_differ = inexact[gi, :].T  # [N, K]
-    diff = wt != wd
-    assert not np.any(diff & ~may_differ)
-    if sym and fmt != "awq":
-        assert not diff.any()
-        assert "zero_domain" not in b.declared(case).variants
-    else:
-        assert b.declared(case).variants["zero_domain"] == "float"
-    # the two roundings (float zero, then the fma) each move the value by at most u = 2**-8 relative
-    zf_k = zf[gi, :].T
-    assert np.all(np.abs(wt - wd) <= (np.abs(wd) + np.abs(zf_k)) * 2.0 ** -7)
+    d = b.declared(case)
+    assert (d.variants["dequant_order"], d.variants["zero_dtype"], d.weight_dtype) == \
+        ("float_zero", "bfloat16", "bfloat16")
+    for seed in (0, 1):
+        t = generate(case, gen, seed).tensors
+        wt = cu.tinygemm_weight(case, t)
+        wd = declared_weight(case, t, d)
+        assert wt.dtype == wd.dtype == np.float32
+        np.testing.assert_array_equal(wt.view(np.uint32), wd.view(np.uint32))
+        # where the float zero is inexact in bf16, the canonical bf16 weight differs (the test is not vacuous)
+        canonical = declared_weight(case, t, dataclasses.replace(d, variants=dict(d.variants,
+                                                                                  dequant_order="sub_then_mul")))
+        _, z, s = cu.read_int4_codes(case, t)
+        s_bf = round_to_dtype(s.numpy().astype(np.float64), "bfloat16")
+        zf = (8 - z.numpy()) * s_bf
+        inexact = (round_to_dtype(zf, "bfloat16") != zf)[np.arange(case.K) // case.group, :].T  # [N, K]
+        differs = wt != canonical
+        assert not np.any(differs & ~inexact)
+        if inexact.any():
+            assert differs.any()
+        if not inexact.any():
+            np.testing.assert_array_equal(wt, canonical)
+    if sym and gen != "sym-nonmidpoint-qzeros":
+        assert not inexact.any()  # z = 8: zero 0
+
+
+def test_float_zero_reproducer_values():
+    """The documented one-element reproducer, on CPU: tinygemm model = declared variant != canonical."""
+    from emulator.formats import gptq as g
+
+    N, K = 8, 32
+    case = Case("w4a16", "gptq", 1, N, K, group_size=32, sym=False)
+    t = g.pack_gptq(g.GptqCodes(np.zeros((N, K), np.uint8), np.full((1, N), 15, np.int32),
+                                np.full((1, N), 0.005035400390625, np.float16), np.zeros(K, np.int32)),
+                    g.GptqParams(group_size=32, sym=False))
+    tensors = {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": t.g_idx}
+    assert cu.tinygemm_weight(case, tensors)[0, 0] == np.float32(-0.0751953125)
+    assert declared_weight(case, tensors, cu.CudaBackend().declared(case))[0, 0] == np.float32(-0.0751953125)
+    # canonical (q - z) * s = -15 s = -0.075531005859375 -> bf16 -0.07568359375
+    assert round_to_dtype(np.float64(-15 * 0.005035400390625), "bfloat16") == -0.07568359375
 
 
 def test_declared():
     b = cu.CudaBackend()
     d = b.declared(Case("w4a16", "gptq", 3, 64, 128))
     assert (d.weight_dtype, d.accumulate, d.output) == ("bfloat16", "float32", "bfloat16")
-    assert d.variants["weight_scale_dtype"] == "bfloat16"
+    assert d.variants["weight_scale_dtype"] == "bfloat16" and "bias_stage" not in d.variants
+    assert "zero_domain" not in d.variants  # the former private key: every key is now an emulator variant
+    d = b.declared(Case("w4a16", "awq", 3, 64, 128, sym=False, bias=True))
+    assert d.variants["bias_stage"] == "after_output_rounding"
     d = b.declared(Case("w8a8", "ct-int-quantized", 32, 64, 128, act_dtype="float16"))
     assert d.variants["act_rounding"] == "rne" and d.variants["reciprocal"] == "divide"
     assert (d.accumulate, d.output) == ("int32", "float16")
@@ -262,11 +305,31 @@ def test_w4a16_smoke(case):
     for seed in (0, 1):
         inp = make_inputs(case, seed)
         y = b.run(b.prepare(case, inp.tensors), inp.x)
-        local = compare(y, cu.local_interval(inp, cu.tinygemm_weight(case, inp.tensors)))
-        assert local.ok, (seed, local)
-        if case.sym and case.weight_format != "awq":
-            official = compare(y, declared_interval(inp, b.declared(case)))
-            assert official.ok, (seed, official)
+        c = compare(y, declared_interval(inp, b.declared(case)))
+        assert c.ok, (seed, c)
+
+
+@needs_cuda
+def test_w4a16_float_zero_on_the_device():
+    """The one-element reproducer: the kernel's weight is the float-zero one, outside the canonical interval."""
+    r = cu.float_zero_reproducer()
+    assert r["kernel"] == r["tinygemm_model"] == r["declared_float_zero"] == -0.0751953125
+    assert r["canonical_bf16"] != r["kernel"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("gen", ["gptq-zero-fields", "sym-nonmidpoint-qzeros", "weight-mantissa"])
+def test_w4a16_edge_generators(gen):
+    from conformance.generators import generate
+
+    sym = gen == "sym-nonmidpoint-qzeros"
+    case = _case("gptq", sym, None, 32, M=5, N=96, K=256)
+    b = cu.CudaBackend()
+    for seed in (0, 1):
+        inp = generate(case, gen, seed)
+        y = b.run(b.prepare(case, inp.tensors), inp.x)
+        c = compare(y, declared_interval(inp, b.declared(case)))
+        assert c.ok, (seed, c)
 
 
 @needs_cuda
@@ -293,15 +356,22 @@ def test_w4a16_inner_k_tiles(tiles):
     assert compare(y, declared_interval(inp, b.declared(case))).ok
 
 
+BIAS_CASES = [("gptq", True, None, 128), ("gptq", False, None, 128), ("gptq", False, "v2", 32), ("awq", False, None, 64),
+              ("ct-pack-quantized", False, None, -1)]
+
+
 @needs_cuda
-@pytest.mark.parametrize("sym", [True, False])
-def test_w4a16_bias_bf16_add(sym):
-    case = _case("gptq", sym, None, 128, M=3, N=96, K=256, bias=True)
-    b = cu.CudaBackend(bias_mode="bf16_add")
-    inp = make_inputs(case, 5)
-    y = b.run(b.prepare(case, inp.tensors), inp.x, bias=inp.bias)
-    c = compare(y, cu.local_interval(inp, cu.tinygemm_weight(case, inp.tensors), bias_after_rounding=True))
-    assert c.ok, c
+@pytest.mark.parametrize("fmt,sym,zc,g", BIAS_CASES)
+def test_w4a16_bias_bf16_add(fmt, sym, zc, g):
+    """Default bias_mode=bf16_add, declared bias_stage=after_output_rounding: inside the declared interval."""
+    case = _case(fmt, sym, zc, g, M=3, N=96, K=256, bias=True)
+    b = cu.CudaBackend()
+    assert b.declared(case).variants["bias_stage"] == "after_output_rounding"
+    for seed in (5, 6):
+        inp = make_inputs(case, seed)
+        y = b.run(b.prepare(case, inp.tensors), inp.x, bias=inp.bias)
+        c = compare(y, declared_interval(inp, b.declared(case)))
+        assert c.ok, (seed, c)
 
 
 # K = 128 with float16 scales: make_inputs' planted tiny row has a scale below float16's range

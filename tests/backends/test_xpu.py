@@ -295,18 +295,25 @@ def _xpu_variant():
 def test_declared_mx_variant_differs_from_canonical():
     """The XPU activation quantizer differs from canonical MXFP4 exactly where its source says it does."""
     v = _xpu_variant()
-    x = np.zeros((4, 32), np.float32)
+    assert v.describe() == {"scale_rule": "rceil", "element_rounding": "rhtz", "element_nan": "saturate_positive",
+                            "zero_block": "eps_1e10_floor", "nan_block": "ignore", "element_zero_sign": "positive"}
+    x = np.zeros((6, 32), np.float32)
     x[0, :8] = [6, 0.75, 1.75, 3.5, 5, 2.5, 0.25, 1.25]  # scale 1 under both rules: ties only
     x[1, 0] = 1.6  # FLOOR: 2**(0-2) -> byte 125; RCEIL: 2**ceil(log2(1.6/6)) = 2**-1 -> byte 126
     x[2, :] = 0  # zero block: byte 0 canonically, 2**ceil(log2 1e-10) = 2**-33 (byte 94) on XPU
-    x[3, :3] = [np.nan, 1.0, -2.0]  # NaN: 0xFF canonically, skipped by the XPU amax
-    c_can, s_can = mxfp4.quantize_mxfp4(x[:3])
+    x[3, :4] = [np.nan, 1.0, -2.0, -np.nan]  # NaN: 0xFF canonically, skipped by the XPU amax
+    x[4, :3] = [-0.0, 4.0, -1.0]  # -0.0: code 8 canonically, 0 on XPU (sign from v < 0)
+    x[5, :2] = [1e-12, -2e-12]  # tiny block: canonical FLOOR byte 86, XPU floors every block at 94
+    c_can, s_can = mxfp4.quantize_mxfp4(np.delete(x, 3, axis=0))
     c_xpu, s_xpu = mxfp4.quantize_mxfp4(x, v)
     assert c_can[0, :8].tolist() == [7, 2, 4, 6, 6, 4, 0, 2]  # RNE: 0.75->1, 1.75->2, 3.5->4
     assert c_xpu[0, :8].tolist() == [7, 1, 3, 5, 6, 4, 0, 2]  # ties toward zero: 0.5, 1.5, 3
-    assert s_can[:, 0].tolist() == [127, 125, 0] and s_xpu[:3, 0].tolist() == [127, 126, 94]
+    assert s_can[:, 0].tolist() == [127, 125, 0, 127, 86] and s_xpu[:, 0].tolist() == [127, 126, 94, 126, 127, 94]
     assert mxfp4.quantize_mxfp4(x[3:4])[1][0, 0] == 0xFF
-    assert s_xpu[3, 0] == 126 and c_xpu[3, :3].tolist() == [7, 4, 14]  # scale 2**-1: NaN -> +6, 1 -> 2, -2 -> -4
+    # scale 2**-1: +NaN -> +6, 1 -> 2, -2 -> -4, -NaN -> +6 (not -6: the clamp precedes the sign test)
+    assert c_xpu[3, :4].tolist() == [7, 4, 14, 7]
+    assert c_can[3, :3].tolist() == [8, 6, 10] and c_xpu[4, :3].tolist() == [0, 6, 10]  # -0.0 -> +0 on XPU
+    assert c_xpu[5, :2].tolist() == [0, 8]  # 1e-12 * 2**33 -> 0; -2e-12 * 2**33 rounds to -0 (v < 0: code 8)
 
 
 def _mx_inputs():
@@ -322,13 +329,36 @@ def _mx_inputs():
     zero = np.zeros((1, 64), np.float32)
     zero[0, 32] = 3
     out.append(zero)
+    # the corners the variant names: signed zeros, +-NaN (one block all NaN), blocks with amax below
+    # 6e-10 (tiny normals, fp32 subnormals, amax in [1e-10, 6e-10)), amax = 6e-10 +- a few ulps
+    edge = np.zeros((6, 128), np.float32)
+    edge[:, 0::7] = -0.0
+    edge[0, :32] = rng.standard_normal(32)
+    edge[0, 3], edge[0, 9], edge[0, 10] = np.nan, -np.nan, -0.0
+    edge[0, 32:64] = np.nan
+    edge[0, 64:96] = -np.nan
+    edge[0, 96:100] = [-np.nan, 0.5, -0.0, -0.25]
+    edge[1, :32] = rng.standard_normal(32) * 1e-12
+    edge[1, 32:64] = rng.standard_normal(32) * 3e-10
+    edge[1, 64:96] = (rng.integers(-50, 50, 32) * 2.0 ** -149).astype(np.float32)  # fp32 subnormals
+    edge[1, 96:128] = rng.standard_normal(32) * 1e-9
+    for j, a in enumerate((np.float32(6e-10), np.nextafter(np.float32(6e-10), np.float32(1)),
+                           np.nextafter(np.float32(6e-10), np.float32(0)), np.float32(1e-10))):
+        edge[2, 32 * j] = a
+        edge[2, 32 * j + 1] = -a / 3
+    edge[3] = rng.standard_normal(128) * np.repeat(2.0 ** np.array([-30, -60, 20, 60]), 32)
+    edge[4, :] = -0.0
+    edge[5] = round_to_dtype(rng.standard_normal(128) * 1e-11, "bfloat16")
+    out.append(edge)
     return out
 
 
-@pytest.mark.parametrize("i", range(5))
+@pytest.mark.parametrize("i", range(6))
 def test_source_model_matches_declared_variant(i):
-    """xpu_mxfp4_quant_model (a step-by-step transcription of mxfp4_quant.h) agrees with the declared
-    emulator variant on finite inputs without -0.0 and with block amax >= 6e-10."""
+    """xpu_mxfp4_quant_model (a step-by-step transcription of mxfp4_quant.h) equals the declared emulator
+    variant XPU_MX_VARIANT bit for bit -- codes and scale bytes -- on finite and NaN inputs, signed zeros,
+    zero and tiny blocks (the corners and their neighbours; the remaining corners are in
+    test_source_model_where_variant_is_silent)."""
     x = _mx_inputs()[i]
     c, s = xpu.xpu_mxfp4_quant_model(x)
     ce, se = mxfp4.quantize_mxfp4(x, _xpu_variant())
@@ -336,18 +366,31 @@ def test_source_model_matches_declared_variant(i):
     np.testing.assert_array_equal(c, ce)
 
 
+def test_source_model_inputs_reach_the_corners():
+    """The edge inputs above do exercise every variant axis (else the bit-for-bit test would prove little)."""
+    x = _mx_inputs()[5]
+    c, s = xpu.xpu_mxfp4_quant_model(x)
+    can_c, can_s = mxfp4.quantize_mxfp4(x, mxfp4.MxVariant(scale_rule="rceil", element_rounding="rhtz",
+                                                            nan_block="ignore"))
+    assert np.any(s != can_s)  # tiny blocks floored at byte 94
+    assert np.any((s == 94) & (can_s < 94))
+    assert np.any(c[np.signbit(x) & (x == 0)] == 0) and np.all(can_c[np.signbit(x) & (x == 0)] == 8)
+    neg_nan = np.isnan(x) & np.signbit(x)
+    assert neg_nan.any() and np.all(c[neg_nan] == 7)
+
+
 def test_source_model_where_variant_is_silent():
-    """Documented differences between the kernel source and every emulator variant (docs/backends/xpu.md)."""
+    """Documented differences between the kernel source and the declared variant (docs/backends/xpu.md)."""
     v = _xpu_variant()
     x = np.zeros((1, 128), np.float32)
-    x[0, 0], x[0, 1] = -0.0, 1.0  # -0.0: sign from (x < 0) -> code 0; the emulator keeps the sign (8)
-    x[0, 32], x[0, 33] = -np.nan, 1.0  # -NaN: fmin(NaN, 6) = 6 before the sign test -> +6 (code 7)
-    x[0, 64] = 1e-12  # tiny block: amax starts at eps, scale 2**-33 (byte 94); RCEIL gives byte 85
-    x[0, 96] = np.float32(6 * 2.0 ** 5 * (1 + 2.0 ** -23))  # amax/6 just above 2**5: fp32 log2 -> 5.0 exactly
+    x[0, 0] = np.float32(6 * 2.0 ** 5 * (1 + 2.0 ** -23))  # amax/6 just above 2**5: fp32 log2 -> 5.0 exactly
+    x[0, 32], x[0, 33] = 100.0, -2.0 ** -149  # fp32 x * (1/32) underflows to -0.0: code 0; exact value: code 8
+    x[0, 64], x[0, 65], x[0, 66] = np.inf, -1.0, np.nan  # an Inf block: scale 0xFF in both, codes differ
     c, s = xpu.xpu_mxfp4_quant_model(x)
     ce, se = mxfp4.quantize_mxfp4(x, v)
-    assert (c[0, 0], ce[0, 0]) == (0, 8)
-    assert (c[0, 32], ce[0, 32]) == (7, 15)
-    assert (s[0, 2], se[0, 2]) == (94, 85)
-    assert (s[0, 3], se[0, 3]) == (127 + 5, 127 + 6)  # ceil(log2) in fp32 misses the round-up
-    assert c[0, 96] == 7 and ce[0, 96] == 5  # 6.0000007 clamps to 6 vs 3.0000004 -> 3
+    assert (s[0, 0], se[0, 0]) == (127 + 5, 127 + 6)  # ceil(log2) in fp32 misses the round-up
+    assert c[0, 0] == 7 and ce[0, 0] == 5  # 6.0000007 clamps to 6 vs 3.0000004 -> 3
+    assert (s[0, 1], se[0, 1]) == (127 + 5, 127 + 5) and (c[0, 33], ce[0, 33]) == (0, 8)
+    assert s[0, 2] == se[0, 2] == 0xFF  # the block decodes to NaN whatever its codes
+    assert c[0, 64:67].tolist() == [7, 0, 7] and ce[0, 64:67].tolist() == [0, 0, 0]
+    assert np.array_equal(c[0, 32:64] != ce[0, 32:64], np.arange(32) == 1)  # only the underflowed element

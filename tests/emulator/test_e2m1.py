@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.numerics.e2m1 import E2M1_VALUES, E2M1NanRule, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from emulator.numerics.e2m1 import E2M1_VALUES, E2M1NanRule, E2M1ZeroSign, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from emulator.numerics.rounding import Rounding
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -198,6 +198,20 @@ def test_negative_zero_and_small_negatives_keep_sign():
     assert _ml_codes(x.astype(np.float32)).tolist() == [8, 8, 8, 0, 0]
 
 
+def test_zero_sign_positive_differs_from_canonical_only_on_negative_zero():
+    """E2M1ZeroSign.POSITIVE (vllm-xpu-kernels: sign = x < 0): -0 -> code 0; values rounding to 0 keep code 8."""
+    x = np.array([-0.0, -0.1, -0.25, 0.0, 0.1, -1.0, -7.0, -np.inf])
+    keep = encode_e2m1(x)
+    pos = encode_e2m1(x, zero_sign=E2M1ZeroSign.POSITIVE)
+    assert keep.tolist() == [8, 8, 8, 0, 0, 10, 15, 15]
+    assert pos.tolist() == [0, 8, 8, 0, 0, 10, 15, 15]
+    assert (keep != pos).tolist() == [True] + [False] * 7
+    assert encode_e2m1(x, zero_sign="keep").tolist() == keep.tolist()
+    assert np.array_equal(decode_e2m1(keep), decode_e2m1(pos))  # the codes decode alike
+    with pytest.raises(ValueError):
+        encode_e2m1(x, zero_sign="negative")
+
+
 # --------------------------------------------------------------------------- NaN rules
 
 NANS = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF], np.uint32).view(np.float32)
@@ -206,6 +220,8 @@ NANS = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xF
 def test_nan_rules():
     neg = np.signbit(NANS)
     assert encode_e2m1(NANS, nan=E2M1NanRule.SATURATE).tolist() == [15 if n else 7 for n in neg]
+    assert encode_e2m1(NANS, nan=E2M1NanRule.SATURATE_POSITIVE).tolist() == [7] * len(NANS)
+    assert encode_e2m1(NANS, nan="saturate_positive").tolist() != encode_e2m1(NANS, nan="saturate").tolist()
     assert encode_e2m1(NANS, nan=E2M1NanRule.ZERO_SIGNED).tolist() == [8 if n else 0 for n in neg]
     assert encode_e2m1(NANS, nan=E2M1NanRule.ZERO).tolist() == [0] * len(NANS)
     assert encode_e2m1(NANS, nan="zero_sign_flipped").tolist() == [0 if n else 8 for n in neg]

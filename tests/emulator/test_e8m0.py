@@ -208,6 +208,20 @@ def test_zero_block_rules():
 
 
 @pytest.mark.parametrize("rule", RULES)
+def test_eps_1e10_floor_floors_every_block(rule):
+    """EPS_1E10_FLOOR (vllm-xpu-kernels mxfp4_quant.h with eps = 1e-10): byte = max(rule byte, 94) for
+    every finite block, where EPS_1E10 only changes amax = 0."""
+    assert 127 + ceil_log2(Fraction(float(np.float32(1e-10)))) == 94
+    a = np.array([0.0, 1e-12, 2.0**-40, 1e-10, 5.9e-10, 2.0**-20, 1.0, np.nan, np.inf], np.float32)
+    plain = mx_scale_byte(a, rule, zero_block=ZeroBlockRule.EPS_1E10)
+    floored = mx_scale_byte(a, rule, zero_block="eps_1e10_floor")
+    assert floored.tolist() == [94 if b < 94 else b for b in plain[:7].tolist()] + [0xFF, 0xFF]
+    assert plain[0] == floored[0] == 94
+    assert plain[1] < 94 and floored[1] == 94  # a tiny nonzero block: the rules differ
+    assert floored[5:7].tolist() == plain[5:7].tolist() == mx_scale_byte(a[5:7], rule).tolist()
+
+
+@pytest.mark.parametrize("rule", RULES)
 def test_nan_and_inf_amax_give_0xff(rule):
     x = np.array([np.nan, np.inf, 1.0], np.float32)
     assert mx_scale_byte(x, rule).tolist() == [0xFF, 0xFF, 125]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import warnings
 from fractions import Fraction
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -318,6 +320,35 @@ def test_zero_block_field(zb, byte):
     assert np.array_equal(c0, c1)
 
 
+def test_zero_block_eps_1e10_floor_field():
+    """eps_1e10_floor differs from canonical on zero blocks AND on tiny nonzero blocks (eps_1e10 only on the first)."""
+    x = np.concatenate([blk(), blk(1e-12, -3e-12), blk(1.0, -0.5)])
+    diff, (c0, s0), (c1, s1) = _differs(x, MxVariant(zero_block=ZeroBlockRule.EPS_1E10_FLOOR))
+    assert diff and s0.ravel().tolist()[0::2] == [0, 125] and s1.ravel().tolist() == [94, 94, 125]
+    # the tiny block under scale 2**-33: 1e-12 * 2**33 = 0.0086 -> 0, -3e-12 * 2**33 = -0.026 -> -0 (code 8)
+    assert c1[1, :2].tolist() == [0, 8] and c0[1, :2].tolist() != [0, 8]
+    _, se = quantize_mxfp4(x, MxVariant(zero_block=ZeroBlockRule.EPS_1E10))
+    assert se.ravel().tolist() == [94, int(s0.ravel()[1]), 125]  # eps_1e10 leaves the tiny block alone
+
+
+def test_element_zero_sign_field():
+    x = blk(-0.0, 1.0, -0.01, 0.0)
+    diff, (c0, _), (c1, _) = _differs(x, MxVariant(element_zero_sign="positive"))
+    assert diff and c0[0, :4].tolist() == [8, code(4.0), 8, 0] and c1[0, :4].tolist() == [0, code(4.0), 8, 0]
+    assert np.array_equal(dequantize_mxfp4(*quantize_mxfp4(x)), dequantize_mxfp4(*quantize_mxfp4(
+        x, MxVariant(element_zero_sign="positive"))))
+
+
+def test_element_nan_saturate_positive_field():
+    x = blk(1.0, np.nan, -np.nan, -3.0)
+    base = MxVariant(nan_block=NanBlockRule.IGNORE)
+    c_sat, s_sat = quantize_mxfp4(x, dataclasses.replace(base, element_nan=E2M1NanRule.SATURATE))
+    c_pos, s_pos = quantize_mxfp4(x, dataclasses.replace(base, element_nan=E2M1NanRule.SATURATE_POSITIVE))
+    assert c_sat[0, 1:3].tolist() == [7, 15] and c_pos[0, 1:3].tolist() == [7, 7]
+    assert s_sat.tolist() == s_pos.tolist() == [[126]]
+    assert _differs(x, dataclasses.replace(base, element_nan="saturate_positive"))[0]
+
+
 def test_nan_block_field():
     x = np.concatenate([blk(np.nan, 3.0, -1.0), blk(np.inf, np.nan, 1.0)])
     diff, (c0, s0), (c1, s1) = _differs(x, MxVariant(nan_block=NanBlockRule.IGNORE))
@@ -331,7 +362,7 @@ def test_nan_block_field():
 def test_variant_describe_and_parse():
     v = MxVariant(scale_rule="even", element_rounding="RHAZ", zero_block="half")
     assert v.describe() == {"scale_rule": "even", "element_rounding": "rhaz", "element_nan": "zero",
-                            "zero_block": "half", "nan_block": "scale_nan"}
+                            "zero_block": "half", "nan_block": "scale_nan", "element_zero_sign": "keep"}
     assert CANONICAL == MxVariant()
     with pytest.raises(ValueError):
         MxVariant(scale_rule="round")
