@@ -43,7 +43,8 @@ from emulator import __version__ as emulator_version
 from emulator.errors import QconformError
 
 __all__ = ["BUNDLE_FORMAT", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
-           "encode_case", "decode_case", "load_outputs", "register"]
+           "encode_case", "decode_case", "load_outputs", "register", "suite_code_sha256", "suite_identity",
+           "version_mismatch"]
 
 BUNDLE_FORMAT = "qconform-certification-bundle/1"
 OUTPUTS_FORMAT = "qconform-outputs/1"
@@ -52,6 +53,69 @@ STAGING = ".staging"
 RECOMPUTABLE = ("pass", "pass-with-tie-flips", "quality-warning", "mistrusted", "fail")
 BAD = ("fail", "crash", "timeout")
 _WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32}
+
+#: the sources whose code decides intervals, verdicts and metrics (hashed into ``suite_code_sha256``)
+_SUITE_SOURCES = ("conformance", "emulator", "backends/base.py")
+
+
+# -- which suite wrote a bundle ----------------------------------------------------------------------------
+_CODE_SHA: "str | None" = None
+
+
+def suite_code_sha256() -> str:
+    """sha256 over the suite's Python sources (conformance/, emulator/, backends/base.py): path and bytes.
+
+    The package version alone does not change when the judging code does; this hash does. It is
+    computed from the files of the running checkout or installation (cached per process).
+    """
+    global _CODE_SHA
+    if _CODE_SHA is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        paths = []
+        for src in _SUITE_SOURCES:
+            p = root / src
+            paths += sorted(p.rglob("*.py")) if p.is_dir() else ([p] if p.is_file() else [])
+        for p in sorted(paths, key=lambda q: q.relative_to(root).as_posix()):
+            rel = p.relative_to(root).as_posix().encode()
+            data = p.read_bytes()
+            h.update(len(rel).to_bytes(4, "little") + rel + len(data).to_bytes(8, "little") + data)
+        _CODE_SHA = h.hexdigest()
+    return _CODE_SHA
+
+
+def suite_identity() -> dict:
+    """The running suite: package version, emulator version, git commit (when a checkout), code hash."""
+    from .commands import _git_commit, suite_version
+
+    return {"suite_version": suite_version(), "emulator_version": emulator_version, "git_commit": _git_commit(),
+            "suite_code_sha256": suite_code_sha256()}
+
+
+def describe_suite(ident: dict) -> str:
+    """'qconform 0.1.0 (emulator 0.1.0, commit 1a2b3c4d5e6f, code 5e6f7a8b9c0d)' for messages."""
+    parts = [f"emulator {ident.get('emulator_version') or '?'}"]
+    if ident.get("git_commit"):
+        parts.append(f"commit {str(ident['git_commit'])[:12]}" + ("-dirty" if str(ident["git_commit"])
+                                                                   .endswith("-dirty") else ""))
+    code = ident.get("suite_code_sha256")
+    parts.append(f"code {code[:12]}" if code else "no code hash recorded: a suite older than this check")
+    return f"qconform {ident.get('suite_version') or '(not installed)'} ({', '.join(parts)})"
+
+
+def version_mismatch(meta: dict, running: dict) -> "str | None":
+    """One line naming both suites when the bundle was written by another suite than the running one."""
+    recorded = {k: meta.get(k) for k in ("suite_version", "emulator_version", "git_commit", "suite_code_sha256")}
+    same = (recorded["suite_code_sha256"] is not None
+            and recorded["suite_code_sha256"] == running["suite_code_sha256"]
+            and recorded["suite_version"] == running["suite_version"]
+            and recorded["emulator_version"] == running["emulator_version"])
+    if same:
+        return None
+    how = (f"check out commit {str(recorded['git_commit']).removesuffix('-dirty')[:12]}"
+           if recorded.get("git_commit") else "install the suite that wrote it")
+    return (f"bundle written by {describe_suite(recorded)}, this is {describe_suite(running)}: a bundle is "
+            f"verified by the suite version that wrote it ({how}; --any-version recomputes anyway)")
 
 
 # -- compact encoding of one case's output and interval ----------------------------------------------
@@ -652,7 +716,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     unavailable = {label: info.get("reason") or "unavailable" for label, info in backends_info.items()
                    if info.get("available") is False}
     bundle = {"format": BUNDLE_FORMAT, "suite_version": env.get("suite_version"), "emulator_version": emulator_version,
-              "git_commit": env.get("git_commit"), "host_label": host, "profile": profile, "tiers": list(tiers),
+              "git_commit": env.get("git_commit"), "suite_code_sha256": suite_code_sha256(), "host_label": host, "profile": profile, "tiers": list(tiers),
               "schemes": list(schemes) if schemes else "all", "shard": shard, "case_count": len(specs),
               "case_list_sha256": case_hash, "cases_file": "cases.txt", "golden_manifest": "golden_manifest.json"
               if golden_sha else None, "golden_manifest_sha256": golden_sha, "backends": backends_info,
@@ -698,6 +762,7 @@ class VerifyResult:
     notes: list
     checked: dict
     manifest_sha256: str | None
+    version_mismatch: "str | None" = None  # set when another suite version wrote the bundle
 
     @property
     def ok(self) -> bool:
@@ -730,8 +795,14 @@ def _num_equal(a, b) -> bool:
     return fa == fb or (np.isnan(fa) and np.isnan(fb))
 
 
-def verify_bundle(bundle: "str | Path", *, deep: bool = False) -> VerifyResult:
-    """Re-check a bundle offline: hashes, case-list coverage, every verdict from stored outputs."""
+def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool = False) -> VerifyResult:
+    """Re-check a bundle offline: hashes, case-list coverage, every verdict from stored outputs.
+
+    Verdicts and metrics are recomputed only when the running suite is the one that wrote the
+    bundle (same package and emulator version and ``suite_code_sha256``); otherwise the result
+    has one problem naming both versions (``version_mismatch``) and the hashes and records are
+    still checked. ``any_version=True`` recomputes anyway and keeps that line as a note.
+    """
     from .runner import Waiver, read_results
 
     folder = Path(bundle)
@@ -775,6 +846,10 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False) -> VerifyResult:
     except (OSError, json.JSONDecodeError) as e:
         problems.append(f"bundle.json: unreadable ({e})")
         return res
+    res.version_mismatch = version_mismatch(meta, suite_identity())
+    recompute = res.version_mismatch is None or any_version
+    if res.version_mismatch:
+        (notes if any_version else problems).append(res.version_mismatch)
     cases_p = folder / meta.get("cases_file", "cases.txt")
     if not cases_p.is_file():
         problems.append("cases.txt: missing")
@@ -832,7 +907,10 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False) -> VerifyResult:
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         problems.append(f"waivers.json: unreadable ({e})")
         waivers, dates = [], []
-    # 3. every verdict, recomputed from the stored output and interval
+    # 3. every verdict, recomputed from the stored output and interval (by the suite that wrote them)
+    if not recompute:
+        checked["results"] = sum(1 for (b, _) in latest if b in backends)
+        return res
     for b, info in backends.items():
         op = folder / info.get("outputs", "")
         stored: dict = {}
@@ -987,10 +1065,11 @@ def cmd_certify(args) -> int:
 
 
 def cmd_verify_bundle(args) -> int:
-    res = verify_bundle(args.bundle, deep=args.deep)
+    res = verify_bundle(args.bundle, deep=args.deep, any_version=args.any_version)
     if args.json:
         print(json.dumps({"ok": res.ok, "problems": res.problems, "notes": res.notes, "checked": dict(res.checked),
-                          "manifest_sha256": res.manifest_sha256}, indent=1))
+                          "manifest_sha256": res.manifest_sha256, "version_mismatch": res.version_mismatch},
+                         indent=1))
         return 0 if res.ok else 1
     for p in res.problems[:200]:
         print(f"verify-bundle: {p}")
@@ -1004,7 +1083,13 @@ def cmd_verify_bundle(args) -> int:
           + (f", {c.get('deep', 0)} re-derived from the emulator" if args.deep else "")
           + f", {c.get('not_recomputable', 0)} without output (crash/timeout/unsupported)")
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
-    print("bundle OK" if res.ok else f"bundle FAILS verification: {len(res.problems)} problem(s)")
+    if res.ok:
+        print("bundle OK")
+    elif res.version_mismatch and not args.any_version and len(res.problems) == 1:
+        print("bundle NOT VERIFIED: written by another suite version (its hashes and records check out; "
+              "its verdicts were not recomputed)")
+    else:
+        print(f"bundle FAILS verification: {len(res.problems)} problem(s)")
     return 0 if res.ok else 1
 
 
@@ -1029,5 +1114,8 @@ def register(sub) -> None:
     s.add_argument("bundle")
     s.add_argument("--deep", action="store_true", help="also rebuild every case from its id and recompute the "
                                                        "intervals with this checkout's emulator")
+    s.add_argument("--any-version", action="store_true",
+                   help="recompute verdicts even when another suite version wrote the bundle (expect spurious "
+                        "problems where the judging code changed)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_verify_bundle)

@@ -43,20 +43,40 @@ ENV_PACKAGES = ("qconform", "numpy", "safetensors", "ml_dtypes", "torch", "torch
 
 
 def _git_commit() -> str | None:
-    """The checkout's commit (with '-dirty' when tracked files changed), or None outside a git checkout."""
+    """The checkout's commit hash (with '-dirty' when tracked files changed); None outside a git checkout.
+
+    ``git rev-parse --verify HEAD`` in the repository root; its exit status is checked and its
+    output must be a hex object name: a plain ``git rev-parse HEAD`` prints ``HEAD`` itself (and
+    fails) where HEAD does not resolve, e.g. in a copied ``.git`` without its objects.
+    """
+    import re
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        r = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet", "HEAD"],
+                           capture_output=True, text=True, timeout=5)
+        head = r.stdout.strip()
+        if r.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", head):
+            return None
+        st = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return (head + ("-dirty" if dirty else "")) if head else None
+    dirty = st.returncode == 0 and bool(st.stdout.strip())
+    return head + ("-dirty" if dirty else "")
+
+
+def suite_version() -> str | None:
+    """The installed qconform distribution's version (None when run from a checkout that is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("qconform")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _gpu_names() -> list[str]:
@@ -97,7 +117,9 @@ def environment() -> dict:
     env["libraries"] = libs
     env["torch"] = libs.get("torch")
     env["suite_version"] = libs.get("qconform")
-    env["git_commit"] = _git_commit()
+    commit = _git_commit()
+    if commit:  # absent outside a git checkout (or where HEAD does not resolve)
+        env["git_commit"] = commit
     gpus = _gpu_names()
     if gpus:
         env["devices"] = gpus

@@ -77,6 +77,9 @@ class WorkerProcess:
             env.update(self.env)
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from .golden import GOLDEN_DIR
+
+        env.setdefault("QCONFORM_GOLDEN_DIR", str(GOLDEN_DIR))  # the worker's cwd differs from ours
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "conformance.worker", "--backend", self.backend_spec],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,

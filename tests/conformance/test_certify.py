@@ -392,3 +392,89 @@ def test_pair_packing_round_trips_with_exceptions(spread):
         got = _unpack_pair(t, "p", shape)
         np.testing.assert_array_equal(got[0], u)
         np.testing.assert_array_equal(got[1], v)
+
+
+# -- another suite version -----------------------------------------------------------------------------
+def _set_meta(folder: Path, **kw) -> None:
+    meta = json.loads((folder / "bundle.json").read_text())
+    for k, v in kw.items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    (folder / "bundle.json").write_text(json.dumps(meta))
+
+
+def test_fresh_bundle_records_the_suite_that_wrote_it(basic):
+    from conformance.certify import suite_code_sha256
+
+    meta = json.loads((basic / "bundle.json").read_text())
+    assert meta["suite_code_sha256"] == suite_code_sha256() and len(meta["suite_code_sha256"]) == 64
+    assert verify_bundle(basic).version_mismatch is None
+
+
+def test_bundle_of_another_suite_version_gets_one_line(basic, tmp_path, capsys):
+    """An older suite judged differently: its recorded metrics no longer match what this suite recomputes.
+    verify-bundle says which suite wrote the bundle, once, instead of one problem per case."""
+    b = copy_bundle(basic, tmp_path / "b")
+    n_results = len(_results(b))
+    for r in _results(b):  # every case's metric as another judging code recorded it
+        _edit_result(b, lambda x, cid=r["case_id"]: x["case_id"] == cid,
+                     lambda x: x["metrics"].update(max_ratio=(x["metrics"].get("max_ratio") or 0) + 0.5))
+    _set_meta(b, suite_code_sha256="ab" * 32, git_commit="0123456789abcdef0123456789abcdef01234567")
+    _reseal(b)
+    res = verify_bundle(b)
+    assert not res.ok and len(res.problems) == 1, res.problems[:3]
+    line = res.problems[0]
+    assert res.version_mismatch == line
+    assert "code abababababab" in line and "commit 0123456789ab" in line  # the writer ...
+    from conformance.certify import suite_code_sha256
+
+    assert f"code {suite_code_sha256()[:12]}" in line  # ... and this suite
+    assert res.checked["results"] == n_results and res.checked["recomputed"] == 0
+    # --any-version recomputes anyway: the stale metrics show up, the version line becomes a note
+    anyv = verify_bundle(b, any_version=True)
+    assert any("metric max_ratio" in p for p in anyv.problems) and line in anyv.notes
+    assert len(anyv.problems) >= n_results
+    assert main(["verify-bundle", str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "bundle NOT VERIFIED: written by another suite version" in out
+    assert sum(1 for l in out.splitlines() if l.startswith("verify-bundle:")) == 1
+
+
+def test_bundle_without_code_hash_is_an_older_suite(basic, tmp_path):
+    b = copy_bundle(basic, tmp_path / "b")
+    _set_meta(b, suite_code_sha256=None, git_commit="HEAD")
+    _reseal(b)
+    res = verify_bundle(b)
+    assert len(res.problems) == 1 and "no code hash recorded" in res.problems[0]
+    assert verify_bundle(b, any_version=True).ok  # its data are this suite's own: they recompute
+
+
+def test_version_mismatch_still_checks_hashes(basic, tmp_path):
+    b = copy_bundle(basic, tmp_path / "b")
+    _set_meta(b, emulator_version="0.0.9")
+    _reseal(b)
+    (b / "cases.txt").write_text((b / "cases.txt").read_text() + "extra/case\n")  # tampered after sealing
+    res = verify_bundle(b)
+    assert any("emulator 0.0.9" in p for p in res.problems)
+    assert any(p.startswith("cases.txt: sha256") for p in res.problems)
+
+
+def test_git_commit_is_a_hash_or_absent(monkeypatch):
+    import subprocess
+
+    from conformance import commands
+
+    def fake(stdout, rc):
+        return lambda argv, **kw: subprocess.CompletedProcess(argv, rc, stdout=stdout, stderr="")
+
+    # a .git whose HEAD does not resolve: `git rev-parse HEAD` prints "HEAD" and fails
+    monkeypatch.setattr(subprocess, "run", fake("HEAD\n", 128))
+    assert commands._git_commit() is None
+    assert "git_commit" not in commands.environment()
+    monkeypatch.setattr(subprocess, "run", fake("HEAD\n", 0))
+    assert commands._git_commit() is None
+    monkeypatch.setattr(subprocess, "run", fake("0123456789abcdef0123456789abcdef01234567\n", 0))
+    assert commands._git_commit() in ("0123456789abcdef0123456789abcdef01234567",
+                                      "0123456789abcdef0123456789abcdef01234567-dirty")
