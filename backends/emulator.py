@@ -59,6 +59,9 @@ class EmulatorBackend(Backend):
     def can_implement(self, case: Case) -> Support:
         if case.scheme == "w4a16-moe" and case.weight_format != "gptq":
             return no("MoE is defined for GPTQ symmetric int4 experts only")
+        zr = self.params.get("zero_read", "canonical")
+        if zr.startswith("v1") and case.weight_format == "gptq" and case.zero_convention == "v2":
+            return no(f"zero_read={zr} reads v1 zero points; this checkpoint stores v2 (literal) zeros")
         return yes()
 
     def schemes(self) -> list[str]:

@@ -54,8 +54,12 @@ RECOMPUTABLE = ("pass", "pass-with-tie-flips", "quality-warning", "mistrusted", 
 BAD = ("fail", "crash", "timeout")
 _WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32}
 
-#: the sources whose code decides intervals, verdicts and metrics (hashed into ``suite_code_sha256``)
-_SUITE_SOURCES = ("conformance", "emulator", "backends/base.py")
+#: the sources whose code decides cases, intervals, verdicts and metrics (hashed into ``suite_code_sha256``);
+#: reports, fingerprints, the CLI and test helpers are left out: they do not change what a bundle records
+_SUITE_SOURCES = ("conformance/acceptance.py", "conformance/bundle.py", "conformance/cases.py",
+                  "conformance/certify.py", "conformance/generators.py", "conformance/golden.py",
+                  "conformance/oracles.py", "conformance/runner.py", "conformance/suite.py", "conformance/worker.py",
+                  "emulator", "backends/base.py")
 
 
 # -- which suite wrote a bundle ----------------------------------------------------------------------------
@@ -63,7 +67,8 @@ _CODE_SHA: "str | None" = None
 
 
 def suite_code_sha256() -> str:
-    """sha256 over the suite's Python sources (conformance/, emulator/, backends/base.py): path and bytes.
+    """sha256 over the suite's judging sources (``_SUITE_SOURCES``: the case, interval, verdict and bundle
+    modules of conformance/, all of emulator/, backends/base.py): path and bytes of each .py file.
 
     The package version alone does not change when the judging code does; this hash does. It is
     computed from the files of the running checkout or installation (cached per process).
@@ -100,7 +105,7 @@ def describe_suite(ident: dict) -> str:
                                                                    .endswith("-dirty") else ""))
     code = ident.get("suite_code_sha256")
     parts.append(f"code {code[:12]}" if code else "no code hash recorded: a suite older than this check")
-    return f"qconform {ident.get('suite_version') or '(not installed)'} ({', '.join(parts)})"
+    return f"qconform {ident.get('suite_version') or 'checkout'} ({', '.join(parts)})"
 
 
 def version_mismatch(meta: dict, running: dict) -> "str | None":
