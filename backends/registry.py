@@ -151,6 +151,22 @@ class Selection:
         return f"Selection({self.backend.label}, skipped={self.skipped})"
 
 
+def _misreads(backend: Backend, case: Case) -> str | None:
+    """A declared variant that changes *which* weights are computed (not how they are rounded).
+
+    The suite certifies such a backend against its own declaration, but the dispatcher must not
+    route a checkpoint to it: e.g. ARK through vLLM reads v1 GPTQ zero points without the +1.
+    """
+    try:
+        v = backend.declared(case).variants
+    except Exception as e:  # a backend that cannot say what it computes is not selected
+        return f"no declaration ({type(e).__name__}: {e})"
+    zr = v.get("zero_read")
+    if zr in ("v1_literal", "v1_wrap") or (zr == "ignore_qzeros" and not case.sym):
+        return f"zero_read={zr}"
+    return None
+
+
 def select(case: Case, candidates: list[str] | None = None) -> Selection:
     """Best available backend for ``case`` by priority; the emulator when nothing else can."""
     names = candidates if candidates is not None else list(registered())
@@ -172,6 +188,10 @@ def select(case: Case, candidates: list[str] | None = None) -> Selection:
         sup = b.can_implement(case)
         if not sup.ok:
             skipped.append((b.label, f"cannot implement {case.describe()}: {sup.reason}"))
+            continue
+        misread = _misreads(b, case)
+        if misread:
+            skipped.append((b.label, f"declares {misread}: it would compute other weights than the checkpoint holds"))
             continue
         for name, why in skipped:
             log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)

@@ -128,3 +128,19 @@ def test_cli_backends_lists_everything(capsys):
     for b in data["backends"]:
         if not b["available"]:
             assert b["reason"]
+
+
+def test_dispatcher_skips_backends_that_misread_weights(fake_backends, monkeypatch):
+    class Misreader(fake_backends.Low):
+        def declared(self, case):
+            return Declared(variants={"zero_read": "v1_literal"})
+
+    Misreader.name = "misreader"
+    Misreader.priority = 95
+    fake_backends.Misreader = Misreader
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "misreader=qconform_fake_backends:Misreader,"
+                                                  "low=qconform_fake_backends:Low")
+    sel = select(Case("w4a16", "gptq", 1, 64, 128, group_size=32, sym=False, zero_convention="v1"),
+                 ["misreader", "low"])
+    assert sel.backend.name == "low"
+    assert "zero_read=v1_literal" in dict(sel.skipped)["misreader"]
