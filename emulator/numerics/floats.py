@@ -266,3 +266,29 @@ def round_float32_array(y32: np.ndarray, dtype: str) -> np.ndarray:
             rounded = np.where(nan, (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000), rounded)
         return rounded.view(np.float32)
     raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def round_float64_array(y64: np.ndarray, dtype: str) -> np.ndarray:
+    """RNE-round float64 values to ``dtype`` ('float32' | 'float16' | 'bfloat16'); float32 out.
+
+    Fast and exact: float64 -> float32 by *round-to-odd* (truncate, then set the last bit if
+    anything was dropped), then RNE to the 16-bit dtype. Round-to-odd to a format with at
+    least two more significand bits than the target makes the second rounding equal to one
+    direct RNE rounding (Boldo & Melquiond, "When double rounding is odd", 2005). float32
+    itself is numpy's IEEE RNE cast. Equal to ``round_to_dtype`` (tests/emulator/test_fast_paths.py).
+    """
+    y = np.asarray(y64, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = y.astype(np.float32)
+    if dtype == "float32":
+        return f
+    fin = np.isfinite(y)
+    with np.errstate(invalid="ignore"):
+        over = fin & (np.abs(f.astype(np.float64)) > np.abs(y))  # RNE went away from zero: step back
+    bits = f.view(np.uint32).copy()
+    bits[over] -= np.uint32(1)  # |f| > 0 there, so the magnitude decrement stays in range (Inf -> max)
+    t = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        inexact = fin & (t.astype(np.float64) != y)
+    bits[inexact] |= np.uint32(1)
+    return round_float32_array(bits.view(np.float32), dtype)
