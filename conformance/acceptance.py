@@ -296,7 +296,8 @@ def _interval(inp: CaseInputs, declared: Declared) -> Interval:
     if act == "a16":
         w = declared_weight(case, inp.tensors, declared).astype(np.float64)
         r = lin.linear_w16(x, w, bias, out_dtype=out_dtype)
-        mag = np.abs(x) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf activations (edge tier)
+            mag = np.abs(x) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
         # products of fp32 operands round once more than the sum: K + 1 terms
         return _finish(r.y_exact, r.y_bound, mag, case.K + 1 + (bias is not None), declared, out_dtype)
     if act == "int8":

@@ -110,7 +110,7 @@ _ZERO_ROW_VALUES = (("zero", {"zero_row": "zero", "eps": None}), ("nan", {"zero_
 
 _MX_NAN_VALUES = (("scale_nan", {"mx_nan_block": "scale_nan", "e2m1_nan": None}),) + tuple(
     (f"ignore/{r}", {"mx_nan_block": "ignore", "e2m1_nan": r})
-    for r in ("zero", "zero_signed", "zero_sign_flipped", "saturate"))
+    for r in ("zero", "zero_signed", "zero_sign_flipped", "saturate", "saturate_positive"))
 
 _DEQUANT_VALUES = tuple((f"{d}/{o}", {"weight_dtype": d, "dequant_order": o})
                         for d in ("float32", "bfloat16", "float16")
@@ -141,7 +141,7 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("mx_nan", "NaN rule (block scale / element code)", "mx", _MX_NAN_VALUES,
          depends=("mx_scale_rule", "e2m1_rounding"), modes=("nan",),
          note="with the block scale made NaN the element code is invisible; codes +0/-0 are equal in a sum"),
-    Axis("mx_zero_block", "zero-block scale", "mx", _vals("mx_zero_block", ("min", "half", "eps_fp32", "eps_1e10")),
+    Axis("mx_zero_block", "zero-block scale", "mx", _vals("mx_zero_block", ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor")),
          depends=("mx_scale_rule", "e2m1_rounding"), modes=("zero",),
          note="an all-zero block contributes 0 whatever its scale: not observable in a linear's output"),
     # GPTQ zero points

@@ -254,8 +254,8 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
             return rec
         y64 = np.asarray(y, np.float64)
         fin = np.isfinite(iv.y_exact)
-        side = np.where(y64 >= loose.y_ref, loose.hi - loose.y_ref, loose.y_ref - loose.lo)
         with np.errstate(divide="ignore", invalid="ignore"):
+            side = np.where(y64 >= loose.y_ref, loose.hi - loose.y_ref, loose.y_ref - loose.lo)
             ratio = np.where(y64 == loose.y_ref, 0.0, np.abs(y64 - loose.y_ref) / side)
         ratio = ratio[fin & np.isfinite(ratio)]
         if ratio.size and iv.bound.max(initial=0) > 0 and ratio.mean() > 0.5 and ratio.max() > 0.9:
