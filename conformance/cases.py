@@ -34,6 +34,17 @@ def _round(a: np.ndarray, dtype: str) -> np.ndarray:
     return round_to_dtype(a, dtype).astype(np.float32)
 
 
+def ct_tensor_dict(t) -> dict:
+    """compressed-tensors pack-quantized tensors by their checkpoint names (optional ones only if present)."""
+    out = {"weight_packed": t.weight_packed, "weight_scale": t.weight_scale,
+           "weight_shape": np.asarray(t.weight_shape, dtype=np.int64)}
+    if t.weight_zero_point is not None:
+        out["weight_zero_point"] = t.weight_zero_point
+    if t.weight_g_idx is not None:
+        out["weight_g_idx"] = t.weight_g_idx
+    return out
+
+
 def weight_tensors(case: Case, w: np.ndarray, seed: int) -> dict:
     """Quantize w [N, K] into the canonical checkpoint tensors of ``case.weight_format``."""
     fmt = case.weight_format
@@ -59,14 +70,7 @@ def weight_tensors(case: Case, w: np.ndarray, seed: int) -> dict:
         g_idx = None
         if case.act_order:
             g_idx = (np.random.default_rng(seed + 1).permutation(case.K) // case.group).astype(np.int32)
-        t = ct.quantize_ct_packed(w, p, g_idx=g_idx, scale_dtype=sd)
-        out = {"weight_packed": t.weight_packed, "weight_scale": t.weight_scale,
-               "weight_shape": np.asarray(t.weight_shape, dtype=np.int64)}
-        if t.weight_zero_point is not None:
-            out["weight_zero_point"] = t.weight_zero_point
-        if t.weight_g_idx is not None:
-            out["weight_g_idx"] = t.weight_g_idx
-        return out
+        return ct_tensor_dict(ct.quantize_ct_packed(w, p, g_idx=g_idx, scale_dtype=sd))
     if fmt == "ct-int-quantized":
         t = ct.quantize_ct_int8(w, scale_dtype=sd)
         return {"weight": t.weight, "weight_scale": t.weight_scale}

@@ -30,7 +30,7 @@ from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
 from emulator.numerics.e2m1 import E2M1_VALUES
 from emulator.numerics.floats import round_to_dtype
 
-from .cases import CaseInputs, make_inputs, weight_tensors
+from .cases import CaseInputs, ct_tensor_dict, make_inputs, weight_tensors
 
 __all__ = ["GENERATORS", "generate", "generators_for"]
 
@@ -67,14 +67,7 @@ def int_weight_tensors(case: Case, q: np.ndarray, z: np.ndarray, s: np.ndarray, 
         zp = None if case.sym else (z.T.astype(np.int16) - off).astype(np.int8)
         codes = ct.CtCodes(q=(q.astype(np.int16) - off).astype(np.int8), scales=np.ascontiguousarray(s_arr.T),
                            zero_point=zp, g_idx=g.astype(np.int32) if case.act_order else None)
-        t = ct.pack_ct_packed(codes, p)
-        out = {"weight_packed": t.weight_packed, "weight_scale": t.weight_scale,
-               "weight_shape": np.asarray(t.weight_shape, dtype=np.int64)}
-        if t.weight_zero_point is not None:
-            out["weight_zero_point"] = t.weight_zero_point
-        if t.weight_g_idx is not None:
-            out["weight_g_idx"] = t.weight_g_idx
-        return out
+        return ct_tensor_dict(ct.pack_ct_packed(codes, p))
     raise ValueError(f"integer codes do not apply to format {fmt!r}")
 
 

@@ -60,17 +60,9 @@ PER_GROUP = 40  # failing cases shown per (column, scheme) in the HTML report
 
 # -- reading -----------------------------------------------------------------------------------------
 def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by an interrupted run
-    return out
+    from .runner import read_results
+
+    return read_results(path)
 
 
 def result_files(path: "str | Path") -> list[Path]:

@@ -57,9 +57,7 @@ def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
     if info.format == "gptq":
         _check_float_scales(info, tensors, "scales")
         _check_gptq_optional(info, tensors)
-        params = gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym),
-                                 desc_act=info.act_order,
-                                 zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
+        params = _gptq_params(info)
         qz = _data(tensors, "qzeros")
         if qz is None:  # sym checkpoint without qzeros: the midpoint zero, written in the layer's convention
             qz = _midpoint_qzeros(info, params)
@@ -99,6 +97,11 @@ def _check_gptq_optional(info: LayerInfo, tensors: dict) -> None:
             layer=info.name, tensor="qzeros")
     require("g_idx" in tensors or not info.act_order, "missing tensor (desc_act=True needs g_idx)",
             layer=info.name, tensor="g_idx")
+
+
+def _gptq_params(info: LayerInfo) -> gptq.GptqParams:
+    return gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym), desc_act=info.act_order,
+                           zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
 
 
 def _zero_read(info: LayerInfo) -> str:
@@ -196,9 +199,7 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
     if info.format == "gptq":
         _check_float_scales(info, tensors, "scales")
         _check_gptq_optional(info, tensors)
-        params = gptq.GptqParams(bits=info.bits, group_size=info.group_size, sym=bool(info.sym),
-                                 desc_act=info.act_order,
-                                 zero_convention="gptq_v2" if info.zero_convention == "v2" else "gptq")
+        params = _gptq_params(info)
         qz = _data(tensors, "qzeros")
         if qz is None:
             qz = _midpoint_qzeros(info, params)
