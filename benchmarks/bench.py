@@ -59,7 +59,8 @@ def bench_dequant(fmt: str, n: int, k: int, repeat: int) -> dict:
             "awq": Case("w4a16", "awq", 1, n, k, group_size=128, sym=False),
             "ct": Case("w4a16", "ct-pack-quantized", 1, n, k, group_size=128, sym=True),
             "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", 1, n, k, group_size=32)}[fmt]
-    tensors = weight_tensors(case, w, 0)
+    # C-contiguous, as tensors read from a safetensors file are
+    tensors = {name: np.ascontiguousarray(t) for name, t in weight_tensors(case, w, 0).items()}
     decl = Declared(variants={})
     out = np.empty((n, k), np.float32)
     src = np.ones((n, k), np.float32)

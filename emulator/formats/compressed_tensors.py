@@ -313,7 +313,9 @@ def unpack_ct_packed(tensors: CtPackedTensors, params: CtPackParams, *, layer: s
     check_shape(packed, (n, _ceil_div(k, f)), f"[N, ceil(K/{f})]", tensor="weight_packed", layer=layer)
     scales = _check_ct_scales(tensors.weight_scale, n, n_groups, layer)
     q = unpack_int32(packed, params.num_bits, axis=1, tensor="weight_packed", layer=layer)[:, :k]
-    q = (q.astype(np.int16) - params.offset).astype(np.int8)
+    # stored unsigned field - offset, in one int8 pass: 4-bit fields (< 16) are the same bytes as int8;
+    # for 8-bit, v - 128 is v with its top bit flipped, read as int8
+    q = np.subtract(q.view(np.int8), np.int8(params.offset)) if params.offset < 128 else (q ^ np.uint8(0x80)).view(np.int8)
     zp = None
     if params.symmetric:
         require(

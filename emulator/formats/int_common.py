@@ -74,6 +74,7 @@ import numpy as np
 from ..errors import FormatError, UnsupportedFormatError, require
 from ..numerics.floats import BF16, FP16, FP32, FloatFormat, round_to_format
 from ..numerics.rounding import Rounding, as_float64, quantize_to_int
+from ..parallel import for_row_chunks
 
 __all__ = [
     "ZeroConvention",
@@ -282,6 +283,7 @@ def dequantize_affine(
     compute_rounding: Rounding | str = Rounding.RNE,
     zero_dtype: ComputeDtype | str | None = None,
     midpoint: int = 0,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Elementwise ``(q - z) * s`` under the named order/dtype variant; float32 out.
 
@@ -294,7 +296,7 @@ def dequantize_affine(
     order = DequantOrder(order)
     fmt = ComputeDtype(compute_dtype).fmt
     mode = Rounding.parse(compute_rounding)
-    fast = _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, ComputeDtype(compute_dtype), mode)
+    fast = _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, ComputeDtype(compute_dtype), mode, out)
     if fast is not None:
         return fast
     s64 = as_float64(s)
@@ -307,14 +309,14 @@ def dequantize_affine(
     # exact in every compute dtype (bfloat16 has 8), and each float64 product
     # below has at most 9 + 24 significant bits: exact.
     if order is DequantOrder.SUB_THEN_MUL:
-        out = round_to_format((qi - zi).astype(np.float64) * s64, fmt, mode)
+        res = round_to_format((qi - zi).astype(np.float64) * s64, fmt, mode)
     elif order is DequantOrder.MUL_THEN_SUB:
         a = round_to_format(qi.astype(np.float64) * s64, fmt, mode)
         b = round_to_format(zi.astype(np.float64) * s64, fmt, mode)
         # a and b are members of fmt (<= 24 significant bits) whose exponents
         # differ by at most 9, so their float64 difference is exact before
         # the one rounding.
-        out = round_to_format(a - b, fmt, mode)
+        res = round_to_format(a - b, fmt, mode)
     else:
         zfmt = fmt if zero_dtype is None else ComputeDtype(zero_dtype).fmt
         zero = round_to_format((midpoint - zi).astype(np.float64) * s64, zfmt)
@@ -323,8 +325,11 @@ def dequantize_affine(
         # rounding of a value at least |s_C| to a format no finer than C), and at
         # most 2**9 |s_C| (1 + 2**-7): the float64 sum needs at most 24 + 11 bits.
         with np.errstate(over="ignore", invalid="ignore"):
-            out = round_to_format((qi - midpoint).astype(np.float64) * s64 + zero, fmt, mode)
-    return out.astype(np.float32)
+            res = round_to_format((qi - midpoint).astype(np.float64) * s64 + zero, fmt, mode)
+    if out is not None:
+        out[...] = res
+        return out
+    return res.astype(np.float32)
 
 
 def dequantize_grouped(q, zeros, scales, g_idx, **kw) -> np.ndarray:
@@ -340,15 +345,23 @@ def dequantize_grouped(q, zeros, scales, g_idx, **kw) -> np.ndarray:
     n_groups = s.shape[1]
     if g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups)):
         gs = k // n_groups
-        zz = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, :, None]
-        out = dequantize_affine(q.reshape(n, n_groups, gs), zz, s[:, :, None], **kw)
+        q3 = q.reshape(n, n_groups, gs)
+        z3 = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, :, None]
+        s3 = s[:, :, None]
+        out = np.empty((n, n_groups, gs), dtype=np.float32)
+
+        def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
+            zr = z3 if np.isscalar(z3) else z3[r0:r1]
+            dequantize_affine(q3[r0:r1], zr, s3[r0:r1], out=out[r0:r1], **kw)
+
+        for_row_chunks(n, n * k, rows)
         return out.reshape(n, k)
     g = np.asarray(g_idx)
     zz = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, g]
     return dequantize_affine(q, zz, s[:, g], **kw)
 
 
-def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding):
+def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding, out=None):
     """The common case computed with IEEE float32 arithmetic, bit-identical to the rule above.
 
     Applies to SUB_THEN_MUL with RNE and scales stored as fp16/bf16/fp32: the scale is
@@ -368,10 +381,16 @@ def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDt
     if scale_dtype is not None:
         s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
     s32 = round_float32_array(s32, compute.value)
-    d = np.subtract(np.asarray(q), np.asarray(z), dtype=np.int16).astype(np.float32)
+    qa, za = np.asarray(q), np.asarray(z)
+    if out is None:
+        out = np.empty(np.broadcast_shapes(qa.shape, za.shape, s32.shape), dtype=np.float32)
+    # integers below 2**24 convert exactly, so subtracting straight into float32 is exact
+    np.subtract(qa, za, out=out, dtype=np.float32, casting="unsafe")
     with np.errstate(over="ignore", invalid="ignore"):
-        np.multiply(d, s32, out=d)
-    return round_float32_array(d, compute.value)
+        np.multiply(out, s32, out=out)
+    if compute is not ComputeDtype.FLOAT32:
+        out[...] = round_float32_array(out, compute.value)
+    return out
 
 
 def round_scale(s64: np.ndarray, dtype: str, *, tensor: str, layer: str | None = None) -> np.ndarray:

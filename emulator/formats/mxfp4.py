@@ -32,6 +32,7 @@ from ..errors import FormatError, require
 from ..numerics.e2m1 import E2M1NanRule, E2M1ZeroSign, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
 from ..numerics.e8m0 import E8M0_NAN, MxScaleRule, NanBlockRule, ZeroBlockRule, decode_e8m0, mx_scale_byte
 from ..numerics.rounding import Rounding, as_float64
+from ..parallel import for_row_chunks
 
 __all__ = [
     "BLOCK",
@@ -218,11 +219,19 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray) -> np.n
     """
     p = np.asarray(packed)
     sb = np.asarray(scale_bytes)
-    vals = np.take(_PAIRS_U64, p).view(np.float32).reshape(p.shape[:-1] + (p.shape[-1] * 2,))
-    blocks = vals.reshape(sb.shape + (BLOCK,))
-    with np.errstate(over="ignore", invalid="ignore"):
-        blocks *= _E8M0_F32[sb][..., None]
-    return vals
+    lead = p.shape[:-1]
+    p2 = p.reshape(-1, p.shape[-1])
+    sb2 = sb.reshape(-1, sb.shape[-1])
+    out = np.empty((p2.shape[0], p2.shape[1] * 2), dtype=np.float32)
+
+    def rows(r0, r1):  # row blocks on all cores (emulator/parallel.py); elementwise, so identical
+        v = out[r0:r1]
+        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64))
+        with np.errstate(over="ignore", invalid="ignore"):
+            v.reshape(r1 - r0, -1, BLOCK)[...] *= _E8M0_F32[sb2[r0:r1]][..., None]
+
+    for_row_chunks(p2.shape[0], out.size, rows)
+    return out.reshape(lead + (p.shape[-1] * 2,))
 
 
 def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.float32) -> np.ndarray:

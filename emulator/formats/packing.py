@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import for_row_chunks
 from ..errors import FormatError, require
 from .int_common import check_integer_range, shape_str
 
@@ -103,8 +104,15 @@ def unpack_int32(packed, bits: int, axis: int = 0, *, order=None, tensor: str = 
     words = np.moveaxis(p, axis, -1).view(np.uint32)
     mask = np.uint32((1 << bits) - 1)
     fields = np.empty(words.shape + (per_word,), dtype=np.uint8)
-    for slot, element in enumerate(order):
-        fields[..., element] = ((words >> np.uint32(bits * slot)) & mask).astype(np.uint8)
+
+    def rows(r0, r1):
+        for slot, element in enumerate(order):
+            fields[r0:r1, ..., element] = (words[r0:r1] >> np.uint32(bits * slot)) & mask
+
+    if words.ndim >= 2:
+        for_row_chunks(words.shape[0], fields.size, rows)
+    else:
+        rows(0, words.shape[0])
     out = fields.reshape(words.shape[:-1] + (words.shape[-1] * per_word,))
     return np.moveaxis(out, -1, axis)
 
@@ -123,14 +131,25 @@ def unpack_int32_transposed(packed, bits: int, axis: int, *, order=None, tensor:
     if p.dtype != np.int32:
         raise FormatError(f"expected dtype int32, got {p.dtype.name}", layer=layer, tensor=tensor)
     require(p.ndim == 2, f"expected a 2-D array, got shape {list(p.shape)}", layer=layer, tensor=tensor)
-    w = np.ascontiguousarray(p.T).view(np.uint32)  # [B, A]
+    pu = p.view(np.uint32)
+    n_a, n_b = pu.shape  # the result has n_b rows: each row block transposes only its own words
     mask = np.uint32((1 << bits) - 1)
     if axis % 2 == 0:  # packed along rows: result [B, A * per_word], fields interleaved along the last axis
-        out = np.empty(w.shape + (per_word,), dtype=np.uint8)
+        out = np.empty((n_b, n_a, per_word), dtype=np.uint8)
+
+        def rows(r0, r1):
+            w = np.ascontiguousarray(pu[:, r0:r1].T)
+            for slot, element in enumerate(order):
+                out[r0:r1, :, element] = (w >> np.uint32(bits * slot)) & mask
+
+        for_row_chunks(n_b, out.size, rows)
+        return out.reshape(n_b, n_a * per_word)
+    out = np.empty((n_b, per_word, n_a), dtype=np.uint8)  # [B, per_word, A]
+
+    def rows(r0, r1):
+        w = np.ascontiguousarray(pu[:, r0:r1].T)
         for slot, element in enumerate(order):
-            out[..., element] = ((w >> np.uint32(bits * slot)) & mask).astype(np.uint8)
-        return out.reshape(w.shape[0], w.shape[1] * per_word)
-    out = np.empty((w.shape[0], per_word, w.shape[1]), dtype=np.uint8)  # [B, per_word, A]
-    for slot, element in enumerate(order):
-        out[:, element, :] = ((w >> np.uint32(bits * slot)) & mask).astype(np.uint8)
-    return out.reshape(w.shape[0] * per_word, w.shape[1])
+            out[r0:r1, element, :] = (w >> np.uint32(bits * slot)) & mask
+
+    for_row_chunks(n_b, out.size, rows)
+    return out.reshape(n_b * per_word, n_a)
