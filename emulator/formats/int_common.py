@@ -384,8 +384,11 @@ def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDt
     qa, za = np.asarray(q), np.asarray(z)
     if out is None:
         out = np.empty(np.broadcast_shapes(qa.shape, za.shape, s32.shape), dtype=np.float32)
-    # integers below 2**24 convert exactly, so subtracting straight into float32 is exact
-    np.subtract(qa, za, out=out, dtype=np.float32, casting="unsafe")
+    # integers below 2**24 are exact in float32, so q - z computed in float32 is exact
+    # (a plain cast then a same-type subtract is much faster than a mixed-type ufunc)
+    out[...] = qa
+    if za.ndim or za != 0:
+        np.subtract(out, za.astype(np.float32), out=out)
     with np.errstate(over="ignore", invalid="ignore"):
         np.multiply(out, s32, out=out)
     if compute is not ComputeDtype.FLOAT32:

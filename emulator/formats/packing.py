@@ -105,7 +105,13 @@ def unpack_int32(packed, bits: int, axis: int = 0, *, order=None, tensor: str = 
     mask = np.uint32((1 << bits) - 1)
     fields = np.empty(words.shape + (per_word,), dtype=np.uint8)
 
+    sequential = tuple(order) == tuple(range(per_word))
+
     def rows(r0, r1):
+        fast = _fields_in_order(words[r0:r1], bits) if sequential else None
+        if fast is not None:
+            fields[r0:r1] = fast.reshape(fields[r0:r1].shape)
+            return
         for slot, element in enumerate(order):
             fields[r0:r1, ..., element] = (words[r0:r1] >> np.uint32(bits * slot)) & mask
 
@@ -115,6 +121,27 @@ def unpack_int32(packed, bits: int, axis: int = 0, *, order=None, tensor: str = 
         rows(0, words.shape[0])
     out = fields.reshape(words.shape[:-1] + (words.shape[-1] * per_word,))
     return np.moveaxis(out, -1, axis)
+
+
+def _fields_in_order(w: np.ndarray, bits: int) -> np.ndarray | None:
+    """Sequential (LSB-first) fields of contiguous uint32 words as uint8 [..., n * 32 / bits], fast.
+
+    8-bit fields are the words' bytes (little-endian). 4-bit fields: spread each word's 8
+    nibbles into the 8 bytes of a uint64 by three shift-or-mask steps (halves, bytes, nibbles),
+    so byte i holds nibble i. Returns None where these do not apply (other widths, big-endian).
+    """
+    import sys
+
+    if sys.byteorder != "little" or bits not in (4, 8):
+        return None
+    w = np.ascontiguousarray(w, dtype=np.uint32)
+    if bits == 8:
+        return w.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 4,))
+    x = w.astype(np.uint64)
+    x = (x | (x << np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
+    x = (x | (x << np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
+    x = (x | (x << np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return x.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 8,))
 
 
 def unpack_int32_transposed(packed, bits: int, axis: int, *, order=None, tensor: str = "packed",
@@ -137,8 +164,14 @@ def unpack_int32_transposed(packed, bits: int, axis: int, *, order=None, tensor:
     if axis % 2 == 0:  # packed along rows: result [B, A * per_word], fields interleaved along the last axis
         out = np.empty((n_b, n_a, per_word), dtype=np.uint8)
 
+        sequential = tuple(order) == tuple(range(per_word))
+
         def rows(r0, r1):
             w = np.ascontiguousarray(pu[:, r0:r1].T)
+            fast = _fields_in_order(w, bits) if sequential else None
+            if fast is not None:
+                out[r0:r1] = fast.reshape(r1 - r0, n_a, per_word)
+                return
             for slot, element in enumerate(order):
                 out[r0:r1, :, element] = (w >> np.uint32(bits * slot)) & mask
 
