@@ -27,7 +27,7 @@ TIERS = ("exact", "edge", "random", "golden")
 #: profile -> knobs. ci: derandomised, bounded, reproducible. nightly: fresh seeds, more shapes and seeds.
 PROFILES = {
     "smoke": {"seeds": 1, "shapes": [(1, 64, 128), (5, 96, 256)], "fresh_seeds": False},
-    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128)], "fresh_seeds": False},
+    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (24, 64, 128)], "fresh_seeds": False},
     "certification": {"seeds": 3, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512)],
                       "fresh_seeds": False},
     "nightly": {"seeds": 6, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512), (128, 512, 1024)],
