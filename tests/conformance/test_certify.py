@@ -14,19 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundle_cache import basic_bundle, copy_bundle, rich_bundle
+from bundle_cache import copy_bundle
 from conformance.certify import decode_case, encode_case, verify_bundle
 from conformance.cli import main
-
-
-@pytest.fixture(scope="module")
-def basic(tmp_path_factory):
-    return basic_bundle(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def rich(tmp_path_factory):
-    return rich_bundle(tmp_path_factory)
 
 
 def _results(folder: Path) -> list[dict]:
