@@ -213,4 +213,4 @@ def dequantize_awq(
     c = unpack_awq(tensors, params, shape=shape, layer=layer)
     return dequantize_grouped(c.q, c.zeros.T, np.asarray(c.scales).T, None, order=order, scale_dtype=scale_dtype,
                               compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=1 << (params.bits - 1))
+                              midpoint=1 << (params.bits - 1), code_range=(0, params.maxq))

@@ -354,7 +354,7 @@ def dequantize_ct_packed(
     z = 0 if c.zero_point is None else c.zero_point
     return dequantize_grouped(c.q, z, c.scales, c.g_idx, order=order, scale_dtype=scale_dtype,
                               compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=0)
+                              midpoint=0, code_range=(params.qmin, params.qmax))
 
 
 # --- int-quantized (W8A8 int8 weights) -------------------------------------------------

@@ -414,4 +414,4 @@ def dequantize_gptq(
     c = unpack_gptq(tensors, params, shape=shape, zero_read=zero_read, layer=layer)
     return dequantize_grouped(c.q, c.zeros.T, np.asarray(c.scales).T, c.g_idx, order=order, scale_dtype=scale_dtype,
                               compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=params.sym_zero)
+                              midpoint=params.sym_zero, code_range=(0, params.maxq))
