@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from backend_int4_codes import canonical_codes
 
 torch = pytest.importorskip("torch")
 
@@ -119,25 +120,6 @@ def test_can_implement_accepts():
 
 
 # -- layout transforms (pure torch) -----------------------------------------------------------------
-def _emulator_codes(case, t):
-    """(q [N, K] unsigned, z [K/G, N]) by the emulator's own canonical readers."""
-    if case.weight_format == "gptq":
-        p = gptq.GptqParams(bits=4, group_size=case.group_size, sym=case.sym,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
-        c = gptq.unpack_gptq(gptq.GptqTensors(t["qweight"], t["qzeros"], t["scales"], t["g_idx"]), p,
-                             shape=(case.N, case.K))
-        return c.q, c.zeros
-    if case.weight_format == "awq":
-        c = awq.unpack_awq(awq.AwqTensors(t["qweight"], t["qzeros"], t["scales"]),
-                           awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K))
-        return c.q, c.zeros
-    channel = case.group_size in (-1, 0)
-    p = ct.CtPackParams(num_bits=4, strategy="channel" if channel else "group",
-                        group_size=None if channel else case.group_size, symmetric=case.sym)
-    c = ct.unpack_ct_packed(ct.CtPackedTensors(t["weight_packed"], t["weight_scale"], t["weight_shape"],
-                                               t.get("weight_zero_point")), p)
-    zp = np.zeros((case.K // case.group, case.N), np.int64) if c.zero_point is None else np.asarray(c.zero_point).T
-    return np.asarray(c.q).astype(np.int64) + 8, zp + 8
 
 
 @pytest.mark.parametrize("fmt,sym,zc,g", INT4_FORMATS)
@@ -145,7 +127,7 @@ def test_read_int4_codes_is_canonical(fmt, sym, zc, g):
     case = _case(fmt, sym, zc, g)
     t = make_inputs(case, 1).tensors
     q, z, s = cu.read_int4_codes(case, t)
-    eq, ez = _emulator_codes(case, t)
+    eq, ez = canonical_codes(case, t)
     np.testing.assert_array_equal(q.numpy(), eq)
     np.testing.assert_array_equal(z.numpy(), ez)
     assert s.shape == (case.K // case.group, case.N)

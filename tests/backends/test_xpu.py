@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_int4_codes import canonical_codes
 
 from backends import xpu
 from backends.base import Case, Declared
@@ -152,26 +153,6 @@ W4A16 = [("gptq", True, 32, "bfloat16"), ("gptq", False, 128, "bfloat16"), ("gpt
          ("ct-pack-quantized", False, -1, "bfloat16")]
 
 
-def _canonical(case, t, zero_read="canonical"):
-    """(q [N, K] unsigned codes, z [K/G, N]) by the emulator's readers."""
-    if case.weight_format == "gptq":
-        p = gptq.GptqParams(bits=4, group_size=case.group_size, sym=case.sym)
-        c = gptq.unpack_gptq(gptq.GptqTensors(t["qweight"], t["qzeros"], t["scales"], t["g_idx"]), p,
-                             shape=(case.N, case.K), zero_read=zero_read)
-        return c.q, c.zeros
-    if case.weight_format == "awq":
-        c = awq.unpack_awq(awq.AwqTensors(t["qweight"], t["qzeros"], t["scales"]),
-                           awq.AwqParams(group_size=case.group_size), shape=(case.N, case.K))
-        return c.q, c.zeros
-    channel = case.group_size in (-1, 0)
-    p = ct.CtPackParams(num_bits=4, strategy="channel" if channel else "group",
-                        group_size=None if channel else case.group_size, symmetric=case.sym)
-    c = ct.unpack_ct_packed(ct.CtPackedTensors(t["weight_packed"], t["weight_scale"], t["weight_shape"],
-                                               t.get("weight_zero_point")), p)
-    z = np.zeros((case.K // case.group, case.N), np.int64) if c.zero_point is None else np.asarray(c.zero_point).T
-    return np.asarray(c.q).astype(np.int64) + 8, z + 8
-
-
 @pytest.mark.parametrize("fmt,sym,g,act", W4A16)
 def test_w4a16_transform_decodes_to_declared_codes(fmt, sym, g, act):
     torch = _torch()
@@ -185,14 +166,14 @@ def test_w4a16_transform_decodes_to_declared_codes(fmt, sym, g, act):
     assert d["scales"].is_contiguous()
     q = xpu.decode_onednn_u4_weight(qw, K, N)
     z = xpu.decode_onednn_u4_zero_points(d["zero_points"], K // G, N)
-    eq, ez = _canonical(case, t)
+    eq, ez = canonical_codes(case, t)
     np.testing.assert_array_equal(q, eq.T)
     decl = xpu.XpuBackend().declared(case)
     if fmt == "gptq" and sym:
         assert d["zero_points"].dtype == torch.int8 and d["zero_points"].tolist() == [8]
         assert decl.variants["zero_read"] == "ignore_qzeros"
     elif fmt == "gptq":
-        _, zv = _canonical(case, t, "v1_packed_add")
+        _, zv = canonical_codes(case, t, "v1_packed_add")
         np.testing.assert_array_equal(z, zv)
         assert decl.variants["zero_read"] == "v1_packed_add"
     else:
@@ -222,7 +203,7 @@ def test_gptq_v1_packed_add_carry():
     d = xpu.prepare_w4a16_host(case, t)
     zk = xpu.decode_onednn_u4_zero_points(d["zero_points"], 2, 16)
     np.testing.assert_array_equal(zk, z)
-    _, zc = _canonical(case, t)
+    _, zc = canonical_codes(case, t)
     assert not np.array_equal(zc, z)  # canonical (field + 1) reads 16 and a decremented neighbour there
     assert zc[0, 3] == 16 and zc[0, 4] == z[0, 4] - 1
 
@@ -270,7 +251,7 @@ def test_ark_transform():
     t = make_inputs(case, 4).tensors
     d = xpu.prepare_ark_host(case, t)
     assert d["intweight"].dtype == torch.int8 and tuple(d["intweight"].shape) == (128, 64)
-    q, _ = _canonical(case, t)
+    q, _ = canonical_codes(case, t)
     np.testing.assert_array_equal(d["intweight"].numpy().astype(np.int64) + 8, q.T)
     assert d["scales"].dtype == torch.float16 and (d["cdt"], d["wdt"], d["sdt"]) == ("int8", "int4", "fp16")
     assert d["zeros"].numel() == 0

@@ -50,17 +50,7 @@ GRID = [Fraction(v) for v in VALUES[:8]]
 
 # --------------------------------------------------------------------------- oracle
 
-def _p2(k: int) -> Fraction:
-    return Fraction(2) ** k
-
-
-def _floor_log2(a: Fraction) -> int:
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    while _p2(e) > a:
-        e -= 1
-    while _p2(e + 1) <= a:
-        e += 1
-    return e
+from exact_math import floor_log2 as _floor_log2, p2 as _p2  # noqa: E402
 
 
 def _shared_exp(amax: Fraction, rule: MxScaleRule) -> int:
