@@ -6,7 +6,9 @@ on the same data, so results are comparable across machines:
 
 - dequant: int4 (GPTQ, AWQ, compressed-tensors) and MXFP4 -> fp32 at N = K = 4096,
   as output GB/s, against the host's memory-write bandwidth for the same bytes
-  (``np.copyto`` into an fp32 array of that size). Target >= 1/3.
+  (``np.copyto`` into an existing fp32 array of that size, the dequantizer writing into
+  an existing array too, as a reused cache buffer is). Target >= 1/3. Also reported:
+  both into new arrays (each then pays the kernel's zeroing of fresh pages).
 - fallback linear: the emulator backend's fast path (weights dequantized once and
   cached) for W4A16, W8A8 and MXFP4, M in {1, 16, 256}, against a dense matmul
   of the same shape in the precision the declared result needs (fp32 sgemm for
@@ -62,14 +64,22 @@ def bench_dequant(fmt: str, n: int, k: int, repeat: int) -> dict:
     # C-contiguous, as tensors read from a safetensors file are
     tensors = {name: np.ascontiguousarray(t) for name, t in weight_tensors(case, w, 0).items()}
     decl = Declared(variants={})
-    out = np.empty((n, k), np.float32)
     src = np.ones((n, k), np.float32)
-    t_copy = _best(lambda: np.copyto(out, src), repeat)
-    t_deq = _best(lambda: declared_weight(case, tensors, decl), repeat)
+    buf = np.zeros((n, k), np.float32)  # written once, so its pages exist (as a reused cache buffer's do)
+    # Like for like, twice: (1) into an existing buffer against np.copyto into an existing
+    # buffer (memory-write bandwidth); (2) into a new array against np.copyto into a new array
+    # (both then also pay the kernel's zeroing of fresh pages).
+    t_copy = _best(lambda: np.copyto(buf, src), repeat)
+    t_deq = _best(lambda: declared_weight(case, tensors, decl, out=buf), repeat)
+    t_copy_new = _best(lambda: np.copyto(np.empty((n, k), np.float32), src), repeat)
+    t_deq_new = _best(lambda: declared_weight(case, tensors, decl), repeat)
     gb = n * k * 4 / 1e9
     return {"bench": "dequant", "format": fmt, "N": n, "K": k, "seconds": t_deq, "GBps": gb / t_deq,
-            "baseline": "np.copyto fp32 (memory write)", "baseline_seconds": t_copy, "baseline_GBps": gb / t_copy,
-            "ratio_of_bandwidth": t_copy / t_deq, "target": ">= 0.333"}
+            "baseline": "np.copyto into an existing fp32 array (memory write)", "baseline_seconds": t_copy,
+            "baseline_GBps": gb / t_copy, "ratio_of_bandwidth": t_copy / t_deq,
+            "new_array_seconds": t_deq_new, "new_array_baseline": "np.copyto into np.empty (fresh pages)",
+            "new_array_baseline_seconds": t_copy_new, "new_array_ratio": t_copy_new / t_deq_new,
+            "new_array_vs_existing_copy": t_copy / t_deq_new, "target": ">= 0.333"}
 
 
 def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool) -> dict:
@@ -204,7 +214,8 @@ def _print(r: dict) -> None:
     rss = f"rss {r['peak_rss_MB']:.0f} MB"
     if b == "dequant":
         print(f"dequant   {r['format']:6s} {r['N']}x{r['K']}  {r['GBps']:6.2f} GB/s  write bw {r['baseline_GBps']:6.2f} GB/s"
-              f"  ratio {r['ratio_of_bandwidth']:.2f} (target >= 0.33)  {rss}")
+              f"  ratio {r['ratio_of_bandwidth']:.2f} (target >= 0.33); new array vs new array "
+              f"{r['new_array_ratio']:.2f}  {rss}")
     elif b == "linear":
         nat = f"  best native {r['best_native']} x{r['emulator_over_best_native']:.2f}" if r.get("best_native") else ""
         print(f"linear    {r['scheme']:6s} M={r['M']:<4d} {r['seconds'] * 1e3:8.2f} ms  vs {r['baseline']}: "

@@ -135,8 +135,22 @@ def _round_weights(w: np.ndarray, declared: Declared) -> np.ndarray:
     return round_to_dtype(w, declared.weight_dtype, Rounding.parse(declared.variants.get("weight_rounding") or "rne"))
 
 
-def declared_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray:
-    """Dequantized weight [N, K] as the backend declares it forms it (float32 values)."""
+def declared_weight(case: Case, tensors: dict, declared: Declared, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Dequantized weight [N, K] as the backend declares it forms it (float32 values).
+
+    ``out``: a float32 [N, K] C-contiguous array to write the weight into (a cache reusing
+    its buffer); the int4 and MXFP4 dequantizers write into it directly.
+    """
+    w = _declared_weight(case, tensors, declared, out)
+    if out is not None and w is not out:
+        from emulator.formats.int_common import check_out
+
+        check_out(out, (case.N, case.K))[...] = w
+        return out
+    return w
+
+
+def _declared_weight(case: Case, tensors: dict, declared: Declared, out) -> np.ndarray:
     fmt = case.weight_format
     kw = _weight_kwargs(declared)
     if fmt == "gptq":
@@ -144,10 +158,11 @@ def declared_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray
                             zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
         t = gptq.GptqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"))
         zr = declared.variants.get("zero_read")
-        return gptq.dequantize_gptq(t, p, shape=(case.N, case.K), **({"zero_read": zr} if zr else {}), **kw)
+        return gptq.dequantize_gptq(t, p, shape=(case.N, case.K), **({"zero_read": zr} if zr else {}), out=out, **kw)
     if fmt == "awq":
         t = awq.AwqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"])
-        return awq.dequantize_awq(t, awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K), **kw)
+        return awq.dequantize_awq(t, awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K), out=out,
+                                **kw)
     if fmt == "ct-pack-quantized":
         channel = case.group_size in (-1, 0)
         p = ct.CtPackParams(num_bits=case.bits, strategy="channel" if channel else "group",
@@ -155,12 +170,12 @@ def declared_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray
                             actorder=case.act_order)
         t = ct.CtPackedTensors(tensors["weight_packed"], tensors["weight_scale"], tensors["weight_shape"],
                                tensors.get("weight_zero_point"), tensors.get("weight_g_idx"))
-        return ct.dequantize_ct_packed(t, p, **kw)
+        return ct.dequantize_ct_packed(t, p, out=out, **kw)
     if fmt == "ct-int-quantized":
         return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
     if fmt == "ct-mxfp4":
         if declared.weight_dtype in ("exact", None):
-            return mxfp4.dequantize_mxfp4_ct(tensors)  # exact float32 values (fast path)
+            return mxfp4.dequantize_mxfp4_ct(tensors, out=out)  # exact float32 values (fast path)
         w = mxfp4.dequantize_mxfp4_ct(tensors, dtype=np.float64)
         return _round_weights(w, declared).astype(np.float32)
     raise ValueError(f"no declared weight for format {fmt!r}")

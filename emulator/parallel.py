@@ -1,32 +1,75 @@
-"""Row-chunked evaluation of elementwise steps on all cores (speed only; results are identical).
+"""Row-blocked evaluation of elementwise steps on all cores (speed only; results are identical).
 
 NumPy ufuncs release the GIL, so independent row blocks of an elementwise computation run in
-parallel threads, each block small enough for its temporaries to stay in cache. Used only for
-large arrays (below ``MIN_ELEMENTS`` the plain call is faster); every caller's result equals
-the single-call result element for element, because the steps are elementwise.
+parallel threads. Rows are split into one contiguous span per thread, and each thread walks
+its span in *cache-sized blocks*: a block's temporaries (unpacked codes, differences, the
+float32 output rows while they are scaled) stay in the core's L2 cache, so a fused
+"unpack, subtract, cast, scale" sequence reads and writes main memory about once instead of
+once per step. Used only for large arrays (below ``MIN_ELEMENTS`` the plain call is faster);
+every caller's result equals the single-call result element for element, because the steps
+are elementwise along rows.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 MIN_ELEMENTS = 1 << 20
-ROWS_PER_CHUNK = 256
+#: Bytes of float32 output a block aims at. Smaller blocks fit L2 (1-2 MiB a core) but each
+#: block costs ~20 NumPy calls of Python overhead taken under the GIL, which the threads then
+#: wait for; 2 MiB blocks (held in L3) measured fastest on the 2-core Zen 5 host
+#: (docs/performance.md).
+BLOCK_BYTES = 2 * 1024 * 1024
+ROWS_PER_CHUNK = 256  # block height when the caller gives no row width
 _POOL: ThreadPoolExecutor | None = None
+_IN_WORKER = threading.local()  # a block that itself calls for_row_chunks runs that call serially
+
+
+def _threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="qconform-rows")
+        _POOL = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="qconform-rows")
     return _POOL
 
 
-def for_row_chunks(n_rows: int, n_elements: int, fn) -> None:
-    """Call ``fn(r0, r1)`` over [0, n_rows) in row blocks, in parallel for large work."""
-    if n_elements < MIN_ELEMENTS or (os.cpu_count() or 1) == 1:
-        fn(0, n_rows)
+def block_rows(row_bytes: int, align: int = 1) -> int:
+    """Rows per cache-sized block for rows of ``row_bytes`` output bytes (a multiple of ``align``)."""
+    rows = max(1, BLOCK_BYTES // max(1, row_bytes))
+    return max(align, rows // align * align)
+
+
+def for_row_chunks(n_rows: int, n_elements: int, fn, *, row_bytes: int | None = None, align: int = 1) -> None:
+    """Call ``fn(r0, r1)`` over [0, n_rows) in row blocks, in parallel for large work.
+
+    ``row_bytes`` (the output bytes of one row) sizes the blocks to the cache; ``align``
+    makes every block boundary but the last a multiple of it (for layouts that pack rows).
+    """
+    step = block_rows(row_bytes, align) if row_bytes else max(align, ROWS_PER_CHUNK // align * align)
+    threads = _threads()
+    if n_elements < MIN_ELEMENTS or threads == 1 or n_rows <= step or getattr(_IN_WORKER, "on", False):
+        for r0 in range(0, n_rows, step):
+            fn(r0, min(n_rows, r0 + step))
         return
-    starts = range(0, n_rows, ROWS_PER_CHUNK)
-    list(_pool().map(lambda r0: fn(r0, min(n_rows, r0 + ROWS_PER_CHUNK)), starts))
+    # one contiguous span per thread (whole blocks), each walked block by block
+    n_blocks = -(-n_rows // step)
+    per = -(-n_blocks // threads)
+    spans = [(b * step, min(n_rows, (b + per) * step)) for b in range(0, n_blocks, per)]
+
+    def walk(span):
+        _IN_WORKER.on = True
+        try:
+            for r0 in range(span[0], span[1], step):
+                fn(r0, min(span[1], r0 + step))
+        finally:
+            _IN_WORKER.on = False
+
+    list(_pool().map(walk, spans))

@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import UnsupportedFormatError, require
 from ..numerics.rounding import Rounding, quantize_to_int
 from .int_common import (
+    CodeRows,
     ComputeDtype,
     DequantOrder,
     check_dtype,
@@ -48,7 +49,7 @@ from .int_common import (
     round_scale,
     rtn_codes,
 )
-from .packing import inverse_order, pack_int32, unpack_int32, unpack_int32_transposed
+from .packing import inverse_order, pack_int32, transposed_field_rows, unpack_int32, unpack_int32_transposed
 
 __all__ = [
     "AWQ_PACK_ORDER",
@@ -179,11 +180,8 @@ def pack_awq(codes: AwqCodes, params: AwqParams, *, layer: str | None = None) ->
     return AwqTensors(qweight=qweight, qzeros=qzeros, scales=scales)
 
 
-def unpack_awq(tensors: AwqTensors, params: AwqParams, *, shape: tuple | None = None, layer: str | None = None) -> AwqCodes:
-    """Validate AutoAWQ GEMM tensors and unpack them to integer codes.
-
-    ``shape`` is the logical (N, K); by default N comes from scales, K from qweight.
-    """
+def _validated(tensors: AwqTensors, params: AwqParams, shape, layer: str | None):
+    """Check every tensor; returns (n, k, qweight, zeros [G, N], scales [G, N])."""
     n, k = shape if shape is not None else awq_shape(tensors)
     group = _check_nk(n, k, params, layer)
     n_groups = k // group
@@ -192,9 +190,18 @@ def unpack_awq(tensors: AwqTensors, params: AwqParams, *, shape: tuple | None = 
     qzeros = check_dtype(tensors.qzeros, ("int32",), tensor="qzeros", layer=layer)
     check_shape(qzeros, (n_groups, n // PACK), "[K/G, N/8]", tensor="qzeros", layer=layer)
     scales = _check_awq_scales(tensors.scales, n_groups, n, layer)
-    q = unpack_int32_transposed(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight", layer=layer)
     zeros = unpack_int32(qzeros, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qzeros", layer=layer)
-    return AwqCodes(q=q, zeros=zeros.astype(np.int32), scales=scales)
+    return n, k, qweight, zeros.astype(np.int32), scales
+
+
+def unpack_awq(tensors: AwqTensors, params: AwqParams, *, shape: tuple | None = None, layer: str | None = None) -> AwqCodes:
+    """Validate AutoAWQ GEMM tensors and unpack them to integer codes.
+
+    ``shape`` is the logical (N, K); by default N comes from scales, K from qweight.
+    """
+    _, _, qweight, zeros, scales = _validated(tensors, params, shape, layer)
+    q = unpack_int32_transposed(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight", layer=layer)
+    return AwqCodes(q=q, zeros=zeros, scales=scales)
 
 
 def dequantize_awq(
@@ -208,9 +215,17 @@ def dequantize_awq(
     compute_rounding: Rounding | str = Rounding.RNE,
     zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The float32 weight [N, K]: ``(q - z[k // G]) * s[k // G]`` (see module docstring)."""
-    c = unpack_awq(tensors, params, shape=shape, layer=layer)
-    return dequantize_grouped(c.q, c.zeros.T, np.asarray(c.scales).T, None, order=order, scale_dtype=scale_dtype,
-                              compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=1 << (params.bits - 1), code_range=(0, params.maxq))
+    """The float32 weight [N, K]: ``(q - z[k // G]) * s[k // G]`` (see module docstring).
+
+    Equal to dequantizing ``unpack_awq``'s codes, unpacked block by block inside the
+    dequantization. ``out``: a float32 [N, K] C-contiguous array to write into.
+    """
+    n, k, qweight, zeros, scales = _validated(tensors, params, shape, layer)
+    rows, _, align = transposed_field_rows(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight",
+                                           layer=layer)
+    return dequantize_grouped(CodeRows((n, k), rows, align), zeros.T, np.asarray(scales).T, None, order=order,
+                              scale_dtype=scale_dtype, compute_dtype=compute_dtype, compute_rounding=compute_rounding,
+                              zero_dtype=zero_dtype, midpoint=1 << (params.bits - 1), code_range=(0, params.maxq),
+                              out=out)

@@ -39,6 +39,7 @@ from ..errors import FormatError, UnsupportedFormatError, require
 from ..numerics.rounding import Rounding, quantize_to_int
 from .int_common import (
     FLOAT_DTYPE_NAMES,
+    CodeRows,
     ComputeDtype,
     DequantOrder,
     check_dtype,
@@ -55,7 +56,7 @@ from .int_common import (
     rtn_codes,
     shape_str,
 )
-from .packing import pack_int32, unpack_int32
+from .packing import pack_int32, sequential_fields, unpack_int32
 
 __all__ = [
     "CtStrategy",
@@ -304,18 +305,14 @@ def _read_shape(weight_shape, layer: str | None) -> tuple:
     return int(ws[0]), int(ws[1])
 
 
-def unpack_ct_packed(tensors: CtPackedTensors, params: CtPackParams, *, layer: str | None = None) -> CtCodes:
-    """Validate pack-quantized tensors and unpack them to signed codes."""
+def _validated(tensors: CtPackedTensors, params: CtPackParams, layer: str | None):
+    """Check every tensor; returns (n, k, packed, scales [N, G], zero_point int8 [N, G] or None, g_idx)."""
     n, k = _read_shape(tensors.weight_shape, layer)
     f = params.pack_factor
     n_groups = _n_groups(k, params, layer, "weight_shape")
     packed = check_dtype(tensors.weight_packed, ("int32",), tensor="weight_packed", layer=layer)
     check_shape(packed, (n, _ceil_div(k, f)), f"[N, ceil(K/{f})]", tensor="weight_packed", layer=layer)
     scales = _check_ct_scales(tensors.weight_scale, n, n_groups, layer)
-    q = unpack_int32(packed, params.num_bits, axis=1, tensor="weight_packed", layer=layer)[:, :k]
-    # stored unsigned field - offset, in one int8 pass: 4-bit fields (< 16) are the same bytes as int8;
-    # for 8-bit, v - 128 is v with its top bit flipped, read as int8
-    q = np.subtract(q.view(np.int8), np.int8(params.offset)) if params.offset < 128 else (q ^ np.uint8(0x80)).view(np.int8)
     zp = None
     if params.symmetric:
         require(
@@ -335,7 +332,22 @@ def unpack_ct_packed(tensors: CtPackedTensors, params: CtPackParams, *, layer: s
         g = _group_map(tensors.weight_g_idx, k, n_groups, params, layer)
     elif params.actorder:
         raise FormatError("missing: actorder 'group' needs weight_g_idx", layer=layer, tensor="weight_g_idx")
-    return CtCodes(q=q, scales=scales, zero_point=zp, g_idx=g)
+    return n, k, packed, scales, zp, g
+
+
+def _signed(fields: np.ndarray, params: CtPackParams) -> np.ndarray:
+    """Stored unsigned fields minus the offset, as int8, in one pass: 4-bit fields (< 16) are the
+    same bytes as int8; for 8-bit, v - 128 is v with its top bit flipped, read as int8."""
+    if params.offset < 128:
+        return np.subtract(fields.view(np.int8), np.int8(params.offset))
+    return (fields ^ np.uint8(0x80)).view(np.int8)
+
+
+def unpack_ct_packed(tensors: CtPackedTensors, params: CtPackParams, *, layer: str | None = None) -> CtCodes:
+    """Validate pack-quantized tensors and unpack them to signed codes."""
+    n, k, packed, scales, zp, g = _validated(tensors, params, layer)
+    q = unpack_int32(packed, params.num_bits, axis=1, tensor="weight_packed", layer=layer)[:, :k]
+    return CtCodes(q=_signed(q, params), scales=scales, zero_point=zp, g_idx=g)
 
 
 def dequantize_ct_packed(
@@ -348,13 +360,23 @@ def dequantize_ct_packed(
     compute_rounding: Rounding | str = Rounding.RNE,
     zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The float32 weight [N, K]: ``(q - zp[n, g]) * s[n, g]``, g = g_idx[k] (see module docstring)."""
-    c = unpack_ct_packed(tensors, params, layer=layer)
-    z = 0 if c.zero_point is None else c.zero_point
-    return dequantize_grouped(c.q, z, c.scales, c.g_idx, order=order, scale_dtype=scale_dtype,
+    """The float32 weight [N, K]: ``(q - zp[n, g]) * s[n, g]``, g = g_idx[k] (see module docstring).
+
+    Equal to dequantizing ``unpack_ct_packed``'s codes, unpacked block by block inside the
+    dequantization. ``out``: a float32 [N, K] C-contiguous array to write into.
+    """
+    n, k, packed, scales, zp, g = _validated(tensors, params, layer)
+
+    def rows(r0, r1):
+        fields = sequential_fields(packed[r0:r1], params.num_bits)
+        return _signed(fields if fields.shape[1] == k else np.ascontiguousarray(fields[:, :k]), params)
+
+    z = 0 if zp is None else zp
+    return dequantize_grouped(CodeRows((n, k), rows), z, scales, g, order=order, scale_dtype=scale_dtype,
                               compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=0, code_range=(params.qmin, params.qmax))
+                              midpoint=0, code_range=(params.qmin, params.qmax), out=out)
 
 
 # --- int-quantized (W8A8 int8 weights) -------------------------------------------------

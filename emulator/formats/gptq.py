@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import FormatError, UnsupportedFormatError, require
 from ..numerics.rounding import Rounding, quantize_to_int
 from .int_common import (
+    CodeRows,
     ComputeDtype,
     DequantOrder,
     ZeroConvention,
@@ -60,7 +61,7 @@ from .int_common import (
     round_scale,
     rtn_codes,
 )
-from .packing import pack_int32, unpack_int32, unpack_int32_transposed
+from .packing import pack_int32, transposed_field_rows, unpack_int32, unpack_int32_transposed
 
 __all__ = [
     "GptqParams",
@@ -368,6 +369,22 @@ def _read_zeros(qzeros: np.ndarray, params: GptqParams, read: GptqZeroRead, n_gr
     return fields + 1
 
 
+def _validated(tensors: GptqTensors, params: GptqParams, shape, read: GptqZeroRead, layer: str | None):
+    """Check every tensor; returns (n, k, qweight, zeros [G, N], scales [G, N], g_idx)."""
+    n, k = shape if shape is not None else gptq_shape(tensors, params, layer=layer)
+    group = _check_nk(n, k, params, layer)
+    n_groups = k // group
+    f = params.pack_factor
+    qweight = check_dtype(tensors.qweight, ("int32",), tensor="qweight", layer=layer)
+    check_shape(qweight, (k // f, n), f"[K/{f}, N]", tensor="qweight", layer=layer)
+    qzeros = check_dtype(tensors.qzeros, ("int32",), tensor="qzeros", layer=layer)
+    check_shape(qzeros, (n_groups, n // f), f"[K/G, N/{f}]", tensor="qzeros", layer=layer)
+    scales = _check_gptq_scales(tensors.scales, n_groups, n, layer)
+    g = _resolve_g_idx(tensors.g_idx, k, group, params, layer)
+    zeros = _read_zeros(qzeros, params, read, n_groups, n, layer)
+    return n, k, qweight, zeros, scales, g
+
+
 def unpack_gptq(
     tensors: GptqTensors,
     params: GptqParams,
@@ -381,19 +398,8 @@ def unpack_gptq(
     ``shape`` is the logical (N, K); by default N comes from scales and K from
     g_idx (or qweight when g_idx is None).
     """
-    read = GptqZeroRead(zero_read)
-    n, k = shape if shape is not None else gptq_shape(tensors, params, layer=layer)
-    group = _check_nk(n, k, params, layer)
-    n_groups = k // group
-    f = params.pack_factor
-    qweight = check_dtype(tensors.qweight, ("int32",), tensor="qweight", layer=layer)
-    check_shape(qweight, (k // f, n), f"[K/{f}, N]", tensor="qweight", layer=layer)
-    qzeros = check_dtype(tensors.qzeros, ("int32",), tensor="qzeros", layer=layer)
-    check_shape(qzeros, (n_groups, n // f), f"[K/G, N/{f}]", tensor="qzeros", layer=layer)
-    scales = _check_gptq_scales(tensors.scales, n_groups, n, layer)
-    g = _resolve_g_idx(tensors.g_idx, k, group, params, layer)
+    _, _, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
     q = unpack_int32_transposed(qweight, params.bits, axis=0, tensor="qweight", layer=layer)
-    zeros = _read_zeros(qzeros, params, read, n_groups, n, layer)
     return GptqCodes(q=q, zeros=zeros, scales=scales, g_idx=g)
 
 
@@ -409,9 +415,16 @@ def dequantize_gptq(
     compute_rounding: Rounding | str = Rounding.RNE,
     zero_dtype: ComputeDtype | str | None = None,
     layer: str | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The float32 weight [N, K]: ``(q - z[g_idx[k]]) * s[g_idx[k]]`` (see module docstring)."""
-    c = unpack_gptq(tensors, params, shape=shape, zero_read=zero_read, layer=layer)
-    return dequantize_grouped(c.q, c.zeros.T, np.asarray(c.scales).T, c.g_idx, order=order, scale_dtype=scale_dtype,
-                              compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=params.sym_zero, code_range=(0, params.maxq))
+    """The float32 weight [N, K]: ``(q - z[g_idx[k]]) * s[g_idx[k]]`` (see module docstring).
+
+    Equal to dequantizing ``unpack_gptq``'s codes; the codes are unpacked block by block
+    inside the dequantization (``int_common.CodeRows``). ``out``: a float32 [N, K]
+    C-contiguous array to write into instead of a new one.
+    """
+    n, k, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
+    rows, _, align = transposed_field_rows(qweight, params.bits, axis=0, tensor="qweight", layer=layer)
+    return dequantize_grouped(CodeRows((n, k), rows, align), zeros.T, np.asarray(scales).T, g, order=order,
+                              scale_dtype=scale_dtype, compute_dtype=compute_dtype, compute_rounding=compute_rounding,
+                              zero_dtype=zero_dtype, midpoint=params.sym_zero, code_range=(0, params.maxq), out=out)

@@ -92,6 +92,9 @@ __all__ = [
     "default_g_idx",
     "check_g_idx",
     "dequantize_affine",
+    "dequantize_grouped",
+    "CodeRows",
+    "check_out",
     "round_scale",
     "float_array",
     "rtn_codes",
@@ -337,33 +340,160 @@ def dequantize_affine(
     return res.astype(np.float32)
 
 
-def dequantize_grouped(q, zeros, scales, g_idx, **kw) -> np.ndarray:
+class CodeRows:
+    """Integer codes of an [N, K] weight, delivered in row blocks: ``rows(r0, r1)`` -> [r1 - r0, K].
+
+    Lets ``dequantize_grouped`` unpack each block inside its cache-sized block instead of
+    materialising all codes first (speed only: the codes are the same). ``align``: every
+    block but the last starts at a multiple of it (AWQ unpacks 8 rows per word).
+    """
+
+    __slots__ = ("shape", "rows", "align")
+
+    def __init__(self, shape: tuple, rows, align: int = 1):
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.rows = rows
+        self.align = int(align)
+
+    @classmethod
+    def of(cls, q) -> "CodeRows":
+        """The row source of an array of codes that is already in memory."""
+        q = np.asarray(q)
+        return cls(q.shape, lambda r0, r1: q[r0:r1])
+
+
+def check_out(out, shape: tuple, *, what: str = "out") -> np.ndarray:
+    """A caller's output buffer: float32, C-contiguous, writeable, of ``shape`` (else ValueError)."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"{what}: expected a numpy.ndarray, got {type(out).__name__}")
+    problems = []
+    if out.dtype != np.float32:
+        problems.append(f"dtype {out.dtype.name} (expected float32)")
+    if tuple(out.shape) != tuple(shape):
+        problems.append(f"shape {list(out.shape)} (expected {list(shape)})")
+    if not out.flags.c_contiguous:
+        problems.append("not C-contiguous")
+    if not out.flags.writeable:
+        problems.append("read-only")
+    if problems:
+        raise ValueError(f"{what}: " + ", ".join(problems))
+    return out
+
+
+def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None, **kw) -> np.ndarray:
     """``dequantize_affine`` for q [N, K] with per-group zeros/scales [N, G] (zeros may be 0).
 
-    Group g of column k is ``g_idx[k]``; the default grouping (k // (K / G)) is applied by
-    broadcasting [N, G, 1] against q viewed as [N, G, K / G] instead of materialising two
-    [N, K] gathers. Same values either way: the rule is elementwise.
+    Group g of column k is ``g_idx[k]``. ``q`` is an integer array or a ``CodeRows``; the
+    weight is formed in cache-sized row blocks on all cores (emulator/parallel.py), each
+    block unpacking its own codes. The default grouping (k // (K / G)) broadcasts [N, G, 1]
+    against the block viewed as [N, G, K / G]; any other ``g_idx`` gathers the block's
+    scales and zeros. Same values either way: the rule is elementwise. ``out`` (float32
+    [N, K], C-contiguous) receives the result instead of a new array.
     """
-    q = np.asarray(q)
+    src = q if isinstance(q, CodeRows) else CodeRows.of(q)
     s = np.asarray(scales)
-    n, k = q.shape
+    n, k = src.shape
     n_groups = s.shape[1]
-    if g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups)):
-        gs = k // n_groups
-        q3 = q.reshape(n, n_groups, gs)
-        z3 = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, :, None]
-        s3 = s[:, :, None]
-        out = np.empty((n, n_groups, gs), dtype=np.float32)
+    out = np.empty((n, k), dtype=np.float32) if out is None else check_out(out, (n, k))
+    scalar_zero = np.isscalar(zeros)
+    za = zeros if scalar_zero else np.asarray(zeros)
+    default = g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups))
+    gs = k // n_groups
+    g = None if default else np.asarray(g_idx)
+    # the common case's operands are prepared once for the whole layer, not per block
+    plan = _FastPlan.make(za, s, kw)
 
-        def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
-            zr = z3 if np.isscalar(z3) else z3[r0:r1]
-            dequantize_affine(q3[r0:r1], zr, s3[r0:r1], out=out[r0:r1], **kw)
+    def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
+        qb = src.rows(r0, r1)
+        if plan is not None:
+            plan.block(qb, r0, r1, out[r0:r1], gs, g)
+        elif default:
+            zb = za if scalar_zero else za[r0:r1, :, None]
+            dequantize_affine(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
+                              out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
+        else:
+            zb = za if scalar_zero else za[r0:r1][:, g]
+            dequantize_affine(qb, zb, s[r0:r1][:, g], out=out[r0:r1], **kw)
 
-        for_row_chunks(n, n * k, rows)
-        return out.reshape(n, k)
-    g = np.asarray(g_idx)
-    zz = zeros if np.isscalar(zeros) else np.asarray(zeros)[:, g]
-    return dequantize_affine(q, zz, s[:, g], **kw)
+    for_row_chunks(n, n * k, rows, row_bytes=4 * k, align=src.align)
+    return out
+
+
+class _FastPlan:
+    """Operands of ``_dequantize_sub_then_mul_f32`` for a whole [N, G] grouping, computed once.
+
+    ``s32`` [N, G] float32 are the scales after the load-time and compute-dtype conversions;
+    ``z8`` [N, G] int8 (or None: the zero is 0) are the zeros when every q - z provably fits
+    int8. ``block`` then forms one row block with three array passes: q - z in int8, the
+    cast to float32 and the multiply (the rounding to a 16-bit compute dtype, if any, last).
+    """
+
+    __slots__ = ("s32", "z8", "compute")
+
+    def __init__(self, s32, z8, compute):
+        self.s32, self.z8, self.compute = s32, z8, compute
+
+    @classmethod
+    def make(cls, za, s, kw: dict):
+        order = DequantOrder(kw.get("order", DequantOrder.SUB_THEN_MUL))
+        mode = Rounding.parse(kw.get("compute_rounding", Rounding.RNE))
+        if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE or kw.get("code_range") is None:
+            return None
+        s32 = _fast_scales(s, kw.get("scale_dtype"), ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
+        if s32 is None:
+            return None
+        za = np.asarray(za)
+        if za.dtype.kind not in "iu":
+            return None
+        if za.ndim == 0 and za == 0:
+            z8 = None
+        else:
+            lo, hi = kw["code_range"]
+            zlo, zhi = (int(za.min()), int(za.max())) if za.size else (0, 0)
+            if not (-128 <= lo and hi <= 127 and -128 <= zlo and zhi <= 127 and -128 <= lo - zhi and hi - zlo <= 127):
+                return None
+            z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
+        return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
+
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g) -> None:
+        """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``."""
+        if qb.dtype not in (np.uint8, np.int8):
+            qb = qb.astype(np.int16)
+        r = r1 - r0
+        s = self.s32[r0:r1]
+        z = None if self.z8 is None else self.z8[r0:r1]
+        if g is None:
+            q3, o3 = qb.reshape(r, -1, gs), out.reshape(r, -1, gs)
+            s, z = s[:, :, None], None if z is None else z[:, :, None]
+        else:
+            q3, o3 = qb, out
+            s, z = s[:, g], None if z is None else z[:, g]
+        if z is None:
+            o3[...] = q3
+        elif qb.dtype == np.int16:
+            o3[...] = q3 - z
+        else:
+            o3[...] = np.subtract(q3.view(np.int8), z)  # exact: the plan checked the range
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(o3, s, out=o3)
+        if self.compute is not ComputeDtype.FLOAT32:
+            from ..numerics.floats import round_float32_array
+
+            out[...] = round_float32_array(out, self.compute.value)
+
+
+def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
+    """Scales as float32 after the scale_dtype and compute-dtype RNE conversions, or None when the
+    stored dtype is not fp16/bf16/fp32 (then the float64 rule applies)."""
+    sa = np.asarray(s)
+    if sa.dtype.name not in ("float16", "bfloat16", "float32"):
+        return None
+    from ..numerics.floats import round_float32_array
+
+    s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
+    if scale_dtype is not None:
+        s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
+    return round_float32_array(s32, compute.value)
 
 
 def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding, out=None,
@@ -378,20 +508,17 @@ def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDt
     """
     if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE:
         return None
-    sa = np.asarray(s)
-    if sa.dtype.name not in ("float16", "bfloat16", "float32"):
+    s32 = _fast_scales(s, scale_dtype, compute)
+    if s32 is None:
         return None
     from ..numerics.floats import round_float32_array
 
-    s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
-    if scale_dtype is not None:
-        s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
-    s32 = round_float32_array(s32, compute.value)
     qa, za = np.asarray(q), np.asarray(z)
     if out is None:
         out = np.empty(np.broadcast_shapes(qa.shape, za.shape, s32.shape), dtype=np.float32)
-    d8 = _difference_int8(qa, za, code_range)
-    if d8 is not None:
+    if za.ndim == 0 and za == 0 and qa.dtype.kind in "iu" and qa.dtype.itemsize <= 2:
+        out[...] = qa  # q - 0: the codes themselves (exact in float32)
+    elif (d8 := _difference_int8(qa, za, code_range)) is not None:
         out[...] = d8  # q - z, exact in int8 and in float32
     else:
         # integers below 2**24 are exact in float32, so q - z computed in float32 is exact

@@ -33,6 +33,7 @@ from ..numerics.e2m1 import E2M1NanRule, E2M1ZeroSign, decode_e2m1, encode_e2m1,
 from ..numerics.e8m0 import E8M0_NAN, MxScaleRule, NanBlockRule, ZeroBlockRule, decode_e8m0, mx_scale_byte
 from ..numerics.rounding import Rounding, as_float64
 from ..parallel import for_row_chunks
+from .int_common import check_out
 
 __all__ = [
     "BLOCK",
@@ -209,46 +210,63 @@ _PAIRS_U64 = _PAIRS.view(np.uint64).reshape(256)  # both values of a byte as one
 _E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
 
 
-def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
+def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """Fast float32 dequantization straight from packed bytes: one table lookup and one multiply.
 
     Equal to ``dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``: the
     product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in fp32
     unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives) — and the
-    float32 multiply rounds exactly like the canonical single rounding.
+    float32 multiply rounds exactly like the canonical single rounding. The lookup keeps
+    -0.0 (code 8) and the multiply NaN (scale byte 0xFF). ``out``: a float32 C-contiguous
+    array of the result's shape to write into instead of a new one.
     """
     p = np.asarray(packed)
     sb = np.asarray(scale_bytes)
     lead = p.shape[:-1]
     p2 = p.reshape(-1, p.shape[-1])
     sb2 = sb.reshape(-1, sb.shape[-1])
-    out = np.empty((p2.shape[0], p2.shape[1] * 2), dtype=np.float32)
+    shape2 = (p2.shape[0], p2.shape[1] * 2)
+    if out is None:
+        out2 = np.empty(shape2, dtype=np.float32)
+    else:
+        out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
 
-    def rows(r0, r1):  # row blocks on all cores (emulator/parallel.py); elementwise, so identical
-        v = out[r0:r1]
-        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64))
+    def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
+        v = out2[r0:r1]
+        # mode="wrap" never wraps (a uint8 indexes a 256-entry table); it only skips the
+        # per-element bounds check of the default mode, which costs ten times the gather
+        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64), mode="wrap")
         with np.errstate(over="ignore", invalid="ignore"):
-            v.reshape(r1 - r0, -1, BLOCK)[...] *= _E8M0_F32[sb2[r0:r1]][..., None]
+            v3 = v.reshape(r1 - r0, -1, BLOCK)
+            np.multiply(v3, _E8M0_F32[sb2[r0:r1]][..., None], out=v3)
 
-    for_row_chunks(p2.shape[0], out.size, rows)
-    return out.reshape(lead + (p.shape[-1] * 2,))
+    for_row_chunks(p2.shape[0], out2.size, rows, row_bytes=4 * shape2[1])
+    return out2.reshape(lead + (p.shape[-1] * 2,)) if out is None else out
 
 
-def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.float32) -> np.ndarray:
-    """compressed-tensors MXFP4 weight -> [N, K] (NaN where a scale byte is 0xFF)."""
+def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.float32,
+                        out: np.ndarray | None = None) -> np.ndarray:
+    """compressed-tensors MXFP4 weight -> [N, K] (NaN where a scale byte is 0xFF).
+
+    ``out`` (float32 only): a float32 [N, K] C-contiguous array to write into.
+    """
     if dtype in (np.float32, "float32"):
         unpack_mxfp4_ct(tensors, layer=layer, validate_only=True)
-        return dequantize_mxfp4_packed(tensors["weight_packed"], tensors["weight_scale"])
+        return dequantize_mxfp4_packed(tensors["weight_packed"], tensors["weight_scale"], out=out)
+    if out is not None:
+        raise ValueError("out: only float32 results can be written into a caller's array")
     codes, scale = unpack_mxfp4_ct(tensors, layer=layer)
     return dequantize_mxfp4(codes, scale, dtype=dtype, what=f"{layer or ''}.weight_packed".lstrip("."))
 
 
 def dequantize_mxfp4_gptoss(blocks, scales, *, layer: str | None = None, dtype=np.float32,
-                            names: tuple[str, str] = ("blocks", "scales")) -> np.ndarray:
-    """gpt-oss MXFP4 blocks/scales -> [..., N, K]."""
+                            names: tuple[str, str] = ("blocks", "scales"), out: np.ndarray | None = None) -> np.ndarray:
+    """gpt-oss MXFP4 blocks/scales -> [..., N, K]. ``out``: as for ``dequantize_mxfp4_ct``."""
     if dtype in (np.float32, "float32"):
         unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)  # validates
         b = np.asarray(blocks)
-        return dequantize_mxfp4_packed(b.reshape(b.shape[:-2] + (b.shape[-2] * 16,)), scales)
+        return dequantize_mxfp4_packed(b.reshape(b.shape[:-2] + (b.shape[-2] * 16,)), scales, out=out)
+    if out is not None:
+        raise ValueError("out: only float32 results can be written into a caller's array")
     codes, s = unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)
     return dequantize_mxfp4(codes, s, dtype=dtype)

@@ -22,13 +22,16 @@ int32 negative. Packing is pure integer bit manipulation.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ..parallel import for_row_chunks
 from ..errors import FormatError, require
 from .int_common import check_integer_range, shape_str
 
-__all__ = ["SUPPORTED_BITS", "fields_per_word", "inverse_order", "pack_int32", "unpack_int32"]
+__all__ = ["SUPPORTED_BITS", "fields_per_word", "inverse_order", "pack_int32", "sequential_fields", "transposed_field_rows", "unpack_int32",
+           "unpack_int32_transposed"]
 
 SUPPORTED_BITS = (2, 4, 8)
 
@@ -123,6 +126,20 @@ def unpack_int32(packed, bits: int, axis: int = 0, *, order=None, tensor: str = 
     return np.moveaxis(out, -1, axis)
 
 
+def sequential_fields(words: np.ndarray, bits: int) -> np.ndarray:
+    """The LSB-first ``bits``-wide fields of int32/uint32 words along the last axis, as uint8
+    [..., n * 32 / bits] (``unpack_int32(words, bits, axis=-1)`` without its checks; for blocks)."""
+    w = np.asarray(words).view(np.uint32)
+    fast = _fields_in_order(w, bits)
+    if fast is not None:
+        return fast
+    per_word = fields_per_word(bits)
+    out = np.empty(w.shape + (per_word,), dtype=np.uint8)
+    for slot in range(per_word):
+        out[..., slot] = (w >> np.uint32(bits * slot)) & np.uint32((1 << bits) - 1)
+    return out.reshape(w.shape[:-1] + (w.shape[-1] * per_word,))
+
+
 def _fields_in_order(w: np.ndarray, bits: int) -> np.ndarray | None:
     """Sequential (LSB-first) fields of contiguous uint32 words as uint8 [..., n * 32 / bits], fast.
 
@@ -130,17 +147,15 @@ def _fields_in_order(w: np.ndarray, bits: int) -> np.ndarray | None:
     nibbles into the 8 bytes of a uint64 by three shift-or-mask steps (halves, bytes, nibbles),
     so byte i holds nibble i. Returns None where these do not apply (other widths, big-endian).
     """
-    import sys
-
     if sys.byteorder != "little" or bits not in (4, 8):
         return None
-    w = np.ascontiguousarray(w, dtype=np.uint32)
     if bits == 8:
+        w = np.ascontiguousarray(w, dtype=np.uint32)
         return w.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 4,))
-    x = w.astype(np.uint64)
-    x = (x | (x << np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
-    x = (x | (x << np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
-    x = (x | (x << np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    x = w.astype(np.uint64, order="C")  # one pass: transposes a transposed view while widening
+    for shift, mask in ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F0F0F0F0F)):
+        x |= x << np.uint64(shift)
+        x &= np.uint64(mask)
     return x.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 8,))
 
 
@@ -152,6 +167,25 @@ def unpack_int32_transposed(packed, bits: int, axis: int, *, order=None, tensor:
     the result is written in its final [rows, cols] order instead of being unpacked and then
     transposed byte by byte — the layout step that dominates dequantizing GPTQ and AWQ.
     """
+    rows, shape, align = transposed_field_rows(packed, bits, axis, order=order, tensor=tensor, layer=layer)
+    out = np.empty(shape, dtype=np.uint8)
+
+    def fill(r0, r1):
+        out[r0:r1] = rows(r0, r1)
+
+    for_row_chunks(shape[0], out.size, fill, row_bytes=shape[1], align=align)
+    return out
+
+
+def transposed_field_rows(packed, bits: int, axis: int, *, order=None, tensor: str = "packed",
+                          layer: str | None = None):
+    """Row blocks of ``unpack_int32(packed, bits, axis, order=order).T`` for a 2-D ``packed``.
+
+    Returns ``(rows, shape, align)``: ``rows(r0, r1)`` gives result rows [r0, r1) as
+    contiguous uint8 (``r0`` a multiple of ``align``), ``shape`` is the whole result's shape.
+    A dequantizer calls ``rows`` inside its cache-sized blocks, so the unpacked codes never
+    travel through main memory (emulator/parallel.py).
+    """
     per_word = fields_per_word(bits)
     order = _check_order(order, per_word)
     p = np.asarray(packed)
@@ -159,30 +193,45 @@ def unpack_int32_transposed(packed, bits: int, axis: int, *, order=None, tensor:
         raise FormatError(f"expected dtype int32, got {p.dtype.name}", layer=layer, tensor=tensor)
     require(p.ndim == 2, f"expected a 2-D array, got shape {list(p.shape)}", layer=layer, tensor=tensor)
     pu = p.view(np.uint32)
-    n_a, n_b = pu.shape  # the result has n_b rows: each row block transposes only its own words
+    n_a, n_b = pu.shape
     mask = np.uint32((1 << bits) - 1)
-    if axis % 2 == 0:  # packed along rows: result [B, A * per_word], fields interleaved along the last axis
-        out = np.empty((n_b, n_a, per_word), dtype=np.uint8)
-
-        sequential = tuple(order) == tuple(range(per_word))
+    sequential = order == tuple(range(per_word))
+    if axis % 2 == 0:  # packed along rows (GPTQ qweight [K/F, N]): result [N, K], fields along the last axis
 
         def rows(r0, r1):
-            w = np.ascontiguousarray(pu[:, r0:r1].T)
+            # copy the block's columns first (rows of contiguous words), then transpose in cache
+            w = np.ascontiguousarray(pu[:, r0:r1]).T
             fast = _fields_in_order(w, bits) if sequential else None
             if fast is not None:
-                out[r0:r1] = fast.reshape(r1 - r0, n_a, per_word)
-                return
+                return fast
+            out = np.empty((r1 - r0, n_a, per_word), dtype=np.uint8)
             for slot, element in enumerate(order):
-                out[r0:r1, :, element] = (w >> np.uint32(bits * slot)) & mask
+                out[:, :, element] = (w >> np.uint32(bits * slot)) & mask
+            return out.reshape(r1 - r0, n_a * per_word)
 
-        for_row_chunks(n_b, out.size, rows)
-        return out.reshape(n_b, n_a * per_word)
-    out = np.empty((n_b, per_word, n_a), dtype=np.uint8)  # [B, per_word, A]
+        return rows, (n_b, n_a * per_word), 1
+
+    # packed along columns (AWQ qweight [K, N/F]): result row F*j + e holds field order^-1[e] of word column j
 
     def rows(r0, r1):
-        w = np.ascontiguousarray(pu[:, r0:r1].T)
-        for slot, element in enumerate(order):
-            out[r0:r1, element, :] = (w >> np.uint32(bits * slot)) & mask
+        j0, j1 = r0 // per_word, -(-r1 // per_word)
+        blk = np.ascontiguousarray(pu[:, j0:j1])  # [A, J]
+        out = np.empty((j1 - j0, per_word, n_a), dtype=np.uint8)
+        if bits in (4, 8) and sys.byteorder == "little":
+            # the words' bytes, transposed to [J, 4, A] so every field row below is contiguous
+            by = np.ascontiguousarray(blk.view(np.uint8).reshape(n_a, j1 - j0, 4).transpose(1, 2, 0))
+            for slot, element in enumerate(order):
+                if bits == 8:
+                    out[:, element, :] = by[:, slot, :]
+                elif slot % 2 == 0:
+                    np.bitwise_and(by[:, slot // 2, :], np.uint8(0x0F), out=out[:, element, :])
+                else:
+                    np.right_shift(by[:, slot // 2, :], np.uint8(4), out=out[:, element, :])
+        else:
+            w = blk.T
+            for slot, element in enumerate(order):
+                out[:, element, :] = (w >> np.uint32(bits * slot)) & mask
+        out = out.reshape((j1 - j0) * per_word, n_a)
+        return out[r0 - j0 * per_word: r1 - j0 * per_word]
 
-    for_row_chunks(n_b, out.size, rows)
-    return out.reshape(n_b * per_word, n_a)
+    return rows, (n_b * per_word, n_a), per_word
