@@ -225,7 +225,7 @@ def dequantize_awq(
     n, k, qweight, zeros, scales = _validated(tensors, params, shape, layer)
     rows, _, align = transposed_field_rows(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight",
                                            layer=layer)
-    return dequantize_grouped(CodeRows((n, k), rows, align), zeros.T, np.asarray(scales).T, None, order=order,
+    return dequantize_grouped(CodeRows((n, k), rows, align, scratch=True), zeros.T, np.asarray(scales).T, None, order=order,
                               scale_dtype=scale_dtype, compute_dtype=compute_dtype, compute_rounding=compute_rounding,
                               zero_dtype=zero_dtype, midpoint=1 << (params.bits - 1), code_range=(0, params.maxq),
                               out=out)

@@ -425,6 +425,6 @@ def dequantize_gptq(
     """
     n, k, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
     rows, _, align = transposed_field_rows(qweight, params.bits, axis=0, tensor="qweight", layer=layer)
-    return dequantize_grouped(CodeRows((n, k), rows, align), zeros.T, np.asarray(scales).T, g, order=order,
+    return dequantize_grouped(CodeRows((n, k), rows, align, scratch=True), zeros.T, np.asarray(scales).T, g, order=order,
                               scale_dtype=scale_dtype, compute_dtype=compute_dtype, compute_rounding=compute_rounding,
                               zero_dtype=zero_dtype, midpoint=params.sym_zero, code_range=(0, params.maxq), out=out)

@@ -348,12 +348,13 @@ class CodeRows:
     block but the last starts at a multiple of it (AWQ unpacks 8 rows per word).
     """
 
-    __slots__ = ("shape", "rows", "align")
+    __slots__ = ("shape", "rows", "align", "scratch")
 
-    def __init__(self, shape: tuple, rows, align: int = 1):
+    def __init__(self, shape: tuple, rows, align: int = 1, scratch: bool = False):
         self.shape = (int(shape[0]), int(shape[1]))
         self.rows = rows
         self.align = int(align)
+        self.scratch = scratch  # each block is a new array the consumer may overwrite
 
     @classmethod
     def of(cls, q) -> "CodeRows":
@@ -406,7 +407,7 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
     def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
         qb = src.rows(r0, r1)
         if plan is not None:
-            plan.block(qb, r0, r1, out[r0:r1], gs, g)
+            plan.block(qb, r0, r1, out[r0:r1], gs, g, scratch=src.scratch)
         elif default:
             zb = za if scalar_zero else za[r0:r1, :, None]
             dequantize_affine(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
@@ -455,10 +456,12 @@ class _FastPlan:
             z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
         return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
 
-    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g) -> None:
-        """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``."""
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+        """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``.
+
+        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place)."""
         if qb.dtype not in (np.uint8, np.int8):
-            qb = qb.astype(np.int16)
+            qb, scratch = qb.astype(np.int16), True
         r = r1 - r0
         s = self.s32[r0:r1]
         z = None if self.z8 is None else self.z8[r0:r1]
@@ -470,10 +473,10 @@ class _FastPlan:
             s, z = s[:, g], None if z is None else z[:, g]
         if z is None:
             o3[...] = q3
-        elif qb.dtype == np.int16:
-            o3[...] = q3 - z
         else:
-            o3[...] = np.subtract(q3.view(np.int8), z)  # exact: the plan checked the range
+            q3 = q3 if qb.dtype == np.int16 else q3.view(np.int8)
+            # exact: the plan checked that every q - z fits int8
+            o3[...] = np.subtract(q3, z, out=q3 if scratch else None)
         with np.errstate(over="ignore", invalid="ignore"):
             np.multiply(o3, s, out=o3)
         if self.compute is not ComputeDtype.FLOAT32:

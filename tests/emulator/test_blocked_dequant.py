@@ -37,14 +37,19 @@ def _oracle(q, z, s) -> np.ndarray:
     return ((q - z).astype(np.float64) * s.astype(np.float64)).astype(np.float32)
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False  # checkpoint tensors are inputs: a dequantizer writing into them raises
+    return a
+
+
 def _random_words(rng, shape) -> np.ndarray:
-    return rng.integers(-(2 ** 31), 2 ** 31, shape, dtype=np.int64).astype(np.int32)
+    return _read_only(rng.integers(-(2 ** 31), 2 ** 31, shape, dtype=np.int64).astype(np.int32))
 
 
 def _random_scales(rng, shape, dtype) -> np.ndarray:
     s = rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 8, shape)
     s[rng.random(shape) < 0.1] = 0.0  # zero scales: +-0 results
-    return s.astype(dtype)
+    return _read_only(s.astype(dtype))
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -53,12 +58,12 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), bits=st.sampled_from([4, 8]), n8=st.integers(1, 5),
-       groups=st.integers(1, 4), act_order=st.booleans(), v2=st.booleans(), sym=st.booleans(),
-       scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16]))
-def test_gptq_blocked_equals_element_reading(seed, bits, n8, groups, act_order, v2, sym, scale_dtype):
+       groups=st.integers(1, 4), words_per_group=st.integers(1, 2), act_order=st.booleans(), v2=st.booleans(),
+       sym=st.booleans(), scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16]))
+def test_gptq_blocked_equals_element_reading(seed, bits, n8, groups, words_per_group, act_order, v2, sym, scale_dtype):
     rng = np.random.default_rng(seed)
     f = 32 // bits
-    n, group = 8 * n8, f * 2
+    n, group = 8 * n8, f * words_per_group
     k = group * groups
     qweight = _random_words(rng, (k // f, n))
     qzeros = _random_words(rng, (groups, n // f))
