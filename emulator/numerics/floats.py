@@ -286,9 +286,11 @@ def round_float64_array(y64: np.ndarray, dtype: str) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         over = fin & (np.abs(f.astype(np.float64)) > np.abs(y))  # RNE went away from zero: step back
     bits = f.view(np.uint32).copy()
-    bits[over] -= np.uint32(1)  # |f| > 0 there, so the magnitude decrement stays in range (Inf -> max)
+    # |f| > 0 where over, so the magnitude decrement stays in range (Inf -> max); masks as 0/1
+    # integers (a boolean-indexed update costs ~10x an elementwise pass)
+    bits -= over.view(np.uint8)
     t = bits.view(np.float32)
     with np.errstate(invalid="ignore"):
         inexact = fin & (t.astype(np.float64) != y)
-    bits[inexact] |= np.uint32(1)
+    bits |= inexact.view(np.uint8)
     return round_float32_array(bits.view(np.float32), dtype)
