@@ -143,19 +143,20 @@ def sequential_fields(words: np.ndarray, bits: int) -> np.ndarray:
 def _fields_in_order(w: np.ndarray, bits: int) -> np.ndarray | None:
     """Sequential (LSB-first) fields of uint32 words as a new uint8 array [..., n * 32 / bits], fast.
 
-    8-bit fields are the words' bytes (little-endian). 4-bit fields: spread each word's 8
-    nibbles into the 8 bytes of a uint64 by three shift-or-mask steps (halves, bytes, nibbles),
-    so byte i holds nibble i. Returns None where these do not apply (other widths, big-endian).
+    8-bit fields are the words' bytes (little-endian). 4-bit fields: each byte holds two
+    nibbles, low one first; widened to a uint16 0x00hl, ``(x | x << 4) & 0x0F0F`` is 0x0h0l,
+    whose two bytes (little-endian) are the nibbles in order. Returns None where these do not
+    apply (other widths, big-endian).
     """
     if sys.byteorder != "little" or bits not in (4, 8):
         return None
     if bits == 8:
         w = w.astype(np.uint32, order="C")  # always a new array: callers may overwrite the fields
         return w.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 4,))
-    x = w.astype(np.uint64, order="C")  # one pass: transposes a transposed view while widening
-    for shift, mask in ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F0F0F0F0F)):
-        x |= x << np.uint64(shift)
-        x &= np.uint64(mask)
+    w = np.ascontiguousarray(w, dtype=np.uint32)  # transposes a transposed view; the widening below copies
+    x = w.view(np.uint8).astype(np.uint16)
+    np.bitwise_or(x, np.left_shift(x, np.uint16(4)), out=x)
+    np.bitwise_and(x, np.uint16(0x0F0F), out=x)
     return x.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 8,))
 
 
