@@ -444,16 +444,12 @@ class _FastPlan:
         if s32 is None:
             return None
         za = np.asarray(za)
-        if za.dtype.kind not in "iu":
-            return None
-        if za.ndim == 0 and za == 0:
+        if za.ndim == 0 and za.dtype.kind in "iu" and za == 0:
             z8 = None
-        else:
-            lo, hi = kw["code_range"]
-            zlo, zhi = (int(za.min()), int(za.max())) if za.size else (0, 0)
-            if not (-128 <= lo and hi <= 127 and -128 <= zlo and zhi <= 127 and -128 <= lo - zhi and hi - zlo <= 127):
-                return None
+        elif _difference_fits_int8(za, kw["code_range"]):
             z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
+        else:
+            return None
         return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
 
     def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
@@ -536,16 +532,19 @@ def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDt
     return out
 
 
-def _difference_int8(qa: np.ndarray, za: np.ndarray, code_range) -> np.ndarray | None:
-    """q - z as int8 (one byte per element: a quarter of the float32 traffic) when the codes'
-    declared range and the zeros' actual range guarantee every operand and difference fits."""
-    if code_range is None or qa.dtype not in (np.uint8, np.int8) or za.dtype.kind not in "iu":
-        return None
+def _difference_fits_int8(za: np.ndarray, code_range) -> bool:
+    """Whether the codes' declared range and the zeros' actual range guarantee that every
+    operand and every difference q - z fits int8."""
+    if code_range is None or za.dtype.kind not in "iu":
+        return False
     lo, hi = code_range
-    if not (-128 <= lo and hi <= 127):
-        return None
     zlo, zhi = (int(za.min()), int(za.max())) if za.size else (0, 0)
-    if not (-128 <= zlo and zhi <= 127 and -128 <= lo - zhi and hi - zlo <= 127):
+    return (-128 <= lo and hi <= 127 and -128 <= zlo and zhi <= 127 and -128 <= lo - zhi and hi - zlo <= 127)
+
+
+def _difference_int8(qa: np.ndarray, za: np.ndarray, code_range) -> np.ndarray | None:
+    """q - z as int8 (one byte per element: a quarter of the float32 traffic) when it fits."""
+    if qa.dtype not in (np.uint8, np.int8) or not _difference_fits_int8(za, code_range):
         return None
     return np.subtract(qa.view(np.int8), za.astype(np.int8))
 

@@ -131,13 +131,7 @@ def sequential_fields(words: np.ndarray, bits: int) -> np.ndarray:
     [..., n * 32 / bits] (``unpack_int32(words, bits, axis=-1)`` without its checks; for blocks)."""
     w = np.asarray(words).view(np.uint32)
     fast = _fields_in_order(w, bits)
-    if fast is not None:
-        return fast
-    per_word = fields_per_word(bits)
-    out = np.empty(w.shape + (per_word,), dtype=np.uint8)
-    for slot in range(per_word):
-        out[..., slot] = (w >> np.uint32(bits * slot)) & np.uint32((1 << bits) - 1)
-    return out.reshape(w.shape[:-1] + (w.shape[-1] * per_word,))
+    return fast if fast is not None else unpack_int32(w.view(np.int32), bits, axis=-1)
 
 
 def _fields_in_order(w: np.ndarray, bits: int) -> np.ndarray | None:
