@@ -1,7 +1,7 @@
 """``qconform selftest``: prove the suite catches kernel bugs (mutation testing).
 
 Semantics: docs/selftest.md. The suite's cases (the ``ci`` profile by default) run
-against *mutant backends* (backends/mutants.py): the emulator with one planted bug
+against *mutant backends* (conformance/doubles/mutants.py): the emulator with one planted bug
 each, modelled on bugs real kernels have had, each declaring the arithmetic a correct
 kernel would. A mutant is *killed* by a tier at the first case of that tier whose
 verdict is ``fail``, ``crash`` or ``timeout``; the tier then stops for that mutant
@@ -21,7 +21,7 @@ proves the kills come from the bugs.
 Mutants run in this process (``-j N``: N worker processes, one mutant at a time
 each), created directly; ``--isolate`` runs each through ``python -m
 conformance.worker --backend mutant:bug=NAME`` with
-``QCONFORM_EXTRA_BACKENDS=mutant=backends.mutants:MutantBackend``, as ``qconform
+``QCONFORM_EXTRA_BACKENDS=mutant=conformance.doubles.mutants:MutantBackend``, as ``qconform
 run`` runs a backend. Neither puts a mutant in the default registry.
 """
 
@@ -50,7 +50,7 @@ NEAR_MISS = ("pass-with-tie-flips", "quality-warning")
 
 
 def _mutants():
-    from backends import mutants
+    from conformance.doubles import mutants
 
     return mutants
 
@@ -128,10 +128,10 @@ def _judge(spec, inp, y, declared, cache) -> tuple[str, str]:
 
 
 class _InProcess:
-    """Runs a mutant created directly (``backends.mutants.MutantBackend``) in this process."""
+    """Runs a mutant created directly (``conformance.doubles.mutants.MutantBackend``) in this process."""
 
     def __init__(self, name: str, cache: _Cache):
-        from backends.mutants import MutantBackend
+        from conformance.doubles.mutants import MutantBackend
 
         self.backend = MutantBackend(bug=name)
         self.cache = cache
@@ -159,7 +159,7 @@ class _Isolated:
     def __init__(self, name: str, cache: _Cache, timeout: float):
         import tempfile
 
-        from backends.mutants import EXTRA_BACKENDS_ENTRY
+        from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY
 
         from .runner import WorkerProcess
 

@@ -13,8 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
-#: test backends of backends/faulty.py, registered for the workers through the environment
-FAULTY = "faulty-nan=backends.faulty:NanBackend,faulty-raise=backends.faulty:RaiseBackend"
+#: test backends of conformance/doubles/faulty.py, registered for the workers through the environment
+FAULTY = "faulty-nan=conformance.doubles.faulty:NanBackend,faulty-raise=conformance.doubles.faulty:RaiseBackend"
 
 WAIVERS = """
 [[waiver]]

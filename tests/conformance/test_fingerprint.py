@@ -21,7 +21,7 @@ from conformance.fingerprint import AXES, SCHEME_AXES, fingerprint
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-SEQ = "seq-acc=backends.faulty:SequentialAccumulatorBackend"
+SEQ = "seq-acc=conformance.doubles.faulty:SequentialAccumulatorBackend"
 
 # (emulator variant spec, {(scheme, axis): expected consistent values})
 COMBOS = [
@@ -132,7 +132,7 @@ def test_exact_emulator_path_shows_no_accumulation_error():
 
 
 def test_crashing_backend_costs_the_axis_not_the_fingerprint(monkeypatch):
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-segfault=backends.faulty:SegfaultBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-segfault=conformance.doubles.faulty:SegfaultBackend")
     res = fingerprint("faulty-segfault:only=w8a8", schemes=["w8a8", "w4a16"], axes=["act_rounding", "gptq_v1_zero"])
     got = _axes(res)
     assert got[("w8a8", "act_rounding")]["status"] == "crash"

@@ -9,7 +9,7 @@ import pytest
 from conformance.runner import Runner, read_results
 from conformance.suite import case_list
 
-FAULTY = ",".join(f"{n}=backends.faulty:{c}" for n, c in [
+FAULTY = ",".join(f"{n}=conformance.doubles.faulty:{c}" for n, c in [
     ("faulty-segfault", "SegfaultBackend"), ("faulty-abort", "AbortBackend"), ("faulty-hang", "HangBackend"),
     ("faulty-nan", "NanBackend"), ("faulty-zero", "ZeroBackend"), ("faulty-raise", "RaiseBackend")])
 

@@ -79,7 +79,7 @@ def test_mutants_are_not_in_the_default_registry(monkeypatch):
     assert "mutant" not in registered()  # qconform run's default backends come from registered()
     with pytest.raises(ValueError, match="unknown backend"):
         create("mutant:bug=int8-rhaz")
-    from backends.mutants import EXTRA_BACKENDS_ENTRY
+    from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY
 
     monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", EXTRA_BACKENDS_ENTRY)
     b = create("mutant:bug=int8-rhaz")
@@ -221,7 +221,7 @@ def test_markdown_and_table_name_every_tier():
 
 # -- the mutants' own building blocks --------------------------------------------------------------------
 def test_local_int8_quantizer_without_its_bug_is_the_emulators():
-    from backends import mutants
+    from conformance.doubles import mutants
 
     rng = np.random.default_rng(1)
     x = round_to_dtype(rng.standard_normal((6, 96)) * 2.0 ** rng.integers(-8, 4, (6, 1)), "bfloat16")
@@ -237,7 +237,7 @@ def test_local_int8_quantizer_without_its_bug_is_the_emulators():
 
 
 def test_unmasked_negative_zero_takes_the_exponent_add():
-    from backends import mutants
+    from conformance.doubles import mutants
 
     codes = np.full((1, 96), 8, np.uint8)  # E2M1 -0 everywhere
     sb = np.array([[127, 126, 0]], np.uint8)

@@ -14,7 +14,7 @@ of them: a surviving mutant is a gap in the suite.
 
 Mutants never appear in the default registry or in ``qconform run``: ``qconform
 selftest`` creates them directly or registers them for its workers with
-``QCONFORM_EXTRA_BACKENDS="mutant=backends.mutants:MutantBackend"``; the backend
+``QCONFORM_EXTRA_BACKENDS="mutant=conformance.doubles.mutants:MutantBackend"``; the backend
 spec is ``mutant:bug=<name>``. ``bug=none`` is the control: the same pipeline with no
 bug, which must pass every case (it proves that the kills come from the bugs).
 
@@ -40,13 +40,13 @@ from emulator.numerics.e2m1 import encode_e2m1
 from emulator.numerics.e8m0 import E8M0_NAN, mx_scale_byte
 from emulator.numerics.floats import round_to_dtype
 
-from .base import SCHEMES, Case, Declared, Prepared
-from .emulator import EmulatorBackend
+from backends.base import SCHEMES, Case, Declared, Prepared
+from backends.emulator import EmulatorBackend
 
 __all__ = ["Mutant", "MUTANTS", "CONTROL", "MutantBackend", "mutant_names", "EXTRA_BACKENDS_ENTRY"]
 
 #: what ``qconform selftest`` puts in QCONFORM_EXTRA_BACKENDS for its worker processes
-EXTRA_BACKENDS_ENTRY = "mutant=backends.mutants:MutantBackend"
+EXTRA_BACKENDS_ENTRY = "mutant=conformance.doubles.mutants:MutantBackend"
 
 INT_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized")
 A16 = ("w4a16", "w8a16", "w4a16-mxfp4")

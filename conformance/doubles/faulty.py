@@ -1,7 +1,7 @@
 """Deliberately faulty backends that test the suite itself (never real kernels).
 
 They are not in the registry's default list: tests (and ``qconform selftest``)
-register them with ``QCONFORM_EXTRA_BACKENDS="name=backends.faulty:Class,..."``.
+register them with ``QCONFORM_EXTRA_BACKENDS="name=conformance.doubles.faulty:Class,..."``.
 Each computes through the emulator and then misbehaves in one way real kernels
 do: killing the process with a signal, hanging, or returning NaNs.
 """
@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .emulator import EmulatorBackend
+from backends.emulator import EmulatorBackend
 
 
 class _Faulty(EmulatorBackend):
@@ -107,7 +107,7 @@ class SequentialAccumulatorBackend(EmulatorBackend):
         self.params["acc"] = acc
 
     def can_implement(self, case):
-        from .base import no, yes
+        from backends.base import no, yes
 
         return yes() if case.scheme in ("w4a16", "w8a16", "w4a16-mxfp4") else no("A16 schemes only")
 
