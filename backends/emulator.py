@@ -17,19 +17,24 @@ shows whether the suite catches the difference.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import numpy as np
 
 from emulator import __version__ as emulator_version
-from emulator.numerics.floats import round_to_dtype
+from emulator.declaration import declared_output, declared_weight
+from emulator.numerics.floats import round_float32_array, round_float64_array
+from emulator.variants import FIELD_AXES, VARIANT_AXES, VariantError, axis
 
-from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Support, no, yes
 
-#: parameters that name emulator variants (docs/formats.md) and are passed into the declaration
-VARIANT_KEYS = ("act_rounding", "reciprocal", "act_scale_dtype", "qmin", "qmax", "zero_row", "eps", "act_symmetric",
-                "uint8_zp128", "zero_read", "dequant_order", "weight_scale_dtype", "mx_scale_rule", "e2m1_rounding",
-                "e2m1_nan", "mx_zero_block", "mx_nan_block")
+#: parameters that name emulator variants: every Declared.variants key of the vocabulary (docs/variants.md)
+VARIANT_KEYS = tuple(VARIANT_AXES)
+#: Declared fields a parameter may set (``output`` follows the case)
+FIELD_KEYS = tuple(k for k in FIELD_AXES if k != "output")
+#: parameters that are not variants
+OWN_PARAMS = ("path", "declare")
 
 
 class EmulatorBackend(Backend):
@@ -39,10 +44,15 @@ class EmulatorBackend(Backend):
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = set(params) - set(VARIANT_KEYS) - {"path", "weight_dtype", "accumulate", "declare"}
+        unknown = sorted(set(params) - set(VARIANT_KEYS) - set(FIELD_KEYS) - set(OWN_PARAMS))
         if unknown:
-            raise ValueError(f"emulator: unknown parameter(s) {sorted(unknown)}; known: path, weight_dtype, accumulate, "
-                             "declare, " + ", ".join(VARIANT_KEYS))
+            raise ValueError(f"emulator: unknown parameter(s) {', '.join(unknown)}; known: "
+                             + ", ".join(OWN_PARAMS + FIELD_KEYS + VARIANT_KEYS))
+        try:  # every value checked against the vocabulary now, not at the first case
+            self._variants = {k: axis(k).parse(v) for k, v in params.items() if k in VARIANT_KEYS}
+            self._fields = {k: axis(k).parse(v) for k, v in params.items() if k in FIELD_KEYS}
+        except VariantError as e:
+            raise ValueError(f"emulator: {e}") from None
         # declare=canonical: compute the named variant but *claim* canonical semantics, i.e. a
         # kernel whose declaration is wrong; the suite must catch it (docs/conformance.md#proof).
         self.declare = params.get("declare", "self")
@@ -65,12 +75,15 @@ class EmulatorBackend(Backend):
         return yes()
 
     def schemes(self) -> list[str]:
-        from .base import SCHEMES
-
         return list(SCHEMES)
 
     def _fast(self, case: Case) -> bool:
-        return self.path == "fast" and case.scheme in ("w4a16", "w8a16", "w4a16-mxfp4")
+        """The fp32 BLAS path: A16 schemes whose named variants only change the weights (the path rounds
+        neither activations nor outputs other than canonically, and accumulates in fp32)."""
+        weights_only = all(axis(k).stage.value == "weights" for k in self._variants)
+        fields_ok = set(self._fields) <= {"weight_dtype", "accumulate"} and \
+            self._fields.get("accumulate", "float32") == "float32"
+        return self.path == "fast" and case.spec.activations == "a16" and weights_only and fields_ok
 
     def computed(self, case: Case) -> Declared:
         """What this instance actually computes (its variants), whatever it declares.
@@ -78,15 +91,15 @@ class EmulatorBackend(Backend):
         The fast path is an fp32 BLAS product of exactly dequantized weights, so it honestly
         declares fp32 accumulation; the exact path accumulates exactly.
         """
-        variants = {k: v for k, v in self.params.items() if k in VARIANT_KEYS}
-        acc = self.params.get("accumulate") or ("float32" if self._fast(case) else "exact")
-        return Declared(variants=variants, weight_dtype=self.params.get("weight_dtype", "exact"),
-                        accumulate=acc, output=case.output_dtype, notes=f"emulator path={self.path}")
+        fields = dict(self._fields)
+        fields.setdefault("accumulate", "float32" if self._fast(case) else "exact")
+        if fields.get("act_compute_dtype") == "none":
+            fields["act_compute_dtype"] = None
+        return Declared(variants=dict(self._variants), output=case.output_dtype, notes=f"emulator path={self.path}",
+                        **fields)
 
     def declared(self, case: Case) -> Declared:
         if self.declare == "canonical":
-            import dataclasses
-
             return dataclasses.replace(self.computed(case), variants={}, notes="claims canonical semantics")
         return self.computed(case)
 
@@ -99,8 +112,6 @@ class EmulatorBackend(Backend):
         return Prepared(case, {"tensors": tensors, "key": h.hexdigest()})
 
     def _weight(self, prepared: Prepared) -> np.ndarray:
-        from conformance.acceptance import declared_weight
-
         key = prepared.data["key"]
         if key not in self._cache:
             case = prepared.case
@@ -117,13 +128,9 @@ class EmulatorBackend(Backend):
     def _fast_w8a8(self, case: Case) -> bool:
         # canonical int8 activations only: any named activation variant takes the exact path
         return (self.path == "fast" and case.scheme == "w8a8" and case.weight_format == "ct-int-quantized"
-                and not any(k in self.params for k in VARIANT_KEYS))
+                and not self._variants and not self._fields)
 
     def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        from conformance.acceptance import declared_interval
-        from conformance.cases import CaseInputs
-        from emulator.numerics.floats import round_float32_array
-
         case = prepared.case
         tensors = prepared.data["tensors"]
         bias = inputs.get("bias")
@@ -135,8 +142,8 @@ class EmulatorBackend(Backend):
             return round_float32_array(y, case.output_dtype)
         if self._fast_w8a8(case):
             return self._run_w8a8(prepared, np.asarray(x, dtype=np.float32), bias)
-        inp = CaseInputs(case, 0, tensors, np.asarray(x, np.float32), bias, inputs.get("router_logits"))
-        return declared_interval(inp, self.computed(case)).y_ref.astype(np.float32)
+        return declared_output(case, tensors, np.asarray(x, np.float32), bias, inputs.get("router_logits"),
+                               self.computed(case)).astype(np.float32)
 
     def _run_w8a8(self, prepared: Prepared, x32: np.ndarray, bias) -> np.ndarray:
         """Canonical W8A8 (docs/formats/activations.md) with NumPy's IEEE fp32 ops, exact int sums in dgemm.
@@ -145,8 +152,6 @@ class EmulatorBackend(Backend):
         partial sum of int8 x int8 products is an integer below 2**53, so the float64 GEMM is exact.
         The conformance suite checks this path against the exact reference on every case.
         """
-        from emulator.numerics.floats import round_float64_array
-
         case = prepared.case
         key = prepared.data["key"] + ":w8a8"
         if key not in self._cache:

@@ -525,21 +525,21 @@ class VllmCpuBackend(Backend):
             return Declared(variants=v, accumulate="int32", output=act, output_rounding=out_rounding,
                             notes=notes + trunc_note)
         if case.scheme == "w4a16-moe":
-            aq = {"rounding": "rne" if act == "bfloat16" else "rhaz", "reciprocal": "recip_amax",
-                  "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True, "symmetric": True}
+            aq = {"act_rounding": "rne" if act == "bfloat16" else "rhaz", "reciprocal": "recip_amax",
+                  "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True, "act_symmetric": True}
             # tie_order any: vLLM picks experts with torch.topk(sorted=False), whose order on exact
             # ties is unspecified (router-ties edge cases)
-            return Declared(variants={"moe": {"renormalize": True, "gate_up": "gate_up",
-                                              "intermediate_dtype": act, "gate_up_dtype": act,
-                                              "act_quant": aq, "tie_order": "any"},
+            return Declared(variants={"moe_renormalize": True, "moe_gate_up": "gate_up",
+                                      "moe_intermediate_dtype": act, "moe_gate_up_dtype": act,
+                                      "moe_act_quant": "int8", **aq, "moe_tie_order": "any",
                                       "weight_scale_dtype": act},
                             weight_dtype="exact", accumulate="float32", output=act,
                             notes="fused_experts_cpu INT4_W4A8 (CPUExpertsInt4): a W4A8 MoE. The hidden states "
                                   "(stage 0) and the SiLU*up intermediate (stage 1.5) are quantized per token to "
                                   "uint8 + 128 by quantize_row_int8 (as W4A8 linear: amax clamp 1e-7, "
                                   "x * fl32(127/amax), RNE for bf16 / std::round for fp16) before each int8 x int4 "
-                                  "GEMM (moe.act_quant); the GEMM-1 output ic0 and the intermediate ic1 are "
-                                  "stored in the activation dtype (moe.gate_up_dtype, moe.intermediate_dtype); "
+                                  "GEMM (moe_act_quant); the GEMM-1 output ic0 and the intermediate ic1 are "
+                                  "stored in the activation dtype (moe_gate_up_dtype, moe_intermediate_dtype); "
                                   "scales loaded in params_dtype (weight_scale_dtype); routing: top-k logits, softmax over them in fp32 = renormalized softmax")
         raise BackendError(f"vllm-cpu declares nothing for scheme {case.scheme}")
 

@@ -40,17 +40,19 @@ import dataclasses
 
 import numpy as np
 
-from backends.base import Case, Declared
 from emulator import linear as lin
 from emulator import moe as emoe
 from emulator.activations import int8 as a8
-from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
+from emulator.declaration import Declared, declared_reference, declared_weight, int8_variant, moe_variant, mx_variant
+from emulator.schemes import Case
 from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
 from emulator.numerics.rounding import Rounding
 
 from .cases import CaseInputs
 
-__all__ = ["UNIT_ROUNDOFF", "Interval", "declared_interval", "compare", "Comparison", "round_down", "round_up"]
+__all__ = ["UNIT_ROUNDOFF", "Interval", "declared_interval", "compare", "Comparison", "round_down", "round_up",
+           # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
+           "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
 
 #: unit roundoff u = 2**-p of each accumulation dtype (0: exact integer accumulation)
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11, "float16": 2.0 ** -11,
@@ -105,116 +107,6 @@ class Interval:
     parts: dict = dataclasses.field(default_factory=dict)
 
 
-# -- declared weights and activations ---------------------------------------------------------
-def _weight_kwargs(declared: Declared) -> dict:
-    """Declared.variants keys of the weight dequantization -> ``dequantize_*`` keyword arguments.
-
-    ``dequant_order`` (sub_then_mul | mul_then_sub | float_zero), ``zero_dtype`` (the float zero's dtype
-    under float_zero; default: the weight dtype), ``weight_scale_dtype``, ``weight_rounding`` (rne | rtz:
-    the rounding to ``Declared.weight_dtype``).
-    """
-    v = declared.variants
-    kw = {}
-    if v.get("dequant_order"):
-        kw["order"] = v["dequant_order"]
-    if v.get("weight_scale_dtype"):
-        kw["scale_dtype"] = v["weight_scale_dtype"]
-    if v.get("zero_dtype"):
-        kw["zero_dtype"] = v["zero_dtype"]
-    if v.get("weight_rounding"):
-        kw["compute_rounding"] = v["weight_rounding"]
-    if declared.weight_dtype not in ("exact", None):
-        kw["compute_dtype"] = declared.weight_dtype
-    return kw
-
-
-def _round_weights(w: np.ndarray, declared: Declared) -> np.ndarray:
-    """Exact weights rounded to ``Declared.weight_dtype`` with the declared ``weight_rounding``."""
-    if declared.weight_dtype in ("exact", None):
-        return w
-    return round_to_dtype(w, declared.weight_dtype, Rounding.parse(declared.variants.get("weight_rounding") or "rne"))
-
-
-def declared_weight(case: Case, tensors: dict, declared: Declared, *, out: np.ndarray | None = None) -> np.ndarray:
-    """Dequantized weight [N, K] as the backend declares it forms it (float32 values).
-
-    ``out``: a float32 [N, K] C-contiguous array to write the weight into (a cache reusing
-    its buffer); the int4 and MXFP4 dequantizers write into it directly.
-    """
-    w = _declared_weight(case, tensors, declared, out)
-    if out is not None and w is not out:
-        from emulator.formats.int_common import check_out
-
-        check_out(out, (case.N, case.K))[...] = w
-        return out
-    return w
-
-
-def _declared_weight(case: Case, tensors: dict, declared: Declared, out) -> np.ndarray:
-    fmt = case.weight_format
-    kw = _weight_kwargs(declared)
-    if fmt == "gptq":
-        p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
-        t = gptq.GptqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"))
-        zr = declared.variants.get("zero_read")
-        return gptq.dequantize_gptq(t, p, shape=(case.N, case.K), **({"zero_read": zr} if zr else {}), out=out, **kw)
-    if fmt == "awq":
-        t = awq.AwqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"])
-        return awq.dequantize_awq(t, awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K), out=out,
-                                **kw)
-    if fmt == "ct-pack-quantized":
-        channel = case.group_size in (-1, 0)
-        p = ct.CtPackParams(num_bits=case.bits, strategy="channel" if channel else "group",
-                            group_size=None if channel else case.group_size, symmetric=case.sym,
-                            actorder=case.act_order)
-        t = ct.CtPackedTensors(tensors["weight_packed"], tensors["weight_scale"], tensors["weight_shape"],
-                               tensors.get("weight_zero_point"), tensors.get("weight_g_idx"))
-        return ct.dequantize_ct_packed(t, p, out=out, **kw)
-    if fmt == "ct-int-quantized":
-        return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
-    if fmt == "ct-mxfp4":
-        if declared.weight_dtype in ("exact", None):
-            return mxfp4.dequantize_mxfp4_ct(tensors, out=out)  # exact float32 values (fast path)
-        w = mxfp4.dequantize_mxfp4_ct(tensors, dtype=np.float64)
-        return _round_weights(w, declared).astype(np.float32)
-    raise ValueError(f"no declared weight for format {fmt!r}")
-
-
-def int8_variant(declared: Declared) -> a8.Int8ActVariant:
-    v = declared.variants
-    kw = {}
-    for src, dst in (("act_rounding", "rounding"), ("reciprocal", "reciprocal"), ("act_scale_dtype", "scale_dtype"),
-                     ("zero_row", "zero_row"), ("nan_to_int", "nan_to_int"), ("act_scale_formula", "scale_formula"),
-                     ("act_granularity", "granularity"), ("act_scheme", "scheme"),
-                     ("act_dequant_scale_dtype", "dequant_scale_dtype")):
-        if v.get(src) is not None:
-            kw[dst] = v[src]
-    for key in ("qmin", "qmax"):
-        if v.get(key) is not None:
-            kw[key] = int(v[key])
-    if v.get("eps") is not None:
-        kw["eps"] = float(v["eps"])
-    if v.get("act_symmetric") is not None:
-        kw["symmetric"] = bool(v["act_symmetric"])
-    if v.get("uint8_zp128") is not None:
-        kw["uint8_zp128"] = bool(v["uint8_zp128"])
-    if v.get("azp_before_rounding") is not None:
-        kw["azp_before_rounding"] = bool(v["azp_before_rounding"])
-    return a8.Int8ActVariant(**kw)
-
-
-def mx_variant(declared: Declared) -> mxfp4.MxVariant:
-    v = declared.variants
-    kw = {}
-    for src, dst in (("mx_scale_rule", "scale_rule"), ("e2m1_rounding", "element_rounding"),
-                     ("e2m1_nan", "element_nan"), ("mx_zero_block", "zero_block"), ("mx_nan_block", "nan_block"),
-                     ("e2m1_zero_sign", "element_zero_sign")):
-        if v.get(src) is not None:
-            kw[dst] = v[src]
-    return mxfp4.MxVariant(**kw)
-
-
 # -- intervals ----------------------------------------------------------------------------------
 OUTPUT_ROUNDINGS = ("rne", "rtz")
 
@@ -249,15 +141,9 @@ def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str
     return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=out_dtype, parts=parts or {})
 
 
-BIAS_STAGES = ("accumulator", "after_output_rounding")
-
-
 def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
     """The accepted outputs of a backend declaring ``declared`` on ``inp``."""
-    stage = declared.variants.get("bias_stage") or "accumulator"
-    if stage not in BIAS_STAGES:
-        raise ValueError(f"unknown bias_stage {stage!r}; known: {', '.join(BIAS_STAGES)}")
-    if stage == "after_output_rounding" and inp.bias is not None:
+    if declared.value("bias_stage") == "after_output_rounding" and inp.bias is not None:
         return _after_output_rounding(inp, declared)
     return _interval(inp, declared)
 
@@ -299,54 +185,31 @@ def _after_output_rounding(inp: CaseInputs, declared: Declared) -> Interval:
 
 def _interval(inp: CaseInputs, declared: Declared) -> Interval:
     case = inp.case
-    out_dtype = declared.output or case.output_dtype
-    x = inp.x.astype(np.float64)
-    if declared.act_compute_dtype:
-        x = round_to_dtype(x, declared.act_compute_dtype)
-    bias = None if inp.bias is None else inp.bias.astype(np.float64)
-    _, act = {"w4a16": (0, "a16"), "w8a16": (0, "a16"), "w4a16-mxfp4": (0, "a16"), "w8a8": (0, "int8"),
-              "w4a8": (0, "int8"), "w4a4-mxfp4": (0, "mxfp4"), "w4a16-moe": (0, "moe")}[case.scheme]
-    if act == "moe":
-        return _moe_interval(inp, x, declared, out_dtype)
-    if act == "a16":
-        w = declared_weight(case, inp.tensors, declared).astype(np.float64)
-        r = lin.linear_w16(x, w, bias, out_dtype=out_dtype)
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf activations (edge tier)
-            mag = np.abs(x) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
-        # products of fp32 operands round once more than the sum: K + 1 terms
-        return _finish(r.y_exact, r.y_bound, mag, case.K + 1 + (bias is not None), declared, out_dtype)
-    if act == "int8":
-        v = int8_variant(declared)
-        acc_decl = dataclasses.replace(declared, accumulate="float32" if declared.accumulate == "int32"
-                                       else declared.accumulate)
-        if case.scheme == "w8a8":
-            return _w8a8_interval(inp, x, bias, v, declared, acc_decl, out_dtype)
-        # W4A8: integer weights (q - z) and group scales under the declared weight reading
-        w = declared_weight(case, inp.tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
-        acts = a8.quantize_int8_per_token(x.astype(np.float32), v)
-        xd = a8.dequantize_int8_per_token(acts)
-        r = lin.linear_w16(xd, w, bias, out_dtype=out_dtype)
-        mag = np.abs(xd) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
-        n_groups = case.K // case.group
-        return _finish(r.y_exact, r.y_bound, mag, n_groups + 3, acc_decl, out_dtype,
-                       parts={"x_q": acts.q, "x_scale": acts.scale, "x_tie": acts.tie,
-                              "x_zero_point": acts.zero_point})
-    if act == "mxfp4":
-        mv = mx_variant(declared)
-        codes, sb = mxfp4.unpack_mxfp4_ct(inp.tensors)
-        r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, bias, act=mv, out_dtype=out_dtype)
-        xd = mxfp4.dequantize_mxfp4(r.parts["x_codes"], r.parts["x_scale"], dtype=np.float64)
-        wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            mag = np.abs(xd) @ np.abs(wd).T + (0 if bias is None else np.abs(bias))
-        return _finish(r.y_exact, r.y_bound, mag, case.K + 1, declared, out_dtype, parts=r.parts)
-    raise ValueError(case.scheme)
+    ref = declared_reference(case, inp.tensors, inp.x, inp.bias, inp.router_logits, declared)
+    op, out_dtype = ref.operands, ref.out_dtype
+    bias = op.get("bias")
+    acts = case.spec.activations
+    if acts == "moe":
+        return _moe_interval(inp, ref, declared)
+    if case.scheme == "w8a8":
+        return _w8a8_interval(inp, ref, _int_accumulation(declared))
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf activations (edge tier)
+        mag = np.abs(op["x"]) @ np.abs(op["w"]).T + (0 if bias is None else np.abs(bias))
+    if acts == "int8":  # W4A8: exact integer group sums, then the group scales and the sum of groups in fp32
+        return _finish(ref.y_exact, ref.y_bound, mag, case.K // case.group + 3, _int_accumulation(declared), out_dtype,
+                       parts=ref.parts)
+    if acts == "mxfp4":
+        return _finish(ref.y_exact, ref.y_bound, mag, case.K + 1, declared, out_dtype, parts=ref.parts)
+    # products of fp32 operands round once more than the sum: K + 1 terms
+    return _finish(ref.y_exact, ref.y_bound, mag, case.K + 1 + (bias is not None), declared, out_dtype)
 
 
-AZP_EPILOGUES = ("exact", "compensation")
+def _int_accumulation(declared: Declared) -> Declared:
+    """int32 accumulation is exact; the scale products and sums around it are bounded in float32."""
+    return dataclasses.replace(declared, accumulate="float32" if declared.accumulate == "int32" else declared.accumulate)
 
 
-def _w8a8_interval(inp, x, bias, v, declared, acc_decl, out_dtype) -> Interval:
+def _w8a8_interval(inp: CaseInputs, ref, declared: Declared) -> Interval:
     """W8A8: int32 accumulation is exact; the scale products and the bias add round in fp32.
 
     ``azp_epilogue="exact"`` (canonical): the kernel forms sum_k (q_x - azp) w as an integer and
@@ -365,55 +228,29 @@ def _w8a8_interval(inp, x, bias, v, declared, acc_decl, out_dtype) -> Interval:
     orders of magnitude.
     """
     case, t = inp.case, inp.tensors
-    ws = np.asarray(t["weight_scale"], np.float32).reshape(-1)
-    if declared.variants.get("weight_scale_dtype"):  # e.g. vLLM's zentorch path casts W8A8 scales to bf16
-        ws = round_to_dtype(ws, declared.variants["weight_scale_dtype"]).astype(np.float32)
-    r = lin.linear_w8a8(x.astype(np.float32), t["weight"], ws, bias, act=v, out_dtype=out_dtype)
-    ws64 = np.broadcast_to(ws.astype(np.float64), (case.N,))[None, :]
-    sa = r.parts["x_scale"].astype(np.float64)
-    epi = declared.variants.get("azp_epilogue") or "exact"
-    if epi not in AZP_EPILOGUES:
-        raise ValueError(f"unknown azp_epilogue {epi!r}; known: {', '.join(AZP_EPILOGUES)}")
+    op, r_parts, out_dtype = ref.operands, ref.parts, ref.out_dtype
+    ws64 = np.broadcast_to(op["ws"].astype(np.float64), (case.N,))[None, :]
+    sa = r_parts["x_scale"].astype(np.float64)
+    bias = op["bias"]
     bmag = 0 if bias is None else np.abs(bias)
-    if epi == "compensation":
+    if declared.value("azp_epilogue") == "compensation":
         wq = np.asarray(t["weight"]).astype(np.float64)
-        s1 = r.parts["x_q"].astype(np.float64) @ wq.T
-        s2 = r.parts["x_zero_point"].astype(np.float64) * wq.sum(axis=1)[None, :]
+        s1 = r_parts["x_q"].astype(np.float64) @ wq.T
+        s2 = r_parts["x_zero_point"].astype(np.float64) * wq.sum(axis=1)[None, :]
         mag = np.abs(sa * ws64) * (np.abs(s1) + np.abs(s2)) + bmag
-        return _finish(r.y_exact, r.y_bound, mag, 5, acc_decl, out_dtype, parts=r.parts)
-    mag = np.abs(r.acc * sa * ws64) + bmag
-    return _finish(r.y_exact, r.y_bound, mag, 3, acc_decl, out_dtype, parts=r.parts)
+        return _finish(ref.y_exact, ref.y_bound, mag, 5, declared, out_dtype, parts=r_parts)
+    mag = np.abs(op["acc"] * sa * ws64) + bmag
+    return _finish(ref.y_exact, ref.y_bound, mag, 3, declared, out_dtype, parts=r_parts)
 
 
 # -- MoE ------------------------------------------------------------------------------------------
-def moe_variant(declared: Declared) -> emoe.MoeVariant:
-    """Declared.variants["moe"] (a dict of MoeVariant fields; ``act_quant`` a dict of Int8ActVariant fields).
-
-    ``tie_order: "any"`` is not a MoeVariant field: it declares that the kernel's top-k order on
-    exact ties is unspecified (``torch.topk(sorted=False)``); see ``_moe_interval``.
-    """
-    fields = dict(declared.variants.get("moe") or {})
-    fields.pop("tie_order", None)
-    return emoe.MoeVariant(**fields)
-
-
-def _moe_interval(inp: CaseInputs, x: np.ndarray, declared: Declared, out_dtype: str) -> Interval:
+def _moe_interval(inp: CaseInputs, ref, declared: Declared) -> Interval:
     """Two GEMMs + routing in the declared precision: each stage's accumulation and the fp32 routing
     weights (relative u each), propagated through |w2| |a|; with ``act_quant``, plus the deviation of
     the kernel's quantized intermediate from the reference's (``_moe_act_quant_deviation``)."""
     case = inp.case
-    kw = _weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
-    w13 = emoe.dequantize_gptq_experts(inp.tensors["w13_qweight"], inp.tensors["w13_scales"], group_size=case.group,
-                                       **kw)
-    w2 = emoe.dequantize_gptq_experts(inp.tensors["w2_qweight"], inp.tensors["w2_scales"],
-                                      group_size=min(case.group, case.N), **kw)
-    w13 = _round_weights(w13.astype(np.float64), declared)
-    w2 = _round_weights(w2.astype(np.float64), declared)
-    mv = moe_variant(declared)
-    if mv.intermediate_dtype is None:
-        # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
-        mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)
-    r = emoe.moe_w16(x.astype(np.float32), inp.router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
+    op, out_dtype = ref.operands, ref.out_dtype
+    x, w13, w2, mv, r = op["x"], op["w13"], op["w2"], op["variant"], op["result"]
     u = UNIT_ROUNDOFF[declared.accumulate]
     ia = case.N
     inter_mag = r.y_bound / max(lin.gamma(ia + case.top_k + 8), 1e-300)
@@ -424,20 +261,17 @@ def _moe_interval(inp: CaseInputs, x: np.ndarray, declared: Declared, out_dtype:
         extra = extra + dev * (1 + _gamma(ia + case.top_k + 4, u))
         parts["act_quant_deviation"] = dev
     iv = _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype, parts=parts, extra=extra)
-    if (declared.variants.get("moe") or {}).get("tie_order") == "any":
-        iv = _union_over_tie_orders(iv, inp, x, declared, out_dtype)
+    if declared.value("moe_tie_order") == "any":
+        iv = _union_over_tie_orders(iv, inp, declared)
     return iv
 
 
-def _union_over_tie_orders(iv: Interval, inp: CaseInputs, x, declared: Declared, out_dtype: str) -> Interval:
+def _union_over_tie_orders(iv: Interval, inp: CaseInputs, declared: Declared) -> Interval:
     """A kernel whose top-k order on exact ties is unspecified may pick either tied expert in a row:
     accept, row by row, the union of the intervals of both tie rules (rows without ties are unchanged,
     since both rules choose the same experts there)."""
-    moe = dict(declared.variants["moe"])
-    moe.pop("tie_order")
-    flipped = dict(moe, tie_lower_index_first=not moe.get("tie_lower_index_first", True))
-    other = _moe_interval(inp, x, dataclasses.replace(declared, variants=dict(declared.variants, moe=flipped)),
-                          out_dtype)
+    other = _interval(inp, dataclasses.replace(declared, variants=dict(declared.variants,
+                                                                       moe_tie_order="higher_index_first")))
     lo, hi = np.minimum(iv.lo, other.lo), np.maximum(iv.hi, other.hi)
     return dataclasses.replace(iv, lo=lo, hi=hi, bound=np.maximum(iv.bound, other.bound + np.abs(other.y_exact
                                                                                                   - iv.y_exact)))
@@ -544,10 +378,6 @@ def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: 
             rows = np.nonzero(ids[:, j] == e)[0]
             dev[rows] += np.abs(wts[rows, j:j + 1]) * (dev_el[rows, j] @ np.abs(w2[e]).T)
     return dev
-
-
-def lin_dequant_acts(x: np.ndarray, v: a8.Int8ActVariant) -> np.ndarray:
-    return a8.dequantize_int8_per_token(a8.quantize_int8_per_token(x.astype(np.float32), v))
 
 
 # -- comparison -----------------------------------------------------------------------------------

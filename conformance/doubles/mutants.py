@@ -343,7 +343,7 @@ def _fallback_declaration(case: Case) -> dict:
     if case.scheme == "w4a4-mxfp4":
         return {"variants": {"mx_scale_rule": "rceil"}}
     if case.scheme == "w4a16-moe":
-        return {"variants": {"moe": {"renormalize": False}}}
+        return {"variants": {"moe_renormalize": False}}
     return {"variants": {}, "weight_dtype": "bfloat16"}
 
 

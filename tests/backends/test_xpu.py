@@ -265,7 +265,7 @@ def test_declared():
     d = b.declared(Case("w4a16", "awq", 3, 64, 128, act_dtype="float16"))
     assert (d.weight_dtype, d.variants["weight_scale_dtype"], d.output) == ("float16", "float16", "float16")
     d = b.declared(Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2))
-    assert d.variants["moe"] == {"renormalize": True} and d.weight_dtype == "bfloat16"
+    assert d.variants == {"moe_renormalize": True} and d.weight_dtype == "bfloat16"
     assert "int8" in xpu.XpuBackend(lib="ark").declared(Case("w4a16", "gptq", 3, 64, 128)).notes
 
 

@@ -201,21 +201,21 @@ def test_moe_act_quant_interval_contains_simulated_kernel(act, seed):
     case = Case("w4a16-moe", "gptq", 6, 64, 128, group_size=32, E=4, top_k=2, act_dtype=act)
     inp = make_inputs(case, seed)
     y = _w4a8_moe_kernel(inp, act)
-    moe = {"intermediate_dtype": act, "gate_up_dtype": act, "act_quant": dict(AQ, rounding="rne")}
-    d = Declared(variants={"moe": moe}, accumulate="float32", output=act)
+    moe = {"moe_intermediate_dtype": act, "moe_gate_up_dtype": act, "moe_act_quant": "int8",
+           "act_rounding": "rne", "reciprocal": "recip_amax", "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True}
+    d = Declared(variants=moe, accumulate="float32", output=act)
     iv = declared_interval(inp, d)
     assert (iv.parts["act_quant_deviation"] >= 0).all()
     c = compare(y, iv)
     assert c.ok, c
-    w16 = declared_interval(inp, Declared(variants={"moe": {"intermediate_dtype": act}}, accumulate="float32",
-                                          output=act))
+    w16 = declared_interval(inp, Declared(variants={"moe_intermediate_dtype": act}, accumulate="float32", output=act))
     assert compare(y, w16).sqnr_db < c.sqnr_db - 5  # the A8 reference describes the kernel, the W16 one less so
 
 
 def test_moe_act_quant_needs_a_symmetric_scheme():
     case = Case("w4a16-moe", "gptq", 2, 64, 128, group_size=32, E=4, top_k=2)
     inp = make_inputs(case, 0)
-    d = Declared(variants={"moe": {"act_quant": {"symmetric": False}}}, output="bfloat16")
+    d = Declared(variants={"moe_act_quant": "int8", "act_symmetric": False}, output="bfloat16")
     with pytest.raises(ValueError):
         declared_interval(inp, d)
 

@@ -1,0 +1,324 @@
+"""A declaration (``Declared``): the arithmetic a kernel claims for one case, and the weights it computes.
+
+Semantics: docs/conformance.md#acceptance (what a declaration means), docs/variants.md (the
+vocabulary its keys come from: emulator/variants.py) and docs/conformance.md#levels.
+
+Everything a declaration names is validated against the variant vocabulary when it is built, so a
+typo is an error, never a silently canonical kernel. From a declaration the emulator builds the
+typed variants of each stage (``int8_variant``, ``mx_variant``, ``moe_variant``) and the weights the
+kernel declares it forms (``declared_weight``); conformance/acceptance.py bounds the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import linear as lin
+from . import moe as emoe
+from .activations import int8 as a8
+from .formats import awq, compressed_tensors as ct, gptq, mxfp4
+from .formats.int_common import check_out
+from .numerics.floats import round_to_dtype
+from .numerics.rounding import Rounding
+from .schemes import Case
+from .variants import AXES, FIELD_AXES, Level, VariantError, normalize_variants
+
+__all__ = ["Declared", "Deviation", "Reference", "int8_variant", "mx_variant", "moe_variant", "weight_kwargs",
+           "round_weights", "declared_weight", "declared_reference", "declared_output", "canonical_declaration"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Deviation:
+    """One declared value that is not the case's canonical one."""
+
+    key: str
+    value: object
+    level: Level
+
+    def __str__(self) -> str:
+        v = str(self.value).lower() if isinstance(self.value, bool) else self.value
+        return f"{self.key}={v}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """The arithmetic a backend claims for one case.
+
+    ``variants`` maps variant keys of emulator/variants.py (docs/variants.md) to values, e.g.
+    ``{"act_rounding": "rne", "reciprocal": "recip_scale", "zero_read": "ignore_qzeros"}``; an absent
+    key means the canonical value. ``weight_dtype`` is the dtype dequantized weights are rounded to
+    before the product ("exact" when they are used exactly), ``act_compute_dtype`` the dtype
+    activations are rounded to before the product (None: used as given), ``accumulate`` the
+    accumulation dtype, ``output`` the output dtype, rounded once from the accumulator with
+    ``output_rounding`` ("rne", or "rtz" for a kernel that truncates). Unknown keys or values raise
+    ``VariantError`` (a ValueError) naming the known ones.
+    """
+
+    variants: dict
+    weight_dtype: str = "exact"
+    act_compute_dtype: str | None = None
+    accumulate: str = "float32"
+    output: str = "float32"
+    output_rounding: str = "rne"
+    notes: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "variants", normalize_variants(self.variants))
+        for key in ("weight_dtype", "accumulate", "output_rounding"):
+            object.__setattr__(self, key, FIELD_AXES[key].parse(getattr(self, key)))
+        if self.act_compute_dtype is not None:
+            v = FIELD_AXES["act_compute_dtype"].parse(self.act_compute_dtype)
+            object.__setattr__(self, "act_compute_dtype", None if v == "none" else v)
+        if self.output is not None and FIELD_AXES["output"].parse(self.output) == "case":
+            raise VariantError("Declared.output must name a dtype (float32, float16 or bfloat16)")
+
+    def value(self, key: str):
+        """The declared value of axis ``key`` (its canonical value where the declaration is silent)."""
+        a = AXES[key]
+        if a.field:
+            v = getattr(self, key)
+            return "none" if key == "act_compute_dtype" and v is None else v
+        return self.variants.get(key, a.canonical)
+
+    def deviations(self, case: Case) -> list[Deviation]:
+        """Every declared value that is not canonical for ``case``, with its level (docs/conformance.md#levels).
+
+        Axes that do not apply to the case's scheme are ignored (an int8 rounding rule on a W4A16
+        case changes nothing); the int8-activation axes apply to a MoE case only under
+        ``moe_act_quant=int8``.
+        """
+        out = []
+        for key, a in AXES.items():
+            if not a.applies_to(case.scheme):
+                continue
+            if (a.stage.value == "int8-activations" and case.scheme == "w4a16-moe"
+                    and self.value("moe_act_quant") != "int8"):
+                continue
+            if key == "eps" and self.value("zero_row") != "eps":
+                continue
+            if key == "e2m1_nan" and self.value("mx_nan_block") == "scale_nan":
+                continue  # the block's scale is NaN: the element code is invisible
+            if key == "zero_dtype" and self.value("dequant_order") != "float_zero":
+                continue
+            if key == "weight_rounding" and self.weight_dtype in ("exact", "float32"):
+                continue
+            v = self.value(key)
+            if key == "act_symmetric" and key not in self.variants:
+                v = case.act_symmetric  # silent: the checkpoint's own activation scheme
+            lvl = a.level_of(v, case)
+            if lvl is not Level.CANONICAL:
+                out.append(Deviation(key, v, lvl))
+        return out
+
+    def level(self, case: Case) -> Level:
+        """The farthest level of this declaration's values for ``case``."""
+        return max((d.level for d in self.deviations(case)), default=Level.CANONICAL)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:
+    """The checkpoint's own semantics for ``case`` (the reference every level is measured against)."""
+    return Declared(variants={}, accumulate=accumulate, output=case.output_dtype)
+
+
+# -- typed variants of each stage ---------------------------------------------------------------------
+_INT8_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "act_scale_dtype": "scale_dtype",
+                "zero_row": "zero_row", "eps": "eps", "nan_to_int": "nan_to_int", "qmin": "qmin", "qmax": "qmax",
+                "act_symmetric": "symmetric", "uint8_zp128": "uint8_zp128", "act_scale_formula": "scale_formula",
+                "act_granularity": "granularity", "act_scheme": "scheme", "azp_before_rounding": "azp_before_rounding",
+                "act_dequant_scale_dtype": "dequant_scale_dtype"}
+_MX_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
+              "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign"}
+
+
+def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVariant:
+    """The dynamic int8 activation quantizer a declaration names (canonical where it is silent).
+
+    ``act_symmetric`` left silent follows the case (``Case.act_symmetric``): asymmetric W8A8
+    checkpoints define asymmetric activations.
+    """
+    kw = {}
+    for key, field in _INT8_FIELDS.items():
+        if key in declared.variants:
+            v = declared.variants[key]
+            kw[field] = None if (key == "act_dequant_scale_dtype" and v == "same") else v
+    if "symmetric" not in kw and case is not None:
+        kw["symmetric"] = case.act_symmetric
+    return a8.Int8ActVariant(**kw)
+
+
+def mx_variant(declared: Declared) -> mxfp4.MxVariant:
+    """The MXFP4 activation quantizer a declaration names."""
+    return mxfp4.MxVariant(**{f: declared.variants[k] for k, f in _MX_FIELDS.items() if k in declared.variants})
+
+
+def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant:
+    """The fused-MoE forward a declaration names (``moe_tie_order=any`` is read by the acceptance code)."""
+    v = declared.value
+    inter = v("moe_intermediate_dtype")
+    gate_up_dtype = v("moe_gate_up_dtype")
+    return emoe.MoeVariant(
+        renormalize=v("moe_renormalize"), gate_up=v("moe_gate_up"),
+        tie_lower_index_first=v("moe_tie_order") != "higher_index_first",
+        intermediate_dtype=None if inter == "activation" else inter,
+        gate_up_dtype=None if gate_up_dtype == "exact" else gate_up_dtype,
+        act_quant=int8_variant(declared) if v("moe_act_quant") == "int8" else None)
+
+
+def weight_kwargs(declared: Declared) -> dict:
+    """The declared weight formation as ``dequantize_*`` keyword arguments."""
+    v = declared.variants
+    kw = {}
+    if "dequant_order" in v:
+        kw["order"] = v["dequant_order"]
+    if v.get("weight_scale_dtype", "checkpoint") != "checkpoint":
+        kw["scale_dtype"] = v["weight_scale_dtype"]
+    if v.get("zero_dtype", "weight") != "weight":
+        kw["zero_dtype"] = v["zero_dtype"]
+    if "weight_rounding" in v:
+        kw["compute_rounding"] = v["weight_rounding"]
+    if declared.weight_dtype != "exact":
+        kw["compute_dtype"] = declared.weight_dtype
+    return kw
+
+
+def round_weights(w: np.ndarray, declared: Declared) -> np.ndarray:
+    """Exact weights rounded to ``Declared.weight_dtype`` with the declared ``weight_rounding``."""
+    if declared.weight_dtype == "exact":
+        return w
+    return round_to_dtype(w, declared.weight_dtype, Rounding.parse(declared.value("weight_rounding")))
+
+
+def declared_weight(case: Case, tensors: dict, declared: Declared, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Dequantized weight [N, K] as the backend declares it forms it (float32 values).
+
+    ``out``: a float32 [N, K] C-contiguous array to write the weight into (a cache reusing
+    its buffer); the int4 and MXFP4 dequantizers write into it directly.
+    """
+    w = _declared_weight(case, tensors, declared, out)
+    if out is not None and w is not out:
+        check_out(out, (case.N, case.K))[...] = w
+        return out
+    return w
+
+
+def _declared_weight(case: Case, tensors: dict, declared: Declared, out) -> np.ndarray:
+    fmt = case.weight_format
+    kw = weight_kwargs(declared)
+    if fmt == "gptq":
+        p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
+                            zero_convention=case.gptq_zero_convention)
+        t = gptq.GptqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"))
+        return gptq.dequantize_gptq(t, p, shape=(case.N, case.K), zero_read=declared.value("zero_read"), out=out,
+                                    **kw)
+    if fmt == "awq":
+        t = awq.AwqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"])
+        return awq.dequantize_awq(t, awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K), out=out,
+                                  **kw)
+    if fmt == "ct-pack-quantized":
+        p = ct.CtPackParams(num_bits=case.bits, strategy="channel" if case.channelwise else "group",
+                            group_size=None if case.channelwise else case.group_size, symmetric=case.sym,
+                            actorder=case.act_order)
+        t = ct.CtPackedTensors(tensors["weight_packed"], tensors["weight_scale"], tensors["weight_shape"],
+                               tensors.get("weight_zero_point"), tensors.get("weight_g_idx"))
+        return ct.dequantize_ct_packed(t, p, out=out, **kw)
+    if fmt == "ct-int-quantized":
+        return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
+    if fmt == "ct-mxfp4":
+        if declared.weight_dtype == "exact":
+            return mxfp4.dequantize_mxfp4_ct(tensors, out=out)  # exact float32 values (fast path)
+        w = mxfp4.dequantize_mxfp4_ct(tensors, dtype=np.float64)
+        return round_weights(w, declared).astype(np.float32)
+    raise ValueError(f"no declared weight for format {fmt!r}")
+
+
+# -- the declared reference ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Reference:
+    """The exact value of a case under a declaration, before the output rounding.
+
+    ``y_exact`` (float64) is the declared computation evaluated exactly (or within ``y_bound``, the
+    float64 evaluation error of emulator/linear.py), ``operands`` the float64 operands it was formed
+    from (what an acceptance bound needs: weights, activations as used, accumulators), ``parts``
+    intermediate results worth reporting (activation codes and scales, top-k ids).
+    """
+
+    y_exact: np.ndarray
+    y_bound: np.ndarray
+    out_dtype: str
+    operands: dict
+    parts: dict
+
+
+def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarray | None,
+                       router_logits: np.ndarray | None, declared: Declared) -> Reference:
+    """The reference of ``case`` under ``declared`` for activations ``x`` [M, K] (float32 values)."""
+    out_dtype = declared.output or case.output_dtype
+    x = np.asarray(x).astype(np.float64)
+    if declared.act_compute_dtype:
+        x = round_to_dtype(x, declared.act_compute_dtype)
+    b = None if bias is None else np.asarray(bias).astype(np.float64)
+    acts = case.spec.activations
+    if acts == "moe":
+        return _moe_reference(case, tensors, x, router_logits, declared, out_dtype)
+    if acts == "a16":
+        w = declared_weight(case, tensors, declared).astype(np.float64)
+        r = lin.linear_w16(x, w, b, out_dtype=out_dtype)
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w": w, "bias": b}, {})
+    if acts == "int8":
+        v = int8_variant(declared, case)
+        if case.scheme == "w8a8":
+            ws = np.asarray(tensors["weight_scale"], np.float32).reshape(-1)
+            if declared.value("weight_scale_dtype") != "checkpoint":
+                ws = round_to_dtype(ws, declared.value("weight_scale_dtype")).astype(np.float32)
+            r = lin.linear_w8a8(x.astype(np.float32), tensors["weight"], ws, b, act=v, out_dtype=out_dtype)
+            return Reference(r.y_exact, r.y_bound, out_dtype, {"ws": ws, "acc": r.acc, "bias": b}, r.parts)
+        # W4A8: integer weights (q - z) and group scales under the declared weight reading
+        w = declared_weight(case, tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
+        q = a8.quantize_int8_per_token(x.astype(np.float32), v)
+        xd = a8.dequantize_int8_per_token(q)
+        r = lin.linear_w16(xd, w, b, out_dtype=out_dtype)
+        parts = {"x_q": q.q, "x_scale": q.scale, "x_tie": q.tie, "x_zero_point": q.zero_point}
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b}, parts)
+    if acts == "mxfp4":
+        codes, sb = mxfp4.unpack_mxfp4_ct(tensors)
+        r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared), out_dtype=out_dtype)
+        xd = mxfp4.dequantize_mxfp4(r.parts["x_codes"], r.parts["x_scale"], dtype=np.float64)
+        wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b}, r.parts)
+    raise ValueError(f"no declared reference for scheme {case.scheme!r}")
+
+
+def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Reference:
+    kw = weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
+    w13 = emoe.dequantize_gptq_experts(tensors["w13_qweight"], tensors["w13_scales"], group_size=case.group, **kw)
+    w2 = emoe.dequantize_gptq_experts(tensors["w2_qweight"], tensors["w2_scales"], group_size=min(case.group, case.N),
+                                      **kw)
+    w13 = round_weights(w13.astype(np.float64), declared)
+    w2 = round_weights(w2.astype(np.float64), declared)
+    mv = moe_variant(declared)
+    if mv.intermediate_dtype is None:
+        # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
+        mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)
+    r = emoe.moe_w16(x.astype(np.float32), router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
+    return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w13": w13, "w2": w2, "variant": mv, "result": r},
+                     r.parts)
+
+
+def declared_output(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarray | None,
+                    router_logits: np.ndarray | None, declared: Declared) -> np.ndarray:
+    """What a kernel computing exactly as ``declared`` returns: the reference rounded once to the output
+    dtype with ``output_rounding`` (the bias added to the rounded output under
+    ``bias_stage=after_output_rounding``). float64 array of output-dtype values."""
+    mode = Rounding.parse(declared.output_rounding)
+    if declared.value("bias_stage") == "after_output_rounding" and bias is not None:
+        ref = declared_reference(case, tensors, x, None, router_logits, declared)
+        b = round_to_dtype(np.asarray(bias).astype(np.float64), ref.out_dtype)[None, :]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return round_to_dtype(round_to_dtype(ref.y_exact, ref.out_dtype, mode) + b, ref.out_dtype)
+    ref = declared_reference(case, tensors, x, bias, router_logits, declared)
+    return round_to_dtype(ref.y_exact, ref.out_dtype, mode)

@@ -1,0 +1,390 @@
+"""The variant vocabulary: every semantic choice a kernel can make differently, defined once.
+
+Semantics: docs/variants.md (generated from this module: ``python -m emulator.variants``).
+
+Each ``Axis`` is one named choice: its key (as written in ``Declared.variants``, in
+``emulator:key=value`` backend parameters and in ``qconform linear --variant key=value``), its
+values, the canonical value (what an absent key means), the *level* of every other value, the
+schemes it applies to, the emulator field it sets, a doc anchor and the public source of the
+variant. Everything else derives from this table: ``Declared`` validation, the emulator backend's
+parameters, ``--variant`` parsing and help, the acceptance intervals' typed variants
+(emulator/declaration.py), the fingerprint axes and docs/variants.md. An unknown key or value is
+an error everywhere, with the known ones listed.
+
+Levels (docs/conformance.md#levels):
+
+- ``canonical``: the value the checkpoint defines (or one provably computing the same numbers
+  for the case at hand, e.g. qzeros ignored on a *symmetric* GPTQ checkpoint);
+- ``rounding``: the result differs from canonical only by how values are rounded -- tie rules,
+  RTZ outputs, scales held in a 16-bit dtype, accumulation precision, saturation and
+  zero-row guards -- and the declared interval says by how much;
+- ``semantic``: other weights, zero points, scales, activation scheme or granularity than the
+  checkpoint defines (e.g. ``zero_read=v1_literal`` on an asymmetric v1 checkpoint, per-tensor
+  activations where the checkpoint is per-token, NaN inputs turned into finite values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Callable
+
+__all__ = ["Level", "Stage", "Axis", "AXES", "FIELD_AXES", "VARIANT_AXES", "VariantError", "axis", "parse_value",
+           "normalize_variants", "describe_axes", "markdown_table"]
+
+
+class VariantError(ValueError):
+    """An unknown variant key or value (the message lists the known ones)."""
+
+
+class Level(enum.IntEnum):
+    """How far a declared value is from the checkpoint's semantics (ordered: higher is farther)."""
+
+    CANONICAL = 0
+    ROUNDING = 1
+    SEMANTIC = 2
+
+    @property
+    def label(self) -> str:
+        return {0: "canonical", 1: "rounding", 2: "semantic"}[int(self)]
+
+    @classmethod
+    def parse(cls, name: str) -> "Level":
+        for m in cls:
+            if m.label == name:
+                return m
+        raise VariantError(f"unknown level {name!r}; known: canonical, rounding, semantic")
+
+
+class Stage(str, enum.Enum):
+    """Which step of the computation an axis belongs to."""
+
+    WEIGHTS = "weights"
+    INT8_ACTIVATIONS = "int8-activations"
+    MX_ACTIVATIONS = "mx-activations"
+    GEMM = "gemm"
+    EPILOGUE = "epilogue"
+    MOE = "moe"
+
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_INT_SCHEMES = ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-moe")
+_INT8_ACT_SCHEMES = ("w8a8", "w4a8", "w4a16-moe")  # w4a16-moe: under moe_act_quant=int8
+_ALL = ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "w4a16-moe")
+
+
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise ValueError("expected true or false")
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One semantic choice: key, values, canonical value, level of each value, where it applies.
+
+    ``values`` lists the named values of a choice axis (``kind="choice"``); ``kind`` "bool", "int"
+    or "float" axes take any value of that type (``bounds`` limits ints). ``levels`` maps each
+    non-canonical value to its level; ``level`` is the level of values not listed there.
+    ``case_level``, when set, decides the level from the case (e.g. a zero-point reading that is
+    exact for symmetric checkpoints). ``field`` marks the axes that are ``Declared`` fields rather
+    than ``Declared.variants`` keys (accumulation, weight and output dtypes).
+    """
+
+    key: str
+    title: str
+    stage: Stage
+    values: tuple = ()
+    canonical: Any = None
+    level: Level = Level.ROUNDING
+    levels: tuple = ()  # ((value, Level), ...)
+    schemes: tuple = _ALL
+    kind: str = "choice"  # choice | bool | int | float
+    bounds: tuple | None = None
+    target: str = ""  # the emulator field or argument it sets
+    doc: str = ""  # anchor under docs/
+    source: str = ""  # public source of the non-canonical values
+    field: bool = False
+    case_level: Callable | None = None
+    value_notes: tuple = ()  # ((value, note), ...)
+
+    def parse(self, raw: Any) -> Any:
+        """The typed value of ``raw`` (a string from the command line, or a Python value)."""
+        try:
+            if self.kind == "bool":
+                return _bool(raw)
+            if self.kind == "int":
+                if isinstance(raw, bool):
+                    raise ValueError("expected an integer")
+                v = int(raw)
+                if isinstance(raw, float) and raw != v:
+                    raise ValueError("expected an integer")
+                if self.bounds and not (self.bounds[0] <= v <= self.bounds[1]):
+                    raise ValueError(f"must lie in [{self.bounds[0]}, {self.bounds[1]}]")
+                return v
+            if self.kind == "float":
+                if isinstance(raw, bool):
+                    raise ValueError("expected a number")
+                v = float(raw)
+                if not (v == v and abs(v) != float("inf")) or v < 0:
+                    raise ValueError("expected a finite number >= 0")
+                return v
+        except (TypeError, ValueError) as e:
+            raise VariantError(f"variant {self.key}={raw!r}: {e}") from None
+        v = raw.value if isinstance(raw, enum.Enum) else raw
+        if v is None:
+            v = self.canonical
+        v = str(v).lower() if isinstance(v, str) else v
+        if v not in self.values:
+            raise VariantError(f"variant {self.key}={raw!r}: unknown value; known: {', '.join(map(str, self.values))}")
+        return v
+
+    def level_of(self, value: Any, case=None) -> Level:
+        """The level of ``value`` (typed, as ``parse`` returns it) for ``case`` (None: any case)."""
+        if self.case_level is not None and case is not None:
+            return self.case_level(value, case)
+        if value == self.canonical:
+            return Level.CANONICAL
+        return dict(self.levels).get(value, self.level)
+
+    def applies_to(self, scheme: str) -> bool:
+        return scheme in self.schemes
+
+    def describe(self) -> dict:
+        return {"key": self.key, "title": self.title, "stage": self.stage.value, "kind": self.kind,
+                "values": list(self.values), "canonical": self.canonical, "schemes": list(self.schemes),
+                "levels": {str(v): self.level_of(v).label for v in self.values} if self.values else
+                {"canonical": "canonical", "other": self.level.label},
+                "target": self.target, "doc": self.doc, "source": self.source, "field": self.field}
+
+
+# -- case-dependent levels ---------------------------------------------------------------------------
+def _zero_read_level(value, case) -> Level:
+    # every GPTQ reading of a symmetric checkpoint gives z = 2**(bits-1): the fields are all 2**(bits-1) - 1
+    # (v1) or 2**(bits-1) (v2), so no carry, no wrap and no missing +1 can change a zero point
+    if value == "canonical" or case.sym or case.weight_format != "gptq":
+        return Level.CANONICAL
+    return Level.SEMANTIC
+
+
+def _same_as_case_scale(value, case) -> Level:
+    return Level.CANONICAL if value in ("checkpoint", case.scale_dtype) else Level.ROUNDING
+
+
+def _act_symmetric_level(value, case) -> Level:
+    return Level.CANONICAL if value == case.act_symmetric else Level.SEMANTIC
+
+
+def _output_level(value, case) -> Level:
+    return Level.CANONICAL if value in ("case", case.output_dtype) else Level.ROUNDING
+
+
+def _act_compute_level(value, case) -> Level:
+    # rounding activations to their own dtype, or to float32 (which holds every 16-bit value), changes nothing
+    return Level.CANONICAL if value in ("none", "float32", case.act_dtype) else Level.ROUNDING
+
+
+_DOC_ACT = "formats/activations.md"
+_DOC_MX = "formats/mxfp4.md"
+_DOC_INT = "formats/int-weights.md"
+_DOC_MOE = "formats/moe.md"
+_DOC_ACC = "conformance.md#acceptance"
+
+AXES: dict[str, Axis] = {a.key: a for a in [
+    # -- weights ----------------------------------------------------------------------------------------
+    Axis("zero_read", "how GPTQ qzeros are read", Stage.WEIGHTS,
+         ("canonical", "v1_packed_add", "v1_wrap", "ignore_qzeros", "v1_literal"), "canonical", Level.SEMANTIC,
+         schemes=_INT_SCHEMES, target="gptq.dequantize_gptq(zero_read=)", doc=_DOC_INT + "#gptq-zero-points",
+         source="GPTQModel convert_gptq_v1_to_v2_format_module (v1_packed_add); GPTQ-for-LLaMa Triton forks "
+                "(v1_wrap); vLLM gptq_marlin uint4b8 (ignore_qzeros); vLLM INC/ARK glue, auto-round QuantLinear "
+                "ZP_BIAS=0 (v1_literal)", case_level=_zero_read_level),
+    Axis("dequant_order", "order of the dequantization steps", Stage.WEIGHTS,
+         ("sub_then_mul", "mul_then_sub", "float_zero"), "sub_then_mul", schemes=_INT_SCHEMES,
+         target="int_common.dequantize_affine(order=)", doc=_DOC_INT + "#dequantization-order",
+         source="tinygemm / torch _weight_int4pack_mm (float_zero); Marlin (mul_then_sub)"),
+    Axis("weight_scale_dtype", "dtype the weight scales are read in", Stage.WEIGHTS,
+         ("checkpoint",) + _DTYPES, "checkpoint", schemes=_INT_SCHEMES, target="dequantize_*(scale_dtype=)",
+         doc=_DOC_INT + "#scale-dtype", source="vLLM loads scales in params_dtype (the activation dtype)",
+         case_level=_same_as_case_scale),
+    Axis("zero_dtype", "dtype of the float zero point under dequant_order=float_zero", Stage.WEIGHTS,
+         ("weight",) + _DTYPES, "weight", schemes=_INT_SCHEMES, target="dequantize_*(zero_dtype=)",
+         doc=_DOC_INT + "#dequantization-order", source="tinygemm keeps its zero point in bf16"),
+    Axis("weight_rounding", "rounding of the weights to Declared.weight_dtype", Stage.WEIGHTS,
+         ("rne", "rtz"), "rne", target="dequantize_*(compute_rounding=)", doc=_DOC_INT + "#dequantization-order",
+         source="fp32 -> bf16 conversions that drop the low 16 bits (vLLM _C_AVX512)"),
+    Axis("weight_dtype", "dtype the dequantized weights are formed in", Stage.WEIGHTS,
+         ("exact", "float32", "float16", "bfloat16"), "exact", levels=(("float32", Level.CANONICAL),),
+         target="Declared.weight_dtype", doc=_DOC_ACC, field=True,
+         source="16-bit weight formation of W4A16 kernels (tinygemm, oneDNN, ARK)",
+         value_notes=(("float32", "canonical: every int and MX weight is formed exactly in float32 "
+                                  "(docs/formats/int-weights.md)"),)),
+    # -- GEMM --------------------------------------------------------------------------------------------
+    Axis("act_compute_dtype", "dtype activations are rounded to before the product", Stage.GEMM,
+         ("none",) + _DTYPES, "none", target="Declared.act_compute_dtype", doc=_DOC_ACC, field=True,
+         source="kernels converting fp32 activations to bf16 (ARK, zentorch)", case_level=_act_compute_level),
+    Axis("accumulate", "accumulation precision", Stage.GEMM,
+         ("exact", "float64", "int32", "float32", "tf32", "float16", "bfloat16"), "float32",
+         levels=(("exact", Level.CANONICAL), ("float64", Level.CANONICAL), ("int32", Level.CANONICAL)),
+         target="Declared.accumulate", doc=_DOC_ACC, field=True,
+         source="Higham, Accuracy and Stability of Numerical Algorithms, Lemma 3.1"),
+    Axis("output_rounding", "rounding of the accumulator to the output dtype", Stage.EPILOGUE, ("rne", "rtz"),
+         "rne", target="Declared.output_rounding", doc=_DOC_ACC, field=True,
+         source="vLLM _C_AVX512 fp32 -> bf16 truncation (docs/backends/vllm-cpu.md)"),
+    Axis("output", "output dtype", Stage.EPILOGUE, ("case",) + _DTYPES, "case", target="Declared.output",
+         doc=_DOC_ACC, field=True, source="the case's output dtype", case_level=_output_level),
+    # -- epilogue ----------------------------------------------------------------------------------------
+    Axis("bias_stage", "where the bias is added", Stage.EPILOGUE, ("accumulator", "after_output_rounding"),
+         "accumulator", target="acceptance bias stage", doc=_DOC_ACT + "#declared-stages-and-their-acceptance-bounds",
+         source="torchao Int4CPU linear, GPTQModel torch kernels (bias added to the rounded output)"),
+    Axis("azp_epilogue", "how asymmetric W8A8 removes the zero-point term", Stage.EPILOGUE,
+         ("exact", "compensation"), "exact", schemes=("w8a8",), target="acceptance W8A8 epilogue",
+         doc=_DOC_ACT + "#declared-stages-and-their-acceptance-bounds",
+         source="vLLM csrc/cpu/dnnl_kernels.cpp (oneDNN azp compensation)"),
+    # -- dynamic int8 activations ------------------------------------------------------------------------
+    Axis("act_rounding", "int8 activation rounding (ties)", Stage.INT8_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
+         "rne", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.rounding", doc=_DOC_ACT + "#rounding",
+         source="std::round in vLLM CPU fp16 paths (rhaz); RTZ float->int casts"),
+    Axis("reciprocal", "quotient form", Stage.INT8_ACTIVATIONS, ("divide", "recip_amax", "recip_scale"), "divide",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.reciprocal", doc=_DOC_ACT + "#reciprocal",
+         source="vLLM CUDA/Triton/SGL (x * 127/amax); vLLM x86 oneDNN, torchao (x * 1/scale)"),
+    Axis("act_scale_dtype", "dtype of the activation scale", Stage.INT8_ACTIVATIONS, _DTYPES, "float32",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.scale_dtype", doc=_DOC_ACT + "#scale-dtype",
+         source="kernels storing per-token scales in the activation dtype"),
+    Axis("act_dequant_scale_dtype", "dtype of the scale that multiplies the accumulator", Stage.INT8_ACTIVATIONS,
+         ("same",) + _DTYPES, "same", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.dequant_scale_dtype",
+         doc=_DOC_ACT + "#scale-dtype", source="zentorch zentorch_dynamic_qlinear (bf16 epilogue scale)"),
+    Axis("act_scale_formula", "how the scale is formed from the range", Stage.INT8_ACTIVATIONS,
+         ("divide", "recip_mul"), "divide", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.scale_formula",
+         doc=_DOC_ACT + "#scale-formula", source="ARK DnnlWrapper::dyn_quant_s8 (amax * fl32(1/127))"),
+    Axis("qmin", "lower int8 clamp", Stage.INT8_ACTIVATIONS, canonical=-128, kind="int", bounds=(-128, 126),
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmin", doc=_DOC_ACT + "#saturation",
+         source="symmetric [-127, 127] ranges (vLLM CUDA/Triton)"),
+    Axis("qmax", "upper int8 clamp", Stage.INT8_ACTIVATIONS, canonical=127, kind="int", bounds=(-127, 127),
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmax", doc=_DOC_ACT + "#saturation"),
+    Axis("zero_row", "zero-row / amax-eps rule", Stage.INT8_ACTIVATIONS, ("zero", "eps", "nan"), "zero",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.zero_row", doc=_DOC_ACT + "#zero-rows",
+         source="Triton 1e-10, XPU 1e-5, SGL CPU 1e-7, torchao eps clamps; x86 oneDNN (no guard)"),
+    Axis("eps", "amax clamp under zero_row=eps", Stage.INT8_ACTIVATIONS, canonical=0.0, kind="float",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#zero-rows"),
+    Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan)", Stage.INT8_ACTIVATIONS,
+         ("zero", "raise"), "zero", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.nan_to_int",
+         doc=_DOC_ACT + "#zero-rows", source="the emulator raises where NaN means bad input"),
+    Axis("act_symmetric", "symmetric (amax) or asymmetric (min/max + zero point) activations",
+         Stage.INT8_ACTIVATIONS, canonical=True, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
+         target="Int8ActVariant.symmetric", doc=_DOC_ACT + "#asymmetric",
+         source="compressed-tensors input_activations.symmetric; vLLM azp kernels",
+         case_level=_act_symmetric_level),
+    Axis("uint8_zp128", "codes stored as q + 128 in uint8 (same values)", Stage.INT8_ACTIVATIONS, canonical=False,
+         kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.uint8_zp128", doc=_DOC_ACT + "#uint8",
+         source="vLLM SGL CPU W4A8 (csrc/cpu/sgl-kernels)"),
+    Axis("act_granularity", "which elements share a scale", Stage.INT8_ACTIVATIONS, ("per_token", "per_tensor"),
+         "per_token", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.granularity",
+         doc=_DOC_ACT + "#granularity", source="ARK woqgemm_s8 (one scale for the whole tensor)"),
+    Axis("act_scheme", "the activation quantization scheme as a whole", Stage.INT8_ACTIVATIONS,
+         ("minmax", "kai_qa8dx"), "minmax", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
+         target="Int8ActVariant.scheme", doc=_DOC_ACT + "#kleidiai",
+         source="KleidiAI kai_lhs_quant_pack_qai8dxp_f32; torch _dyn_quant_matmul_4bit"),
+    Axis("azp_before_rounding", "zero point added before the integer rounding", Stage.INT8_ACTIVATIONS,
+         canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_before_rounding",
+         doc=_DOC_ACT + "#asymmetric", source="vLLM csrc/cpu/dnnl_kernels.cpp dynamic_scaled_int8_quant_impl"),
+    # -- MXFP4 activations -------------------------------------------------------------------------------
+    Axis("mx_scale_rule", "MX shared-scale rule", Stage.MX_ACTIVATIONS, ("floor", "even", "rceil", "ceil"), "floor",
+         schemes=("w4a4-mxfp4",), target="MxVariant.scale_rule", doc=_DOC_MX + "#scale-rules",
+         source="OCP MX v1.0 §6.3 (floor); torchao ScaleCalculationMode (even, rceil, ceil)"),
+    Axis("e2m1_rounding", "E2M1 element rounding (ties)", Stage.MX_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
+         "rne", schemes=("w4a4-mxfp4",), target="MxVariant.element_rounding", doc=_DOC_MX + "#element-rounding",
+         source="vllm-xpu-kernels mxfp4_quant.h (ties toward zero)"),
+    Axis("e2m1_nan", "what a NaN element encodes to", Stage.MX_ACTIVATIONS,
+         ("zero", "saturate", "saturate_positive", "zero_signed", "zero_sign_flipped", "raise"), "zero",
+         schemes=("w4a4-mxfp4",), target="MxVariant.element_nan", doc=_DOC_MX + "#nan",
+         source="triton_kernels (saturate), vllm-xpu-kernels (saturate_positive), ml_dtypes (zero_sign_flipped)"),
+    Axis("e2m1_zero_sign", "code of a -0 element (same value)", Stage.MX_ACTIVATIONS, ("keep", "positive"), "keep",
+         schemes=("w4a4-mxfp4",), target="MxVariant.element_zero_sign", doc=_DOC_MX + "#nan",
+         source="vllm-xpu-kernels float_to_fp4_e2m1; compressed-tensors 0.20"),
+    Axis("mx_zero_block", "scale byte of an all-zero block", Stage.MX_ACTIVATIONS,
+         ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor"), "min", schemes=("w4a4-mxfp4",),
+         target="MxVariant.zero_block", doc=_DOC_MX + "#zero-blocks",
+         source="auto-round quant_mx (half), Quark observers (eps_fp32), vllm-xpu-kernels (eps_1e10_floor)"),
+    Axis("mx_nan_block", "what a NaN in a block does to its scale", Stage.MX_ACTIVATIONS, ("scale_nan", "ignore"),
+         "scale_nan", Level.SEMANTIC, schemes=("w4a4-mxfp4",), target="MxVariant.nan_block", doc=_DOC_MX + "#nan",
+         source="vllm-xpu-kernels sycl::fmax amax (NaN skipped: a NaN input becomes a finite value)"),
+    # -- fused MoE ---------------------------------------------------------------------------------------
+    Axis("moe_renormalize", "top-k routing weights renormalized to sum 1", Stage.MOE, canonical=True, kind="bool",
+         level=Level.SEMANTIC, schemes=("w4a16-moe",), target="MoeVariant.renormalize", doc=_DOC_MOE,
+         source="the checkpoint's norm_topk_prob (Mixtral/Qwen-MoE: true)"),
+    Axis("moe_gate_up", "layout of gate and up rows in w13", Stage.MOE, ("gate_up", "up_gate", "interleaved"),
+         "gate_up", Level.SEMANTIC, schemes=("w4a16-moe",), target="MoeVariant.gate_up", doc=_DOC_MOE,
+         source="vLLM FusedMoE w13 (gate_up); gpt-oss gate_up_proj (interleaved)"),
+    Axis("moe_tie_order", "expert order on exact router ties", Stage.MOE,
+         ("lower_index_first", "higher_index_first", "any"), "lower_index_first", schemes=("w4a16-moe",),
+         target="MoeVariant.tie_lower_index_first", doc=_DOC_MOE,
+         source="torch.topk(sorted=False): order on ties unspecified (any)"),
+    Axis("moe_intermediate_dtype", "dtype of the SiLU*up intermediate", Stage.MOE,
+         ("activation", "float64") + _DTYPES, "activation", schemes=("w4a16-moe",),
+         target="MoeVariant.intermediate_dtype", doc=_DOC_MOE, source="vLLM fused-MoE intermediate_cache1"),
+    Axis("moe_gate_up_dtype", "dtype the first GEMM's output is rounded to", Stage.MOE, ("exact",) + _DTYPES,
+         "exact", schemes=("w4a16-moe",), target="MoeVariant.gate_up_dtype", doc=_DOC_MOE,
+         source="vLLM fused-MoE intermediate_cache0 / ic0"),
+    Axis("moe_act_quant", "GEMM inputs quantized to int8 (with the act_* axes)", Stage.MOE, ("none", "int8"),
+         "none", Level.SEMANTIC, schemes=("w4a16-moe",), target="MoeVariant.act_quant", doc=_DOC_MOE,
+         source="vLLM CPU fused_experts_cpu INT4_W4A8 (csrc/cpu/sgl-kernels/moe_int4.cpp)"),
+]}
+
+#: the axes that are Declared fields, and those that are Declared.variants keys
+FIELD_AXES = {k: a for k, a in AXES.items() if a.field}
+VARIANT_AXES = {k: a for k, a in AXES.items() if not a.field}
+
+
+def axis(key: str) -> Axis:
+    """The axis called ``key``; VariantError listing the known keys otherwise."""
+    try:
+        return AXES[key]
+    except KeyError:
+        raise VariantError(f"unknown variant {key!r}; known: {', '.join(sorted(AXES))}") from None
+
+
+def parse_value(key: str, raw: Any) -> Any:
+    return axis(key).parse(raw)
+
+
+def normalize_variants(variants: dict | None) -> dict:
+    """``Declared.variants`` validated: known keys only (not fields), typed values, canonical values kept.
+
+    Raises VariantError naming the first unknown key or value.
+    """
+    out = {}
+    for k, raw in dict(variants or {}).items():
+        a = axis(k)
+        if a.field:
+            raise VariantError(f"{k!r} is a Declared field, not a variant key (Declared({k}=...))")
+        out[k] = a.parse(raw)
+    return out
+
+
+def describe_axes() -> list[dict]:
+    return [a.describe() for a in AXES.values()]
+
+
+def markdown_table() -> str:
+    """docs/variants.md: one row per axis, derived from AXES."""
+    lines = ["| key | stage | values (canonical first, **bold**) | level of the others | schemes | source |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for a in AXES.values():
+        if a.values:
+            vals = [f"**{a.canonical}**"] + [str(v) for v in a.values if v != a.canonical]
+            levels = sorted({a.level_of(v).label for v in a.values if v != a.canonical})
+        else:
+            vals = [f"**{a.canonical}**", f"any {a.kind}" + (f" in [{a.bounds[0]}, {a.bounds[1]}]" if a.bounds else "")]
+            levels = [a.level.label]
+        if a.case_level is not None:
+            levels = ["by case"]
+        name = f"`{a.key}`" + (" (field)" if a.field else "")
+        lines.append(f"| {name} | {a.stage.value} | {', '.join(vals)} | {', '.join(levels)} | "
+                     f"{', '.join(a.schemes) if a.schemes != _ALL else 'all'} | {a.source or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m emulator.variants > docs/variants-table.md
+    print(markdown_table(), end="")
