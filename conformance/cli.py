@@ -62,56 +62,43 @@ def _cmd_dequant(args) -> int:
     return EXIT_OK
 
 
-def _parse_variant_opts(opts: list[str]) -> dict:
-    out = {}
+#: the vocabulary stages ``qconform linear`` applies (its weights are the checkpoint's own, dequantized canonically)
+LINEAR_STAGES = ("int8-activations", "mx-activations")
+
+
+def linear_variant_keys() -> list[str]:
+    from emulator.variants import AXES
+
+    return [k for k, a in AXES.items() if a.stage.value in LINEAR_STAGES]
+
+
+def _linear_variants(opts: list[str]):
+    """``--variant KEY=VALUE ...`` -> (the Declared they name, its int8 and MX activation quantizers).
+
+    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md); a
+    key of another stage (weights, epilogue, MoE) is refused: ``linear`` would not apply it.
+    """
+    from emulator.declaration import Declared, int8_variant, mx_variant
+    from emulator.variants import axis
+
+    pairs = {}
     for o in opts or []:
         if "=" not in o:
             raise ValueError(f"--variant expects key=value, got {o!r}")
-        k, v = o.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
-_INT8_KEYS = ("rounding", "reciprocal", "scale_dtype", "zero_row", "nan_to_int", "qmin", "qmax", "eps", "symmetric",
-              "uint8_zp128")
-_MX_KEYS = ("scale_rule", "element_rounding", "element_nan", "zero_block", "nan_block")
-
-
-def _check_variant_keys(opts: dict) -> None:
-    unknown = sorted(set(opts) - set(_INT8_KEYS) - set(_MX_KEYS))
-    if unknown:
-        raise ValueError(f"--variant: unknown key(s) {', '.join(unknown)}; int8 activations: {', '.join(_INT8_KEYS)}; "
-                         f"mxfp4: {', '.join(_MX_KEYS)}")
-
-
-def _int8_variant(opts: dict):
-    from emulator.activations.int8 import Int8ActVariant
-
-    kw = {}
-    for k, v in opts.items():
-        if k in ("rounding", "reciprocal", "scale_dtype", "zero_row", "nan_to_int"):
-            kw[k] = v
-        elif k in ("qmin", "qmax"):
-            kw[k] = int(v)
-        elif k == "eps":
-            kw[k] = float(v)
-        elif k in ("symmetric", "uint8_zp128"):
-            if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                raise ValueError(f"--variant {k}={v!r}: expected true or false")
-            kw[k] = v.lower() in ("1", "true", "yes")
-    return Int8ActVariant(**kw)
-
-
-def _mx_variant(opts: dict):
-    from emulator.formats.mxfp4 import MxVariant
-
-    return MxVariant(**{k: v for k, v in opts.items() if k in _MX_KEYS})
+        k, v = (t.strip() for t in o.split("=", 1))
+        stage = axis(k).stage.value
+        if stage not in LINEAR_STAGES:
+            raise ValueError(f"--variant {k}: a {stage} variant; qconform linear applies the activation variants "
+                             f"only: {', '.join(linear_variant_keys())}")
+        pairs[k] = v
+    decl = Declared(variants=pairs)
+    return decl, int8_variant(decl), mx_variant(decl)
 
 
 def _cmd_linear(args) -> int:
     from emulator.checkpoint import Checkpoint
     from emulator.errors import FormatError
-    from emulator.layers import linear_layer
+    from emulator.layers import declared_activation, linear_layer
     from emulator.tensorfile import Tensor, load_tensors, save_tensors
 
     ck = Checkpoint(args.checkpoint)
@@ -128,10 +115,8 @@ def _cmd_linear(args) -> int:
         raise FormatError(f"{args.input}: tensor 'x' must be 2-D [M, K], got shape {list(x.shape)}")
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
-    opts = _parse_variant_opts(args.variant)
-    _check_variant_keys(opts)
-    res = linear_layer(ck, info, x, act=args.act, int8_variant=_int8_variant(opts), mx_variant=_mx_variant(opts),
-                       out_dtype=dtype)
+    decl, int8_variant, mx_variant = _linear_variants(args.variant)
+    res = linear_layer(ck, info, x, act=args.act, int8_variant=int8_variant, mx_variant=mx_variant, out_dtype=dtype)
     y = res.y
     if dtype == "float16":
         y_out = y.astype(np.float16)
@@ -144,8 +129,11 @@ def _cmd_linear(args) -> int:
         out["acc"] = res.acc.astype(np.int64)
     save_tensors(args.output, out, metadata={"layer": info.name, "format": info.format, "producer": "qconform"})
     amb = int(res.y_ambiguous.sum())
+    act = args.act or declared_activation(info)
+    named = [f"{k}={v}" for k, v in decl.variants.items()]
     print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}" + (f" ({amb} element(s) within the float64 "
                                                                          "bound of a rounding boundary)" if amb else ""))
+    print(f"activations: {act}; variants: {', '.join(named) if named else 'canonical'}")
     return EXIT_OK
 
 
@@ -178,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", required=True)
     s.add_argument("--act", choices=["a16", "int8", "mxfp4"], help="activation scheme (default: the checkpoint's)")
     s.add_argument("--variant", action="append", metavar="KEY=VALUE",
-                   help="activation variant, e.g. rounding=rhaz, reciprocal=recip_amax, scale_rule=even")
+                   help="activation variant from docs/variants.md, e.g. act_rounding=rhaz, reciprocal=recip_amax, "
+                        "mx_scale_rule=even; keys: " + ", ".join(linear_variant_keys()))
     s.set_defaults(fn=_cmd_linear)
 
     s = sub.add_parser("selfcheck", help="end-to-end check of the emulator through checkpoint folders")

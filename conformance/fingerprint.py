@@ -47,6 +47,7 @@ import numpy as np
 
 from backends.base import Case, Declared
 from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
+from emulator.variants import AXES as VOCABULARY
 
 from .acceptance import compare, declared_interval
 from .bundle import save_bundle
@@ -60,12 +61,14 @@ __all__ = ["AXES", "SCHEME_AXES", "Axis", "fingerprint", "register", "format_tex
 #: Declared fields (not variants) an axis may set
 _FIELDS = ("weight_dtype", "accumulate", "act_compute_dtype")
 
-#: canonical value of each variant key (what an absent key means)
-_DEFAULTS = {"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32", "qmin": -128,
-             "qmax": 127, "zero_row": "zero", "eps": 0.0, "zero_read": "canonical", "dequant_order": "sub_then_mul",
-             "weight_scale_dtype": None, "mx_scale_rule": "floor", "e2m1_rounding": "rne", "e2m1_nan": "zero",
-             "mx_zero_block": "min", "mx_nan_block": "scale_nan", "weight_dtype": "float32",
-             "accumulate": "float32", "act_compute_dtype": None}
+def _unset(key: str):
+    """The canonical value of a vocabulary axis as the probes spell it (None where it means 'not named')."""
+    v = VOCABULARY[key].canonical
+    return None if (key, v) in (("weight_scale_dtype", "checkpoint"), ("act_compute_dtype", "none")) else v
+
+
+#: canonical value of each variant key (what an absent key means), from the vocabulary (emulator/variants.py)
+_DEFAULTS = {k: _unset(k) for k in VOCABULARY}
 
 
 def _norm(key: str, v):
@@ -73,15 +76,15 @@ def _norm(key: str, v):
         v = _DEFAULTS.get(key)
     if v is None:
         return None
-    if key in ("qmin", "qmax"):
-        return int(v)
-    if key == "eps":
-        return float(v)
-    v = str(v).lower()
+    v = VOCABULARY[key].parse(v) if key in VOCABULARY else v
+    if isinstance(v, str):
+        v = v.lower()
     if key == "weight_dtype" and v == "exact":
         return "float32"  # int formats: 'exact' forms (q - z) * s in float32 (int_common.dequantize_affine)
     if key == "accumulate" and v == "exact":
         return "float64"  # u = 0: no bound wider than float64's on these probes
+    if (key, v) in (("weight_scale_dtype", "checkpoint"), ("act_compute_dtype", "none")):
+        return None
     return v
 
 
@@ -161,6 +164,20 @@ AXES: dict[str, Axis] = {a.name: a for a in [
          _vals("accumulate", ("float64", "float32", "float16", "bfloat16")),
          depends=("gptq_sym_qzeros", "weight_scale_dtype", "dequant")),
 ]}
+
+def _check_probe_axes() -> None:
+    """Every override of every probe axis names a vocabulary key and a value it accepts (fails at import)."""
+    for ax in AXES.values():
+        for name, ov in ax.values:
+            for k, v in ov.items():
+                if k not in VOCABULARY:
+                    raise AssertionError(f"fingerprint axis {ax.name}: {k!r} is not a variant key")
+                if v is not None:
+                    VOCABULARY[k].parse(v)
+
+
+_check_probe_axes()
+
 
 #: the axes probed per scheme, in order (later axes are conditioned on earlier ones via ``depends``)
 SCHEME_AXES = {
@@ -865,15 +882,8 @@ def _unmodelled_keys(declared: dict | None) -> list[str]:
 
 
 def _known_keys() -> set:
-    """Variant keys the acceptance code reads (named in conformance/acceptance.py) or the emulator takes."""
-    import re
-
-    from backends.emulator import VARIANT_KEYS
-
-    from . import acceptance
-
-    src = Path(acceptance.__file__).read_text(encoding="utf-8")
-    return set(re.findall(r'"([a-z][a-z0-9_]*)"', src)) | set(VARIANT_KEYS)
+    """Every key of the variant vocabulary (emulator/variants.py): the acceptance code models each one."""
+    return set(VOCABULARY)
 
 
 def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bfloat16", out_dir=None,

@@ -226,3 +226,8 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
         z = 0 if c.zero_point is None else c.zero_point[:, g].astype(np.int32)
         return c.q.astype(np.int32) - z, np.asarray(c.scales).T, K // n_groups, g
     raise FormatError(f"W4A8 needs int4 weights; layer format is {info.format}", layer=info.name)
+
+
+def declared_activation(info: LayerInfo) -> str:
+    """The activation scheme a layer's checkpoint declares: "a16", "int8" or "mxfp4"."""
+    return _declared_act(info)

@@ -178,7 +178,8 @@ def _act_symmetric_level(value, case) -> Level:
 
 
 def _output_level(value, case) -> Level:
-    return Level.CANONICAL if value in ("case", case.output_dtype) else Level.ROUNDING
+    # float32 holds every fp16/bf16 value: a float32 output is the finer answer, rounded later by the engine
+    return Level.CANONICAL if value in ("case", "float32", case.output_dtype) else Level.ROUNDING
 
 
 def _act_compute_level(value, case) -> Level:

@@ -376,10 +376,11 @@ def test_linear_variant_rounding_rhaz_changes_ties_only(capsys, ckpts, tmp_path)
     xp = tmp_path / "x.safetensors"
     _write_x(xp, x, "float32")
     outs = {}
-    for name, extra in (("default", []), ("rhaz", ["--variant", "rounding=rhaz"])):
+    for name, extra in (("default", []), ("rhaz", ["--variant", "act_rounding=rhaz"])):
         yp = tmp_path / f"{name}.safetensors"
-        rc, _, err = cli(capsys, "linear", folder, "--layer", LAYER, "-i", xp, "-o", yp, "--act", "int8", *extra)
+        rc, out, err = cli(capsys, "linear", folder, "--layer", LAYER, "-i", xp, "-o", yp, "--act", "int8", *extra)
         assert rc == 0, err
+        assert f"activations: int8; variants: {'act_rounding=rhaz' if extra else 'canonical'}" in out
         outs[name] = read_st(yp)[0]
     wq, _ = _ct_int8_weight(folder)
     dq = _int8_oracle(x, "rhaz")[0] - _int8_oracle(x, "rne")[0]
@@ -390,8 +391,10 @@ def test_linear_variant_rounding_rhaz_changes_ties_only(capsys, ckpts, tmp_path)
     assert torch.equal(outs["rhaz"]["y"][1], outs["default"]["y"][1])
 
 
-@pytest.mark.parametrize("variant,needle", [("nonsense=1", "nonsense"), ("rounding=sideways", "sideways"),
-                                            ("rounding", "key=value"), ("symmetric=maybe", "symmetric")])
+@pytest.mark.parametrize("variant,needle", [("nonsense=1", "nonsense"), ("act_rounding=sideways", "sideways"),
+                                            ("act_rounding", "key=value"), ("act_symmetric=maybe", "act_symmetric"),
+                                            ("rounding=rhaz", "known: "), ("zero_read=v1_literal", "weights variant"),
+                                            ("qmin=-200", "qmin")])
 def test_linear_bad_variant(capsys, ckpts, tmp_path, variant, needle):
     folder, _ = ckpts["ct-w8a8-int8"]
     xp = tmp_path / "x.safetensors"
