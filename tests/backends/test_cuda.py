@@ -294,7 +294,9 @@ def test_w4a16_smoke(case):
 @needs_cuda
 def test_w4a16_float_zero_on_the_device():
     """The one-element reproducer: the kernel's weight is the float-zero one, outside the canonical interval."""
-    r = cu.float_zero_reproducer()
+    from tools.cuda_measure import float_zero_reproducer
+
+    r = float_zero_reproducer()
     assert r["kernel"] == r["tinygemm_model"] == r["declared_float_zero"] == -0.0751953125
     assert r["canonical_bf16"] != r["kernel"]
 

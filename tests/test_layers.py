@@ -1,0 +1,115 @@
+"""Layering: emulator <- backends <- conformance, no import going up (deferred imports included), and no
+import cycles between the project's modules (docs/design.md#layers)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("emulator", "backends", "conformance")
+RANK = {"emulator": 0, "backends": 1, "conformance": 2}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            out[_module_name(p)] = p
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules imported anywhere in the file (top level or inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                prefix = base[:len(base) - node.level + 1]
+                mod = ".".join(prefix + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            # the longest known module that t names (a "from pkg import module" names the module)
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {n: _imports(n, p, set(mods)) for n, p in mods.items()}
+
+
+def test_no_import_goes_up_a_layer():
+    bad = []
+    for mod, deps in _graph().items():
+        for d in deps:
+            if RANK[d.split(".")[0]] > RANK[mod.split(".")[0]]:
+                bad.append(f"{mod} imports {d}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_module_loads_benchmarks_or_tools():
+    bad = [f"{m} imports {d}" for m, p in _modules().items()
+           for d in _imports(m, p, {"benchmarks", "benchmarks.bench", "tools", "tools.cuda_measure"})
+           if d.split(".")[0] in ("benchmarks", "tools")]
+    assert not bad, bad
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # a package's __init__ re-exporting its modules is not a cycle of logic: drop package -> own submodule edges
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in _graph().items()}
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)

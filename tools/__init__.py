@@ -1,0 +1,1 @@
+"""Developer tools that run outside the package (device measurements)."""
