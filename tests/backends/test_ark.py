@@ -81,9 +81,12 @@ def test_registry_creates_ark_with_params():
     from backends import registry
 
     b = registry.create("ark:engine=auto-round,cdt=fp32")
-    assert isinstance(b, ArkBackend) and b.engine == "auto-round" and b.cdt == "fp32"
+    assert isinstance(b, ArkBackend) and b.engine == "auto-round" and b.cdt == "fp32" and b.route == "engine"
+    assert registry.create("ark:route=all").route == "all"
     with pytest.raises(ValueError):
         ArkBackend(engine="tgi")
+    with pytest.raises(ValueError):
+        ArkBackend(route="everything")
     with pytest.raises(ValueError):
         ArkBackend(bogus="1")
 
@@ -139,14 +142,53 @@ def test_intel_auto_cdt_is_int8_and_refused(monkeypatch):
     assert ArkBackend(cdt="fp32").can_implement(_case()).ok
 
 
-@pytest.mark.parametrize("case", [
+ALL_LAYOUTS = [
     _case(), _case(sym=False), _case(sym=False, zero_convention="v2"), _case(fmt="awq", sym=False),
     _case(fmt="ct-pack-quantized", group_size=-1), _case("w8a16", bits=8), _case("w8a16", "ct-int-quantized"),
     _case("w8a8", "ct-int-quantized", M=1, bits=8), _case("w8a8", "ct-int-quantized", M=3, bits=8),
-])
-def test_can_implement_accepts(monkeypatch, case):
+]
+
+
+@pytest.mark.parametrize("case", ALL_LAYOUTS)
+def test_can_implement_accepts_every_layout_with_route_all(monkeypatch, case):
     monkeypatch.setattr(ark_mod, "host_cpu", lambda: AMD)
-    assert ArkBackend().can_implement(case).ok
+    assert ArkBackend(route="all").can_implement(case).ok
+
+
+def test_default_route_accepts_what_vllm_sends_to_ark(monkeypatch):
+    """vLLM on CPU: INCWna16Scheme.get_linear_method sends GPTQ bits == 4 and sym to INCARKLinearMethod."""
+    monkeypatch.setattr(ark_mod, "host_cpu", lambda: AMD)
+    for g in (32, 64, 128):
+        assert ArkBackend().can_implement(_case(group_size=g)).ok
+    assert ArkBackend().can_implement(_case(act_dtype="float32", bias=True)).ok
+
+
+@pytest.mark.parametrize("case,needle", [
+    (_case(sym=False), "INC on CPU: unsupported config"),
+    (_case(sym=False, zero_convention="v2"), "INC on CPU: unsupported config"),
+    (_case("w8a16", bits=8), "INC on CPU: unsupported config"),
+    (_case(fmt="awq", sym=False), "INCWNA16LinearScheme"),
+    (_case(fmt="ct-pack-quantized"), "compressed-tensors"),
+    (_case(fmt="ct-pack-quantized", sym=False), "compressed-tensors"),
+    (_case("w8a16", "ct-int-quantized"), "compressed-tensors"),
+    (_case("w8a8", "ct-int-quantized", M=3, bits=8), "woqgemm_s8"),
+    (_case(group_size=-1), "group_size -1"),
+])
+def test_default_route_refuses_the_rest_with_vllms_reason(monkeypatch, case, needle):
+    monkeypatch.setattr(ark_mod, "host_cpu", lambda: AMD)
+    r = ArkBackend().can_implement(case)
+    assert not r.ok and needle in r.reason and "route=all" in r.reason
+    if case.weight_format in ("gptq", "awq"):
+        assert "inc_wna16" in r.reason  # the vLLM file that makes the decision is cited
+    assert ArkBackend(route="all").can_implement(case).ok
+
+
+def test_auto_round_engine_routes_gptq_and_awq(monkeypatch):
+    monkeypatch.setattr(ark_mod, "host_cpu", lambda: AMD)
+    b = ArkBackend(engine="auto-round")
+    for c in (_case(sym=False), _case("w8a16", bits=8, sym=False), _case(fmt="awq", sym=False)):
+        assert b.can_implement(c).ok
+    assert not b.can_implement(_case(fmt="ct-pack-quantized")).ok
 
 
 def test_declared_variants(monkeypatch):
@@ -289,7 +331,7 @@ def test_blob_equals_quantlinear_post_init(engine, fmt, sym, bits, cls):
 @needs_ark
 def test_unpack_weight_of_blob_equals_layout():
     c = _case(sym=False, N=96, K=256, group_size=128, act_dtype="float32")
-    b = ArkBackend()
+    b = ArkBackend(route="all")
     p = b.prepare(c, make_inputs(c, 0).tensors)
     lay = p.data["layout"]
     dq = p.data["ark"].unpack_weight(p.data["blob"], torch.float32, c.N, c.K, lay.group, "auto", "int4", "fp32", True)
@@ -386,15 +428,19 @@ def _s8_outcome(c: Case, params: dict, seed: int = 0) -> None:
 @needs_ark
 @pytest.mark.parametrize("scheme,fmt,M,N,K,g,sym,zc,act,bias,engine", SMOKE)
 def test_smoke_inside_declared_interval(scheme, fmt, M, N, K, g, sym, zc, act, bias, engine):
-    """The fp32-core arithmetic (cdt=fp32 pinned: the same core family on AMD and Intel) is inside the
-    declared interval; woqgemm_s8 (W8A8) does not depend on cdt and runs isolated."""
+    """The fp32-core arithmetic (cdt=fp32 pinned: the same core family on AMD and Intel) of every buildable
+    layout (route=all) is inside the declared interval; the default route takes exactly the rows vLLM sends
+    to ARK. woqgemm_s8 (W8A8) does not depend on cdt and runs isolated."""
     bits = 4 if scheme == "w4a16" else 8
     c = Case(scheme, fmt, M, N, K, group_size=g, sym=sym, zero_convention=zc, act_dtype=act, bias=bias, bits=bits,
              scale_dtype="bfloat16" if bits == 8 else "float16")
-    b = ArkBackend(engine=engine, cdt=FP32)
+    b = ArkBackend(engine=engine, cdt=FP32, route="all")
     assert b.can_implement(c).ok, b.can_implement(c).reason
+    vllm_routed = engine == "vllm" and fmt == "gptq" and bits == 4 and sym and g > 0
+    if engine == "vllm":
+        assert ArkBackend(cdt=FP32).can_implement(c).ok == vllm_routed
     if scheme == "w8a8":
-        _s8_outcome(c, {"engine": engine, "cdt": FP32})
+        _s8_outcome(c, {"engine": engine, "cdt": FP32, "route": "all"})
         return
     assert ark_mod._CORE_COMPUTE[gemm_core(FP32, bits, c.group, not sym)] == "float32"
     inp, y = _run(b, c)
@@ -444,7 +490,10 @@ def test_vllm_v1_asym_reads_zero_without_plus_one(bits):
     the emulator's zero_read=v1_literal (declared); the canonical v1 reading (+1) is outside."""
     c = _case("w4a16" if bits == 4 else "w8a16", M=3, N=96, K=256, bits=bits, sym=False, group_size=32,
               act_dtype="bfloat16", bias=True, scale_dtype="bfloat16")
-    b = ArkBackend(cdt=FP32)  # the glue defect is in the zeros, whatever the core: pin the fp32 core
+    # a latent vLLM glue path (vLLM raises for asym GPTQ on CPU): only reachable with route=all; the defect is
+    # in the zeros, whatever the core: pin the fp32 core
+    assert not ArkBackend(cdt=FP32).can_implement(c).ok
+    b = ArkBackend(cdt=FP32, route="all")
     inp, y = _run(b, c, seed=1)
     d = b.declared(c)
     assert d.variants["zero_read"] == "v1_literal"
@@ -462,7 +511,9 @@ def test_vllm_awq_zero_points_are_permuted():
     """Discrepancy (engine glue): vLLM copies AWQ qzeros without reordering; feeding zeros pre-packed in
     GPTQ column order makes the same path conformant."""
     c = _case(fmt="awq", M=3, N=96, K=256, sym=False, group_size=32, act_dtype="bfloat16")
-    b = ArkBackend(cdt=FP32)  # the glue defect is in the zeros, whatever the core: pin the fp32 core
+    # latent (vLLM sends AWQ to ARK only on XPU, sym only): route=all; pin the fp32 core
+    assert not ArkBackend(cdt=FP32).can_implement(c).ok
+    b = ArkBackend(cdt=FP32, route="all")
     inp, y = _run(b, c)
     iv = declared_interval(inp, b.declared(c))
     assert not compare(y, iv).ok
