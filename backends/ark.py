@@ -30,13 +30,24 @@ How vLLM prepares a layer (reproduced here in torch, see ``gptq_layout`` / ``awq
    x converted to float32 (exact for 16-bit inputs), ``woqgemm`` writes float32, and the
    result is ``.to(x.dtype)`` (one RNE rounding).
 
-Parameters (``ark:engine=...,cdt=...``):
+Parameters (``ark:engine=...,cdt=...,route=...``):
 
 - ``engine=vllm`` (default): the steps above. ``engine=auto-round``: auto-round's own
   HF inference classes — ``QuantLinearGPTQ`` (``ZP_BIAS = 1``, the v1 +1) for v1 GPTQ
   checkpoints and ``QuantLinearAWQ`` (qzeros reordered like qweight) for AWQ.
 - ``cdt``: the compute type passed to ARK (``auto`` as vLLM; ``fp32``, ``bf16``, ``fp16``,
   ``int8``).
+- ``route=engine`` (default): only what the named engine sends to ARK. vLLM on CPU
+  (``vllm/model_executor/layers/quantization/inc/schemes/inc_wna16_scheme.py``,
+  ``INCWna16Scheme.get_linear_method``): GPTQ-packed layers with ``bits == 4 and sym`` go to
+  ``INCARKLinearMethod``; any other GPTQ config raises ``NotImplementedError("INC on CPU:
+  unsupported config ...")``; AWQ-packed layers go to ``INCWNA16LinearScheme`` (AutoAWQ
+  methods), not ARK; on XPU only ``bits in {2, 4} and sym`` reach ARK. No engine sends
+  compressed-tensors layouts or W8A8 to ARK. auto-round's own classes take GPTQ (sym/asym,
+  4/8-bit) and AWQ. ``route=all``: every layout this adapter can build — the latent vLLM glue
+  paths (asymmetric v1 GPTQ read without the +1, AWQ zero points left in AWQ order, 8-bit),
+  the compressed-tensors transforms and ``woqgemm_s8`` — so those defects stay reproducible
+  (docs/backends/ark.md#discrepancies).
 
 What the CPU library computes (``wrapper/include/cpu_wrapper.hpp::BTLAGemmCoreId``): the
 bestla GEMM core is chosen from ``cdt`` *and the host*. On a CPU whose vendor is not
@@ -92,10 +103,14 @@ __all__ = [
     "ct_int8_layout",
     "ENGINES",
     "CDTS",
+    "ROUTES",
 ]
 
 ENGINES = ("vllm", "auto-round")
 CDTS = ("auto", "fp32", "bf16", "fp16", "int8")
+ROUTES = ("engine", "all")
+#: where vLLM decides which INC (auto-round) layers reach ARK
+VLLM_ROUTER = "vllm/model_executor/layers/quantization/inc/schemes/inc_wna16_scheme.py::INCWna16Scheme.get_linear_method"
 #: AWQ stores column c of each 8-column block in nibble slot AWQ_PACK_ORDER.index(c)
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
@@ -350,20 +365,24 @@ def _import_ark():
 class ArkBackend(Backend):
     name = "ark"
     covers = ("auto-round-lib ARK CPU woqgemm (vLLM PR #39778 INCARKLinearMethod / inc_ark_ops.py, "
-              "auto_round_kernel.qlinear.QuantLinear): W4A16/W8A16 int weights, woqgemm_s8 W8A8 (per-tensor)")
+              "auto_round_kernel.qlinear.QuantLinear): by default what vLLM routes to ARK on CPU (4-bit sym GPTQ); "
+              "route=all: W4A16/W8A16 int weights of every layout, woqgemm_s8 W8A8 (per-tensor)")
     priority = 50
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = set(params) - {"engine", "cdt"}
+        unknown = set(params) - {"engine", "cdt", "route"}
         if unknown:
-            raise ValueError(f"ark: unknown parameter(s) {sorted(unknown)}; known: engine, cdt")
+            raise ValueError(f"ark: unknown parameter(s) {sorted(unknown)}; known: engine, cdt, route")
         self.engine = params.get("engine", "vllm")
         if self.engine not in ENGINES:
             raise ValueError(f"ark: engine must be one of {ENGINES}, got {self.engine!r}")
         self.cdt = params.get("cdt", "auto")
         if self.cdt not in CDTS:
             raise ValueError(f"ark: cdt must be one of {CDTS}, got {self.cdt!r}")
+        self.route = params.get("route", "engine")
+        if self.route not in ROUTES:
+            raise ValueError(f"ark: route must be one of {ROUTES}, got {self.route!r}")
 
     # -- 1. availability
     def availability(self) -> Availability:
@@ -449,7 +468,7 @@ class ArkBackend(Backend):
         if s == "w8a8":
             if fmt != "ct-int-quantized":
                 return no("W8A8 here is woqgemm_s8 with compressed-tensors int-quantized int8 weights only")
-            return yes()
+            return self._engine_route(case)
         if s == "w4a16":
             if case.bits != 4:
                 return no(f"scheme w4a16 needs 4-bit weights, got bits={case.bits}")
@@ -468,10 +487,40 @@ class ArkBackend(Backend):
             if case.sym:
                 return no("AWQ checkpoints carry zero points (AutoAWQ GEMM is asymmetric); ARK with sym=True "
                           "ignores qzeros (zero 8) — run AWQ as sym=False")
+        routed = self._engine_route(case)
+        if not routed:
+            return routed
         core = gemm_core(self.cdt, 8 if s == "w8a16" else 4, g, not case.sym)
         if _CORE_COMPUTE[core] == "int8":
             return no(f"cdt={self.cdt} selects the {core} int8 core on this host: activations are quantized "
                       "per token per K-block (not expressible by the emulator); use ark:cdt=fp32")
+        return yes()
+
+    def _engine_route(self, case: Case) -> Support:
+        """route=engine: does the named engine send this layer to ARK? (route=all: every buildable layout)."""
+        if self.route == "all":
+            return yes()
+        more = " (ark:route=all runs the layout anyway, as a latent-path demonstration)"
+        fmt = case.weight_format
+        if case.scheme == "w8a8":
+            return no("no engine calls woqgemm_s8: vLLM's W8A8 CPU kernels are oneDNN/SGL/zentorch, and auto-round "
+                      "exports no W8A8 layer using it" + more)
+        if fmt in ("ct-pack-quantized", "ct-int-quantized"):
+            return no("no engine sends compressed-tensors checkpoints to ARK: vLLM routes them through its "
+                      "compressed-tensors schemes; ARK is reached only through the INC (auto-round) config" + more)
+        if self.engine == "auto-round":
+            return yes()  # QuantLinearGPTQ / QuantLinear (v2) / QuantLinearAWQ: sym and asym, 2..8 bits on CPU
+        if fmt == "awq":
+            return no(f"vLLM ({VLLM_ROUTER}) sends AWQ-packed INC layers on CPU to INCWNA16LinearScheme "
+                      "(AutoAWQ methods), not to ARK; only XPU sends them to ARK, and only symmetric ones" + more)
+        if case.bits != 4 or not case.sym:
+            return no(f"vLLM ({VLLM_ROUTER}) sends only 4-bit symmetric GPTQ layers to ARK on CPU and raises "
+                      f"NotImplementedError('INC on CPU: unsupported config') for bits={case.bits} "
+                      f"{'sym' if case.sym else 'asym'}" + more)
+        if case.group_size in (-1, 0):
+            return no("vLLM's INC ARK path cannot load group_size -1: INCXPULinearBase._create_inc_weights computes "
+                      "input_size_per_partition // group_size (inc_wna16_linear.py), and woqgemm validates "
+                      "groupsize > 0" + more)
         return yes()
 
     # -- 3. declared

@@ -50,6 +50,12 @@ OPS = {
     "w8a8": ("_int_mm",),
     "w4a8": ("_dyn_quant_pack_4bit_weight", "_dyn_quant_matmul_4bit"),
 }
+#: known kernel defect, run (not refused) because no engine guards it: docs/backends/torch-cpu.md (P4)
+INT8PACK_K_TAIL = ("KNOWN KERNEL DEFECT (docs/backends/torch-cpu.md, P4): _weight_int8pack_mm's AVX512 bf16 kernel "
+                   "steps K by 16 with no tail and no size check; K % 16 != 0 reads past each row (wrong values "
+                   "with M = 1, SIGSEGV from misaligned loads with several rows). GPTQModel's TorchInt8QuantLinear "
+                   "(gptqmodel/nn_modules/qlinear/torch_int8.py: SUPPORTS_IN_FEATURES_DIVISIBLE_BY = [1]) calls it "
+                   "for any K, so this case is run; expect fail or crash (waivers/known-kernel-defects.toml)")
 #: group sizes ``_weight_int4pack_mm_for_cpu`` accepts (LinearAlgebra.cpp TORCH_CHECK)
 INT4PACK_GROUPS = (32, 64, 128, 256)
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # column c of a word sits in slot AWQ_REVERSE_ORDER[c]
@@ -366,9 +372,10 @@ class TorchCpuBackend(Backend):
                 return no("_weight_int8pack_mm has no zero point: asymmetric 8-bit weights are not supported")
             if case.group_size not in (-1, 0):
                 return no(f"_weight_int8pack_mm takes one scale per output channel, not groups of {case.group_size}")
-        if case.act_dtype == "bfloat16" and case.K % 16:
-            return no(f"_weight_int8pack_mm's AVX512 bf16 kernel steps K by 16 with no tail and no check: "
-                      f"K={case.K} reads past the row (wrong results or a crash; docs/backends/torch-cpu.md)")
+        # bf16 with K % 16 != 0 is NOT refused: the AVX512 bf16 kernel has no K tail (known defect
+        # INT8PACK_K_TAIL), and the engine this adapter follows guards nothing (GPTQModel TorchInt8QuantLinear:
+        # SUPPORTS_IN_FEATURES_DIVISIBLE_BY = [1], bfloat16 in SUPPORTS_DTYPES), so the kernel runs and the
+        # verdict is fail or crash; waivers/known-kernel-defects.toml names the suite's case
         return yes()
 
     def _can_w8a8(self, case: Case) -> Support:
@@ -421,10 +428,12 @@ class TorchCpuBackend(Backend):
                 v["weight_scale_dtype"] = T
             if case.bias and T != "float32":
                 v["bias_stage"] = "after_output_rounding"
-            return Declared(variants=v, weight_dtype="float32", accumulate="float32", output=T,
-                            notes="_weight_int8pack_mm: w = fp32(q * s_T) (exact for 16-bit scales), fp32 "
-                                  "accumulation (16-lane FMA + reduce on AVX512 bf16, scalar otherwise), output "
-                                  "rounded RNE to T; bias added after, in T.")
+            notes = ("_weight_int8pack_mm: w = fp32(q * s_T) (exact for 16-bit scales), fp32 accumulation "
+                     "(16-lane FMA + reduce on AVX512 bf16, scalar otherwise), output rounded RNE to T; bias added "
+                     "after, in T.")
+            if T == "bfloat16" and case.K % 16:
+                notes += " " + INT8PACK_K_TAIL
+            return Declared(variants=v, weight_dtype="float32", accumulate="float32", output=T, notes=notes)
         if case.scheme == "w8a8":
             v = {"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32", "qmin": -128,
                  "qmax": 127, "zero_row": "zero", "act_symmetric": True}

@@ -26,7 +26,9 @@ layouts and what was observed on this host (AMD EPYC, family 26 = Zen 5).
 - **W8A8** ``zentorch_dynamic_qlinear`` through
   ``ZentorchInt8ScaledMMLinearKernel``
   (``vllm/model_executor/kernels/linear/scaled_mm/zentorch.py``): dynamic,
-  symmetric, per-channel; weight int8 ``[N, K]`` contiguous, the fp32
+  symmetric, per-channel — its ``can_implement`` refuses static, asymmetric and
+  non-channel-wise schemes, and so does this adapter (``sym=False`` or
+  ``group_size != -1``); weight int8 ``[N, K]`` contiguous, the fp32
   ``weight_scale`` parameter squeezed to ``(N,)`` and converted to bf16.
   Activation quantization rule measured: ``zendnn_dynamic_quant``.
   ``prepack=1`` also runs ``zentorch_weight_prepack_for_dynamic_qlinear``
@@ -81,6 +83,8 @@ __all__ = [
     "ACT_SCALE_FLOOR",
 ]
 
+#: the vLLM check that decides which W8A8 layers reach zentorch_dynamic_qlinear
+W8A8_GUARD = "vLLM ZentorchInt8ScaledMMLinearKernel.can_implement (vllm/model_executor/kernels/linear/scaled_mm/zentorch.py)"
 #: ops each scheme needs (vLLM's has_zentorch_op lists)
 _OPS = {
     "w4a16": ("zentorch_woq_repack_weight", "zentorch_woq_linear"),
@@ -376,6 +380,15 @@ class ZentorchBackend(Backend):
         if s == "w8a8":
             if case.weight_format != "ct-int-quantized":
                 return no(f"zentorch W8A8 takes compressed-tensors int-quantized int8 weights, not {case.weight_format}")
+            # vLLM's ZentorchInt8ScaledMMLinearKernel.can_implement
+            # (vllm/model_executor/kernels/linear/scaled_mm/zentorch.py) refuses static, asymmetric and
+            # non-channel-wise schemes; the selector then falls through to the oneDNN kernel
+            if not case.sym:
+                return no(f"asymmetric activations: {W8A8_GUARD} refuses them ('requires symmetric activation "
+                          "quantization'); vLLM falls back to its oneDNN kernel (backend vllm-cpu)")
+            if case.group_size != -1:
+                return no(f"weight scales not per channel (group_size={case.group_size}): {W8A8_GUARD} refuses "
+                          "them ('requires per-channel weight quantization'); vLLM falls back to oneDNN")
             return self._dtype_support(case, True, "zentorch_dynamic_qlinear")
         return no(f"unknown scheme {s}")
 
@@ -470,7 +483,11 @@ class ZentorchBackend(Backend):
                 ws = ws.squeeze(-1)
             ws = ws.to(torch.bfloat16).contiguous()
             if ws.shape != (w.shape[0],):
-                raise BackendError(f"expected a per-channel weight scale ({w.shape[0]},), got {tuple(ws.shape)}")
+                # can_implement accepts only channel-wise cases; tensors that contradict the case are an input
+                # error here (vLLM would never call the kernel: is_channelwise is False in its can_implement)
+                raise BackendError(f"weight_scale of shape {tuple(np.shape(tensors['weight_scale']))} is not per "
+                                   f"channel ({w.shape[0]},) although the case says group_size=-1; {W8A8_GUARD} "
+                                   "refuses non-channel-wise W8A8")
             packed = False
             if self.prepack:
                 w = ops.zentorch_weight_prepack_for_dynamic_qlinear(w)

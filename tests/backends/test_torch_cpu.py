@@ -12,6 +12,8 @@ import platform
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ from backends import torch_cpu as tc
 from backends.base import Case
 from conformance.acceptance import compare, declared_interval
 from conformance.cases import CaseInputs, make_inputs
+from conformance.runner import BAD, Runner, load_waivers
+from conformance.suite import CaseSpec, case_list
 from emulator.activations import int8 as a8
 
 QA8DX = a8.Int8ActVariant(scheme="kai_qa8dx", rounding="rhaz")
@@ -109,7 +113,6 @@ REFUSALS = [
     (Case("w8a16", "gptq", 1, 64, 128, bits=8, group_size=128), "one scale per output channel"),
     (Case("w8a16", "gptq", 1, 64, 128, bits=4, group_size=-1), "8-bit weights"),
     (Case("w8a16", "awq", 1, 64, 128), "int8 GPTQ or compressed-tensors"),
-    (Case("w8a16", "ct-int-quantized", 1, 64, 40, act_dtype="bfloat16"), "steps K by 16"),
     (Case("w8a8", "gptq", 1, 64, 128, bits=8), "compressed-tensors int-quantized"),
     (Case("w4a8", "awq", 1, 64, 128, act_dtype="float32"), "carries zero points"),
     (Case("w4a8", "gptq", 1, 64, 128, sym=False, act_dtype="float32"), "no weight zero point"),
@@ -602,3 +605,61 @@ def test_w4a8_groupwise_declares_bf16_scales():
     assert d.variants["weight_scale_dtype"] == "bfloat16"
     d = b.declared(Case("w4a8", "gptq", 1, 64, 256, group_size=-1, act_dtype="float32"))
     assert "weight_scale_dtype" not in d.variants
+
+
+# ------------------------------------------------- known kernel defect: run, judged, waived (never pass)
+WAIVERS = Path(__file__).resolve().parents[2] / "waivers" / "known-kernel-defects.toml"
+K_TAIL_CASE = Case("w8a16", "ct-int-quantized", 4, 64, 40, group_size=-1, scale_dtype="bfloat16")
+
+
+def _k_tail_defect(c: Case) -> bool:
+    """Independent statement of the defect's domain: int8pack W8A16 with bf16 activations and K % 16 != 0."""
+    return c.scheme == "w8a16" and c.act_dtype == "bfloat16" and c.K % 16 != 0
+
+
+@needs_torch
+def test_int8pack_bf16_k_tail_is_run_not_refused():
+    """The engine the adapter follows (GPTQModel TorchInt8QuantLinear, SUPPORTS_IN_FEATURES_DIVISIBLE_BY = [1])
+    calls _weight_int8pack_mm for any K, so the adapter accepts the case and says why it will fail."""
+    _skip_unless("w8a16")
+    b = _backend()
+    assert b.can_implement(K_TAIL_CASE).ok
+    assert "KNOWN KERNEL DEFECT" in b.declared(K_TAIL_CASE).notes
+    fp16 = dataclasses.replace(K_TAIL_CASE, act_dtype="float16")
+    assert b.can_implement(fp16).ok and "KNOWN KERNEL DEFECT" not in b.declared(fp16).notes
+    assert "KNOWN KERNEL DEFECT" not in b.declared(dataclasses.replace(K_TAIL_CASE, K=48)).notes
+
+
+def test_known_defect_waivers_are_current_and_exact():
+    """Every shipped waiver names an upstream reference and a future expiry; the torch-cpu one covers exactly
+    the defect's cases in every profile (no more: it must not hide other torch-cpu results)."""
+    ws = load_waivers(WAIVERS)
+    assert ws
+    today = time.strftime("%Y-%m-%d")
+    for w in ws:
+        assert w.issue and w.reason and w.expires > today, w
+    (w,) = [w for w in ws if w.backend == "torch-cpu"]
+    for profile in ("smoke", "ci", "certification"):
+        specs = case_list(profile=profile)
+        hit = {s.case_id for s in specs if w.matches("torch-cpu", s)}
+        want = {s.case_id for s in specs if _k_tail_defect(s.case)}
+        assert want and hit == want, (profile, hit ^ want)
+        assert not any(w.matches(label, s) for s in specs for label in ("ark", "zentorch", "torch-cpu:x"))
+
+
+@needs_torch
+def test_int8pack_k_tail_case_is_waived_never_pass(tmp_path):
+    """Through the isolated runner: without the waiver the suite's K = 40 bf16 case is fail or crash; with
+    it the case is listed as waived, its real verdict kept in waived_verdict (never a pass)."""
+    _skip_unless("w8a16")
+    if tc._torch_state()[3] != "AVX512":
+        pytest.skip("the defective AVX512 bf16 int8pack kernel is dispatched only on AVX-512 hosts; this host's "
+                    f"torch CPU capability is {tc._torch_state()[3]}")
+    spec = CaseSpec(K_TAIL_CASE, "random", "gaussian", 7)
+    bare = Runner(tmp_path / "bare", timeout=120, progress=False).run(["torch-cpu"], [spec])
+    assert [r["verdict"] for r in bare] in (["fail"], ["crash"]), bare
+    waived = Runner(tmp_path / "waived", timeout=120, progress=False,
+                    waivers=load_waivers(WAIVERS)).run(["torch-cpu"], [spec])
+    (rec,) = waived
+    assert rec["verdict"] == "waived" and rec["waived_verdict"] in BAD and "int8pack" in rec["waiver"]["reason"]
+    assert "unexpected_pass_of_waived_case" not in rec

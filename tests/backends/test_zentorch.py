@@ -111,7 +111,11 @@ REFUSALS = [
     (Case("w4a16", "ct-pack-quantized", 1, 64, 128, group_size=-1), "VLLM_CPU_INT4_W4A8=1"),
     (Case("w8a16", "ct-pack-quantized", 1, 64, 128, bits=8), "int4 only"),
     (Case("w8a8", "ct-pack-quantized", 1, 64, 128), "int-quantized"),
-    (Case("w8a8", "ct-int-quantized", 1, 64, 128, act_dtype="float16"), "float16"),
+    (Case("w8a8", "ct-int-quantized", 1, 64, 128, group_size=-1, act_dtype="float16"), "float16"),
+    # vLLM ZentorchInt8ScaledMMLinearKernel.can_implement: symmetric, per-channel only
+    (Case("w8a8", "ct-int-quantized", 1, 64, 128, group_size=-1, sym=False), "requires symmetric activation"),
+    (Case("w8a8", "ct-int-quantized", 1, 64, 128, group_size=128), "requires per-channel weight"),
+    (Case("w8a8", "ct-int-quantized", 1, 64, 128, group_size=0), "requires per-channel weight"),
     (Case("w4a8", "ct-pack-quantized", 1, 64, 128, sym=False), "symmetric only"),
     (Case("w4a8", "ct-pack-quantized", 1, 64, 128, group_size=2), "group_size % 4"),
     (Case("w4a8", "ct-pack-quantized", 1, 64, 128, act_dtype="float32"), "f32 source"),
@@ -125,6 +129,16 @@ REFUSALS = [
 def test_can_implement_refusals(zen_host, case, needle):
     sup = zt.ZentorchBackend().can_implement(case)
     assert not sup.ok and needle in sup.reason, sup.reason
+
+
+def test_w8a8_prepare_rejects_scale_tensors_that_are_not_per_channel(zen_host):
+    """A per-tensor weight_scale under a channel-wise case is an input contradiction: one BackendError
+    naming the shape and vLLM's guard (vLLM itself never calls the kernel for such a layer)."""
+    be = _backend_or_skip()
+    c = Case("w8a8", "ct-int-quantized", 1, 64, 128, group_size=-1)
+    t = dict(make_inputs(c, 0).tensors, weight_scale=np.float32([0.01]))
+    with pytest.raises(zt.BackendError, match=r"\(1,\) is not per channel.*requires|refuses non-channel-wise"):
+        be.prepare(c, t)
 
 
 @pytest.mark.parametrize("case", [
