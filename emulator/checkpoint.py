@@ -24,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 
 from .errors import FormatError, QconformError, UnsupportedFormatError, require
-from .tensorfile import Tensor, TensorFile
+from .tensorfile import Tensor, TensorFile, open_regular
 
 __all__ = ["LayerInfo", "Checkpoint", "open_checkpoint"]
 
@@ -59,17 +60,33 @@ class LayerInfo:
         return d
 
 
-def _load_json(path: Path, what: str) -> dict:
+#: size limits of the JSON files a checkpoint folder holds (docs/checkpoints.md, "Limits"):
+#: configs are kilobytes in practice (auto-round extra_config of a large MoE: a few MiB), the
+#: shard index of the largest public models about 10 MiB.
+MAX_CONFIG_JSON_BYTES = 8 * 1024 * 1024
+MAX_INDEX_JSON_BYTES = 32 * 1024 * 1024
+
+
+def _load_json(path: Path, what: str, limit: int = MAX_CONFIG_JSON_BYTES) -> dict:
+    """A JSON object from a regular file of at most ``limit`` bytes (checked before reading)."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise FormatError(f"{path}: {what} is {size} bytes, over the {limit}-byte limit for this file")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise FormatError(f"{path}: {what} grew past the {limit}-byte limit while being read")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: {what} not found") from None
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
-        raise FormatError(f"{path}: malformed JSON ({e})") from None
+        raise FormatError(f"{path}: malformed JSON ({type(e).__name__}: {_clip(str(e))})") from None
     if not isinstance(data, dict):
         raise FormatError(f"{path}: {what} is not a JSON object")
     return data
+
+
+def _clip(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 class Checkpoint:
@@ -93,7 +110,10 @@ class Checkpoint:
             raise UnsupportedFormatError(f"{source}: no quantization_config (not a quantized checkpoint)")
         self.qconfig = qc
         self.qconfig_source = source
-        method = str(qc.get("quant_method", "")).lower().replace("intel/", "").replace("_", "-")
+        raw_method = qc.get("quant_method", "")
+        if not isinstance(raw_method, str):
+            raise UnsupportedFormatError(f"{source}: quant_method {_clip(repr(raw_method))} is not a string")
+        method = raw_method.lower().replace("intel/", "").replace("_", "-")
         if method not in SUPPORTED_METHODS:
             raise UnsupportedFormatError(
                 f"{source}: unknown quant_method {qc.get('quant_method')!r}; "
@@ -107,7 +127,7 @@ class Checkpoint:
         index = self.folder / "model.safetensors.index.json"
         names: dict[str, TensorFile] = {}
         if index.exists():
-            wm = _load_json(index, "model.safetensors.index.json").get("weight_map")
+            wm = _load_json(index, "model.safetensors.index.json", MAX_INDEX_JSON_BYTES).get("weight_map")
             if not isinstance(wm, dict):
                 raise FormatError(f"{index}: no weight_map")
             files: dict[str, TensorFile] = {}
@@ -120,7 +140,7 @@ class Checkpoint:
                     if root not in p.parents:
                         raise FormatError(
                             f"{index}: shard {fname!r} (tensor {tname!r}) lies outside the checkpoint folder")
-                    if not p.is_file():
+                    if not p.exists():
                         raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) not found in {self.folder}")
                     files[fname] = TensorFile(p)
                 tf = files[fname]
