@@ -22,6 +22,7 @@ def detect_layers(ckpt: Checkpoint) -> list[LayerInfo]:
         "compressed-tensors": _detect_compressed_tensors,
         "mxfp4": _detect_gptoss_mxfp4,
     }[ckpt.method]
+    check_config_types(ckpt.qconfig, str(ckpt.qconfig_source))
     # one budget for all the re: matching of this checkpoint (emulator/saferegex.py)
     layers = rule(ckpt, ckpt.qconfig, Budget(where=str(ckpt.qconfig_source)))
     if not layers:
@@ -91,6 +92,46 @@ def _int(value, key: str, where: str) -> int:
     if not ok:
         raise UnsupportedFormatError(f"{where}: quantization_config {key}={value!r} is not an integer")
     return int(float(value)) if isinstance(value, float) else int(value)
+
+
+#: (integer keys are checked where a rule reads them, so the error can name the layer.)
+#: keys whose type is checked wherever a toolkit writes them (top level, config_groups[*],
+#: config_groups[*].weights / input_activations, extra_config[*]), read by a rule or not: a
+#: "false" string is an error even where qconform ignores the key.
+BOOL_KEYS = ("sym", "desc_act", "symmetric", "zero_point", "act_sym", "act_dynamic", "true_sequential",
+             "static_groups", "enable_quanted_input")
+STR_KEYS = ("quant_method", "checkpoint_format", "packing_format", "version", "format", "type", "strategy",
+            "data_type", "act_data_type")
+
+
+def _typed_sections(qc: dict):
+    yield "", qc
+    groups = qc.get("config_groups")
+    if isinstance(groups, dict):
+        for g, body in groups.items():
+            if isinstance(body, dict):
+                yield f"config_groups.{g}.", body
+                for sub in ("weights", "input_activations"):
+                    if isinstance(body.get(sub), dict):
+                        yield f"config_groups.{g}.{sub}.", body[sub]
+    extra = qc.get("extra_config")
+    if isinstance(extra, dict):
+        for k, body in extra.items():
+            if isinstance(body, dict):
+                yield f"extra_config[{k!r}].", body
+
+
+def check_config_types(qc: dict, where: str) -> None:
+    """Every known key has its type (null allowed: the toolkit default)."""
+    for prefix, section in _typed_sections(qc):
+        for key, value in section.items():
+            if value is None:
+                continue
+            if key in BOOL_KEYS and not isinstance(value, bool):
+                raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} "
+                                             "is not a boolean (true or false)")
+            if key in STR_KEYS and not isinstance(value, str):
+                raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} is not a string")
 
 
 def _cfg_int(cfg: dict, key: str, default: int, where: str) -> int:
