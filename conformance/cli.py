@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=_cmd_selfcheck)
 
+    from .campaign import add_parser as add_campaign
+
+    add_campaign(sub)
+
     from .commands import add_commands
 
     add_commands(sub)
@@ -209,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(e: BaseException) -> str:
     """The error as one line (the contract: one line naming the layer, tensor and problem)."""
     text = str(e) if str(e) else type(e).__name__
-    return " ".join(text.split())
+    text = " ".join(text.split())
+    return text if len(text) <= 2000 else text[:1997] + "..."  # a hostile value must not flood the terminal
 
 
 def main(argv: list[str] | None = None) -> int:

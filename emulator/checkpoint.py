@@ -116,7 +116,7 @@ class Checkpoint:
         method = raw_method.lower().replace("intel/", "").replace("_", "-")
         if method not in SUPPORTED_METHODS:
             raise UnsupportedFormatError(
-                f"{source}: unknown quant_method {qc.get('quant_method')!r}; "
+                f"{source}: unknown quant_method {_clip(repr(qc.get('quant_method')), 80)}; "
                 f"supported: {', '.join(SUPPORTED_METHODS)}")
         self.method = method
         self._files = self._index_files()
@@ -134,18 +134,18 @@ class Checkpoint:
             root = self.folder.resolve()
             for tname, fname in wm.items():
                 if not isinstance(fname, str) or not fname:
-                    raise FormatError(f"{index}: weight_map entry for tensor {tname!r} is not a file name: {fname!r}")
+                    raise FormatError(f"{index}: weight_map entry for tensor {_clip(repr(tname), 120)} is not a file name: {_clip(repr(fname), 120)}")
                 if fname not in files:
                     p = (self.folder / fname).resolve()
                     if root not in p.parents:
                         raise FormatError(
-                            f"{index}: shard {fname!r} (tensor {tname!r}) lies outside the checkpoint folder")
+                            f"{index}: shard {_clip(repr(fname), 120)} (tensor {_clip(repr(tname), 120)}) lies outside the checkpoint folder")
                     if not p.exists():
-                        raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) not found in {self.folder}")
+                        raise FormatError(f"{index}: shard {_clip(repr(fname), 120)} (tensor {_clip(repr(tname), 120)}) not found in {self.folder}")
                     files[fname] = TensorFile(p)
                 tf = files[fname]
                 if tname not in tf.header or tname == "__metadata__":
-                    raise FormatError(f"{index}: tensor {tname!r} is not in shard {fname}")
+                    raise FormatError(f"{index}: tensor {_clip(repr(tname), 120)} is not in shard {_clip(fname, 120)}")
                 names[tname] = tf
             return names
         shards = sorted(p for p in self.folder.glob("*.safetensors") if p.name != "toolkit_dequant.safetensors")
@@ -197,7 +197,7 @@ class Checkpoint:
         close += [n for n in self._layers if stripped.split(".")[-1] in n and n not in close]
         hint = f"; similar: {', '.join(close[:5])}" if close else f"; layers: {', '.join(list(self._layers)[:5])}" + (
             ", ..." if len(self._layers) > 5 else "")
-        raise QconformError(f"{self.folder}: no quantized layer named {name!r}{hint}")
+        raise QconformError(f"{self.folder}: no quantized layer named {_clip(repr(name), 120)}{hint}")
 
     def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:
         return {role: self.tensor(tname, layer=info.name) for role, tname in info.tensors.items()}

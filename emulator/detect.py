@@ -90,7 +90,7 @@ def _int(value, key: str, where: str) -> int:
     else:
         ok = False
     if not ok:
-        raise UnsupportedFormatError(f"{where}: quantization_config {key}={value!r} is not an integer")
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not an integer")
     return int(float(value)) if isinstance(value, float) else int(value)
 
 
@@ -118,7 +118,7 @@ def _typed_sections(qc: dict):
     if isinstance(extra, dict):
         for k, body in extra.items():
             if isinstance(body, dict):
-                yield f"extra_config[{k!r}].", body
+                yield f"extra_config[{_short(k)}].", body
 
 
 def check_config_types(qc: dict, where: str) -> None:
@@ -145,7 +145,7 @@ def _bool(cfg: dict, key: str, default: bool, where: str) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise UnsupportedFormatError(f"{where}: quantization_config {key}={value!r} is not a boolean (true or false)")
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not a boolean (true or false)")
     return value
 
 
@@ -155,7 +155,7 @@ def _str(cfg: dict, key: str, default: str, where: str) -> str:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise UnsupportedFormatError(f"{where}: quantization_config {key}={value!r} is not a string")
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not a string")
     return value.lower()
 
 
@@ -252,7 +252,7 @@ def _awq_layer(ckpt: Checkpoint, prefix: str, cfg: dict) -> LayerInfo:
 def _detect_gptq(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     fmt = _str(cfg, "checkpoint_format", "gptq", f"{ckpt.qconfig_source}")
     if fmt not in ("gptq", "gptq_v2"):
-        raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {fmt!r} is not defined (gptq, gptq_v2)")
+        raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {_short(fmt)} is not defined (gptq, gptq_v2)")
     conv = "v2" if fmt == "gptq_v2" else "v1"
     if conv == "v1" and _written_by_gptqmodel(cfg):
         # GPTQModel writes v1 by subtracting 0x11111111 from whole packed v2 words, so a true zero
@@ -271,7 +271,7 @@ def _written_by_gptqmodel(cfg: dict) -> bool:
 def _re(pattern: str, name: str, budget: Budget, *, full: bool = False) -> bool:
     """Match a config's ``re:`` pattern with the linear-time matcher (emulator/saferegex.py): same
     answers as ``re.match`` / ``re.fullmatch``; a pattern that does not compile is the config's error."""
-    rx = compile_safe(pattern[3:])
+    rx = compile_safe(pattern[3:], where=budget.where)
     return rx.fullmatch(name, budget) if full else rx.match(name, budget)
 
 
@@ -285,7 +285,7 @@ def _layer_cfg(cfg: dict, prefix: str, budget: Budget) -> dict:
         raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config={_short(extra)} is not an object")
     for key, over in extra.items():
         if not isinstance(over, dict):
-            raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config[{key!r}]={_short(over)} "
+            raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config[{_short(key)}]={_short(over)} "
                                          "is not an object")
         if key == prefix or (key.startswith("re:") and _re(key, prefix, budget, full=True)):
             out.update(over)
@@ -313,7 +313,7 @@ def _detect_auto_round(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[Laye
         return out
     if packing in ("auto_round:llm_compressor", "llm_compressor"):
         return _auto_round_llm_compressor(ckpt, cfg, budget)
-    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round packing_format {packing!r} is not defined")
+    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round packing_format {_short(packing)} is not defined")
 
 
 def _auto_round_act(cfg: dict, where: str) -> dict | None:
@@ -332,7 +332,10 @@ def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
     dt = _str(cfg, "data_type", "int", str(ckpt.qconfig_source))
     layers = []
     if dt in ("mx_fp", "mx_fp_rceil", "mxfp4", "mx_fp4"):
-        for prefix in _prefixes(ckpt, "weight_packed"):
+        # a weight_scale without its weight_packed is a damaged layer, not an unquantized one
+        for prefix in sorted(set(_prefixes(ckpt, "weight_packed")) | set(_prefixes(ckpt, "weight_scale"))):
+            if not ckpt.has(prefix + ".weight_packed"):
+                raise FormatError("missing tensor (the layer has a weight_scale)", layer=prefix, tensor="weight_packed")
             lc = _layer_cfg(cfg, prefix, budget)
             if _cfg_int(lc, "bits", 4, prefix) != 4 or _cfg_int(lc, "group_size", 32, prefix) != 32:
                 raise UnsupportedFormatError(f"{prefix}: auto-round mx_fp with bits={lc.get('bits')} "
@@ -345,13 +348,13 @@ def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
                 act_order=False, zero_convention=None, tensors=_bias(ckpt, prefix, tensors),
                 activation=_auto_round_act(lc, prefix), scale_dtype="E8M0"))
         return layers
-    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round llm_compressor export of data_type {dt!r} is not defined")
+    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round llm_compressor export of data_type {_short(dt)} is not defined")
 
 
 def _detect_awq(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     version = _str(cfg, "version", "gemm", str(ckpt.qconfig_source))
     if version != "gemm":
-        raise UnsupportedFormatError(f"{ckpt.folder}: AWQ version {version!r} is not defined (gemm)")
+        raise UnsupportedFormatError(f"{ckpt.folder}: AWQ version {_short(version)} is not defined (gemm)")
     return [_awq_layer(ckpt, p, cfg) for p in _int_prefixes(ckpt)]
 
 
@@ -377,7 +380,7 @@ def _ct_scheme_for(cfg: dict, name: str, budget: Budget, where: str) -> dict | N
     groups = cfg.get("config_groups") or {}
     for gname, g in groups.items():
         if not isinstance(g, dict):
-            raise UnsupportedFormatError(f"{where}: quantization_config config_groups[{gname!r}] is not an object")
+            raise UnsupportedFormatError(f"{where}: quantization_config config_groups[{_short(gname)}] is not an object")
         if _ct_targets_match(g.get("targets"), name, budget, where):
             return g
     return None
@@ -420,7 +423,7 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
                 raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
             if wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
                 if "nvfp4" in fmt:
-                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {fmt!r} (NVFP4) is not defined")
+                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} (NVFP4) is not defined")
                 N, K = pshape[0], pshape[1] * 2
                 tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
                 layers.append(LayerInfo(
@@ -510,8 +513,10 @@ def _ct_activation(act, where: str) -> "dict | None":
 # -- gpt-oss MXFP4 -----------------------------------------------------------------------
 def _detect_gptoss_mxfp4(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     layers = []
-    for prefix in _prefixes_any(ckpt, "_blocks"):
+    for prefix in sorted(set(_prefixes_any(ckpt, "_blocks")) | set(_prefixes_any(ckpt, "_scales"))):
         bname, sname = prefix + "_blocks", prefix + "_scales"
+        if not ckpt.has(bname):
+            raise FormatError("missing tensor (the layer has its scales)", layer=prefix, tensor=bname.rsplit(".", 1)[-1])
         if not ckpt.has(sname):
             raise FormatError("missing tensor", layer=prefix, tensor=sname.rsplit(".", 1)[-1])
         dt, bshape = ckpt.tensor_info(bname)
