@@ -24,13 +24,24 @@ import numpy as np
 EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
+_VALUES_CHECKED = "values: checked (every layer dequantized and validated as `qconform dequant` does)"
+_VALUES_NOT_CHECKED = ("values: NOT checked (--headers-only: layouts, dtypes and shapes only; "
+                       "`qconform dequant` may still reject a layer)")
+
+
 def _cmd_inspect(args) -> int:
     from emulator.checkpoint import Checkpoint
+    from emulator.layers import dequantize_layer
 
     ck = Checkpoint(args.checkpoint)
     layers = ck.layers()
+    if not args.headers_only:
+        # A green inspect must mean every layer is readable: validate values, one layer at a time.
+        for info in layers:
+            dequantize_layer(ck, info)
     if args.json:
         print(json.dumps({"checkpoint": str(ck.folder), "quant_method": ck.method,
+                          "values_checked": not args.headers_only,
                           "layers": [l.to_json() for l in layers]}, indent=2))
         return EXIT_OK
     cols = ["layer", "format", "shape", "bits", "group", "sym", "act_order", "zeros", "activation"]
@@ -45,6 +56,7 @@ def _cmd_inspect(args) -> int:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+    print(_VALUES_NOT_CHECKED if args.headers_only else _VALUES_CHECKED)
     return EXIT_OK
 
 
@@ -151,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="list every quantized layer of a checkpoint and its format")
     s.add_argument("checkpoint")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--headers-only", action="store_true",
+                   help="read headers only (fast); the output then says that values were not checked")
     s.set_defaults(fn=_cmd_inspect)
 
     s = sub.add_parser("dequant", help="write a layer's exact float32 weight [N, K] as safetensors tensor 'weight'")
@@ -175,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=_cmd_selfcheck)
 
+    from .campaign import add_parser as add_campaign
+
+    add_campaign(sub)
+
     from .commands import add_commands
 
     add_commands(sub)
@@ -184,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(e: BaseException) -> str:
     """The error as one line (the contract: one line naming the layer, tensor and problem)."""
     text = str(e) if str(e) else type(e).__name__
-    return " ".join(text.split())
+    text = " ".join(text.split())
+    return text if len(text) <= 2000 else text[:1997] + "..."  # a hostile value must not flood the terminal
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 
 from .errors import FormatError, QconformError, UnsupportedFormatError, require
-from .tensorfile import Tensor, TensorFile
+from .tensorfile import Tensor, TensorFile, open_regular
 
 __all__ = ["LayerInfo", "Checkpoint", "open_checkpoint"]
 
@@ -59,17 +60,33 @@ class LayerInfo:
         return d
 
 
-def _load_json(path: Path, what: str) -> dict:
+#: size limits of the JSON files a checkpoint folder holds (docs/checkpoints.md, "Limits"):
+#: configs are kilobytes in practice (auto-round extra_config of a large MoE: a few MiB), the
+#: shard index of the largest public models about 10 MiB.
+MAX_CONFIG_JSON_BYTES = 8 * 1024 * 1024
+MAX_INDEX_JSON_BYTES = 32 * 1024 * 1024
+
+
+def _load_json(path: Path, what: str, limit: int = MAX_CONFIG_JSON_BYTES) -> dict:
+    """A JSON object from a regular file of at most ``limit`` bytes (checked before reading)."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise FormatError(f"{path}: {what} is {size} bytes, over the {limit}-byte limit for this file")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise FormatError(f"{path}: {what} grew past the {limit}-byte limit while being read")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: {what} not found") from None
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
-        raise FormatError(f"{path}: malformed JSON ({e})") from None
+        raise FormatError(f"{path}: malformed JSON ({type(e).__name__}: {_clip(str(e))})") from None
     if not isinstance(data, dict):
         raise FormatError(f"{path}: {what} is not a JSON object")
     return data
+
+
+def _clip(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 class Checkpoint:
@@ -93,10 +110,13 @@ class Checkpoint:
             raise UnsupportedFormatError(f"{source}: no quantization_config (not a quantized checkpoint)")
         self.qconfig = qc
         self.qconfig_source = source
-        method = str(qc.get("quant_method", "")).lower().replace("intel/", "").replace("_", "-")
+        raw_method = qc.get("quant_method", "")
+        if not isinstance(raw_method, str):
+            raise UnsupportedFormatError(f"{source}: quant_method {_clip(repr(raw_method))} is not a string")
+        method = raw_method.lower().replace("intel/", "").replace("_", "-")
         if method not in SUPPORTED_METHODS:
             raise UnsupportedFormatError(
-                f"{source}: unknown quant_method {qc.get('quant_method')!r}; "
+                f"{source}: unknown quant_method {_clip(repr(qc.get('quant_method')), 80)}; "
                 f"supported: {', '.join(SUPPORTED_METHODS)}")
         self.method = method
         self._files = self._index_files()
@@ -107,25 +127,25 @@ class Checkpoint:
         index = self.folder / "model.safetensors.index.json"
         names: dict[str, TensorFile] = {}
         if index.exists():
-            wm = _load_json(index, "model.safetensors.index.json").get("weight_map")
+            wm = _load_json(index, "model.safetensors.index.json", MAX_INDEX_JSON_BYTES).get("weight_map")
             if not isinstance(wm, dict):
                 raise FormatError(f"{index}: no weight_map")
             files: dict[str, TensorFile] = {}
             root = self.folder.resolve()
             for tname, fname in wm.items():
                 if not isinstance(fname, str) or not fname:
-                    raise FormatError(f"{index}: weight_map entry for tensor {tname!r} is not a file name: {fname!r}")
+                    raise FormatError(f"{index}: weight_map entry for tensor {_clip(repr(tname), 120)} is not a file name: {_clip(repr(fname), 120)}")
                 if fname not in files:
                     p = (self.folder / fname).resolve()
                     if root not in p.parents:
                         raise FormatError(
-                            f"{index}: shard {fname!r} (tensor {tname!r}) lies outside the checkpoint folder")
-                    if not p.is_file():
-                        raise FormatError(f"{index}: shard {fname!r} (tensor {tname!r}) not found in {self.folder}")
+                            f"{index}: shard {_clip(repr(fname), 120)} (tensor {_clip(repr(tname), 120)}) lies outside the checkpoint folder")
+                    if not p.exists():
+                        raise FormatError(f"{index}: shard {_clip(repr(fname), 120)} (tensor {_clip(repr(tname), 120)}) not found in {self.folder}")
                     files[fname] = TensorFile(p)
                 tf = files[fname]
                 if tname not in tf.header or tname == "__metadata__":
-                    raise FormatError(f"{index}: tensor {tname!r} is not in shard {fname}")
+                    raise FormatError(f"{index}: tensor {_clip(repr(tname), 120)} is not in shard {_clip(fname, 120)}")
                 names[tname] = tf
             return names
         shards = sorted(p for p in self.folder.glob("*.safetensors") if p.name != "toolkit_dequant.safetensors")
@@ -177,7 +197,7 @@ class Checkpoint:
         close += [n for n in self._layers if stripped.split(".")[-1] in n and n not in close]
         hint = f"; similar: {', '.join(close[:5])}" if close else f"; layers: {', '.join(list(self._layers)[:5])}" + (
             ", ..." if len(self._layers) > 5 else "")
-        raise QconformError(f"{self.folder}: no quantized layer named {name!r}{hint}")
+        raise QconformError(f"{self.folder}: no quantized layer named {_clip(repr(name), 120)}{hint}")
 
     def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:
         return {role: self.tensor(tname, layer=info.name) for role, tname in info.tensors.items()}

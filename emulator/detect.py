@@ -7,10 +7,9 @@ except dtypes and shapes from the safetensors headers.
 
 from __future__ import annotations
 
-import re
-
 from .checkpoint import Checkpoint, LayerInfo
 from .errors import FormatError, UnsupportedFormatError
+from .saferegex import Budget, compile_safe
 
 _GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 
@@ -23,10 +22,47 @@ def detect_layers(ckpt: Checkpoint) -> list[LayerInfo]:
         "compressed-tensors": _detect_compressed_tensors,
         "mxfp4": _detect_gptoss_mxfp4,
     }[ckpt.method]
-    layers = rule(ckpt, ckpt.qconfig)
+    check_config_types(ckpt.qconfig, str(ckpt.qconfig_source))
+    # one budget for all the re: matching of this checkpoint (emulator/saferegex.py)
+    layers = rule(ckpt, ckpt.qconfig, Budget(where=str(ckpt.qconfig_source)))
     if not layers:
         raise FormatError(f"{ckpt.folder}: quant_method {ckpt.method!r} but no quantized layer tensors were found")
+    for info in layers:
+        _check_storage(ckpt, info)
     return sorted(layers, key=lambda l: l.name)
+
+
+_FLOAT = ("F16", "BF16", "F32")
+_INDEX = ("I32", "I64")
+#: format -> role -> the safetensors dtypes each toolkit stores that tensor as (docs/checkpoints.md).
+#: Packed codes must carry their storage dtype: an fp8 tensor holding MXFP4 nibbles is not one.
+STORAGE = {
+    "gptq": {"qweight": ("I32",), "qzeros": ("I32",), "scales": _FLOAT, "g_idx": _INDEX},
+    "awq": {"qweight": ("I32",), "qzeros": ("I32",), "scales": _FLOAT},
+    "ct-pack-quantized": {"weight_packed": ("I32",), "weight_scale": _FLOAT, "weight_zero_point": ("I32",),
+                          "weight_g_idx": _INDEX, "weight_shape": _INDEX},
+    "ct-int-quantized": {"weight": ("I8",), "weight_scale": _FLOAT, "weight_zero_point": ("I8", "I32")},
+    "ct-mxfp4": {"weight_packed": ("U8",), "weight_scale": ("U8",)},
+    "gptoss-mxfp4": {"blocks": ("U8",), "scales": ("U8",)},
+}
+_BIAS = ("F16", "BF16", "F32", "F64")
+
+
+def _check_storage(ckpt: Checkpoint, info: LayerInfo) -> None:
+    """Header-level checks every command shares: storage dtypes, no zero-size dimension."""
+    allowed = STORAGE.get(info.format, {})
+    for role, tname in info.tensors.items():
+        dt, shape = ckpt.tensor_info(tname, layer=info.name)
+        want = _BIAS if role == "bias" else allowed.get(role)
+        shown = tname.rsplit(".", 1)[-1]
+        if want is not None and dt not in want:
+            raise FormatError(f"stored as {dt}; {info.format} stores {role} as {'/'.join(want)}",
+                              layer=info.name, tensor=shown)
+        if 0 in shape and role != "bias":
+            raise FormatError(f"zero-size dimension in shape {list(shape)}", layer=info.name, tensor=shown)
+    if any(not isinstance(d, int) or d <= 0 for d in info.shape):
+        dims = "K = 0" if info.shape and info.shape[-1] == 0 else "a zero-size dimension"
+        raise FormatError(f"logical weight shape {list(info.shape)} has {dims}", layer=info.name)
 
 
 def _prefixes(ckpt: Checkpoint, suffix: str) -> list[str]:
@@ -49,16 +85,94 @@ def _int(value, key: str, where: str) -> int:
     elif isinstance(value, float):
         ok = value.is_integer()
     elif isinstance(value, str):
-        ok = value.strip().lstrip("+-").isdigit()
+        digits = value.strip().lstrip("+-")
+        ok = digits.isascii() and digits.isdigit() and len(digits) <= 9
     else:
         ok = False
     if not ok:
-        raise UnsupportedFormatError(f"{where}: quantization_config {key}={value!r} is not an integer")
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not an integer")
     return int(float(value)) if isinstance(value, float) else int(value)
+
+
+#: (integer keys are checked where a rule reads them, so the error can name the layer.)
+#: keys whose type is checked wherever a toolkit writes them (top level, config_groups[*],
+#: config_groups[*].weights / input_activations, extra_config[*]), read by a rule or not: a
+#: "false" string is an error even where qconform ignores the key.
+BOOL_KEYS = ("sym", "desc_act", "symmetric", "zero_point", "act_sym", "act_dynamic", "true_sequential",
+             "static_groups", "enable_quanted_input")
+STR_KEYS = ("quant_method", "checkpoint_format", "packing_format", "version", "format", "type", "strategy",
+            "data_type", "act_data_type")
+
+
+def _typed_sections(qc: dict):
+    yield "", qc
+    groups = qc.get("config_groups")
+    if isinstance(groups, dict):
+        for g, body in groups.items():
+            if isinstance(body, dict):
+                yield f"config_groups.{g}.", body
+                for sub in ("weights", "input_activations"):
+                    if isinstance(body.get(sub), dict):
+                        yield f"config_groups.{g}.{sub}.", body[sub]
+    extra = qc.get("extra_config")
+    if isinstance(extra, dict):
+        for k, body in extra.items():
+            if isinstance(body, dict):
+                yield f"extra_config[{_short(k)}].", body
+
+
+def check_config_types(qc: dict, where: str) -> None:
+    """Every known key has its type (null allowed: the toolkit default)."""
+    for prefix, section in _typed_sections(qc):
+        for key, value in section.items():
+            if value is None:
+                continue
+            if key in BOOL_KEYS and not isinstance(value, bool):
+                raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} "
+                                             "is not a boolean (true or false)")
+            if key in STR_KEYS and not isinstance(value, str):
+                raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} is not a string")
 
 
 def _cfg_int(cfg: dict, key: str, default: int, where: str) -> int:
     return _int(cfg.get(key, default), key, where)
+
+
+def _bool(cfg: dict, key: str, default: bool, where: str) -> bool:
+    """A boolean config value: JSON true/false only (null or absent: ``default``). The string
+    "false" is an error, not a truthy value."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not a boolean (true or false)")
+    return value
+
+
+def _str(cfg: dict, key: str, default: str, where: str) -> str:
+    """A string config value, lower-cased (null or absent: ``default``)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not a string")
+    return value.lower()
+
+
+def _str_list(value, key: str, where: str) -> list:
+    """targets / ignore: a string or a list of strings (null: empty)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UnsupportedFormatError(f"{where}: quantization_config {key}={_short(value)} is not a list of strings")
+    return value
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def _group(gs, where: str = "config.json", key: str = "group_size") -> int:
@@ -109,7 +223,7 @@ def _gptq_layer(ckpt: Checkpoint, prefix: str, cfg: dict, zero_convention: str) 
                               layer=prefix, tensor="qweight" if g_ok else "g_idx")
     return LayerInfo(
         name=prefix, format="gptq", shape=(N, K), bits=bits, group_size=group,
-        sym=bool(cfg.get("sym", True)), act_order=bool(cfg.get("desc_act", False)),
+        sym=_bool(cfg, "sym", True, prefix), act_order=_bool(cfg, "desc_act", False, prefix),
         zero_convention=zero_convention, tensors=_bias(ckpt, prefix, tensors),
         scale_dtype=_scale_dtype(ckpt, sname, prefix))
 
@@ -130,21 +244,21 @@ def _awq_layer(ckpt: Checkpoint, prefix: str, cfg: dict) -> LayerInfo:
     return LayerInfo(
         name=prefix, format="awq", shape=(N, K), bits=bits,
         group_size=_group(cfg.get(gkey, 128), prefix, gkey),
-        sym=not bool(cfg.get("zero_point", True)) if "zero_point" in cfg else bool(cfg.get("sym", False)),
+        sym=not _bool(cfg, "zero_point", True, prefix) if "zero_point" in cfg else _bool(cfg, "sym", False, prefix),
         act_order=False, zero_convention="literal", tensors=_bias(ckpt, prefix, tensors),
         scale_dtype=_scale_dtype(ckpt, sname, prefix))
 
 
-def _detect_gptq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
-    fmt = str(cfg.get("checkpoint_format", "gptq")).lower()
+def _detect_gptq(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
+    fmt = _str(cfg, "checkpoint_format", "gptq", f"{ckpt.qconfig_source}")
     if fmt not in ("gptq", "gptq_v2"):
-        raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {fmt!r} is not defined (gptq, gptq_v2)")
+        raise UnsupportedFormatError(f"{ckpt.folder}: GPTQ checkpoint_format {_short(fmt)} is not defined (gptq, gptq_v2)")
     conv = "v2" if fmt == "gptq_v2" else "v1"
     if conv == "v1" and _written_by_gptqmodel(cfg):
         # GPTQModel writes v1 by subtracting 0x11111111 from whole packed v2 words, so a true zero
         # point 0 borrows from the next field; its own loader adds 0x11111111 back (docs/checkpoints.md).
         conv = "v1-packed"
-    return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _int_prefixes(ckpt)]
+    return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p, budget), conv) for p in _int_prefixes(ckpt)]
 
 
 def _written_by_gptqmodel(cfg: dict) -> bool:
@@ -154,24 +268,27 @@ def _written_by_gptqmodel(cfg: dict) -> bool:
     return any(isinstance(q, str) and q.lower().startswith("gptqmodel") for q in names)
 
 
-def _re(pattern: str, name: str, *, full: bool = False) -> bool:
-    """Match a config's ``re:`` pattern; a pattern that does not compile is the config's error."""
-    try:
-        rx = re.compile(pattern[3:])
-    except re.error as e:
-        raise UnsupportedFormatError(
-            f"quantization_config pattern {pattern!r} is not a valid regular expression ({e})") from None
-    return bool(rx.fullmatch(name) if full else rx.match(name))
+def _re(pattern: str, name: str, budget: Budget, *, full: bool = False) -> bool:
+    """Match a config's ``re:`` pattern with the linear-time matcher (emulator/saferegex.py): same
+    answers as ``re.match`` / ``re.fullmatch``; a pattern that does not compile is the config's error."""
+    rx = compile_safe(pattern[3:], where=budget.where)
+    return rx.fullmatch(name, budget) if full else rx.match(name, budget)
 
 
-def _layer_cfg(cfg: dict, prefix: str) -> dict:
-    """Per-layer overrides (auto-round ``extra_config``, GPTQModel ``dynamic``)."""
-    extra = cfg.get("extra_config") or {}
+def _layer_cfg(cfg: dict, prefix: str, budget: Budget) -> dict:
+    """Per-layer overrides (auto-round ``extra_config``)."""
+    extra = cfg.get("extra_config")
     out = dict(cfg)
-    if isinstance(extra, dict):
-        for key, over in extra.items():
-            if isinstance(over, dict) and (key == prefix or (key.startswith("re:") and _re(key, prefix, full=True))):
-                out.update(over)
+    if extra is None:
+        return out
+    if not isinstance(extra, dict):
+        raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config={_short(extra)} is not an object")
+    for key, over in extra.items():
+        if not isinstance(over, dict):
+            raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config[{_short(key)}]={_short(over)} "
+                                         "is not an object")
+        if key == prefix or (key.startswith("re:") and _re(key, prefix, budget, full=True)):
+            out.update(over)
     return out
 
 
@@ -181,41 +298,45 @@ def _auto_round_zero_convention(cfg: dict) -> str:
     return "v1"
 
 
-def _detect_auto_round(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
-    packing = str(cfg.get("packing_format", "auto_round:auto_gptq")).lower()
+def _detect_auto_round(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
+    packing = _str(cfg, "packing_format", "auto_round:auto_gptq", str(ckpt.qconfig_source))
     if packing in ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "auto_round"):
         conv = _auto_round_zero_convention(cfg)
-        return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p), conv) for p in _int_prefixes(ckpt)]
+        return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p, budget), conv) for p in _int_prefixes(ckpt)]
     if packing in ("auto_round:auto_awq", "auto_awq", "auto_round:awq"):
         out = []
         for p in _int_prefixes(ckpt):
-            lc = _layer_cfg(cfg, p)
+            lc = _layer_cfg(cfg, p, budget)
             info = _awq_layer(ckpt, p, {"bits": lc.get("bits", 4), "group_size": lc.get("group_size", 128)})
-            info.sym = bool(lc.get("sym", False))
+            info.sym = _bool(lc, "sym", False, p)
             out.append(info)
         return out
     if packing in ("auto_round:llm_compressor", "llm_compressor"):
-        return _auto_round_llm_compressor(ckpt, cfg)
-    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round packing_format {packing!r} is not defined")
+        return _auto_round_llm_compressor(ckpt, cfg, budget)
+    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round packing_format {_short(packing)} is not defined")
 
 
 def _auto_round_act(cfg: dict, where: str) -> dict | None:
     bits = _int(cfg.get("act_bits", 16) or 16, "act_bits", where)
     if bits >= 16:
         return None
-    dt = str(cfg.get("act_data_type", "int")).lower()
-    return {"num_bits": bits, "type": "float" if "fp" in dt else "int", "symmetric": bool(cfg.get("act_sym", True)),
-            "strategy": "group" if _int(cfg.get("act_group_size", 0) or 0, "act_group_size", where) > 0 else "token",
-            "dynamic": bool(cfg.get("act_dynamic", True)), "group_size": cfg.get("act_group_size")}
+    dt = _str(cfg, "act_data_type", "int", where)
+    group = _int(cfg.get("act_group_size", 0) or 0, "act_group_size", where)
+    return {"num_bits": bits, "type": "float" if "fp" in dt else "int", "symmetric": _bool(cfg, "act_sym", True, where),
+            "strategy": "group" if group > 0 else "token", "dynamic": _bool(cfg, "act_dynamic", True, where),
+            "group_size": group if group > 0 else None}
 
 
-def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     """auto-round exporting in compressed-tensors layouts (packing_format auto_round:llm_compressor)."""
-    dt = str(cfg.get("data_type", "int")).lower()
+    dt = _str(cfg, "data_type", "int", str(ckpt.qconfig_source))
     layers = []
     if dt in ("mx_fp", "mx_fp_rceil", "mxfp4", "mx_fp4"):
-        for prefix in _prefixes(ckpt, "weight_packed"):
-            lc = _layer_cfg(cfg, prefix)
+        # a weight_scale without its weight_packed is a damaged layer, not an unquantized one
+        for prefix in sorted(set(_prefixes(ckpt, "weight_packed")) | set(_prefixes(ckpt, "weight_scale"))):
+            if not ckpt.has(prefix + ".weight_packed"):
+                raise FormatError("missing tensor (the layer has a weight_scale)", layer=prefix, tensor="weight_packed")
+            lc = _layer_cfg(cfg, prefix, budget)
             if _cfg_int(lc, "bits", 4, prefix) != 4 or _cfg_int(lc, "group_size", 32, prefix) != 32:
                 raise UnsupportedFormatError(f"{prefix}: auto-round mx_fp with bits={lc.get('bits')} "
                                              f"group_size={lc.get('group_size')} is not MXFP4")
@@ -227,49 +348,47 @@ def _auto_round_llm_compressor(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
                 act_order=False, zero_convention=None, tensors=_bias(ckpt, prefix, tensors),
                 activation=_auto_round_act(lc, prefix), scale_dtype="E8M0"))
         return layers
-    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round llm_compressor export of data_type {dt!r} is not defined")
+    raise UnsupportedFormatError(f"{ckpt.folder}: auto-round llm_compressor export of data_type {_short(dt)} is not defined")
 
 
-def _detect_awq(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
-    version = str(cfg.get("version", "gemm")).lower()
+def _detect_awq(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
+    version = _str(cfg, "version", "gemm", str(ckpt.qconfig_source))
     if version != "gemm":
-        raise UnsupportedFormatError(f"{ckpt.folder}: AWQ version {version!r} is not defined (gemm)")
+        raise UnsupportedFormatError(f"{ckpt.folder}: AWQ version {_short(version)} is not defined (gemm)")
     return [_awq_layer(ckpt, p, cfg) for p in _int_prefixes(ckpt)]
 
 
 # -- compressed-tensors ------------------------------------------------------------------
-def _ct_targets_match(targets, name: str) -> bool:
-    if isinstance(targets, str):
-        targets = [targets]
-    for t in targets or []:
-        t = str(t)
+def _ct_targets_match(targets, name: str, budget: Budget, where: str) -> bool:
+    for t in _str_list(targets, "targets", where):
         if t.startswith("re:"):
-            if _re(t, name):
+            if _re(t, name, budget):
                 return True
         elif t == "Linear" or name == t or name.endswith("." + t):
             return True
     return False
 
 
-def _ct_ignored(cfg: dict, name: str) -> bool:
-    ignore = cfg.get("ignore") or []
-    for t in [ignore] if isinstance(ignore, str) else ignore:
-        t = str(t)
-        if (t.startswith("re:") and _re(t, name)) or name == t or name.endswith("." + t):
+def _ct_ignored(cfg: dict, name: str, budget: Budget, where: str) -> bool:
+    for t in _str_list(cfg.get("ignore"), "ignore", where):
+        if (t.startswith("re:") and _re(t, name, budget)) or name == t or name.endswith("." + t):
             return True
     return False
 
 
-def _ct_scheme_for(cfg: dict, name: str) -> dict | None:
+def _ct_scheme_for(cfg: dict, name: str, budget: Budget, where: str) -> dict | None:
     groups = cfg.get("config_groups") or {}
-    for _, g in groups.items():
-        if isinstance(g, dict) and _ct_targets_match(g.get("targets"), name):
+    for gname, g in groups.items():
+        if not isinstance(g, dict):
+            raise UnsupportedFormatError(f"{where}: quantization_config config_groups[{_short(gname)}] is not an object")
+        if _ct_targets_match(g.get("targets"), name, budget, where):
             return g
     return None
 
 
-def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
-    top_format = str(cfg.get("format", "")).lower()
+def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
+    where = str(ckpt.qconfig_source)
+    top_format = _str(cfg, "format", "", where)
     if not isinstance(cfg.get("config_groups") or {}, dict):
         raise FormatError(f"{ckpt.folder}/config.json: compressed-tensors quantization_config.config_groups "
                           f"is not an object")
@@ -278,26 +397,25 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     # An int8 weight is quantized whatever tensors sit next to it: a targeted one without its
     # weight_scale is reported, not silently left out.
     candidates |= {p for p in _prefixes(ckpt, "weight")
-                   if ckpt.tensor_info(p + ".weight")[0] == "I8" and _ct_scheme_for(cfg, p) is not None}
+                   if ckpt.tensor_info(p + ".weight")[0] == "I8" and _ct_scheme_for(cfg, p, budget, where) is not None}
     for prefix in sorted(candidates):
-        if _ct_ignored(cfg, prefix):
+        if _ct_ignored(cfg, prefix, budget, where):
             continue
-        scheme = _ct_scheme_for(cfg, prefix)
+        scheme = _ct_scheme_for(cfg, prefix, budget, where)
         if scheme is None:
             raise FormatError("quantized tensors present but no config_groups entry targets this layer", layer=prefix)
         wargs = scheme.get("weights") or {}
         if not isinstance(wargs, dict):
             raise UnsupportedFormatError(f"{prefix}: config_groups weights is not an object")
-        fmt = str(scheme.get("format") or top_format).lower()
+        fmt = _str(scheme, "format", "", prefix) or top_format
         num_bits = _cfg_int(wargs, "num_bits", 8, prefix)
-        wtype = str(wargs.get("type", "int")).lower()
-        strategy = str(wargs.get("strategy", "tensor")).lower()
+        wtype = _str(wargs, "type", "int", prefix)
+        strategy = _str(wargs, "strategy", "tensor", prefix)
         gs = wargs.get("group_size")
         group = _group(gs, prefix) if strategy in ("group", "tensor_group") else -1
-        act = scheme.get("input_activations")
-        activation = None
-        if isinstance(act, dict):
-            activation = {k: act.get(k) for k in ("num_bits", "type", "symmetric", "strategy", "dynamic", "group_size")}
+        activation = _ct_activation(scheme.get("input_activations"), prefix)
+        actorder = _ct_actorder(wargs.get("actorder"), prefix)
+        sym = _bool(wargs, "symmetric", True, prefix)
         tensors = {}
         if ckpt.has(prefix + ".weight_packed"):
             pshape = _require_2d(ckpt, prefix, "weight_packed", "[N, K/pack]")
@@ -305,7 +423,7 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
                 raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
             if wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
                 if "nvfp4" in fmt:
-                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {fmt!r} (NVFP4) is not defined")
+                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} (NVFP4) is not defined")
                 N, K = pshape[0], pshape[1] * 2
                 tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
                 layers.append(LayerInfo(
@@ -318,22 +436,24 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
             N = pshape[0]
             K = pshape[1] * (32 // num_bits)
             if ckpt.has(prefix + ".weight_shape"):
-                ws = ckpt.tensor(prefix + ".weight_shape", layer=prefix).data.reshape(-1)
-                if ws.size != 2 or ws.dtype.kind not in "iu":
-                    raise FormatError(f"expected 2 integers, got {ws.size} of {ws.dtype}", layer=prefix,
+                wst = ckpt.tensor(prefix + ".weight_shape", layer=prefix)
+                ws = wst.data.reshape(-1)
+                if ws.size != 2 or wst.dtype not in ("I64", "I32"):
+                    raise FormatError(f"expected 2 integers (I64/I32), got {ws.size} of {wst.dtype}", layer=prefix,
                                       tensor="weight_shape")
                 N, K = int(ws[0]), int(ws[1])
+                if N < 0 or K < 0:
+                    raise FormatError(f"negative dimension in [{N}, {K}]", layer=prefix, tensor="weight_shape")
             tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
             for opt in ("weight_zero_point", "weight_g_idx", "weight_shape"):
                 if ckpt.has(f"{prefix}.{opt}"):
                     tensors[opt] = f"{prefix}.{opt}"
-            if str(wargs.get("actorder")).lower() == "group" and "weight_g_idx" not in tensors:
+            if actorder == "group" and "weight_g_idx" not in tensors:
                 raise FormatError("missing tensor (actorder 'group' stores the group of every input channel)",
                                   layer=prefix, tensor="weight_g_idx")
-            sym = bool(wargs.get("symmetric", True))
             layers.append(LayerInfo(
                 name=prefix, format="ct-pack-quantized", shape=(N, K), bits=num_bits, group_size=group, sym=sym,
-                act_order=bool(wargs.get("actorder")) or "weight_g_idx" in tensors,
+                act_order=actorder is not None or "weight_g_idx" in tensors,
                 zero_convention="offset", tensors=_bias(ckpt, prefix, tensors), activation=activation,
                 scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix)))
         elif ckpt.has(prefix + ".weight"):
@@ -350,7 +470,7 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
                 tensors["weight_zero_point"] = prefix + ".weight_zero_point"
             layers.append(LayerInfo(
                 name=prefix, format="ct-int-quantized", shape=tuple(wshape), bits=8, group_size=group,
-                sym=bool(wargs.get("symmetric", True)), act_order=False, zero_convention=None,
+                sym=sym, act_order=False, zero_convention=None,
                 tensors=_bias(ckpt, prefix, tensors), activation=activation,
                 scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix)))
         else:
@@ -359,11 +479,44 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
     return layers
 
 
+_ACTORDER = ("group", "weight", "static", "dynamic")
+
+
+def _ct_actorder(value, where: str) -> "str | None":
+    """compressed-tensors ``actorder``: null / false (none), true (= "group") or one of _ACTORDER."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "group"
+    if isinstance(value, str) and value.lower() in _ACTORDER:
+        return value.lower()
+    raise UnsupportedFormatError(f"{where}: quantization_config actorder={_short(value)} is not one of "
+                                 f"null, true, false, {', '.join(_ACTORDER)}")
+
+
+def _ct_activation(act, where: str) -> "dict | None":
+    """``input_activations`` with every field type-checked (they choose the activation reference)."""
+    if act is None:
+        return None
+    if not isinstance(act, dict):
+        raise UnsupportedFormatError(f"{where}: quantization_config input_activations={_short(act)} is not an object")
+    dyn = act.get("dynamic")
+    if not (dyn is None or isinstance(dyn, bool) or dyn == "local"):
+        raise UnsupportedFormatError(f"{where}: quantization_config input_activations dynamic={_short(dyn)} "
+                                     "is not true, false or \"local\"")
+    gs = act.get("group_size")
+    return {"num_bits": _cfg_int(act, "num_bits", 8, where), "type": _str(act, "type", "int", where),
+            "symmetric": _bool(act, "symmetric", True, where), "strategy": _str(act, "strategy", "tensor", where),
+            "dynamic": dyn, "group_size": None if gs is None else _int(gs, "group_size", where)}
+
+
 # -- gpt-oss MXFP4 -----------------------------------------------------------------------
-def _detect_gptoss_mxfp4(ckpt: Checkpoint, cfg: dict) -> list[LayerInfo]:
+def _detect_gptoss_mxfp4(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     layers = []
-    for prefix in _prefixes_any(ckpt, "_blocks"):
+    for prefix in sorted(set(_prefixes_any(ckpt, "_blocks")) | set(_prefixes_any(ckpt, "_scales"))):
         bname, sname = prefix + "_blocks", prefix + "_scales"
+        if not ckpt.has(bname):
+            raise FormatError("missing tensor (the layer has its scales)", layer=prefix, tensor=bname.rsplit(".", 1)[-1])
         if not ckpt.has(sname):
             raise FormatError("missing tensor", layer=prefix, tensor=sname.rsplit(".", 1)[-1])
         dt, bshape = ckpt.tensor_info(bname)

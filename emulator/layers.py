@@ -51,7 +51,11 @@ def _name_layer(fn):
 
 @_name_layer
 def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
-    """Exact dequantized weight, float32 [N, K] (stacked experts: [E, N, K])."""
+    """Exact dequantized weight, float32 [N, K] (stacked experts: [E, N, K]).
+
+    Every tensor of the layer is validated, its bias too (a finite float vector of N), so a
+    checkpoint this returns for is one every command accepts."""
+    layer_bias(ckpt, info)
     tensors = ckpt.layer_tensors(info)
     name = info.name
     if info.format == "gptq":
@@ -144,8 +148,15 @@ def layer_bias(ckpt: Checkpoint, info: LayerInfo):
     if "bias" not in info.tensors:
         return None
     b = ckpt.tensor(info.tensors["bias"], layer=info.name)
+    require(b.dtype in ("F16", "BF16", "F32", "F64"), f"expected a float bias, got {b.dtype}", layer=info.name,
+            tensor="bias")
     require(b.data.ndim == 1 and b.data.shape[0] == info.shape[-2], f"expected bias [{info.shape[-2]}], got {list(b.shape)}",
             layer=info.name, tensor="bias")
+    bad = ~np.isfinite(b.data)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise FormatError(f"non-finite value {b.data[i]} at index {i}: a bias must be finite", layer=info.name,
+                          tensor="bias")
     return b.data
 
 
@@ -159,10 +170,12 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
     """
     if len(info.shape) != 2:
         raise UnsupportedFormatError(f"{info.name}: linear of stacked experts {list(info.shape)}: use the MoE reference")
+    # Every scheme validates every tensor exactly as dequant does (NaN scales, E8M0 0xFF, bias, ...):
+    # the int8 / mxfp4 paths below read the codes directly and would carry a NaN through.
+    w = dequantize_layer(ckpt, info)
     bias = layer_bias(ckpt, info)
     scheme = act or _declared_act(info)
     if scheme == "a16":
-        w = dequantize_layer(ckpt, info)
         return lin.linear_w16(x, w, bias, out_dtype=out_dtype)
     if scheme == "int8":
         v = int8_variant or a8.CANONICAL_SYM
@@ -186,9 +199,10 @@ def _declared_act(info: LayerInfo) -> str:
     a = info.activation
     if not a:
         return "a16"
-    if str(a.get("type", "int")).lower() == "int" and int(a.get("num_bits") or 8) == 8:
+    kind, bits = str(a.get("type") or "int").lower(), a.get("num_bits")
+    if kind == "int" and bits in (None, 8):
         return "int8"
-    if str(a.get("type")).lower() == "float" and int(a.get("num_bits") or 0) == 4:
+    if kind == "float" and bits == 4:
         return "mxfp4"
     raise UnsupportedFormatError(f"{info.name}: declared input_activations {a} are not a defined scheme")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from .errors import FormatError
 
-__all__ = ["Tensor", "read_header", "load_tensors", "save_tensors", "TensorFile"]
+__all__ = ["Tensor", "read_header", "load_tensors", "save_tensors", "TensorFile", "open_regular", "MAX_HEADER_BYTES"]
 
 _NP = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16,
@@ -42,7 +43,45 @@ _NP = {
 _BITS = {k: 8 * np.dtype(v).itemsize for k, v in _NP.items()}
 _BITS.update({"BF16": 16, "F8_E8M0": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
               "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4})
-_MAX_HEADER = 100 * 1024 * 1024
+#: the safetensors format's own header limit (the reference reader refuses larger headers too)
+MAX_HEADER_BYTES = 100_000_000
+_MAX_HEADER = MAX_HEADER_BYTES
+#: a tensor of more dimensions than this is refused (PyTorch and NumPy stop at 64)
+MAX_DIMS = 32
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: "str | os.PathLike", what: str = "file"):
+    """Open ``path`` for binary reading only if it is a regular file (after symlinks).
+
+    A FIFO, device or socket is refused *before* it is opened for reading (opening a FIFO
+    blocks until a writer appears, reading /dev/zero never ends); the descriptor is opened
+    non-blocking and checked again, so a file swapped in between is refused too. Errors name
+    the path."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read {what} ({e.strerror or type(e).__name__})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{path}: {what} is {_kind(st.st_mode)}, not a regular file; refused")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read {what} ({e.strerror or type(e).__name__})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise FormatError(f"{path}: {what} is {_kind(st.st_mode)}, not a regular file; refused")
+    return os.fdopen(fd, "rb")
 
 
 def _nbytes(shape: list, dt: str, limit: int) -> "int | None":
@@ -83,8 +122,8 @@ class Tensor:
 def read_header(path: "str | os.PathLike") -> tuple[dict, int]:
     """Parse and validate the JSON header -> (entries, data offset)."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_regular(path, "safetensors file") as f:
+        size = os.fstat(f.fileno()).st_size
         raw = f.read(8)
         if len(raw) < 8:
             raise FormatError(f"{path}: not a safetensors file (shorter than 8 bytes)")
@@ -124,7 +163,9 @@ def read_header(path: "str | os.PathLike") -> tuple[dict, int]:
         offs = info["data_offsets"]
         if (not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape)
                 or not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs)):
-            raise FormatError(f"{where}: malformed shape {shape!r} or data_offsets {offs!r}")
+            raise FormatError(f"{where}: malformed shape {_short(shape)} or data_offsets {_short(offs)}")
+        if len(shape) > MAX_DIMS:
+            raise FormatError(f"{where}: {len(shape)} dimensions (at most {MAX_DIMS} are accepted)")
         begin, end = offs
         if not (0 <= begin <= end <= data_len):
             raise FormatError(f"{where}: data_offsets {offs} outside the data section ({data_len} bytes)")
@@ -148,6 +189,11 @@ def read_header(path: "str | os.PathLike") -> tuple[dict, int]:
     if pos != data_len:
         raise FormatError(f"{path}: {data_len - pos} trailing byte(s) after the last tensor belong to no tensor")
     return header, 8 + n
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def _is_int(v) -> bool:
@@ -180,7 +226,7 @@ class TensorFile:
         e = self.header[name]
         dt, shape = e["dtype"], tuple(e["shape"])
         begin, end = e["data_offsets"]
-        with open(self.path, "rb") as f:
+        with open_regular(self.path, "safetensors file") as f:
             f.seek(self._base + begin)
             buf = f.read(end - begin)
         if len(buf) != end - begin:

@@ -139,7 +139,7 @@ def test_inspect_text(capsys, ckpts, scheme):
     assert row[0] == cases.layer_name(scheme) and row[1] == exp["format"]
     assert row[2] == "x".join(map(str, cases.expected_shape(scheme)))
     assert row[3] == str(exp["bits"]) and row[4] == str(exp["group_size"])
-    assert len(lines) == 3
+    assert len(lines) == 4 and lines[3].startswith("values: checked")
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
