@@ -295,10 +295,12 @@ def cmd_replay(args) -> int:
     from .selection import check_backends
     from .summary import describe_worst
 
+    if args.backend:
+        check_backends([args.backend])  # an unknown name or parameter: exit 2 before anything is read or run
     inp, meta = load_bundle_inputs(args.bundle)
     recorded = meta.get("backend", "emulator")
     want = args.backend or recorded
-    b = check_backends([want])[want]  # an unknown name or parameter: exit 2 before anything runs
+    b = check_backends([want])[want]
     av = b.availability()
     stand_in = not av.available
     if stand_in:

@@ -31,7 +31,7 @@ def check_selection(*, schemes=None, tiers=None, profile=None, formats=None) -> 
         check_names("profile", [profile], tuple(PROFILES))
 
 
-def check_backends(specs) -> dict:
+def check_backends(specs, *, option: str = "--backend") -> dict:
     """Construct each backend spec once in this process; returns {spec: Backend}.
 
     ``registry.create`` raises for an unknown name; each adapter's constructor raises for a
@@ -44,10 +44,10 @@ def check_backends(specs) -> dict:
     out = {}
     for spec in specs or ():
         if spec in out:
-            raise ValueError(f"--backend {spec!r} is given twice")
+            raise ValueError(f"{option} {spec!r} is given twice")
         try:
             out[spec] = create(spec)
         except Exception as e:  # noqa: BLE001 - any constructor error is the spec's fault
             text = " ".join((str(e) or type(e).__name__).split())
-            raise ValueError(f"--backend {spec}: {text}") from None
+            raise ValueError(f"{option} {spec}: {text}") from None
     return out
