@@ -155,8 +155,16 @@ def _cmd_selfcheck(args) -> int:
     return selfcheck.main(args)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the project's contract for usage errors: one line naming the problem, exit 2
+    (the full usage stays behind --help)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qconform", description="Conformance suite and bit-exact emulator for quantized LLM formats")
+    p = OneLineParser(prog="qconform", description="Conformance suite and bit-exact emulator for quantized LLM formats")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -206,13 +214,30 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 2000 else text[:1997] + "..."  # a hostile value must not flood the terminal
 
 
+def _closed_pipe() -> int:
+    """The reader of our output went away (`qconform backends --json | head`): end quietly, as a
+    command killed by SIGPIPE would (exit 141), without a traceback at interpreter shutdown."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from emulator.errors import QconformError
 
     try:
-        return int(args.fn(args) or 0)
+        rc = int(args.fn(args) or 0)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        return _closed_pipe()
     except (QconformError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
         if args.debug:
             raise

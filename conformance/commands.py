@@ -5,6 +5,7 @@ Semantics: docs/conformance.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -19,18 +20,22 @@ from .runner import BAD, Runner, load_waivers, read_results
 from .suite import PROFILES, TIERS, case_list, list_hash, parse_shard, shard
 
 
-def available_backends() -> list[str]:
-    """Every registered backend that is available on this host (the emulator always)."""
+def available_backends(skipped: list | None = None) -> list[str]:
+    """Every registered backend that is available on this host (the emulator always); the others are
+    appended to ``skipped`` as (name, reason)."""
     from backends.registry import create, registered
 
     out = []
     for name in registered():
         try:
-            b = create(name)
-            if b.availability().available:
-                out.append(name)
-        except Exception:
-            continue
+            av = create(name).availability()
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the others
+            av = None
+            why = f"{type(e).__name__}: {e}"
+        if av is not None and av.available:
+            out.append(name)
+        elif skipped is not None:
+            skipped.append((name, av.reason if av is not None else why))
     if "emulator" not in out:
         out.insert(0, "emulator")
     return out
@@ -146,51 +151,119 @@ def summarize(results: list[dict]) -> tuple[dict, int, int]:
     return table, n_ok, n_bad
 
 
-def cmd_run(args) -> int:
-    backends = args.backend or available_backends()
+#: exit status of `qconform run` when nothing failed but something was not certified (a named backend
+#: unavailable, or no case judged): never 0 (docs/conformance.md#exit-status)
+EXIT_NOT_CERTIFIED = 4
+#: what a run writes into its output folder; a fresh run removes exactly these (docs/conformance.md#output)
+RUN_OUTPUTS = ("results.jsonl", "summary.json", "report.md", "report.html", "bundles")
+
+
+def _run_headers(folder: Path) -> list[dict]:
+    return [r for r in read_results(folder / "results.jsonl") if r.get("kind") == "run"]
+
+
+def prepare_out(out: Path, *, resume: bool, case_hash: str, backends: list[str]) -> None:
+    """A fresh result set (the earlier run's files removed), or, with --resume, the same run continued.
+
+    --resume is refused unless the folder's last run has this case list and these backends: a
+    summary must count exactly one invocation's cases.
+    """
+    from emulator.errors import QconformError
+
+    if (out / "MANIFEST.json").exists():
+        raise QconformError(f"{out}: holds a sealed certification bundle (MANIFEST.json); choose another --out")
+    if resume:
+        headers = _run_headers(out)
+        if not headers:
+            raise QconformError(f"--resume: {out} holds no earlier run to resume (drop --resume to start one)")
+        last = headers[-1]
+        schemes = last.get("schemes")
+        schemes = ", ".join(schemes) if isinstance(schemes, list) else schemes
+        if last.get("case_list_sha256") != case_hash:
+            raise QconformError(f"--resume: {out} holds a run of another case list ({last.get('case_count')} "
+                                f"case(s), profile {last.get('profile')}, schemes {schemes}, tiers "
+                                f"{', '.join(last.get('tiers') or [])}); resume it with the same selection, or drop "
+                                "--resume for a fresh result set")
+        if sorted(last.get("backends") or []) != sorted(backends):
+            raise QconformError(f"--resume: {out} holds a run of backend(s) {', '.join(last.get('backends') or [])}, "
+                                f"not {', '.join(backends)}; resume it with the same --backend list, or drop --resume")
+        return
+    import shutil
+
+    found = [n for n in RUN_OUTPUTS if (out / n).exists()] + sorted(p.name for p in out.glob("results-*.jsonl"))
+    if found:
+        print(f"qconform run: {out} held an earlier run; starting a fresh result set (removed {', '.join(found)}; "
+              "--resume continues a run instead)")
+        for n in found:
+            p = out / n
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def _selection(args):
+    """(backend specs, tiers, specs) of a run, every name checked before anything runs."""
+    from .selection import check_backends, check_selection
+
     tiers = tuple(args.tier) if args.tier else TIERS
-    for t in tiers:
-        if t not in TIERS:
-            raise ValueError(f"unknown tier {t!r}; known: {', '.join(TIERS)}")
+    check_selection(schemes=args.scheme, tiers=tiers, profile=args.profile)
+    if args.backend:
+        check_backends(args.backend)  # unknown names and parameters: exit 2 here, not 'unsupported' later
+        backends = list(args.backend)
+    else:
+        skipped: list = []
+        backends = available_backends(skipped)
+        for name, why in skipped:
+            print(f"not run (unavailable here): {name}: {why}")
     specs = case_list(schemes=args.scheme or None, tiers=tiers, profile=args.profile)
     sh = parse_shard(args.shard)
     if sh:
         specs = shard(specs, *sh)
+    if not specs:
+        raise ValueError(f"the selection has no cases (schemes {', '.join(args.scheme or ['all'])}, tiers "
+                         f"{', '.join(tiers)}, profile {args.profile}{', shard ' + args.shard if args.shard else ''})")
+    return backends, tiers, specs
+
+
+def cmd_run(args, *, unavailable: dict | None = None) -> int:
+    """The main job. ``unavailable`` ({backend: reason}, from `qconform target`) is recorded in the run
+    header: backends of the target that could not start here."""
+    from . import console
+    from .report import load_source, summarize_sources, write_reports
+
+    backends, tiers, specs = _selection(args)
+    out = Path(args.out)
+    case_hash = list_hash(specs)
+    if out.exists():
+        prepare_out(out, resume=args.resume, case_hash=case_hash, backends=backends)
+    elif args.resume:
+        raise ValueError(f"--resume: {out} does not exist (drop --resume to start a run)")
     waivers = load_waivers(args.waivers)
-    runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers,
-                    progress=not args.no_progress and sys.stderr.isatty())
+    n_todo = len(specs) * len(backends)
+    if args.resume:
+        ids = {s.case_id for s in specs}
+        n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
+                       if r.get("kind") == "result" and r.get("case_id") in ids})
+    progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress)
+    runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers, progress=progress or False)
     header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
               "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
-              "case_count": len(specs), "case_list_sha256": list_hash(specs), "environment": environment(),
+              "case_count": len(specs), "case_list_sha256": case_hash, "environment": environment(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "waivers": [w.__dict__ for w in waivers]}
+    if unavailable:
+        header["unavailable"] = dict(unavailable)
     print(f"qconform run: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
-          f"profile {args.profile}, results -> {runner.results_path}")
+          f"profile {args.profile}, results -> {runner.results_path}" + (" (resumed)" if args.resume else ""))
+    sys.stdout.flush()
     t0 = time.perf_counter()
-    results = runner.run(backends, specs, resume=not args.no_resume, header=header)
+    results = runner.run(backends, specs, resume=args.resume, header=header)
     wall = time.perf_counter() - t0
-    # the whole result set (resumed runs included) decides the verdict
-    all_results = [r for r in read_results(runner.results_path) if r.get("kind") == "result"]
-    latest = {}
-    for r in all_results:
-        latest[(r["backend"], r["case_id"])] = r
-    final = list(latest.values())
-    table, n_ok, n_bad = summarize(final)
-    print(f"\n{'backend':28s} {'scheme':14s} " + " ".join(f"{v[:10]:>10s}" for v in
-                                                        ("pass", "tie-flips", "quality", "fail", "crash", "timeout",
-                                                         "unsupport", "waived", "mistrust")))
-    for (b, s), c in sorted(table.items()):
-        print(f"{b[:28]:28s} {s:14s} " + " ".join(f"{c.get(v, 0):10d}" for v in
-                                                   ("pass", "pass-with-tie-flips", "quality-warning", "fail", "crash",
-                                                    "timeout", "unsupported", "waived", "mistrusted")))
-    for r in final:
-        if r["verdict"] in BAD:
-            print(f"{r['verdict'].upper()}: {r['backend']} {r['case_id']}: {r['reason'][:300]}")
-            if r.get("bundle"):
-                print(f"  reproduce: qconform replay {r['bundle']}")
-        if r.get("unexpected_pass_of_waived_case"):
-            print(f"STALE WAIVER: {r['backend']} {r['case_id']} passes; waiver "
-                  f"{r['unexpected_pass_of_waived_case']['issue']} can go")
+    src = load_source(out)
+    ids = {s.case_id for s in specs}
+    src["results"] = [r for r in src["results"] if r["case_id"] in ids]  # this invocation's cases only
+    summary = summarize_sources([src], base=out)
+    print()
+    console.print_table(summary)
+    console.print_failures(summary)
     per_backend = Counter(r["backend"] for r in results)
     for b, n in per_backend.items():
         secs = sum(r.get("seconds", 0) or 0 for r in results if r["backend"] == b)
@@ -198,44 +271,52 @@ def cmd_run(args) -> int:
             print(f"throughput {b}: {n / secs:.1f} cases/s ({n} cases, {secs:.1f} s in workers)")
     print(f"wall time {wall:.1f} s")
     try:  # the reports (docs/certification.md#reports); a report problem never changes the run's verdict
-        from .report import report_run
-
-        written = report_run(args.out)
+        written = write_reports(out, summary)
         print("reports: " + ", ".join(str(p) for p in written))
     except Exception as e:  # noqa: BLE001
         print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
               f"retry with: qconform report {args.out}", file=sys.stderr)
-    print(f"conformance: {n_ok} passed, {n_bad} failed")
-    return 1 if n_bad else 0
+    console.print_verdict(summary)
+    if summary["n_bad"]:
+        return 1
+    return 0 if summary["ok"] else EXIT_NOT_CERTIFIED
 
 
 def cmd_replay(args) -> int:
-    import numpy as np
+    """Rerun a bundle's case on its backend (or --backend). Exit 0 only when that backend ran it and it
+    passed; where the backend is unavailable here the emulator's output is shown and the exit is 4."""
+    import tempfile
 
     from backends.base import Declared
-    from backends.registry import create
 
     from .acceptance import declared_interval
     from .bundle import load_bundle_inputs
     from .runner import WorkerProcess, judge
+    from .selection import check_backends
+    from .summary import describe_worst
 
+    if args.backend:
+        check_backends([args.backend])  # an unknown name or parameter: exit 2 before anything is read or run
     inp, meta = load_bundle_inputs(args.bundle)
     recorded = meta.get("backend", "emulator")
     want = args.backend or recorded
-    b = create(want)
+    b = check_backends([want])[want]
     av = b.availability()
-    if not av.available:
-        print(f"backend {want} unavailable here ({av.reason}); replaying with the emulator")
+    stand_in = not av.available
+    if stand_in:
+        print(f"backend {want} unavailable here ({av.reason}); replaying with the emulator instead (not a replay "
+              f"of {want})")
         want = "emulator"
     declared = Declared(**json.loads(meta["declared"])) if meta.get("declared") not in (None, "null") else None
-    if declared is None:
+    if declared is None or stand_in:
+        from backends.registry import create
+
         declared = create(want).declared(inp.case)
     iv = declared_interval(inp, declared)
     print(f"case: {inp.case.describe()}")
     print(f"recorded: {recorded} -> {meta.get('verdict')}: {meta.get('reason')}")
+    print(f"declaration notes: {declared.notes or '(none)'}")
     w = WorkerProcess(want)
-    import tempfile
-
     out = Path(tempfile.mkdtemp()) / "y.safetensors"
     try:
         reply = w.request({"op": "run", "bundle": str(Path(args.bundle).resolve()), "out": str(out)}, timeout=args.timeout)
@@ -248,10 +329,15 @@ def cmd_replay(args) -> int:
 
     y = load_tensors(out)["y"].data
     rec = judge(inp, iv, y, declared)
-    print(f"replay on {want}: {rec['verdict']} {rec['reason']}")
-    if rec.get("worst_element"):
-        print(f"worst element: {rec['worst_element']}")
-    return 1 if rec["verdict"] in BAD else 0
+    print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
+    if rec["verdict"] in BAD:
+        print(f"worst element {describe_worst(rec.get('worst_element'))}")
+        return 1
+    if stand_in:
+        print(f"replay: NOT REPLAYED on {args.backend or recorded} (unavailable here); the emulator's verdict above "
+              "says nothing about it")
+        return EXIT_NOT_CERTIFIED
+    return 0
 
 
 def cmd_golden(args) -> int:
@@ -311,7 +397,9 @@ def add_commands(sub) -> None:
     s.add_argument("--shard", help="i/n: run shard i of n of the case list")
     s.add_argument("--waivers", help="waivers TOML file")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds per case before the worker is killed")
-    s.add_argument("--no-resume", action="store_true", help="rerun cases already in OUT/results.jsonl")
+    s.add_argument("--resume", action="store_true", help="continue the run in OUT (same case list and backends "
+                                                         "only); by default a run starts a fresh result set")
+    s.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out: a no-op
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(fn=cmd_run)
 
@@ -357,34 +445,59 @@ TARGETS = {
 
 
 def cmd_target(args) -> int:
-    """Run the conformance of one target's backends; exit 0 with 'unavailable' where none can run."""
-    from backends.registry import create
+    """Run the conformance of one target's backends; exit 0 with 'unavailable' where none can run.
+
+    A backend of the target that cannot start here is recorded as unavailable in the run's summary
+    (never as a pass); where none can, OUT/<target>/summary.json holds status 'unavailable'.
+    """
+    from .selection import check_backends
 
     if args.name not in TARGETS:
         raise ValueError(f"unknown target {args.name!r}; known: {', '.join(TARGETS)}")
-    runnable, reasons = [], []
-    for name in TARGETS[args.name]:
-        av = create(name).availability()
+    built = check_backends(TARGETS[args.name])
+    runnable, unavailable = [], {}
+    for name, b in built.items():
+        av = b.availability()
         if av.available:
             runnable.append(name)
         else:
-            reasons.append(f"{name}: {av.reason}")
-    for r in reasons:
-        print(f"unavailable: {r}")
+            unavailable[name] = av.reason or "unavailable"
+    for name, why in unavailable.items():
+        print(f"unavailable: {name}: {why}")
+    out = Path(args.out) / args.name
     if not runnable:
+        _write_unavailable_summary(out, args, unavailable)
         print(f"target {args.name}: no backend of this target can run on this host; nothing was certified "
-              "(exit 0, no pass claimed)")
+              f"(status unavailable in {out / 'summary.json'}; exit 0, no pass claimed)")
         return 0
+    a = argparse.Namespace(backend=runnable, scheme=None, tier=None, profile=args.profile, out=str(out),
+                           jobs=args.jobs, shard=args.shard, waivers=args.waivers, timeout=args.timeout,
+                           resume=False, no_progress=args.no_progress)
+    rc = cmd_run(a, unavailable=unavailable)
+    # documented tox behaviour: a target's backend that cannot run here is reported, not a failure
+    return 0 if rc == EXIT_NOT_CERTIFIED and unavailable else rc
 
-    class A:
-        pass
 
-    a = A()
-    a.backend, a.scheme, a.tier, a.profile = runnable, None, None, args.profile
-    a.out = str(Path(args.out) / args.name)
-    a.jobs, a.shard, a.waivers, a.timeout = args.jobs, args.shard, args.waivers, args.timeout
-    a.no_resume, a.no_progress = True, True
-    return cmd_run(a)
+def _write_unavailable_summary(out: Path, args, unavailable: dict) -> None:
+    """OUT/summary.json of a target none of whose backends can run here: status 'unavailable'."""
+    from .report import write_reports
+    from .summary import summarize_sources
+
+    out.mkdir(parents=True, exist_ok=True)
+    for n in RUN_OUTPUTS:  # an earlier run's results must not stand for this one
+        p = out / n
+        if p.is_dir():
+            import shutil
+
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    header = {"suite": "qconform", "target": args.name, "profile": args.profile, "backends": list(unavailable),
+              "unavailable": unavailable, "case_count": 0, "environment": environment(),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    src = {"path": str(out), "folder": str(out), "headers": [header], "backends": {}, "results": [], "bundle": None,
+           "environment": header["environment"], "host": header["environment"].get("host")}
+    write_reports(out, summarize_sources([src], base=out))
 
 
 def add_target_command(sub) -> None:
@@ -397,4 +510,5 @@ def add_target_command(sub) -> None:
     s.add_argument("--shard")
     s.add_argument("--waivers")
     s.add_argument("--timeout", type=float, default=300.0)
+    s.add_argument("--no-progress", action="store_true")
     s.set_defaults(fn=cmd_target)

@@ -2,7 +2,7 @@
 
 Semantics: docs/conformance.md#golden-tensors.
 
-``golden/`` holds one safetensors file per case (inputs + the canonical
+``conformance/golden_data/`` (package data: it ships with ``pip install .``) holds one safetensors file per case (inputs + the canonical
 reference ``y_ref``/``y_exact``) and ``MANIFEST.json`` (sha256 of each file,
 the case spec that generated it, the emulator version, the oracle that
 cross-checked it). ``qconform golden regenerate`` rewrites them byte for byte;
@@ -35,15 +35,15 @@ from .suite import CaseSpec, generators_for
 __all__ = ["GOLDEN_DIR", "golden_cases", "golden_specs", "golden_inputs", "regenerate", "verify"]
 
 def _golden_dir() -> Path:
-    """QCONFORM_GOLDEN_DIR, else the repository's golden/ (editable install or source tree), else ./golden."""
+    """QCONFORM_GOLDEN_DIR, else the package's own golden_data/ (found through importlib.resources, so an
+    installed copy and an editable checkout read the same files). Never a folder relative to the cwd:
+    a missing golden set is an error (``golden_specs``), not fewer cases."""
     import os
+    from importlib import resources
 
     if os.environ.get("QCONFORM_GOLDEN_DIR"):
         return Path(os.environ["QCONFORM_GOLDEN_DIR"])
-    beside = Path(__file__).resolve().parents[1] / "golden"
-    if (beside / "MANIFEST.json").exists():
-        return beside
-    return Path.cwd() / "golden"
+    return Path(str(resources.files("conformance").joinpath("golden_data")))
 
 
 GOLDEN_DIR = _golden_dir()
@@ -152,9 +152,16 @@ def verify(folder: "str | Path" = GOLDEN_DIR) -> list[str]:
 
 
 def golden_specs(folder: "str | Path" = GOLDEN_DIR) -> list[CaseSpec]:
-    man = _manifest(Path(folder))
+    """The golden-tier cases: one per file of the folder's manifest. A folder without its manifest
+    (a broken install, a wrong QCONFORM_GOLDEN_DIR) raises: it must not shrink the case list."""
+    folder = Path(folder)
+    man = _manifest(folder)
+    if not man.get("files"):
+        raise QconformError(f"golden tensors not found: {folder / MANIFEST} is missing or empty (the golden "
+                            "tier needs them; reinstall qconform, or set QCONFORM_GOLDEN_DIR to a folder that "
+                            "'qconform golden verify --dir' accepts)")
     out = []
-    for name, entry in sorted(man.get("files", {}).items()):
+    for name, entry in sorted(man["files"].items()):
         src = CaseSpec.from_json(entry["spec"])
         out.append(CaseSpec(src.case, "golden", name[: -len(".safetensors")], src.seed))
     return out

@@ -5,7 +5,12 @@ Semantics: docs/conformance.md#pytest.
     pytest --qconform-backend=emulator [--qconform-scheme=w4a16] [--qconform-profile=ci]
            [--qconform-tier=edge] [--qconform-out=DIR] -n auto
 
-Without ``--qconform-backend`` the plugin adds nothing. Each item runs its case
+Without ``--qconform-backend`` the plugin adds nothing. With it, pytest collects *only* the
+conformance cases (not the repository's own tests), so the command runs as is in a vendor's
+repository. Every backend, scheme, tier and profile named is checked before collection: an
+unknown one is a usage error (one line, pytest's usage-error exit status 4). A backend that is
+unavailable here gives one failing item saying why (not a green run of skips), and a backend
+whose every case was unsupported fails the session. Each item runs its case
 in a backend worker subprocess (one per pytest process, reused), so a crashing
 kernel fails that item with ``crash`` and the session goes on; items are
 deterministic and independent, so ``pytest -n auto`` (pytest-xdist) spreads
@@ -45,6 +50,7 @@ class QconformItem(pytest.Item):
     def runtest(self):
         from .runner import BAD, Runner, load_waivers
 
+        self.user_properties.append(("qconform_backend", self.backend))
         cfg = self.config
         out = cfg.getoption("--qconform-out") or os.path.join(tempfile.gettempdir(), "qconform-pytest")
         wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -60,7 +66,7 @@ class QconformItem(pytest.Item):
         hello = worker.request({"op": "hello"}, timeout=runner.timeout)
         label = hello.get("label", self.backend)
         if not hello.get("available"):
-            pytest.skip(f"{self.backend} unavailable: {hello.get('reason') or hello.get('error')}")
+            raise QconformFailure(f"{self.backend} unavailable: {hello.get('reason') or hello.get('error')}")
         rec = runner._run_one(worker, label, self.spec, tmp)
         import time
 
@@ -71,6 +77,14 @@ class QconformItem(pytest.Item):
             pytest.skip(f"unsupported: {rec['reason']}")
         if rec["verdict"] in BAD:
             msg = f"{rec['verdict']}: {rec['reason']}"
+            we = (rec.get("metrics") or {}).get("worst_element")
+            if we:
+                from .summary import describe_worst
+
+                msg += f"\n  worst element {describe_worst(we)}"
+            notes = (rec.get("declared") or {}).get("notes")
+            if notes:
+                msg += f"\n  declaration notes: {notes}"
             if rec.get("bundle"):
                 msg += f"\n  reproduce: qconform replay {rec['bundle']}"
             raise QconformFailure(msg)
@@ -88,6 +102,24 @@ class QconformFailure(Exception):
     pass
 
 
+class UnavailableItem(pytest.Item):
+    """One failing item for a backend that cannot run here: no case of it is certified."""
+
+    def __init__(self, *, backend: str, reason: str, **kw):
+        super().__init__(**kw)
+        self.backend, self.reason = backend, reason
+
+    def runtest(self):
+        self.user_properties.append(("qconform_backend", self.backend))
+        raise QconformFailure(f"{self.backend} unavailable here: {self.reason}; none of its cases was run")
+
+    def repr_failure(self, excinfo, style=None):
+        return str(excinfo.value)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.backend} availability"
+
+
 class QconformCollector(pytest.Collector):
     def collect(self):
         from .suite import TIERS, case_list
@@ -97,14 +129,48 @@ class QconformCollector(pytest.Collector):
         specs = case_list(schemes=cfg.getoption("--qconform-scheme") or None, tiers=tiers,
                           profile=cfg.getoption("--qconform-profile"))
         for backend in cfg.getoption("--qconform-backend"):
+            why = _UNAVAILABLE.get(backend)
+            if why is not None:
+                yield UnavailableItem.from_parent(self, name=f"{backend}::availability", backend=backend, reason=why)
+                continue
             for spec in specs:
                 yield QconformItem.from_parent(self, name=f"{backend}::{spec.case_id}", backend=backend, spec=spec)
 
 
+_UNAVAILABLE: dict = {}  # backend spec -> why it cannot run here (found once, in pytest_configure)
+_JUDGED: dict = {}  # backend spec -> [judged, unsupported] (from the item reports; under xdist in the controller)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "qconform: a qconform conformance case")
+    backends = config.getoption("--qconform-backend")
+    if not backends:
+        return
+    from .selection import check_backends, check_selection
+
+    tiers = config.getoption("--qconform-tier") or None
+    try:
+        check_selection(schemes=config.getoption("--qconform-scheme") or None, tiers=tiers,
+                        profile=config.getoption("--qconform-profile"))
+        built = check_backends(backends, option="--qconform-backend")
+    except ValueError as e:
+        raise pytest.UsageError(f"qconform: {e}") from None
+    for spec, b in built.items():
+        av = b.availability()
+        if not av.available:
+            _UNAVAILABLE[spec] = av.reason or "unavailable"
+    for spec in backends:
+        _JUDGED[spec] = [0, 0]
 
 
+def pytest_ignore_collect(collection_path, config):
+    """With --qconform-backend the session is the conformance cases only: no test file is collected."""
+    if config.getoption("--qconform-backend"):
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     if not config.getoption("--qconform-backend"):
         return
@@ -112,7 +178,27 @@ def pytest_collection_modifyitems(session, config, items):
     items.extend(col.collect())
 
 
+def pytest_runtest_logreport(report):
+    props = dict(getattr(report, "user_properties", ()) or ())
+    b = props.get("qconform_backend")
+    if b not in _JUDGED or report.when != "call" or "verdict" not in props:
+        return
+    _JUDGED[b][props["verdict"] == "unsupported"] += 1
+
+
 def pytest_sessionfinish(session, exitstatus):
     for w in _WORKERS.values():
         w.close()
     _WORKERS.clear()
+    if hasattr(session.config, "workerinput") or not _JUDGED:
+        return  # an xdist worker: the controller sees every report
+    unjudged = [b for b, (judged, unsup) in _JUDGED.items() if not judged and unsup]
+    if unjudged and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    session.config._qconform_unjudged = unjudged
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for b in getattr(config, "_qconform_unjudged", []):
+        terminalreporter.write_line(f"qconform: NOT CERTIFIED: no case of {b} was judged (every selected case is "
+                                    "unsupported); the session fails", red=True)

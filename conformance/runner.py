@@ -228,6 +228,16 @@ def _alternative_rule(inp, y, declared: Declared):
     return None
 
 
+def _ulp_at(y, iv: Interval, idx) -> int | None:
+    """ULP distance (in the output dtype) of the observed element from the correctly rounded reference."""
+    from .acceptance import _ordinal
+
+    a, b = float(np.asarray(y, np.float64)[idx]), float(iv.y_ref[idx])
+    if not (np.isfinite(a) and np.isfinite(b)):
+        return None
+    return int(abs(int(_ordinal(np.array([a]), iv.out_dtype)[0]) - int(_ordinal(np.array([b]), iv.out_dtype)[0])))
+
+
 def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
     """Verdict and metrics for one observed output.
 
@@ -244,7 +254,8 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
     if rec["worst"] is not None:
         idx = tuple(rec["worst"])
         rec["worst_element"] = {"index": rec["worst"], "observed": float(np.asarray(y, np.float64)[idx]),
-                                "expected": float(iv.y_exact[idx]), "lo": float(iv.lo[idx]), "hi": float(iv.hi[idx])}
+                                "expected": float(iv.y_exact[idx]), "lo": float(iv.lo[idx]), "hi": float(iv.hi[idx]),
+                                "reference": float(iv.y_ref[idx]), "ulp": _ulp_at(y, iv, idx)}
     ref = iv.y_ref
     finite = np.isfinite(ref)
     degenerate = (not finite.any()) or bool(np.all(ref[finite] == 0)) or (ref.size > 1 and np.unique(ref[finite]).size <= 1)
@@ -383,7 +394,9 @@ class Runner:
                 f.flush()
                 os.fsync(f.fileno())
             self._done += 1
-            if self.progress:
+            if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
+                self.progress(self._done, self._total, rec)
+            elif self.progress:
                 width = 30
                 frac = self._done / max(self._total, 1)
                 bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
@@ -433,7 +446,7 @@ class Runner:
             with ThreadPoolExecutor(max_workers=self.jobs) as ex:
                 for part in ex.map(lambda c: self._run_chunk(bspec, label, c, today), chunks):
                     results.extend(part)
-        if self.progress and self._total:
+        if self.progress and not callable(self.progress) and self._total:
             sys.stderr.write("\n")
         return results
 

@@ -124,9 +124,13 @@ def scheme_grid(shapes) -> list[Case]:
 
 
 def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None) -> list[CaseSpec]:
-    """The ordered, de-duplicated case list for a profile."""
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    """The ordered, de-duplicated case list for a profile.
+
+    An unknown scheme, tier, weight format or profile raises ValueError (docs/conformance.md#usage-errors):
+    a typo must not select fewer cases."""
+    from .selection import check_selection
+
+    check_selection(schemes=schemes, tiers=tiers, profile=profile, formats=formats)
     prof = PROFILES[profile]
     base_seed = int(time.time()) if prof["fresh_seeds"] else 0
     specs: list[CaseSpec] = []

@@ -64,3 +64,74 @@ def test_emulator_reproduces_golden_outputs():
         exp = golden.golden_expected(spec)
         iv = declared_interval(inp, Declared(variants={}, accumulate="exact", output=spec.case.output_dtype))
         np.testing.assert_array_equal(iv.y_ref, exp["y_ref"], err_msg=spec.generator)
+
+
+# -- the golden tensors ship with the package ---------------------------------------------------------------
+def test_golden_folder_is_the_package_data_found_through_importlib_resources():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "QCONFORM_GOLDEN_DIR"}
+    env["PYTHONPATH"] = str(root)
+    code = ("from importlib import resources; from conformance import golden; "
+            "print(golden.GOLDEN_DIR); print(resources.files('conformance').joinpath('golden_data'))")
+    r = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stdout.split()
+    assert r.returncode == 0 and lines[0] == lines[1] == str(root / "conformance" / "golden_data"), r.stderr
+
+
+def test_pyproject_package_data_lists_every_golden_file():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "conformance" in conf["packages"]
+    globs = conf["package-data"]["conformance"]
+    files = sorted(p.relative_to(root / "conformance").as_posix() for p in golden.GOLDEN_DIR.iterdir())
+    assert len(files) == len(golden.golden_specs()) + 1  # + MANIFEST.json
+    assert [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)] == []
+
+
+def test_wheel_carries_the_golden_tensors(tmp_path):
+    """A real wheel build (setuptools, no network): every golden file is inside it, byte for byte."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    pytest.importorskip("setuptools")
+    pytest.importorskip("wheel")
+    root = Path(__file__).resolve().parents[2]
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "build", "dist", "__pycache__",
+                                                              ".tox", ".venv", "qconform-out", "tests"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    whl = next((tmp_path / "dist").glob("qconform-*.whl"))
+    with zipfile.ZipFile(whl) as z:
+        for p in golden.GOLDEN_DIR.iterdir():
+            assert z.read(f"conformance/golden_data/{p.name}") == p.read_bytes(), p.name
+
+
+def test_missing_golden_set_is_an_error_not_fewer_cases(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), QCONFORM_GOLDEN_DIR=str(tmp_path / "nowhere"))
+    r = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--backend", "emulator", "--out",
+                        str(tmp_path / "o"), "--no-progress"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "golden tensors not found" in err[0] and str(tmp_path / "nowhere") in err[0]
+    assert not (tmp_path / "o" / "results.jsonl").exists()
+    with pytest.raises(Exception, match="golden tensors not found"):
+        golden.golden_specs(tmp_path)

@@ -43,3 +43,44 @@ def test_plugin_without_backend_adds_nothing(tmp_path):
     (tmp_path / "test_x.py").write_text("def test_a():\n    assert True\n")
     r = _pytest(tmp_path)
     assert r.returncode == 0 and "1 passed" in r.stdout
+
+
+def test_plugin_collects_only_conformance_cases_in_a_vendor_repository(tmp_path):
+    """The documented example (docs/conformance.md#pytest): a vendor's repository with its own tests
+    (one fails, one cannot even be imported) and a conftest; --qconform-backend runs the cases alone."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_vendor_own.py").write_text("def test_own():\n    assert False, 'vendor test ran'\n")
+    (tmp_path / "tests" / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef vendor_fixture():\n"
+                                                    "    return 1\n")
+    (tmp_path / "tests" / "test_vendor_broken.py").write_text("import vendor_module_that_does_not_exist\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntestpaths = ['tests']\n")
+    r = _pytest(tmp_path, "--qconform-backend=emulator", "--qconform-profile=smoke", "--qconform-scheme=w8a8",
+                "--qconform-tier=exact", f"--qconform-out={tmp_path / 'out'}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "vendor" not in r.stdout and "8 passed" in r.stdout
+    r = _pytest(tmp_path)  # without the option the repository's own tests run as usual
+    assert r.returncode != 0 and "vendor_module_that_does_not_exist" in r.stdout
+
+
+def test_plugin_unknown_names_are_usage_errors(tmp_path):
+    for opt, named in (("--qconform-backend=emulatr", "'emulatr'"), ("--qconform-backend=emulator:foo=bar", "foo"),
+                       ("--qconform-scheme=w4a17", "'w4a17'"), ("--qconform-tier=golen", "'golen'"),
+                       ("--qconform-profile=cii", "'cii'")):
+        args = [opt] if opt.startswith("--qconform-backend") else ["--qconform-backend=emulator", opt]
+        r = _pytest(tmp_path, *args)
+        assert r.returncode == 4, (opt, r.stdout[-1000:], r.stderr[-1000:])  # pytest's usage-error status
+        err = [l for l in r.stderr.splitlines() if l.strip()]
+        assert len(err) == 1 and err[0].startswith("ERROR: qconform: ") and named in err[0], r.stderr
+
+
+def test_plugin_unavailable_or_unjudged_backend_is_not_green(tmp_path):
+    here = Path(__file__).resolve().parent
+    env = {"QCONFORM_EXTRA_BACKENDS": "absent=run_doubles:Absent,declines=run_doubles:Declines",
+           "PYTHONPATH": os.pathsep.join((str(ROOT), str(here)))}
+    r = _pytest(tmp_path, "--qconform-backend=absent", "--qconform-profile=smoke", "--qconform-scheme=w8a8", env=env)
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "absent unavailable here: test double: its device is not installed" in r.stdout and "1 failed" in r.stdout
+    r = _pytest(tmp_path, "--qconform-backend=declines", "--qconform-profile=smoke", "--qconform-scheme=w8a8",
+                "--qconform-tier=exact", env=env)
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "8 skipped" in r.stdout and "NOT CERTIFIED: no case of declines was judged" in r.stdout

@@ -74,7 +74,9 @@ def test_failures_carry_replay_commands_and_waivers_are_listed(rich):
     assert len(summary["failures"]) == len(bad) > 0
     with_bundle = [f for f in summary["failures"] if f.get("replay")]
     assert with_bundle and all(f["replay"].startswith("qconform replay ") for f in with_bundle)
-    assert all(Path(f["bundle"]).exists() for f in with_bundle)
+    # replay commands name bundles relative to the report's folder (no absolute paths: the folder moves)
+    assert all(not Path(f["bundle"]).is_absolute() and (rich / f["bundle"]).exists() for f in with_bundle)
+    assert all(f["replay"] == f"qconform replay {f['bundle']}" for f in with_bundle)
     w = summary["waivers"]
     assert len(w["declared"]) == 2
     assert len(w["applied"]) == sum(1 for r in res if r["verdict"] == "waived") > 0

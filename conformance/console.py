@@ -1,0 +1,121 @@
+"""What ``qconform run`` prints: progress on any stream, the verdict table, the failure groups.
+
+Semantics: docs/conformance.md#console. Everything here reads the summary of
+conformance/summary.py, so the console, summary.json and the reports count the same cases.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .summary import describe_worst, headline
+
+__all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
+
+WIDTH = 100  # the console table fits 100 columns
+#: (verdict, column title); titles are at most 6 characters
+TABLE_VERDICTS = (("pass", "pass"), ("pass-with-tie-flips", "ties"), ("quality-warning", "qual"), ("fail", "fail"),
+                  ("crash", "crash"), ("timeout", "tmout"), ("unsupported", "unsup"), ("waived", "waived"),
+                  ("mistrusted", "mistr"))
+MAX_EXAMPLES = 5  # cases listed per failure group on the console (all are in report.md)
+
+
+class LineProgress:
+    """Progress for a log or a pipe: one line every ``every`` seconds or every 10 % of the cases."""
+
+    def __init__(self, total: int, *, stream=None, every: float = 5.0, clock=time.monotonic):
+        self.total = max(int(total), 1)
+        self.stream = stream or sys.stderr
+        self.every = every
+        self.clock = clock
+        self.t0 = self.last_t = clock()
+        self.last_tenth = 0
+        self.bad = 0
+
+    def __call__(self, done: int, _runner_total: int, rec: dict) -> None:
+        if rec.get("verdict") in ("fail", "crash", "timeout"):
+            self.bad += 1
+        now = self.clock()
+        tenth = min(10, done * 10 // self.total)
+        if tenth > self.last_tenth or now - self.last_t >= self.every or done == self.total:
+            self.last_tenth, self.last_t = tenth, now
+            rate = done / max(now - self.t0, 1e-9)
+            self.stream.write(f"progress: {done}/{self.total} ({100 * done // self.total} %), {self.bad} failing, "
+                              f"{rate:.1f} cases/s, last {rec.get('backend', '?')} {rec.get('verdict', '?')}\n")
+            self.stream.flush()
+
+
+class BarProgress:
+    """Progress for a terminal: one bar rewritten in place."""
+
+    def __init__(self, total: int, *, stream=None):
+        self.total = max(int(total), 1)
+        self.stream = stream or sys.stderr
+
+    def __call__(self, done: int, _runner_total: int, rec: dict) -> None:
+        width = 30
+        n = int(width * min(done, self.total) / self.total)
+        self.stream.write(f"\r[{'#' * n}{'-' * (width - n)}] {done}/{self.total} {rec.get('backend', '?')[:20]:20s} "
+                          f"{rec.get('verdict', '?'):20s}")
+        if done >= self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def make_progress(total: int, *, enabled: bool = True, stream=None):
+    """The progress printer for the stream: a bar on a terminal, lines elsewhere; None when disabled."""
+    if not enabled:
+        return None
+    stream = stream or sys.stderr
+    isatty = getattr(stream, "isatty", lambda: False)()
+    return BarProgress(total, stream=stream) if isatty else LineProgress(total, stream=stream)
+
+
+def _fit(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def print_table(summary: dict, out=None) -> None:
+    """One row per (backend, scheme) cell: the verdict counts (at most WIDTH columns)."""
+    out = out or sys.stdout
+    head = f"{'backend':22s} {'scheme':12s}" + "".join(f"{t:>7s}" for _, t in TABLE_VERDICTS)
+    out.write(head + "\n")
+    for c in sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"])):
+        row = f"{_fit(c['column'], 22):22s} {_fit(c['scheme'], 12):12s}" + "".join(
+            f"{c['counts'].get(v, 0):7d}" for v, _ in TABLE_VERDICTS)
+        out.write(row + "\n")
+
+
+def print_failures(summary: dict, out=None) -> None:
+    """Each failure group: count, signature, one example in full (worst element, notes, replay), more ids."""
+    out = out or sys.stdout
+    by_case = {(f["column"], f["case_id"]): f for f in summary["failures"]}
+    for g in summary.get("failure_groups", []):
+        sig, ex = g["signature"], g["example"]
+        out.write(f"{sig['verdict'].upper()} x{g['count']}: {sig['column']} {sig['scheme']} {sig['weight_format']} "
+                  f"[variants {sig['variants']}]: {sig['reason']}\n")
+        out.write(f"  example {ex['case_id']}: {ex['reason'][:300]}\n")
+        out.write(f"  worst element {describe_worst(ex['worst_element'])}\n")
+        out.write(f"  declaration notes: {ex['notes'] or '(none)'}\n")
+        if ex.get("replay"):
+            out.write(f"  reproduce (in the output folder): {ex['replay']}\n")
+        others = [cid for cid in g["case_ids"] if cid != ex["case_id"]]
+        for cid in others[:MAX_EXAMPLES - 1]:
+            f = by_case.get((sig["column"], cid), {})
+            out.write(f"  also {cid}: worst {describe_worst(f.get('worst_element'))}\n")
+        if len(others) > MAX_EXAMPLES - 1:
+            out.write(f"  ... and {len(others) - (MAX_EXAMPLES - 1)} more of this kind (report.md)\n")
+    for w in summary["waivers"]["stale"]:
+        out.write(f"STALE WAIVER: {w['column']} {w['case_id']} passes; waiver {(w.get('waiver') or {}).get('issue')} "
+                  "can go\n")
+
+
+def print_verdict(summary: dict, out=None) -> None:
+    """The last lines: what was not certified and why, then the headline with the counts."""
+    out = out or sys.stdout
+    for nc in summary.get("not_certified", []):
+        out.write(f"not certified: {nc['column']}: {nc['why']}\n")
+    n_ok = summary["n_judged"] - summary["n_bad"]
+    out.write(f"conformance: {headline(summary)}: {n_ok} passed, {summary['n_bad']} failed, "
+              f"{summary['totals'].get('unsupported', 0)} unsupported, of {summary['n_results']} result(s)\n")
