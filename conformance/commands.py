@@ -277,7 +277,7 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
               f"retry with: qconform report {args.out}", file=sys.stderr)
     console.print_verdict(summary)
-    if summary["n_bad"]:
+    if summary["n_bad"] or summary["status"] == "not-conformant":  # failures, or an unwaived semantic deviation
         return 1
     return 0 if summary["ok"] else EXIT_NOT_CERTIFIED
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .summary import describe_worst, headline
+from .summary import describe_worst, deviation_lines, headline
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
 
@@ -116,6 +116,9 @@ def print_verdict(summary: dict, out=None) -> None:
     out = out or sys.stdout
     for nc in summary.get("not_certified", []):
         out.write(f"not certified: {nc['column']}: {nc['why']}\n")
+    for line in deviation_lines(summary):
+        out.write(line + "\n")
     n_ok = summary["n_judged"] - summary["n_bad"]
     out.write(f"conformance: {headline(summary)}: {n_ok} passed, {summary['n_bad']} failed, "
               f"{summary['totals'].get('unsupported', 0)} unsupported, of {summary['n_results']} result(s)\n")
+

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import math
 
-from .summary import (PASS_MEANING, RATIO_BINS, VERDICT_ORDER, cell_index, counts_text, describe_worst, fmt_ratio,
+from .summary import (LEVELS_MEANING, PASS_MEANING, deviation_lines, RATIO_BINS, VERDICT_ORDER, cell_index, counts_text, describe_worst, fmt_ratio,
                       fmt_sqnr)
 
 __all__ = ["render_html", "ratio_histogram_svg", "COLOURS", "TINTS"]
@@ -132,6 +132,10 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
     for n in summary.get("notes", []):
         if not n.startswith("not certified: "):  # listed above
             out.append(f'<p class="note">{esc(n)}</p>')
+    out.append(f'<h2>Conformance levels</h2><p id="levels" data-level="{esc(summary.get("level") or "-")}">Run level: '
+               f'<b>{esc(summary.get("level") or "-")}</b>. {esc(LEVELS_MEANING)}</p>')
+    out.append('<ul id="deviations">' + ("".join(f"<li>{esc(line)}</li>" for line in deviation_lines(summary))
+                                          or "<li>every judged declaration is canonical</li>") + "</ul>")
     out.append('<div class="legend">' + "".join(
         f'<span style="background:{COLOURS[v][0]};color:{COLOURS[v][1]}">{esc(v)}</span>' for v in VERDICT_ORDER)
         + "</div>")

@@ -5,7 +5,7 @@ Semantics: docs/certification.md#reports. Input: the summary of conformance/summ
 
 from __future__ import annotations
 
-from .summary import PASS_MEANING, RATIO_BINS, cell_index, counts_text, describe_worst, fmt_ratio, fmt_sqnr
+from .summary import LEVELS_MEANING, PASS_MEANING, RATIO_BINS, cell_index, deviation_lines, counts_text, describe_worst, fmt_ratio, fmt_sqnr
 
 __all__ = ["render_markdown", "MAX_LISTED"]
 
@@ -28,6 +28,9 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
     for n in summary.get("notes", []):
         if not n.startswith("not certified: "):
             L += [f"> {n}", ""]
+    L += ["## Conformance levels", "", f"Run level: **{summary.get('level') or '-'}**. {LEVELS_MEANING}", ""]
+    L += [f"- {_md(line)}" for line in deviation_lines(summary)] or ["- every judged declaration is canonical"]
+    L += [""]
     L += ["## Support matrix", "",
           "Cell: worst verdict, counts, then the worst error/bound ratio, ULP distance, lowest SQNR and tie flips; "
           "`hist` is the per-case max error/bound histogram (bins " + ", ".join(RATIO_BINS) + ").", ""]
@@ -41,7 +44,7 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
             if c is None:
                 row.append("—")
                 continue
-            row.append(f"**{c['worst_verdict']}** {counts_text(c['counts'])}<br>ratio ≤ {fmt_ratio(c['max_ratio'])}, "
+            row.append(f"**{c['worst_verdict']}** {counts_text(c['counts'])}<br>level {c.get('level') or '-'}, ratio ≤ {fmt_ratio(c['max_ratio'])}, "
                        f"ULP ≤ {c['max_ulp'] if c['max_ulp'] is not None else '-'}, SQNR ≥ {fmt_sqnr(c['min_sqnr_db'])}, "
                        f"ties {c['tie_flips']}<br>hist `{' '.join(str(h) for h in c['ratio_hist'])}`")
         L.append("| " + " | ".join(row) + " |")

@@ -41,6 +41,7 @@ import numpy as np
 from backends.base import Declared
 
 from .acceptance import Interval, compare, declared_interval, round_down, round_up
+from .levels import assess
 from .bundle import save_bundle
 from .suite import CaseSpec
 
@@ -466,11 +467,13 @@ class Runner:
                     if rec["verdict"] not in BAD:
                         rec["verdict"] = "fail"
                     return rec
+                if rec.get("level") == "semantic":  # a waiver naming the case accepts its semantic deviation
+                    rec["deviation_waiver"] = {"issue": w.issue, "reason": w.reason, "expires": w.expires}
                 if rec["verdict"] in BAD:
                     rec["waived_verdict"] = rec["verdict"]
                     rec["verdict"] = "waived"
                     rec["waiver"] = {"issue": w.issue, "reason": w.reason, "expires": w.expires}
-                else:
+                elif rec.get("level") != "semantic":
                     rec["unexpected_pass_of_waived_case"] = {"issue": w.issue, "reason": w.reason}
                 return rec
         return rec
@@ -523,7 +526,8 @@ class Runner:
         verdict = metrics.pop("verdict")
         reason = metrics.pop("reason")
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
-                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"))
+                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"),
+                           **assess(spec.case, declared, inp, y))
         if verdict == "fail":
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:

@@ -19,7 +19,9 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["summarize_sources", "headline", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
+from .levels import run_level
+
+__all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
            "fmt_ratio", "fmt_sqnr", "cell_index", "counts_text",
            "BAD", "RATIO_BINS", "SCHEME_ORDER", "json_safe"]
 
@@ -36,14 +38,45 @@ SCHEME_ORDER = ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "
 PASS_MEANING = ("'pass' means every output element lies inside the interval that the backend's own declared "
                 "arithmetic (its named variants, weight and accumulator dtypes, output rounding) allows around "
                 "the exact result of the case (docs/conformance.md#acceptance).")
+#: what the levels mean, in one paragraph (the reports print it)
+LEVELS_MEANING = ("Levels (docs/conformance.md#levels): 'canonical' declarations compute the checkpoint's own "
+                  "semantics; 'rounding' ones differ only in how values are rounded (tie rules, RTZ, 16-bit "
+                  "scales, accumulation precision), and their distance from the canonical reference is measured "
+                  "on the same cases; a 'semantic' deviation computes other weights, zero points, scales or "
+                  "activations than the checkpoint defines and makes the run NOT CONFORMANT unless waived.")
 #: summary status -> headline (the lead's conformance levels add 'CONFORMANT WITH DECLARED VARIANTS')
 HEADLINES = {"conformant": "CONFORMANT", "not-conformant": "NOT CONFORMANT", "not-certified": "NOT CERTIFIED",
              "unavailable": "UNAVAILABLE"}
+#: a conformant run whose declarations round differently from the checkpoint (docs/conformance.md#levels)
+WITH_VARIANTS = "CONFORMANT WITH DECLARED VARIANTS"
 
 
 def headline(summary: dict) -> str:
-    """The one-word verdict of a summary (the reports' banner and the console's last line)."""
+    """The verdict of a summary (the reports' banner and the console's last line)."""
+    if summary["status"] == "conformant" and summary.get("level") in ("rounding", "semantic"):  # semantic: waived
+        return WITH_VARIANTS
     return HEADLINES[summary["status"]]
+
+
+def _add_level(c: dict, rec: dict) -> None:
+    """A judged record's level and declared deviations (with their measured distance) into a cell."""
+    lvl = rec.get("level")
+    if not lvl or rec.get("verdict") == "unsupported":
+        return
+    c["levels"][lvl] += 1
+    for d in rec.get("deviations") or []:
+        agg = c["deviations"].setdefault(d["variant"], {"variant": d["variant"], "level": d["level"], "cases": 0,
+                                                        "max_ulp": None, "min_sqnr_db": None, "n_outside": 0,
+                                                        "waived": 0})
+        agg["cases"] += 1
+        agg["waived"] += bool(rec.get("deviation_waiver"))
+        dist = rec.get("canonical_distance") or {}
+        if dist.get("max_ulp") is not None and dist["max_ulp"] >= 0:
+            agg["max_ulp"] = max(agg["max_ulp"] or 0, int(dist["max_ulp"]))
+        s = dist.get("sqnr_db")
+        if s is not None and not (isinstance(s, float) and (math.isnan(s) or math.isinf(s))):
+            agg["min_sqnr_db"] = float(s) if agg["min_sqnr_db"] is None else min(agg["min_sqnr_db"], float(s))
+        agg["n_outside"] += int(dist.get("n_outside") or 0)
 
 
 def _bin(ratio) -> int:
@@ -127,7 +160,7 @@ def _reason_pattern(reason: str) -> str:
 def _new_cell() -> dict:
     return {"n": 0, "counts": Counter(), "max_ratio": None, "max_ratio_inf": False, "max_ulp": None,
             "min_sqnr_db": None, "tie_flips": 0, "n_outside": 0, "exact_match": 0, "ratio_hist": [0] * len(RATIO_BINS),
-            "worst_case": None, "unsupported": Counter()}
+            "worst_case": None, "unsupported": Counter(), "levels": Counter(), "deviations": {}}
 
 
 def _add_metrics(c: dict, rec: dict) -> None:
@@ -198,6 +231,7 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     declared_waivers = []
     unavailable: dict[str, str] = {}
     schemes_seen = set()
+    semantic = []  # judged records whose declaration is an unwaived semantic deviation
 
     def column(key: str, b: str, src: dict) -> dict:
         if key not in columns:
@@ -205,7 +239,7 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             columns[key] = {"key": key, "backend": b, "host": src["host"], "version": bl.get("version"),
                             "device": bl.get("device"), "available": bl.get("available"),
                             "reason": bl.get("reason") or "", "source": src["path"], "verified": src.get("verified"),
-                            "n": 0, "judged": 0, "n_bad": 0}
+                            "n": 0, "judged": 0, "n_bad": 0, "n_semantic": 0}
         return columns[key]
 
     for src in sources:
@@ -225,6 +259,12 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             if v == "unsupported":
                 c["unsupported"][rec.get("reason") or "(no reason given)"] += 1
             _add_metrics(c, rec)
+            _add_level(c, rec)
+            if rec.get("level") == "semantic" and v != "unsupported" and not rec.get("deviation_waiver"):
+                col["n_semantic"] += 1
+                semantic.append({"column": key, "scheme": scheme, "case_id": rec["case_id"],
+                                 "variants": [d["variant"] for d in rec.get("deviations") or []
+                                              if d["level"] == "semantic"]})
             if v in BAD:
                 failures.append(_failure_entry(rec, key, src, base))
             entry = {"column": key, "backend": b, "host": src["host"], "scheme": scheme, "case_id": rec["case_id"],
@@ -262,9 +302,9 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                           "ratio_hist": c["ratio_hist"],
                           "worst_case": c["worst_case"][1] if c["worst_case"] else None,
                           "unsupported_reasons": dict(c["unsupported"].most_common()),
-                          # conformance level of the cell (canonical / declared variants / semantic
-                          # deviation): left for the typed variant vocabulary to fill, never guessed here
-                          "level": None})
+                          # conformance level of the cell: the farthest level of its judged declarations
+                          "level": run_level(c["levels"]), "levels": dict(c["levels"]),
+                          "deviations": sorted(c["deviations"].values(), key=lambda d: d["variant"])})
     runs = []
     envs = {}
     for src in sources:
@@ -280,10 +320,10 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in unavailable.items()]
     for col in columns.values():
         col["status"] = ("unavailable" if col["key"] in unavailable else "not-certified" if not col["judged"]
-                         else "not-conformant" if col["n_bad"] else "conformant")
+                         else "not-conformant" if col["n_bad"] or col["n_semantic"] else "conformant")
         if not col["judged"] and col["key"] not in unavailable:
             not_certified.append({"column": col["key"], "why": f"no case judged: all {col['n']} case(s) unsupported"})
-    if n_bad:
+    if n_bad or semantic:
         status = "not-conformant"
     elif not n_judged and unavailable:
         status = "unavailable"
@@ -302,13 +342,17 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
         notes.append(f"the sources ran {len(hashes)} different case lists (profiles, schemes or shards differ)")
     for nc in not_certified:
         notes.append(f"not certified: {nc['column']}: {nc['why']}")
+    sem_groups = Counter((s["column"], s["scheme"], ",".join(s["variants"])) for s in semantic)
+    for (col, sch, var), n in sorted(sem_groups.items()):
+        notes.append(f"semantic deviation (NOT CONFORMANT unless waived): {col} {sch}: {var} declared on {n} "
+                     "judged case(s)")
     unverified = [c["key"] for c in columns.values() if c.get("verified") is False]
     if unverified:
         notes.append("not verified (no certification bundle): " + ", ".join(unverified))
     summary = {"qconform_summary": 2, "ok": status == "conformant", "status": status,
-               # the run's conformance level (canonical / with declared variants / semantic deviation):
-               # reserved for the typed variant vocabulary; None until it classifies
-               "level": None,
+               # the run's conformance level: the farthest level of every judged declaration
+               "level": run_level(lvl for c in out_cells for lvl in c["levels"]),
+               "semantic_deviations": semantic,
                "n_results": n_results, "n_judged": n_judged, "n_bad": n_bad,
                "totals": dict(totals), "columns": list(columns.values()), "schemes": schemes, "cells": out_cells,
                "not_certified": not_certified, "unavailable": unavailable,
@@ -318,6 +362,38 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                "bundles": [src["bundle"] for src in sources if src.get("bundle")]}
     summary["headline"] = headline(summary)
     return summary
+
+
+def deviation_lines(summary: dict) -> list[str]:
+    """One line per (column, declared variant) that is not canonical: its level, cases and measured distance
+    from the canonical reference (docs/conformance.md#levels)."""
+    agg: dict = {}
+    for c in summary.get("cells", []):
+        for d in c.get("deviations") or []:
+            a = agg.setdefault((c["column"], d["variant"]), dict(d, schemes=[], cases=0, max_ulp=None,
+                                                                  min_sqnr_db=None, n_outside=0, waived=0))
+            a["schemes"].append(c["scheme"])
+            a["cases"] += d["cases"]
+            a["waived"] += d.get("waived", 0)
+            a["n_outside"] += d.get("n_outside") or 0
+            if d.get("max_ulp") is not None:
+                a["max_ulp"] = max(a["max_ulp"] or 0, d["max_ulp"])
+            if d.get("min_sqnr_db") is not None:
+                a["min_sqnr_db"] = d["min_sqnr_db"] if a["min_sqnr_db"] is None else min(a["min_sqnr_db"],
+                                                                                        d["min_sqnr_db"])
+    lines = []
+    for (col, var), a in sorted(agg.items()):
+        dist = []
+        if a["max_ulp"] is not None:
+            dist.append(f"worst {a['max_ulp']} ULP")
+        if a["min_sqnr_db"] is not None:
+            dist.append(f"SQNR >= {a['min_sqnr_db']:.1f} dB")
+        dist.append(f"{a['n_outside']} element(s) outside the canonical interval")
+        kind = "semantic deviation" if a["level"] == "semantic" else "declared variant"
+        waived = f", {a['waived']} waived" if a["waived"] else ""
+        lines.append(f"{kind}: {col}: {var} ({a['level']}) on {a['cases']} judged case(s){waived} "
+                     f"[{', '.join(sorted(set(a['schemes'])))}]; distance from canonical: {', '.join(dist)}")
+    return lines
 
 
 def json_safe(o):

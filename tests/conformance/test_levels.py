@@ -1,0 +1,72 @@
+"""Conformance levels in a run (docs/conformance.md#levels): a semantic deviation is NOT CONFORMANT (exit 1)
+unless waived; rounding-level variants pass as CONFORMANT WITH DECLARED VARIANTS with their measured distance
+from the canonical reference; canonical declarations are CONFORMANT."""
+
+import json
+from pathlib import Path
+
+from conformance.cli import main
+
+SMALL = ["--profile", "smoke", "--no-progress", "-j", "1"]
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_semantic_deviation_is_not_conformant(tmp_path, capsys):
+    out = tmp_path / "v1"
+    rc = main(["run", "--backend", "emulator:zero_read=v1_literal", "--scheme", "w4a16", "--out", str(out), *SMALL])
+    text = capsys.readouterr().out
+    s = _summary(out)
+    assert rc == 1, text
+    assert s["status"] == "not-conformant" and s["headline"] == "NOT CONFORMANT" and s["n_bad"] == 0
+    assert s["level"] == "semantic"
+    assert s["semantic_deviations"] and all(d["variants"] == ["zero_read=v1_literal"] for d in s["semantic_deviations"])
+    # the deviation is measured: asymmetric v1 GPTQ read one code low leaves the canonical interval
+    devs = [d for c in s["cells"] for d in c["deviations"]]
+    assert devs and devs[0]["level"] == "semantic" and devs[0]["n_outside"] > 0
+    assert "semantic deviation: emulator:zero_read=v1_literal: zero_read=v1_literal (semantic)" in text
+    assert "conformance: NOT CONFORMANT" in text
+    md = (out / "report.md").read_text()
+    assert "Run level: **semantic**" in md and "zero_read=v1_literal (semantic)" in md
+    html = (out / "report.html").read_text()
+    assert 'data-level="semantic"' in html and "NOT CONFORMANT" in html
+
+
+def test_semantic_deviation_named_by_a_waiver_is_accepted_and_listed(tmp_path, capsys):
+    waivers = tmp_path / "w.toml"
+    waivers.write_text('[[waiver]]\nbackend = "emulator:zero_read=v1_literal"\nscheme = "w4a16"\ncase = "*"\n'
+                       'reason = "the engine reads v1 zeros literally (documented)"\nissue = "X-1"\n'
+                       'expires = "2099-01-01"\n')
+    out = tmp_path / "v1w"
+    rc = main(["run", "--backend", "emulator:zero_read=v1_literal", "--scheme", "w4a16", "--out", str(out),
+               "--waivers", str(waivers), *SMALL])
+    text = capsys.readouterr().out
+    s = _summary(out)
+    assert rc == 0, text
+    assert not s["semantic_deviations"] and s["status"] == "conformant"
+    assert s["level"] == "semantic"  # still stated: never called canonical
+    assert "waived" in text and s["headline"] != "CONFORMANT"
+
+
+def test_rounding_variant_is_conformant_with_declared_variants(tmp_path, capsys):
+    out = tmp_path / "rhaz"
+    rc = main(["run", "--backend", "emulator:act_rounding=rhaz", "--scheme", "w8a8", "--out", str(out), *SMALL])
+    text = capsys.readouterr().out
+    s = _summary(out)
+    assert rc == 0, text
+    assert s["headline"] == "CONFORMANT WITH DECLARED VARIANTS" and s["level"] == "rounding"
+    dev = [d for c in s["cells"] for d in c["deviations"]]
+    assert [d["variant"] for d in dev] == ["act_rounding=rhaz"]
+    assert dev[0]["max_ulp"] is not None and dev[0]["min_sqnr_db"] is not None
+    assert "declared variant: emulator:act_rounding=rhaz: act_rounding=rhaz (rounding)" in text
+    assert "conformance: CONFORMANT WITH DECLARED VARIANTS" in text
+
+
+def test_canonical_emulator_is_conformant(tmp_path, capsys):
+    out = tmp_path / "canon"
+    rc = main(["run", "--backend", "emulator", "--scheme", "w8a8", "--out", str(out), *SMALL])
+    s = _summary(out)
+    assert rc == 0 and s["headline"] == "CONFORMANT" and s["level"] == "canonical"
+    assert all(not c["deviations"] for c in s["cells"])
