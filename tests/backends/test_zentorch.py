@@ -103,7 +103,6 @@ REFUSALS = [
     (Case("w4a16", "awq", 1, 64, 128, sym=False), "compressed-tensors only"),
     (Case("w4a16", "ct-pack-quantized", 1, 64, 128, act_order=True), "no g_idx (act order)"),
     (Case("w4a16", "ct-pack-quantized", 1, 64, 128, act_dtype="float16"), "AVX512-FP16"),
-    (Case("w4a16", "ct-pack-quantized", 1, 64, 128, act_dtype="float32"), "needs bf16 activations"),
     (Case("w4a16", "ct-pack-quantized", 1, 64, 128, sym=False, out_dtype="float32"), "output dtype"),
     (Case("w4a16", "ct-pack-quantized", 1, 64, 36, group_size=4, sym=False), "multiple of 8"),
     (Case("w4a16", "ct-pack-quantized", 1, 64, 128, group_size=48, sym=False), "must divide"),
@@ -129,6 +128,33 @@ REFUSALS = [
 def test_can_implement_refusals(zen_host, case, needle):
     sup = zt.ZentorchBackend().can_implement(case)
     assert not sup.ok and needle in sup.reason, sup.reason
+
+
+def test_fp32_woq_is_accepted_because_vllm_does_not_gate_it(zen_host):
+    """vLLM 0.32.0's ZentorchWNA16LinearKernel.can_implement does not check act_type: an fp32 CT W4A16 model
+    reaches zentorch_woq_linear. The adapter accepts the case (the verdict will be the kernel's) and says why."""
+    be = zt.ZentorchBackend()
+    for c in (Case("w4a16", "ct-pack-quantized", 1, 64, 128, act_dtype="float32"),
+              Case("w4a16", "ct-pack-quantized", 3, 96, 256, group_size=32, sym=False, act_dtype="float32")):
+        assert be.can_implement(c).ok
+        assert "KNOWN ENGINE GATING GAP" in be.declared(c).notes
+    bf16 = Case("w4a16", "ct-pack-quantized", 3, 96, 256, group_size=32, sym=False)
+    assert "KNOWN ENGINE GATING GAP" not in be.declared(bf16).notes
+    # the DA8W4 gate does check bf16 (vLLM _maybe_process_da8w4_weights): that refusal stays
+    assert not be.can_implement(Case("w4a8", "ct-pack-quantized", 1, 64, 128, act_dtype="float32")).ok
+    # formats=all (GPTQ/AWQ fed directly, no engine path): fp32 stays refused with ZenDNN's reason
+    r = zt.ZentorchBackend(formats="all").can_implement(Case("w4a16", "gptq", 1, 64, 128, act_dtype="float32"))
+    assert not r.ok and "needs bf16 activations" in r.reason
+
+
+def test_fp32_woq_kernel_raises(zen_host):
+    """What the deployment gets: zentorch_woq_linear with an fp32 src raises (ZenDNN WOQ needs a bf16 src),
+    so the suite's verdict for these cases is crash, never pass."""
+    be = _backend_or_skip()
+    c = Case("w4a16", "ct-pack-quantized", 3, 64, 128, group_size=32, sym=False, act_dtype="float32")
+    inp = make_inputs(c, 0)
+    with pytest.raises(RuntimeError, match="matmul_direct execution failed"):
+        be.run(be.prepare(c, inp.tensors), inp.x, bias=inp.bias)
 
 
 def test_w8a8_prepare_rejects_scale_tensors_that_are_not_per_channel(zen_host):
