@@ -622,6 +622,9 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
         raise QconformError(f"{folder}: already holds a sealed bundle (MANIFEST.json); choose another --out")
     if not backends:
         raise ValueError("certify: give at least one --backend")
+    from .selection import check_backends
+
+    check_backends(backends)  # an unknown name or parameter: exit 2 before any case runs or any file is written
     tiers = tuple(tiers) if tiers else TIERS
     for t in tiers:
         if t not in TIERS:

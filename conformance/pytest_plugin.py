@@ -14,8 +14,8 @@ whose every case was unsupported fails the session. Each item runs its case
 in a backend worker subprocess (one per pytest process, reused), so a crashing
 kernel fails that item with ``crash`` and the session goes on; items are
 deterministic and independent, so ``pytest -n auto`` (pytest-xdist) spreads
-them. Results are also appended to ``DIR/results.jsonl`` (one file per xdist
-worker, ``results-<worker>.jsonl``, merged by ``qconform report``).
+them. Results are also written to ``DIR/results-<worker>.jsonl`` (one file per xdist
+worker, merged by ``qconform report``); each session starts a fresh result set in DIR.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class QconformItem(pytest.Item):
 
         self.user_properties.append(("qconform_backend", self.backend))
         cfg = self.config
-        out = cfg.getoption("--qconform-out") or os.path.join(tempfile.gettempdir(), "qconform-pytest")
+        out = _out_dir(cfg)
         wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
         runner = Runner(Path(out), timeout=cfg.getoption("--qconform-timeout"), progress=False,
                         waivers=load_waivers(cfg.getoption("--qconform-waivers")))
@@ -86,7 +86,7 @@ class QconformItem(pytest.Item):
             if notes:
                 msg += f"\n  declaration notes: {notes}"
             if rec.get("bundle"):
-                msg += f"\n  reproduce: qconform replay {rec['bundle']}"
+                msg += f"\n  reproduce (in {out}): qconform replay bundles/{Path(rec['bundle']).name}"
             raise QconformFailure(msg)
 
     def repr_failure(self, excinfo, style=None):
@@ -110,7 +110,15 @@ class UnavailableItem(pytest.Item):
         self.backend, self.reason = backend, reason
 
     def runtest(self):
+        import json
+
         self.user_properties.append(("qconform_backend", self.backend))
+        out = _out_dir(self.config)
+        out.mkdir(parents=True, exist_ok=True)
+        wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(out / f"results-{wid}.jsonl", "a", encoding="utf-8") as f:  # the reports mark it unavailable
+            f.write(json.dumps({"kind": "backend", "backend": self.backend, "spec": self.backend,
+                                "available": False, "reason": self.reason}) + "\n")
         raise QconformFailure(f"{self.backend} unavailable here: {self.reason}; none of its cases was run")
 
     def repr_failure(self, excinfo, style=None):
@@ -141,8 +149,14 @@ _UNAVAILABLE: dict = {}  # backend spec -> why it cannot run here (found once, i
 _JUDGED: dict = {}  # backend spec -> [judged, unsupported] (from the item reports; under xdist in the controller)
 
 
+def _out_dir(config) -> Path:
+    return Path(config.getoption("--qconform-out") or os.path.join(tempfile.gettempdir(), "qconform-pytest"))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "qconform: a qconform conformance case")
+    _UNAVAILABLE.clear()
+    _JUDGED.clear()
     backends = config.getoption("--qconform-backend")
     if not backends:
         return
@@ -161,6 +175,24 @@ def pytest_configure(config):
             _UNAVAILABLE[spec] = av.reason or "unavailable"
     for spec in backends:
         _JUDGED[spec] = [0, 0]
+    if not hasattr(config, "workerinput"):  # the controller, before any xdist worker starts: a fresh result set
+        _fresh_out(_out_dir(config))
+
+
+def _fresh_out(out: Path) -> None:
+    """Remove what an earlier session wrote into the output folder, so its reports count this session."""
+    import shutil
+
+    if not out.is_dir():
+        return
+    if (out / "MANIFEST.json").exists():
+        raise pytest.UsageError(f"qconform: --qconform-out {out} holds a sealed certification bundle; choose another")
+    for p in [out / n for n in ("results.jsonl", "summary.json", "report.md", "report.html")] + \
+            sorted(out.glob("results-*.jsonl")):
+        if p.exists():
+            p.unlink()
+    if (out / "bundles").is_dir():
+        shutil.rmtree(out / "bundles")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import run_doubles
@@ -304,3 +303,16 @@ def test_closed_pipe_ends_quietly():
     err = p.stderr.read().decode()
     rc = p.wait(timeout=300)
     assert rc == 141 and err == "", (rc, err)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--backend", "nosuch"], "'nosuch'"),
+    (["--backend", "emulator:foo=bar"], "emulator:foo=bar"),
+    (["--backend", "emulator", "--scheme", "w4a17"], "'w4a17'"),
+])
+def test_certify_refuses_unknown_names_before_writing_anything(tmp_path, capsys, argv, named):
+    out = tmp_path / "cert"
+    assert main(["certify", *argv, "--out", str(out), "--profile", "smoke", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0]
+    assert not out.exists()

@@ -84,3 +84,43 @@ def test_plugin_unavailable_or_unjudged_backend_is_not_green(tmp_path):
                 "--qconform-tier=exact", env=env)
     assert r.returncode == 1, r.stdout[-2000:]
     assert "8 skipped" in r.stdout and "NOT CERTIFIED: no case of declines was judged" in r.stdout
+
+
+def test_plugin_session_is_one_result_set_with_relative_replay(tmp_path):
+    """A second session into the same --qconform-out replaces the first one's results; a failure's
+    replay command names the bundle relative to that folder."""
+    from conformance.cli import main
+
+    out = tmp_path / "out"
+    r = _pytest(tmp_path, "--qconform-backend=emulator", "--qconform-profile=smoke", "--qconform-scheme=w8a8",
+                "--qconform-tier=exact", f"--qconform-out={out}")
+    assert r.returncode == 0, r.stdout[-2000:]
+    r = _pytest(tmp_path, "--qconform-backend=emulator:act_rounding=rhaz,declare=canonical",
+                "--qconform-profile=smoke", "--qconform-scheme=w8a8", "--qconform-tier=edge",
+                f"--qconform-out={out}", "-k", "int8-ties")
+    assert r.returncode == 1
+    recs = [json.loads(l) for f in out.glob("results-*.jsonl") for l in f.read_text().splitlines()]
+    assert recs and all(x["backend"] == "emulator:act_rounding=rhaz,declare=canonical" for x in recs)
+    line = next(l for l in r.stdout.splitlines() if "reproduce (in " in l)
+    rel = line.split("qconform replay ", 1)[1].strip()
+    assert rel.startswith("bundles/") and (out / rel).is_file()
+    assert "worst element [" in r.stdout and "declaration notes: claims canonical semantics" in r.stdout
+    assert main(["report", str(out), "--md"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_results"] == len(recs) and summary["status"] == "not-conformant"
+
+
+def test_plugin_unavailable_backend_reaches_the_report(tmp_path):
+    from conformance.cli import main
+
+    here = Path(__file__).resolve().parent
+    env = {"QCONFORM_EXTRA_BACKENDS": "absent=run_doubles:Absent",
+           "PYTHONPATH": os.pathsep.join((str(ROOT), str(here)))}
+    out = tmp_path / "out"
+    r = _pytest(tmp_path, "--qconform-backend=absent", "--qconform-profile=smoke", "--qconform-scheme=w8a8",
+                f"--qconform-out={out}", env=env)
+    assert r.returncode == 1
+    assert main(["report", str(out), "--md"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "unavailable" and summary["ok"] is False
+    assert summary["unavailable"] == {"absent": "test double: its device is not installed"}

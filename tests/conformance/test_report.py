@@ -233,3 +233,38 @@ def test_report_does_not_rewrite_a_sealed_bundle(basic, tmp_path, capsys):
     assert main(["report", str(basic), "--out", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "report.html").is_file()
     assert verify_bundle(basic).ok
+
+
+def test_html_failures_explain_themselves_in_headless_chromium(rich, tmp_path):
+    """Each failing case's worst element, the declaration's notes and a relative replay command are in
+    the DOM the browser builds, grouped by signature; the banner and the meaning of 'pass' too."""
+    import re
+    from html import unescape
+
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)")
+    summary = json.loads((rich / "summary.json").read_text())
+    dom = _chromium_run(exe, tmp_path, "--dump-dom", (rich / "report.html").resolve().as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    text = unescape(re.sub(r"<[^>]+>", " ", dom.stdout))
+    text = " ".join(text.split())
+    assert "NOT CONFORMANT:" in text and "'pass' means every output element lies inside the interval" in text
+    groups = summary["failure_groups"]
+    assert len(re.findall(r'<details class="fgroup" id="fgroup-\d+"', dom.stdout)) == len(groups)
+    for g in groups:
+        ex = g["example"]
+        assert f"{g['count']} case(s)" in text
+        if ex["verdict"] == "fail":  # a crash has no output, hence no worst element
+            we = ex["worst_element"]
+            assert f"observed {float(we['observed']):.9g}, expected {float(we['expected']):.9g} (exact)" in text
+            if we.get("ulp") is not None:  # None where the observed value is NaN or Inf
+                assert f"{we['ulp']} ULP from the reference" in text
+        assert f"declaration notes : {ex['notes'] or '(none)'}" in text
+    shown = [f for f in summary["failures"] if f.get("replay")]
+    assert shown
+    for f in shown[:40]:
+        assert not f["bundle"].startswith("/") and (rich / f["bundle"]).is_file()
+        assert f["replay"] in text
+    notes = {f["notes"] for f in summary["failures"]}
+    assert "claims canonical semantics" in notes  # the declare=canonical kernels' own words reach the report
