@@ -158,7 +158,8 @@ def cmd_run(args) -> int:
         specs = shard(specs, *sh)
     waivers = load_waivers(args.waivers)
     runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers,
-                    progress=not args.no_progress and sys.stderr.isatty())
+                    progress=not args.no_progress and sys.stderr.isatty(), lock=True,
+                    memory_limit=getattr(args, "memory_limit", None))
     header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
               "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
               "case_count": len(specs), "case_list_sha256": list_hash(specs), "environment": environment(),
@@ -312,6 +313,8 @@ def add_commands(sub) -> None:
     s.add_argument("--waivers", help="waivers TOML file")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds per case before the worker is killed")
     s.add_argument("--no-resume", action="store_true", help="rerun cases already in OUT/results.jsonl")
+    s.add_argument("--memory-limit", help="memory cap per worker, e.g. 8G or 512M; 0: none (default: half the "
+                                          "host's memory); an OOM becomes the case's crash verdict")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(fn=cmd_run)
 
