@@ -24,7 +24,7 @@ from .identity import BUNDLE_FORMAT, MANIFEST, suite_code_sha256
 
 __all__ = ["CertifyResult", "certify", "add_files", "seal", "STAGING"]
 
-STAGING = ".staging"
+STAGING = ".staging"  # <parent>/.<out>.staging: each judged output, encoded, until the bundle is sealed
 PARTIAL = ".partial"
 
 
@@ -116,6 +116,9 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     try:
         _check_target(folder)
         work = folder.with_name(folder.name + PARTIAL)
+        # the encoded outputs wait outside the bundle until it is in place: an interruption anywhere before
+        # the rename leaves them for the resumed run (which skips the cases they belong to)
+        staging = folder.with_name(f".{folder.name}{STAGING}")
         base_seed = None
         if PROFILES[profile].get("fresh_seeds"):
             base_seed = _recorded_seed(work)
@@ -146,7 +149,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "waivers": [w.__dict__ for w in wv],
                   "certify": True, "host_label": host, "waiver_date": time.strftime("%Y-%m-%d")}
         runner = Runner(work, timeout=timeout, jobs=jobs, waivers=wv, progress=progress,
-                        on_output=Stager(work / STAGING), memory_limit=memory_limit, lock=True)
+                        on_output=Stager(staging), memory_limit=memory_limit, lock=True)
         log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
             f"profile {profile} -> {folder}")
         import warnings
@@ -159,11 +162,12 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
         finally:
             runner.close()
         (work / LOCK_NAME).unlink(missing_ok=True)
-        res = _assemble(work, ids, dict(header, host_label=host), extra_files)
+        res = _assemble(work, staging, ids, dict(header, host_label=host), extra_files)
         sha = seal(work)
         if folder.exists():
             folder.rmdir()  # empty (checked above, under the lock)
         os.rename(work, folder)
+        shutil.rmtree(staging, ignore_errors=True)
         res.path, res.manifest_sha256 = folder, sha
         return res
     finally:
@@ -179,7 +183,7 @@ def _recorded_seed(work: Path) -> "int | None":
     return None
 
 
-def _assemble(folder: Path, ids: list, header: dict, extra_files) -> CertifyResult:
+def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files) -> CertifyResult:
     """Pack the outputs and write every derived file and bundle.json (not the manifest)."""
     from ..golden import GOLDEN_DIR
     from ..runner import read_results
@@ -193,13 +197,12 @@ def _assemble(folder: Path, ids: list, header: dict, extra_files) -> CertifyResu
     backends_info = {}
     for label in labels:
         rel = f"outputs/{safe_label(label)}.safetensors"
-        n = pack_outputs(folder / STAGING, label, index, folder / rel)
+        n = pack_outputs(staging, label, index, folder / rel)
         b = blines.get(label, {})
         backends_info[label] = {"outputs": rel, "outputs_cases": n, "spec": b.get("spec"),
                                 "version": b.get("version"), "device": b.get("device"),
                                 "available": b.get("available"), "reason": b.get("reason"),
                                 "deterministic": b.get("deterministic", True)}
-    shutil.rmtree(folder / STAGING, ignore_errors=True)
     (folder / "declared.json").write_bytes(json_bytes(declared_table(latest)))
     wrec = waiver_record(latest, headers)
     (folder / "waivers.json").write_bytes(json_bytes(wrec))

@@ -258,3 +258,14 @@ class MemoryHogBackend(_Faulty):
             hog = np.ones(int(self.gib * (1 << 30)) // 8, np.float64)
             del hog
         return super().run(prepared, x, **inputs)
+
+
+class RefuseAllBackend(_Faulty):
+    """Refuses every case (``can_implement`` says no): a certification of it has nothing to certify."""
+
+    name = "faulty-refuse-all"
+
+    def can_implement(self, case):
+        from backends.base import no
+
+        return no("test: this backend implements nothing")
