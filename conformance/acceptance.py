@@ -51,6 +51,7 @@ from emulator.numerics.rounding import Rounding
 from .cases import CaseInputs
 
 __all__ = ["UNIT_ROUNDOFF", "Interval", "declared_interval", "compare", "Comparison", "round_down", "round_up",
+           "ulp_distance",
            # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
            "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
 
@@ -402,6 +403,14 @@ def _ordinal(v: np.ndarray, dtype: str) -> np.ndarray:
     sign_bit = 1 << (fmt.bits - 1)
     mag = b & (sign_bit - 1)
     return np.where(b & sign_bit, -mag, mag)
+
+
+def ulp_distance(a: float, b: float, dtype: str) -> int | None:
+    """How many ``dtype`` grid steps lie between two values of that grid (None where either is not finite)."""
+    if not (np.isfinite(a) and np.isfinite(b)):
+        return None
+    oa, ob = _ordinal(np.array([a, b], np.float64), dtype)
+    return int(abs(int(oa) - int(ob)))
 
 
 def compare(y: np.ndarray, iv: Interval) -> Comparison:

@@ -243,7 +243,8 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
                        if r.get("kind") == "result" and r.get("case_id") in ids})
     progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress)
-    runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers, progress=progress or False)
+    runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers, progress=progress or False, lock=True,
+                    memory_limit=getattr(args, "memory_limit", None))
     header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
               "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
               "case_count": len(specs), "case_list_sha256": case_hash, "environment": environment(),
@@ -400,6 +401,8 @@ def add_commands(sub) -> None:
     s.add_argument("--resume", action="store_true", help="continue the run in OUT (same case list and backends "
                                                          "only); by default a run starts a fresh result set")
     s.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out: a no-op
+    s.add_argument("--memory-limit", help="memory cap per worker, e.g. 8G or 512M; 0: none (default: half the "
+                                          "host's memory); an OOM becomes the case's crash verdict")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(fn=cmd_run)
 

@@ -26,11 +26,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import select
-import signal
-import subprocess
+import shutil
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,108 +40,17 @@ from backends.base import Declared
 from .acceptance import Interval, compare, declared_interval, round_down, round_up
 from .levels import assess
 from .bundle import save_bundle
+from .outlock import OutLock
 from .suite import CaseSpec
+from .verdict import Evidence, decide
+from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
-__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "read_results"]
+__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size",
+           "signal_name"]
 
 VERDICTS = ("pass", "pass-with-tie-flips", "quality-warning", "fail", "crash", "timeout", "unsupported", "waived",
             "mistrusted")
 BAD = {"fail", "crash", "timeout"}
-
-
-def _signal_name(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exited with status {rc}"
-
-
-class WorkerProcess:
-    """One backend worker subprocess with line-JSON requests and a per-request timeout."""
-
-    def __init__(self, backend_spec: str, *, env: dict | None = None):
-        self.backend_spec = backend_spec
-        self.env = env
-        self.proc: subprocess.Popen | None = None
-        self.stderr_path: str | None = None
-
-    def start(self) -> None:
-        fd, self.stderr_path = tempfile.mkstemp(prefix="qconform-worker-", suffix=".log")
-        os.close(fd)
-        env = dict(os.environ)
-        if self.env:
-            env.update(self.env)
-        root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        from .golden import GOLDEN_DIR
-
-        env.setdefault("QCONFORM_GOLDEN_DIR", str(GOLDEN_DIR))  # the worker's cwd differs from ours
-        self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.worker", "--backend", self.backend_spec],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                     env=env, cwd=root, text=True, bufsize=1)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stderr_tail(self, n: int = 600) -> str:
-        try:
-            with open(self.stderr_path, "rb") as f:
-                data = f.read()[-n:]
-            return data.decode("utf-8", "replace").strip()
-        except (OSError, TypeError):
-            return ""
-
-    def request(self, obj: dict, timeout: float) -> dict:
-        """Send one request; returns the reply, or {"ok": False, "kind": "crash"|"timeout", ...}."""
-        if not self.alive():
-            self.start()
-        assert self.proc and self.proc.stdin and self.proc.stdout
-        try:
-            self.proc.stdin.write(json.dumps(obj) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return self._dead()
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                return {"ok": False, "kind": "timeout", "error": f"no answer within {timeout:.0f} s; worker killed"}
-            r, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
-            if r:
-                line = self.proc.stdout.readline()
-                if not line:
-                    return self._dead()
-                try:
-                    return json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # stray output from a library: ignore
-            elif self.proc.poll() is not None:
-                return self._dead()
-
-    def _dead(self) -> dict:
-        rc = self.proc.wait() if self.proc else -1
-        tail = self.stderr_tail()
-        self.proc = None
-        return {"ok": False, "kind": "crash", "error": _signal_name(rc) + (f"; stderr: {tail}" if tail else ""),
-                "returncode": rc}
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def close(self) -> None:
-        if self.alive():
-            try:
-                self.request({"op": "exit"}, timeout=5)
-            except Exception:
-                pass
-        self.kill()
 
 
 # -- verdicts -------------------------------------------------------------------------------------
@@ -207,8 +113,8 @@ def rounded_interval(iv: Interval, declared: Declared) -> Interval:
     return dataclasses.replace(iv, lo=lo, hi=hi)
 
 
-def _alternative_rule(inp, y, declared: Declared):
-    """If the output is explained by another tie rule than the declared one, name it.
+def _alternative_rule(inp, y, declared: Declared, judged: Interval):
+    """(axis=rule, axis=declared rule, lo, hi) of the first other tie rule whose judged interval holds ``y``.
 
     A kernel that resolves *every* tie by a different rule is not flipping ties by
     accident of its arithmetic: it implements another rounding mode.
@@ -222,90 +128,40 @@ def _alternative_rule(inp, y, declared: Declared):
             continue
         alt = dataclasses.replace(declared, variants=dict(declared.variants, **{axis: rule}))
         try:
-            if compare(y, rounded_interval(declared_interval(inp, alt), alt)).ok:
-                return axis, rule, mine
+            aiv = rounded_interval(declared_interval(inp, alt), alt)
+            if compare(y, dataclasses.replace(judged, lo=aiv.lo, hi=aiv.hi)).ok:
+                return f"{axis}={rule}", f"{axis}={mine}", aiv.lo, aiv.hi
         except Exception:
             continue
     return None
 
 
-def _ulp_at(y, iv: Interval, idx) -> int | None:
-    """ULP distance (in the output dtype) of the observed element from the correctly rounded reference."""
-    from .acceptance import _ordinal
-
-    a, b = float(np.asarray(y, np.float64)[idx]), float(iv.y_ref[idx])
-    if not (np.isfinite(a) and np.isfinite(b)):
+def _tie_interval(inp, judged: Interval, declared: Declared):
+    """(lo, hi, ties per row): the judged interval widened by every activation tie flip, or None."""
+    if not np.isfinite(judged.y_exact).all():
         return None
-    return int(abs(int(_ordinal(np.array([a]), iv.out_dtype)[0]) - int(_ordinal(np.array([b]), iv.out_dtype)[0])))
+    widened = _tie_widening(judged, inp, declared)
+    if widened is None:
+        return None
+    widen, ties_per_row = widened
+    with np.errstate(invalid="ignore"):
+        wide = rounded_interval(dataclasses.replace(
+            judged, lo=round_down(judged.y_exact - judged.bound - widen, judged.out_dtype),
+            hi=round_up(judged.y_exact + judged.bound + widen, judged.out_dtype), bound=judged.bound + widen), declared)
+    return wide.lo, wide.hi, ties_per_row
 
 
-def judge(inp, iv: Interval, y: np.ndarray, declared: Declared) -> dict:
-    """Verdict and metrics for one observed output.
+def judge(inp, iv: Interval, y: np.ndarray, declared: Declared, evidence: "Evidence | None" = None) -> dict:
+    """Verdict and metrics for one observed output (``conformance.verdict.decide`` with this case's intervals).
 
     Inside means inside ``rounded_interval`` (the outputs of one declared rounding of an accumulator
     within the bound); the error/bound ratios and the quality warning use the outward interval.
+    ``evidence`` receives the other-tie-rule and tie-flip intervals the decision used.
     """
-    loose, iv = iv, rounded_interval(iv, declared)
-    cmp = compare(y, loose)
-    cmp_t = compare(y, iv)
-    rounding_only = cmp.ok and not cmp_t.ok
-    cmp = dataclasses.replace(cmp, ok=cmp_t.ok, n_out=cmp_t.n_out)
-    rec = {"max_ratio": cmp.max_ratio, "max_ulp": cmp.max_ulp, "sqnr_db": cmp.sqnr_db, "n_outside": cmp.n_out,
-           "exact_match": cmp.exact_match, "worst": list(cmp.worst) if cmp.worst else None, "tie_flips": 0}
-    if rec["worst"] is not None:
-        idx = tuple(rec["worst"])
-        rec["worst_element"] = {"index": rec["worst"], "observed": float(np.asarray(y, np.float64)[idx]),
-                                "expected": float(iv.y_exact[idx]), "lo": float(iv.lo[idx]), "hi": float(iv.hi[idx]),
-                                "reference": float(iv.y_ref[idx]), "ulp": _ulp_at(y, iv, idx)}
-    ref = iv.y_ref
-    finite = np.isfinite(ref)
-    degenerate = (not finite.any()) or bool(np.all(ref[finite] == 0)) or (ref.size > 1 and np.unique(ref[finite]).size <= 1)
-    if cmp.ok:
-        if degenerate:
-            rec.update(verdict="mistrusted", reason="reference output is all zero, constant or non-finite")
-            return rec
-        y64 = np.asarray(y, np.float64)
-        fin = np.isfinite(iv.y_exact)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            side = np.where(y64 >= loose.y_ref, loose.hi - loose.y_ref, loose.y_ref - loose.lo)
-            ratio = np.where(y64 == loose.y_ref, 0.0, np.abs(y64 - loose.y_ref) / side)
-        ratio = ratio[fin & np.isfinite(ratio)]
-        if ratio.size and iv.bound.max(initial=0) > 0 and ratio.mean() > 0.5 and ratio.max() > 0.9:
-            rec.update(verdict="quality-warning", reason=f"error uses {ratio.mean():.0%} of the bound on average")
-            return rec
-        rec.update(verdict="pass", reason="")
-        return rec
-    alt = _alternative_rule(inp, y, declared)
-    if alt is not None:
-        rec.update(verdict="fail", reason=f"{cmp.n_out} output element(s) outside the declared interval; the output "
-                                          f"matches {alt[0]}={alt[1]} instead of the declared {alt[0]}={alt[2]}")
-        return rec
-    widened = _tie_widening(iv, inp, declared) if np.isfinite(iv.y_exact).all() else None
-    if widened is not None:
-        widen, ties_per_row = widened
-        y64 = np.asarray(y, np.float64)
-        with np.errstate(invalid="ignore"):
-            wide = rounded_interval(dataclasses.replace(
-                iv, lo=round_down(iv.y_exact - iv.bound - widen, iv.out_dtype),
-                hi=round_up(iv.y_exact + iv.bound + widen, iv.out_dtype), bound=iv.bound + widen), declared)
-            lo, hi = wide.lo, wide.hi
-        nan_ref = np.isnan(iv.y_exact)
-        inside_decl = (y64 >= iv.lo) & (y64 <= iv.hi)
-        inside_tie = ((y64 >= lo) & (y64 <= hi)) | (nan_ref & np.isnan(y64))
-        if inside_tie.all():
-            rows = np.nonzero(~(inside_decl | (nan_ref & np.isnan(y64))).all(axis=1))[0]
-            rec["tie_flips"] = int(ties_per_row[rows].sum())
-            rec.update(verdict="pass-with-tie-flips",
-                       reason=f"outside the declared interval only where {rec['tie_flips']} activation tie(s) "
-                              f"in {len(rows)} row(s) can flip")
-            return rec
-    if rounding_only:
-        rec.update(verdict="fail", reason=f"{cmp.n_out} output element(s) are not the declared rounding "
-                                          f"({(declared.output_rounding or 'rne').lower()}) of any accumulator "
-                                          "within the bound (e.g. truncated instead of rounded to nearest)")
-        return rec
-    rec.update(verdict="fail", reason=f"{cmp.n_out} output element(s) outside the declared interval")
-    return rec
+    judged = rounded_interval(iv, declared)
+    return decide(y, iv, judged, output_rounding=declared.output_rounding,
+                  alt=lambda: _alternative_rule(inp, y, declared, judged),
+                  tie=lambda: _tie_interval(inp, judged, declared), evidence=evidence)
 
 
 # -- waivers --------------------------------------------------------------------------------------
@@ -370,23 +226,42 @@ def read_results(path: "str | Path") -> list[dict]:
 
 
 class Runner:
+    """Runs cases on backends, one worker per job, and appends a result line per (backend, case) to
+    ``OUT/results.jsonl``. With ``lock=True`` (``qconform run`` and ``certify``) it holds the folder's lock
+    (``conformance.outlock``) from construction until ``close()`` (or the end of the process): a second
+    process writing into the same folder is refused. (The pytest plugin's xdist workers share a folder,
+    each with its own results-<worker>.jsonl, and take no lock.)"""
+
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
-                 progress: bool = True, worker_env: dict | None = None, on_output=None):
+                 progress: bool = True, worker_env: dict | None = None, on_output=None,
+                 memory_limit: "int | str | None" = None, lock: bool = False):
         self.out_dir = Path(out_dir)
-        #: optional callback(label, spec, inp, declared, interval, y, rec), called (from worker threads)
-        #: for every judged output before its result line is written; conformance/certify.py keeps the
+        #: optional callback(label, spec, inp, declared, interval, y, rec, evidence), called (from worker threads)
+        #: for every judged output before its result line is written; conformance/certify keeps the
         #: observed outputs and intervals with it
         self.on_output = on_output
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = OutLock.for_folder(self.out_dir)
+        if lock:
+            self.lock.acquire()
         self.results_path = self.out_dir / "results.jsonl"
+        self.log_dir = self.out_dir / "logs"
         self.timeout = timeout
         self.jobs = max(1, int(jobs))
         self.waivers = waivers or []
         self.progress = progress
         self.worker_env = worker_env
+        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
+
+    def close(self) -> None:
+        """Release the folder's lock (also released when the process ends)."""
+        self.lock.release()
+
+    def _worker(self, bspec: str) -> WorkerProcess:
+        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit)
 
     def _write(self, rec: dict) -> None:
         with self._lock:
@@ -405,7 +280,7 @@ class Runner:
                 sys.stderr.flush()
 
     def hello(self, backend_spec: str) -> dict:
-        w = WorkerProcess(backend_spec, env=self.worker_env)
+        w = self._worker(backend_spec)
         try:
             r = w.request({"op": "hello"}, timeout=self.timeout)
         finally:
@@ -433,13 +308,15 @@ class Runner:
                                     "available": bool(hello.get("ok") and hello.get("available")),
                                     "reason": hello.get("reason") or hello.get("error") or "",
                                     "version": hello.get("version"), "device": hello.get("device"),
-                                    "covers": hello.get("covers")}, default=_json_default) + "\n")
+                                    "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)},
+                                   default=_json_default) + "\n")
             todo = [s for s in specs if (label, s.case_id) not in done]
             self._total += len(todo)
             if not hello.get("ok") or not hello.get("available"):
                 reason = hello.get("reason") or hello.get("error") or "unavailable"
                 for s in todo:
-                    rec = self._record(label, s, "unsupported", f"backend unavailable: {reason}")
+                    rec = self._record(label, s, "unsupported", f"backend unavailable: {reason}",
+                                       evidence={"unavailable": reason})
                     self._write(rec)
                     results.append(rec)
                 continue
@@ -449,6 +326,10 @@ class Runner:
                     results.extend(part)
         if self.progress and not callable(self.progress) and self._total:
             sys.stderr.write("\n")
+        try:
+            self.log_dir.rmdir()  # only when empty: logs are kept only for workers that crashed or timed out
+        except OSError:
+            pass
         return results
 
     def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
@@ -480,26 +361,59 @@ class Runner:
 
     def _run_chunk(self, bspec: str, label: str, specs: list[CaseSpec], today: str) -> list[dict]:
         out = []
-        worker = WorkerProcess(bspec, env=self.worker_env)
-        tmpdir = Path(tempfile.mkdtemp(prefix="qconform-y-"))
+        worker = self._worker(bspec)
+        tmpdir = self.out_dir / ".work" / f"{os.getpid()}-{threading.get_ident()}"
+        tmpdir.mkdir(parents=True, exist_ok=True)
         try:
             for spec in specs:
-                rec = self._run_one(worker, label, spec, tmpdir)
+                try:
+                    rec = self._run_one(worker, label, spec, tmpdir)
+                except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
+                    rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                             f"{type(e).__name__}: {e}",
+                                       evidence={"runner": f"{type(e).__name__}: {e}"})
                 rec = self._apply_waiver(label, spec, rec, today)
                 self._write(rec)
                 out.append(rec)
         finally:
             worker.close()
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            try:
+                (self.out_dir / ".work").rmdir()
+            except OSError:
+                pass
         return out
+
+    def _failed_request(self, label, spec, reply: dict, what: str, t0: float, declared=None) -> dict:
+        """The record of a request the worker did not answer with ok: crash, timeout, or a malformed output."""
+        kind = reply.get("kind")
+        evidence = dict(reply.get("evidence") or {})
+        if kind == "malformed":
+            verdict, reason = "fail", f"malformed output: {reply.get('error')}"
+            evidence = {"malformed": reply.get("error")}
+        elif kind == "timeout":
+            verdict, reason = "timeout", reply.get("error", "")
+        else:
+            verdict = "crash"
+            reason = (f"{what}: " if what else "") + str(reply.get("error", ""))
+            if kind == "error":  # the backend raised: the worker is alive and says what
+                evidence = {"worker": "raised", "exception": reply.get("error"),
+                            "traceback": reply.get("traceback", "")}
+        if evidence.get("log"):
+            evidence["log"] = f"logs/{evidence['log']}"
+        extra = {"declared": declared.to_json()} if declared is not None else {}
+        return self._record(label, spec, verdict, reason, evidence=evidence, seconds=time.perf_counter() - t0,
+                            **extra)
 
     def _run_one(self, worker: WorkerProcess, label: str, spec: CaseSpec, tmpdir: Path) -> dict:
         t0 = time.perf_counter()
         plan = worker.request({"op": "plan", "spec": spec.to_json()}, timeout=self.timeout)
         if not plan.get("ok"):
-            return self._record(label, spec, plan.get("kind") if plan.get("kind") in ("crash", "timeout") else "crash",
-                                f"planning failed: {plan.get('error')}", seconds=time.perf_counter() - t0)
+            return self._failed_request(label, spec, plan, "planning failed", t0)
         if not plan.get("supported"):
-            return self._record(label, spec, "unsupported", plan.get("reason", ""), seconds=time.perf_counter() - t0)
+            reason = str(plan.get("reason") or "").strip() or "(the backend gave no reason)"
+            return self._record(label, spec, "unsupported", reason, evidence={"refusal": reason},
+                                seconds=time.perf_counter() - t0)
         declared = Declared(**plan["declared"])
         ypath = tmpdir / "y.safetensors"
         if ypath.exists():
@@ -507,12 +421,8 @@ class Runner:
         reply = worker.request({"op": "run", "spec": spec.to_json(), "out": str(ypath)}, timeout=self.timeout)
         inp = spec.inputs()
         if not reply.get("ok"):
-            kind = reply.get("kind")
-            verdict = "timeout" if kind == "timeout" else "crash"
-            reason = reply.get("error", "")
-            rec = self._record(label, spec, verdict, reason, declared=declared.to_json(),
-                               seconds=time.perf_counter() - t0)
-            rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, None, None))
+            rec = self._failed_request(label, spec, reply, "", t0, declared)
+            rec["bundle"] = str(self._bundle(label, spec, inp, declared, rec["verdict"], rec["reason"], None, None))
             return rec
         from emulator.tensorfile import load_tensors
 
@@ -521,8 +431,10 @@ class Runner:
             iv = declared_interval(inp, declared)
         except Exception as e:
             return self._record(label, spec, "crash", f"reference failed for this declaration: {type(e).__name__}: {e}",
-                                declared=declared.to_json(), seconds=time.perf_counter() - t0)
-        metrics = judge(inp, iv, y, declared)
+                                declared=declared.to_json(), seconds=time.perf_counter() - t0,
+                                evidence={"runner": f"{type(e).__name__}: {e}"})
+        evidence = Evidence()
+        metrics = judge(inp, iv, y, declared, evidence)
         verdict = metrics.pop("verdict")
         reason = metrics.pop("reason")
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
@@ -531,14 +443,15 @@ class Runner:
         if verdict == "fail":
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:
-            self.on_output(label, spec, inp, declared, iv, y, rec)
+            self.on_output(label, spec, inp, declared, iv, y, rec, evidence)
         return rec
 
     def _bundle(self, label, spec, inp, declared, verdict, reason, y, iv) -> Path:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{label}__{spec.case_id}")
         path = self.out_dir / "bundles" / (safe[:180] + ".safetensors")
+        y_ok = y is not None and iv is not None and np.shape(y) == np.shape(iv.y_ref)
         save_bundle(path, inp, spec=spec.to_json(), backend=label, declared=declared.to_json() if declared else None,
-                    verdict=verdict, reason=reason, y=y, interval=iv)
+                    verdict=verdict, reason=reason, y=y if y_ok else None, interval=iv)
         return path
 
 

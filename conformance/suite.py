@@ -123,16 +123,23 @@ def scheme_grid(shapes) -> list[Case]:
     return out
 
 
-def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None) -> list[CaseSpec]:
+def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None,
+              base_seed: "int | None" = None) -> list[CaseSpec]:
     """The ordered, de-duplicated case list for a profile.
 
     An unknown scheme, tier, weight format or profile raises ValueError (docs/conformance.md#usage-errors):
-    a typo must not select fewer cases."""
+    a typo must not select fewer cases. A profile with ``fresh_seeds`` (nightly) draws its seeds from
+    ``base_seed`` (default: the current time); give the recorded one to re-derive a list (certification
+    bundles record it).
+    """
     from .selection import check_selection
 
     check_selection(schemes=schemes, tiers=tiers, profile=profile, formats=formats)
     prof = PROFILES[profile]
-    base_seed = int(time.time()) if prof["fresh_seeds"] else 0
+    if not prof["fresh_seeds"]:
+        base_seed = 0
+    elif base_seed is None:
+        base_seed = int(time.time())
     specs: list[CaseSpec] = []
     seen = set()
     for case in scheme_grid(prof["shapes"]):

@@ -1,16 +1,25 @@
 """Backend worker: runs cases for one backend in its own process.
 
-Semantics: docs/conformance.md#isolation. The runner starts
-``python -m conformance.worker --backend SPEC`` and talks to it with one JSON
-object per line on stdin/stdout. A segfault, abort or hang in a kernel kills
-only this process; the runner records ``crash`` (with the signal) or
-``timeout`` and starts a fresh worker for the remaining cases.
+Semantics: docs/conformance.md#isolation. The runner (``conformance.runner.WorkerProcess``) starts
+``python -m conformance.worker --backend SPEC --request-fd R --reply-fd W [--memory-limit BYTES]``
+with its stdin on /dev/null and its file descriptors 1 and 2 on its log file (at the OS level, so
+what a kernel writes there with ``printf``, ``os.write`` or a library's logger ends in the log). The
+runner's requests arrive on fd R and the replies leave on fd W, one JSON object a line: nothing a
+kernel prints can reach that channel.
+
+A segfault, abort or hang in a kernel kills only this process (and its process group); the runner
+records ``crash`` (with the signal) or ``timeout`` and starts a fresh worker for the remaining cases.
+The worker exits when its parent goes (it polls its parent's pid), taking its process group along.
 
 Requests:
   {"op": "hello"}                                 -> availability
   {"op": "plan", "spec": {...}}                  -> can_implement + declared
   {"op": "run", "spec": {...}, "out": "y.safetensors"} -> runs, writes tensor "y"
   {"op": "run", "bundle": "case.safetensors", "out": ...}  (inputs from a replay bundle)
+  {"op": "exit"}
+A kernel output that is not a real-valued array (None, a scalar, complex, object) is refused with
+``{"ok": false, "kind": "malformed", "error": ...}``; a Python exception (MemoryError under the
+memory cap included) with ``{"ok": false, "kind": "error", ...}``.
 """
 
 from __future__ import annotations
@@ -18,25 +27,84 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 
 
-def _reply(obj: dict) -> None:
-    sys.__stdout__.write(json.dumps(obj) + "\n")
-    sys.__stdout__.flush()
+def _watch_parent(ppid: int) -> None:
+    """Exit (with the whole process group: forked kernel helpers too) when the parent process goes."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != ppid:
+            try:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+            finally:
+                os._exit(3)
+
+
+def _cap_memory(limit: int) -> None:
+    """RLIMIT_DATA (heap and private writable mappings: what NumPy, torch and malloc allocate) and RLIMIT_AS
+    at twice that (address space reserved but never written is left some room)."""
+    if limit <= 0:
+        return
+    import resource
+
+    for what, value in ((resource.RLIMIT_DATA, limit), (resource.RLIMIT_AS, 2 * limit)):
+        try:
+            soft, hard = resource.getrlimit(what)
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
+            resource.setrlimit(what, (value, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def output_problem(y) -> "tuple[object, str | None]":
+    """(float32 array, None) for a usable kernel output, else (None, what is wrong with it)."""
+    import numpy as np
+
+    if y is None:
+        return None, "the kernel returned None"
+    try:
+        a = np.asarray(y)
+    except Exception as e:  # noqa: BLE001 - whatever the kernel returned
+        return None, f"the kernel returned a {type(y).__name__} that is not an array ({type(e).__name__}: {e})"
+    if a.dtype.kind == "c":
+        return None, f"the kernel returned complex values ({a.dtype}): the output must be real"
+    if a.dtype.kind not in "fiubV" or a.dtype == object:
+        return None, f"the kernel returned an array of dtype {a.dtype}, not numbers"
+    if a.ndim == 0:
+        return None, f"the kernel returned a scalar ({a.dtype}), not an output matrix"
+    try:
+        return np.asarray(a, dtype=np.float32), None
+    except (TypeError, ValueError) as e:
+        return None, f"the kernel's output of dtype {a.dtype} does not convert to float32 ({e})"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", required=True)
+    ap.add_argument("--request-fd", type=int, required=True)
+    ap.add_argument("--reply-fd", type=int, required=True)
+    ap.add_argument("--memory-limit", type=int, default=0, help="bytes; 0: no cap")
     args = ap.parse_args(argv)
-    # Kernel libraries print to stdout; keep the protocol channel clean.
-    sys.stdout = sys.stderr
-    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("QCONFORM_WORKER_THREADS", "1"))
+    # children the kernel starts (exec) do not get the protocol channel
+    for fd in (args.request_fd, args.reply_fd):
+        os.set_inheritable(fd, False)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    _cap_memory(args.memory_limit)
+    requests = os.fdopen(args.request_fd, "r", encoding="utf-8")
+    replies = os.fdopen(args.reply_fd, "w", encoding="utf-8")
 
-    import numpy as np
+    def reply(obj: dict) -> None:
+        replies.write(json.dumps(obj) + "\n")
+        replies.flush()
+
+    sys.stdout = sys.stderr  # Python-level prints go to the log too (fds 1 and 2 are the log already)
+    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("QCONFORM_WORKER_THREADS", "1"))
 
     from backends.registry import create
     from emulator.tensorfile import save_tensors
@@ -45,26 +113,27 @@ def main(argv=None) -> int:
     from .suite import CaseSpec
 
     backend = create(args.backend)
-    for line in sys.stdin:
+    for line in requests:
         line = line.strip()
         if not line:
             continue
         try:
             req = json.loads(line)
         except json.JSONDecodeError as e:
-            _reply({"ok": False, "kind": "protocol", "error": f"bad request: {e}"})
+            reply({"ok": False, "kind": "protocol", "error": f"bad request: {e}"})
             continue
         op = req.get("op")
         try:
             if op == "hello":
                 av = backend.availability()
-                _reply({"ok": True, "available": av.available, "reason": av.reason, "version": av.version,
-                        "device": av.device, "label": backend.label, "covers": backend.covers})
+                reply({"ok": True, "available": av.available, "reason": av.reason, "version": av.version,
+                       "device": av.device, "label": backend.label, "covers": backend.covers,
+                       "deterministic": bool(getattr(backend, "deterministic", True))})
             elif op == "plan":
                 spec = CaseSpec.from_json(req["spec"])
                 sup = backend.can_implement(spec.case)
                 decl = backend.declared(spec.case).to_json() if sup.ok else None
-                _reply({"ok": True, "supported": sup.ok, "reason": sup.reason, "declared": decl})
+                reply({"ok": True, "supported": sup.ok, "reason": sup.reason, "declared": decl})
             elif op == "run":
                 if "bundle" in req:
                     inp, _meta = load_bundle_inputs(req["bundle"])
@@ -75,17 +144,20 @@ def main(argv=None) -> int:
                 t1 = time.perf_counter()
                 y = backend.run(prepared, inp.x, bias=inp.bias, router_logits=inp.router_logits)
                 t2 = time.perf_counter()
-                y = np.asarray(y, dtype=np.float32)
+                y, problem = output_problem(y)
+                if problem:
+                    reply({"ok": False, "kind": "malformed", "error": problem})
+                    continue
                 save_tensors(req["out"], {"y": y})
-                _reply({"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1})
+                reply({"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1})
             elif op == "exit":
-                _reply({"ok": True})
+                reply({"ok": True})
                 return 0
             else:
-                _reply({"ok": False, "kind": "protocol", "error": f"unknown op {op!r}"})
-        except Exception as e:  # the backend's own failure: report it, keep serving
-            tb = traceback.format_exc(limit=6)
-            _reply({"ok": False, "kind": "error", "error": f"{type(e).__name__}: {e}", "traceback": tb})
+                reply({"ok": False, "kind": "protocol", "error": f"unknown op {op!r}"})
+        except Exception as e:  # the backend's own failure (MemoryError under the cap too): report it, keep serving
+            reply({"ok": False, "kind": "error", "error": f"{type(e).__name__}: {e}"[:2000],
+                   "traceback": traceback.format_exc(limit=6)[-4000:]})
     return 0
 
 

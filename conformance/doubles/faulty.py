@@ -130,3 +130,142 @@ class SequentialAccumulatorBackend(EmulatorBackend):
         if inputs.get("bias") is not None:
             acc = round_to_dtype(acc + np.asarray(inputs["bias"], np.float64), self.acc)
         return round_to_dtype(acc, case.output_dtype).astype(np.float32)
+
+
+# -- malformed outputs: each must become that case's verdict, and the run goes on --------------------------
+class WrongShapeBackend(_Faulty):
+    """Drops the last output column."""
+
+    name = "faulty-shape"
+
+    def run(self, prepared, x, **inputs):
+        y = super().run(prepared, x, **inputs)
+        return y[:, :-1] if self._triggered(prepared) else y
+
+
+class TransposedBackend(_Faulty):
+    name = "faulty-transposed"
+
+    def run(self, prepared, x, **inputs):
+        y = super().run(prepared, x, **inputs)
+        return np.ascontiguousarray(y.T) if self._triggered(prepared) else y
+
+
+class ComplexBackend(_Faulty):
+    """The right real part with an imaginary part: the output is not real."""
+
+    name = "faulty-complex"
+
+    def run(self, prepared, x, **inputs):
+        y = super().run(prepared, x, **inputs)
+        return y.astype(np.complex64) + 1j if self._triggered(prepared) else y
+
+
+class NoneBackend(_Faulty):
+    name = "faulty-none"
+
+    def run(self, prepared, x, **inputs):
+        y = super().run(prepared, x, **inputs)
+        return None if self._triggered(prepared) else y
+
+
+class ScalarBackend(_Faulty):
+    name = "faulty-scalar"
+
+    def run(self, prepared, x, **inputs):
+        y = super().run(prepared, x, **inputs)
+        return np.float32(y.sum()) if self._triggered(prepared) else y
+
+
+# -- kernels that write to the worker's file descriptors ---------------------------------------------------
+class PrintfBackend(_Faulty):
+    """Writes to fd 1 from C (libc printf, flushed) and with os.write, then returns the right output."""
+
+    name = "faulty-printf"
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+            libc.printf(b"kernel: tuning tile 128x64\n")
+            libc.fflush(None)
+            os.write(1, b"kernel says hello on fd 1 ")
+            os.write(2, b"and on fd 2\n")
+        return super().run(prepared, x, **inputs)
+
+
+class JsonStdoutBackend(_Faulty):
+    """Prints a line that looks like a protocol reply on fd 1 before answering."""
+
+    name = "faulty-json-stdout"
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            os.write(1, b'{"ok": true, "supported": false, "reason": ""}\n{"ok": true}\n')
+        return super().run(prepared, x, **inputs)
+
+
+class PartialLineHangBackend(_Faulty):
+    """Writes half a JSON line on fd 1, then hangs."""
+
+    name = "faulty-partial-hang"
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            os.write(1, b'{"ok": tr')
+            time.sleep(3600)
+        return super().run(prepared, x, **inputs)
+
+
+# -- kernels that outgrow their process -----------------------------------------------------------------
+class ForkBackend(_Faulty):
+    """Forks a helper that sleeps for an hour (its pid appended to ``pidfile``), then answers correctly."""
+
+    name = "faulty-fork"
+
+    def __init__(self, **params):
+        pidfile = params.pop("pidfile", None)
+        super().__init__(**params)
+        self.pidfile = pidfile
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            pid = os.fork()
+            if pid == 0:  # the helper: sleeps on, holding every file descriptor of the worker
+                try:
+                    time.sleep(3600)
+                finally:
+                    os._exit(0)
+            if self.pidfile:
+                with open(self.pidfile, "a", encoding="utf-8") as f:
+                    f.write(f"{pid}\n")
+        return super().run(prepared, x, **inputs)
+
+
+class MemoryHogBackend(_Faulty):
+    """Allocates (and touches) ``gib`` GiB (default 64) before running: an OOM under any sane cap."""
+
+    name = "faulty-memory-hog"
+
+    def __init__(self, **params):
+        gib = float(params.pop("gib", 64))
+        super().__init__(**params)
+        self.gib = gib
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            hog = np.ones(int(self.gib * (1 << 30)) // 8, np.float64)
+            del hog
+        return super().run(prepared, x, **inputs)
+
+
+class RefuseAllBackend(_Faulty):
+    """Refuses every case (``can_implement`` says no): a certification of it has nothing to certify."""
+
+    name = "faulty-refuse-all"
+
+    def can_implement(self, case):
+        from backends.base import no
+
+        return no("test: this backend implements nothing")

@@ -40,6 +40,18 @@ def _reseal(folder: Path) -> None:
     (folder / "MANIFEST.json").write_text(json.dumps(man))
 
 
+def _rederive_reports(folder: Path) -> None:
+    """What an informed forger does after editing results or bundle.json: regenerate the reports with the
+    suite's own code, so that only the checks that do not trust the reports can catch the edit."""
+    from conformance.certify.derive import report_title, reports
+
+    lines = [json.loads(l) for l in (folder / "results.jsonl").read_text().splitlines() if l.strip()]
+    meta = json.loads((folder / "bundle.json").read_text())
+    labels = list(dict.fromkeys(r["backend"] for r in lines if r.get("kind") == "result"))
+    for name, data in reports(lines, meta, report_title(labels, meta["host_label"])).items():
+        (folder / name).write_bytes(data)
+
+
 def _edit_result(folder: Path, pick, edit) -> dict:
     """Edit the first result line ``pick`` selects; returns the edited record."""
     lines = (folder / "results.jsonl").read_text().splitlines()
@@ -188,6 +200,7 @@ def test_changed_golden_hash_fails(basic, tmp_path):
     meta = json.loads((b / "bundle.json").read_text())
     meta["golden_manifest_sha256"] = hashlib.sha256((b / "golden_manifest.json").read_bytes()).hexdigest()
     (b / "bundle.json").write_text(json.dumps(meta))
+    _rederive_reports(b)  # (summary.json embeds bundle.json)
     _reseal(b)
     assert verify_bundle(b).ok  # consistent with itself...
     assert any("golden manifest differs" in n for n in verify_bundle(b).notes)
@@ -435,6 +448,7 @@ def test_bundle_of_another_suite_version_gets_one_line(basic, tmp_path, capsys):
 def test_bundle_without_code_hash_is_an_older_suite(basic, tmp_path):
     b = copy_bundle(basic, tmp_path / "b")
     _set_meta(b, suite_code_sha256=None, git_commit="HEAD")
+    _rederive_reports(b)  # as the older suite would have written them
     _reseal(b)
     res = verify_bundle(b)
     assert len(res.problems) == 1 and "no code hash recorded" in res.problems[0]

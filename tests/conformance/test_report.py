@@ -77,6 +77,8 @@ def test_failures_carry_replay_commands_and_waivers_are_listed(rich):
     # replay commands name bundles relative to the report's folder (no absolute paths: the folder moves)
     assert all(not Path(f["bundle"]).is_absolute() and (rich / f["bundle"]).exists() for f in with_bundle)
     assert all(f["replay"] == f"qconform replay {f['bundle']}" for f in with_bundle)
+    # a certification bundle's reports name replay bundles inside it (bundles/<name>), wherever it lies
+    assert all(f["bundle"].startswith("bundles/") and (rich / f["bundle"]).exists() for f in with_bundle)
     w = summary["waivers"]
     assert len(w["declared"]) == 2
     assert len(w["applied"]) == sum(1 for r in res if r["verdict"] == "waived") > 0

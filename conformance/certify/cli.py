@@ -1,0 +1,111 @@
+"""The `certify` and `verify-bundle` commands (wired into conformance/cli.py through ``register``).
+
+Semantics: docs/certification.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .verify import verify_bundle
+from .write import certify
+
+__all__ = ["cmd_certify", "cmd_verify_bundle", "register"]
+
+
+def cmd_certify(args) -> int:
+    res = certify(args.backend, args.out, profile=args.profile, schemes=args.scheme, tiers=args.tier,
+                  shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
+                  host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
+                  memory_limit=args.memory_limit)
+    counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
+    print(f"bundle: {res.path} ({counts})")
+    print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
+    print(f"report: {res.path / 'report.html'}")
+    print(f"verify: qconform verify-bundle {res.path}")
+    for label, why in res.unavailable.items():
+        print(f"unavailable: {label}: {why}")
+    for label in res.no_judged_case:
+        if label not in res.unavailable:
+            print(f"no judged case: {label}: every case was refused (unsupported) or crashed; nothing was compared")
+    if res.unavailable:
+        print(f"certification: NOT CERTIFIED ({len(res.unavailable)} backend(s) could not run here; "
+              f"{res.n_bad} failing of {res.n_results})")
+    elif res.no_judged_case:
+        print(f"certification: NOT CERTIFIED (no judged case for {', '.join(res.no_judged_case)}; "
+              f"{res.n_bad} failing of {res.n_results})")
+    else:
+        print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results})")
+    return 0 if res.ok else 1
+
+
+def cmd_verify_bundle(args) -> int:
+    if args.rerun < 0:
+        raise ValueError(f"--rerun expects a number of cases >= 0, got {args.rerun}")
+    res = verify_bundle(args.bundle, deep=args.deep, any_version=args.any_version, rerun=args.rerun,
+                        rerun_seed=args.rerun_seed)
+    if args.json:
+        print(json.dumps({"ok": res.ok, "problems": res.problems, "notes": res.notes, "checked": dict(res.checked),
+                          "manifest_sha256": res.manifest_sha256, "version_mismatch": res.version_mismatch,
+                          "rerun_seed": res.rerun_seed},
+                         indent=1))
+        return 0 if res.ok else 1
+    for p in res.problems[:200]:
+        print(f"verify-bundle: {p}")
+    if len(res.problems) > 200:
+        print(f"verify-bundle: ... {len(res.problems) - 200} more problem(s)")
+    for n in res.notes:
+        print(f"note: {n}")
+    c = res.checked
+    print(f"{res.path}: {c.get('files', 0)} file(s) hashed, {c.get('results', 0)} result(s), "
+          f"{c.get('recomputed', 0)} verdict(s) recomputed from stored outputs"
+          + (f", {c.get('deep', 0)} re-derived from the emulator" if args.deep else "")
+          + f", {c.get('not_recomputable', 0)} without output (crash/timeout/unsupported: "
+            f"{c.get('evidence', 0)} with their evidence checked)"
+          + (f", {c.get('rerun', 0)} re-executed ({c.get('rerun_skipped', 0)} skipped: backend unavailable; "
+             f"seed {res.rerun_seed})" if args.rerun else ""))
+    print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
+    if res.ok:
+        print("bundle OK")
+    elif res.version_mismatch and not args.any_version and len(res.problems) == 1:
+        print("bundle NOT VERIFIED: written by another suite version (its hashes and records check out; "
+              "its verdicts were not recomputed)")
+    else:
+        print(f"bundle FAILS verification: {len(res.problems)} problem(s)")
+    return 0 if res.ok else 1
+
+
+def register(sub) -> None:
+    from ..suite import PROFILES, TIERS
+
+    s = sub.add_parser("certify", help="run the certification profile on backends and write a verifiable bundle")
+    s.add_argument("--backend", action="append", required=True, help="backend spec; repeatable")
+    s.add_argument("--out", default="qconform-certification", help="bundle folder (must not exist or be empty; the run happens in OUT.partial)")
+    s.add_argument("--profile", default="certification", choices=sorted(PROFILES))
+    s.add_argument("--scheme", action="append", help="restrict to a scheme; repeatable")
+    s.add_argument("--tier", action="append", help=f"restrict to a tier ({', '.join(TIERS)}); repeatable")
+    s.add_argument("--shard", help="i/n: certify shard i of n of the case list")
+    s.add_argument("--waivers", help="waivers TOML file")
+    s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes per backend")
+    s.add_argument("--timeout", type=float, default=120.0, help="seconds per case before the worker is killed")
+    s.add_argument("--host-label", help="name of this host in merged reports (default: the host name)")
+    s.add_argument("--memory-limit", default=None,
+                   help="memory cap per worker, e.g. 8G or 512M; 0: none (default: half the host's memory)")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(fn=cmd_certify)
+
+    s = sub.add_parser("verify-bundle", help="re-check a certification bundle offline (hashes, every verdict)")
+    s.add_argument("bundle")
+    s.add_argument("--deep", action="store_true", help="also rebuild every case from its id and recompute the "
+                                                       "intervals with this checkout's emulator")
+    s.add_argument("--any-version", action="store_true",
+                   help="recompute verdicts even when another suite version wrote the bundle (expect spurious "
+                        "problems where the judging code changed)")
+    s.add_argument("--rerun", type=int, default=0, metavar="N",
+                   help="audit: re-execute N randomly chosen cases on their backend where it is available and "
+                        "require the stored outputs (docs/certification.md#audit)")
+    s.add_argument("--rerun-seed", type=int, default=None, help="seed of the --rerun choice (default: random, "
+                                                                 "printed)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_verify_bundle)

@@ -1,0 +1,266 @@
+"""Writing a certification bundle: run in ``<out>.partial``, derive, seal, rename into place.
+
+Semantics and layout: docs/certification.md#certification-bundles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from emulator import __version__ as emulator_version
+from emulator.errors import QconformError
+
+from ..outlock import LOCK_NAME, OutLock
+from .codec import case_key, encode_case, pack_outputs, safe_label
+from .derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results, report_title,
+                     reports, run_headers, verdict_summary, waiver_record)
+from .files import hash_file, scan
+from .identity import BUNDLE_FORMAT, MANIFEST, suite_code_sha256
+
+__all__ = ["CertifyResult", "certify", "add_files", "seal", "STAGING"]
+
+STAGING = ".staging"  # <parent>/.<out>.staging: each judged output, encoded, until the bundle is sealed
+PARTIAL = ".partial"
+
+
+class Stager:
+    """Runner.on_output callback: encodes each judged output into DIR/.staging/<backend>/<case>.safetensors."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def __call__(self, label, spec, inp, declared, iv, y, rec, evidence=None) -> None:
+        from emulator.tensorfile import save_tensors
+
+        from ..runner import rounded_interval
+
+        jiv = rounded_interval(iv, declared)
+        # the intervals the verdict used beyond the declared one (recorded before waivers are applied)
+        alt = evidence.alt if evidence is not None and rec["verdict"] == "fail" else None
+        tie = evidence.tie if evidence is not None and rec["verdict"] in ("fail", "pass-with-tie-flips") else None
+        tensors, meta = encode_case(y, iv.y_ref, iv.lo, iv.hi, iv.y_exact, iv.out_dtype,
+                                    bound_positive=bool(jiv.bound.max(initial=0) > 0), judged=(jiv.lo, jiv.hi),
+                                    tie=tie, alt=alt)
+        d = self.folder / safe_label(label)
+        d.mkdir(parents=True, exist_ok=True)
+        save_tensors(d / f"{case_key(spec.case_id)}.safetensors", tensors,
+                     metadata={"case_id": spec.case_id, "backend": label, "meta": json.dumps(meta)})
+
+
+@dataclasses.dataclass
+class CertifyResult:
+    path: Path
+    ok: bool  # certified: every backend available and judged on at least one case, no fail/crash/timeout
+    n_results: int
+    n_bad: int
+    manifest_sha256: str  # the bundle's identity: sha256 of its MANIFEST.json
+    counts: dict
+    unavailable: dict = dataclasses.field(default_factory=dict)  # backend label -> why it could not run
+    no_judged_case: list = dataclasses.field(default_factory=list)  # backends that refused every case
+
+
+def seal(folder: Path) -> str:
+    """Write MANIFEST.json (sha256 and size of every other file); returns its own sha256."""
+    files, problems = scan(folder)
+    if problems:
+        raise QconformError(f"{folder}: cannot seal a bundle: {problems[0]}")
+    entries = {}
+    for rel in sorted(files):
+        if rel == MANIFEST:
+            continue
+        sha, n, _ = hash_file(folder / rel)
+        entries[rel] = {"sha256": sha, "bytes": n}
+    (folder / MANIFEST).write_text(json.dumps({"format": BUNDLE_FORMAT, "files": entries}, indent=1, sort_keys=True)
+                                   + "\n", encoding="utf-8")
+    return hash_file(folder / MANIFEST)[0]
+
+
+def _check_target(folder: Path) -> None:
+    if (folder / MANIFEST).exists():
+        raise QconformError(f"{folder}: already holds a sealed bundle (MANIFEST.json); choose another --out")
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise QconformError(f"{folder}: exists and is not empty (and is not a bundle); choose another --out")
+
+
+def certify(backends: list[str], out: "str | Path" = "qconform-certification", *, profile: str = "certification",
+            schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
+            timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
+            progress: bool = False, log=print, memory_limit=None) -> CertifyResult:
+    """Run the suite on ``backends`` and write a certification bundle into ``out``.
+
+    The run happens in ``<out>.partial`` (an interrupted certify of the same case list resumes there);
+    the sealed bundle is renamed to ``out``, which must not exist or be an empty folder. The lock
+    ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
+    ``extra_files`` ({name: bytes | str | Path}) are stored under extra/.
+    """
+    from ..runner import Runner, load_waivers
+    from ..suite import PROFILES, TIERS, case_list, list_hash, parse_shard
+    from ..suite import shard as do_shard
+
+    folder = Path(out)
+    if not backends:
+        raise ValueError("certify: give at least one --backend")
+    from ..selection import check_backends
+
+    check_backends(backends)  # an unknown name or parameter: exit 2 before any case runs or any file is written
+    tiers = tuple(tiers) if tiers else TIERS
+    for t in tiers:
+        if t not in TIERS:
+            raise ValueError(f"unknown tier {t!r}; known: {', '.join(TIERS)}")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    _check_target(folder)
+    lock = OutLock.beside(folder).acquire()
+    try:
+        _check_target(folder)
+        work = folder.with_name(folder.name + PARTIAL)
+        # the encoded outputs wait outside the bundle until it is in place: an interruption anywhere before
+        # the rename leaves them for the resumed run (which skips the cases they belong to)
+        staging = folder.with_name(f".{folder.name}{STAGING}")
+        base_seed = None
+        if PROFILES[profile].get("fresh_seeds"):
+            base_seed = _recorded_seed(work)
+            if base_seed is None:
+                base_seed = int(time.time())
+        specs = case_list(schemes=schemes or None, tiers=tiers, profile=profile, base_seed=base_seed)
+        sh = parse_shard(shard)
+        if sh:
+            specs = do_shard(specs, *sh)
+        if not specs:
+            raise ValueError("certify: the selection has no cases")
+        work.mkdir(parents=True, exist_ok=True)
+        ids = [s.case_id for s in specs]
+        cases_txt = "".join(i + "\n" for i in ids)
+        if (work / "cases.txt").exists() and (work / "cases.txt").read_text(encoding="utf-8") != cases_txt:
+            raise QconformError(f"{work}: holds an interrupted certification of another case list; remove it "
+                                "or choose another --out")
+        (work / "cases.txt").write_text(cases_txt, encoding="utf-8")
+        from ..commands import environment
+
+        wv = load_waivers(waivers)
+        env = environment()
+        host = host_label or env.get("host") or "host"
+        header = {"suite": "qconform", "emulator_version": emulator_version, "profile": profile,
+                  "tiers": list(tiers), "schemes": list(schemes) if schemes else "all", "backends": list(backends),
+                  "shard": shard, "base_seed": base_seed, "case_count": len(specs),
+                  "case_list_sha256": list_hash(specs), "environment": env, "timeout": timeout,
+                  "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "waivers": [w.__dict__ for w in wv],
+                  "certify": True, "host_label": host, "waiver_date": time.strftime("%Y-%m-%d")}
+        runner = Runner(work, timeout=timeout, jobs=jobs, waivers=wv, progress=progress,
+                        on_output=Stager(staging), memory_limit=memory_limit, lock=True)
+        log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
+            f"profile {profile} -> {folder}")
+        import warnings
+
+        try:
+            with warnings.catch_warnings():
+                # NumPy's invalid-value warnings on the suite's deliberate NaN/Inf inputs are not findings
+                warnings.simplefilter("ignore", RuntimeWarning)
+                runner.run(list(backends), specs, resume=True, header=header)
+        finally:
+            runner.close()
+        (work / LOCK_NAME).unlink(missing_ok=True)
+        res = _assemble(work, staging, ids, dict(header, host_label=host), extra_files)
+        sha = seal(work)
+        if folder.exists():
+            folder.rmdir()  # empty (checked above, under the lock)
+        os.rename(work, folder)
+        shutil.rmtree(staging, ignore_errors=True)
+        res.path, res.manifest_sha256 = folder, sha
+        return res
+    finally:
+        lock.release()
+
+
+def _recorded_seed(work: Path) -> "int | None":
+    from ..runner import read_results
+
+    for r in read_results(work / "results.jsonl"):
+        if r.get("kind") == "run" and r.get("base_seed") is not None:
+            return int(r["base_seed"])
+    return None
+
+
+def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files) -> CertifyResult:
+    """Pack the outputs and write every derived file and bundle.json (not the manifest)."""
+    from ..golden import GOLDEN_DIR
+    from ..runner import read_results
+
+    lines = read_results(folder / "results.jsonl")
+    latest = latest_results(lines)
+    blines = backend_lines(lines)
+    headers = run_headers(lines)
+    labels = list(dict.fromkeys(r["backend"] for r in latest.values()))
+    index = {cid: n for n, cid in enumerate(ids)}
+    backends_info = {}
+    for label in labels:
+        rel = f"outputs/{safe_label(label)}.safetensors"
+        n = pack_outputs(staging, label, index, folder / rel)
+        b = blines.get(label, {})
+        backends_info[label] = {"outputs": rel, "outputs_cases": n, "spec": b.get("spec"),
+                                "version": b.get("version"), "device": b.get("device"),
+                                "available": b.get("available"), "reason": b.get("reason"),
+                                "deterministic": b.get("deterministic", True)}
+    (folder / "declared.json").write_bytes(json_bytes(declared_table(latest)))
+    wrec = waiver_record(latest, headers)
+    (folder / "waivers.json").write_bytes(json_bytes(wrec))
+    (folder / "environment.json").write_bytes(json_bytes(environment_record(headers, blines)))
+    gm = GOLDEN_DIR / "MANIFEST.json"
+    golden_sha = None
+    if gm.exists():
+        shutil.copyfile(gm, folder / "golden_manifest.json")
+        golden_sha = hash_file(folder / "golden_manifest.json")[0]
+    for name, data in (extra_files or {}).items():
+        _put_extra(folder, name, data)
+    vs = verdict_summary(latest, labels, blines)
+    env = header.get("environment") or {}
+    bundle = {"format": BUNDLE_FORMAT, "suite_version": env.get("suite_version"),
+              "emulator_version": emulator_version, "git_commit": env.get("git_commit"),
+              "suite_code_sha256": suite_code_sha256(), "host_label": header["host_label"],
+              "profile": header["profile"], "tiers": header["tiers"], "schemes": header["schemes"],
+              "shard": header["shard"], "base_seed": header.get("base_seed"), "case_count": len(ids),
+              "case_list_sha256": header["case_list_sha256"], "cases_file": "cases.txt",
+              "golden_manifest": "golden_manifest.json" if golden_sha else None,
+              "golden_manifest_sha256": golden_sha, "backends": backends_info, "waiver_dates": wrec["dates"],
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **vs}
+    raw = json_bytes(bundle)
+    (folder / "bundle.json").write_bytes(raw)
+    meta = json.loads(raw)
+    for name, data in reports(lines, meta, report_title(labels, header["host_label"])).items():
+        (folder / name).write_bytes(data)
+    return CertifyResult(folder, vs["ok"], vs["n_results"], vs["n_bad"], "", vs["verdicts"], vs["unavailable"],
+                         vs["no_judged_case"])
+
+
+def _put_extra(folder: Path, name: str, data) -> Path:
+    if "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"extra file name {name!r}: a plain file name is required")
+    p = folder / "extra" / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, (bytes, bytearray)):
+        p.write_bytes(bytes(data))
+    elif isinstance(data, Path):
+        shutil.copyfile(data, p)
+    else:
+        p.write_text(str(data), encoding="utf-8")
+    return p
+
+
+def add_files(bundle: "str | Path", files: dict) -> str:
+    """Add files under extra/ of a bundle that verifies, then re-seal it; returns the new MANIFEST sha256."""
+    from .verify import verify_bundle
+
+    folder = Path(bundle)
+    with OutLock.beside(folder):
+        res = verify_bundle(folder)
+        if not res.ok:
+            raise QconformError(f"{folder}: will not add files to a bundle that does not verify: {res.problems[0]}")
+        for name, data in files.items():
+            _put_extra(folder, name, data)
+        return seal(folder)
+

@@ -1,0 +1,106 @@
+"""The one verdict rule: an observed output against its intervals -> verdict, reason, metrics.
+
+Semantics: docs/conformance.md#verdicts. ``decide`` is pure (arrays in, a record out): the runner
+calls it through ``conformance.runner.judge`` with intervals computed by the emulator, and
+``verify-bundle`` calls it with the intervals stored in a certification bundle
+(``conformance.certify.verify``), so both judge by the same code and the same thresholds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from .acceptance import Interval, compare, ulp_distance
+
+__all__ = ["QUALITY_MEAN_RATIO", "QUALITY_MAX_RATIO", "Evidence", "decide", "degenerate_reference"]
+
+#: a pass whose error/bound ratio averages above this (with a maximum above QUALITY_MAX_RATIO) is a
+#: quality-warning: correct by the contract's letter, but consistently at its edge
+QUALITY_MEAN_RATIO = 0.5
+QUALITY_MAX_RATIO = 0.9
+
+
+@dataclasses.dataclass
+class Evidence:
+    """The intervals ``decide`` used beyond the declared ones (certification bundles store them)."""
+
+    alt: "tuple[str, np.ndarray, np.ndarray] | None" = None  # (axis=rule, lo, hi) of a tie rule that explains y
+    tie: "tuple[np.ndarray, np.ndarray, np.ndarray] | None" = None  # (lo, hi, ties per row) widened by tie flips
+
+
+def degenerate_reference(ref: np.ndarray) -> bool:
+    """All zero, constant or non-finite: agreement with such a reference proves nothing."""
+    finite = np.isfinite(ref)
+    return (not finite.any()) or bool(np.all(ref[finite] == 0)) or (ref.size > 1 and np.unique(ref[finite]).size <= 1)
+
+
+def decide(y, loose: Interval, judged: Interval, *, output_rounding: str = "rne",
+           alt: "Callable[[], tuple[str, str, np.ndarray, np.ndarray] | None] | None" = None,
+           tie: "Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None" = None,
+           evidence: "Evidence | None" = None) -> dict:
+    """Verdict and metrics of output ``y``.
+
+    ``loose`` is the outward interval [RD(y - b), RU(y + b)] (error/bound ratios, ULP distance, the
+    worst element, the quality warning); ``judged`` the interval insideness is tested against (one
+    declared rounding of an accumulator within the bound). Outside it, ``alt()`` may name another tie
+    rule whose judged interval (lo, hi) contains y (-> ``fail`` naming it), and ``tie()`` may give the
+    judged interval widened by activation tie flips with the tie count per row (-> ``pass-with-tie-flips``).
+    Both are called only when needed; what they returned is kept in ``evidence``.
+    """
+    ev = evidence if evidence is not None else Evidence()
+    cmp = compare(y, loose)
+    cmp_j = compare(y, judged)
+    rec = {"max_ratio": cmp.max_ratio, "max_ulp": cmp.max_ulp, "sqnr_db": cmp.sqnr_db, "n_outside": cmp_j.n_out,
+           "exact_match": cmp.exact_match, "worst": list(cmp.worst) if cmp.worst else None, "tie_flips": 0}
+    y64 = np.asarray(y, np.float64)
+    if rec["worst"] is not None and y64.shape == judged.y_exact.shape:
+        idx = tuple(rec["worst"])
+        rec["worst_element"] = {"index": rec["worst"], "observed": float(y64[idx]),
+                                "expected": float(judged.y_exact[idx]), "lo": float(judged.lo[idx]),
+                                "hi": float(judged.hi[idx]), "reference": float(judged.y_ref[idx]),
+                                "ulp": ulp_distance(float(y64[idx]), float(judged.y_ref[idx]), judged.out_dtype)}
+    if cmp_j.ok:
+        if degenerate_reference(judged.y_ref):
+            return dict(rec, verdict="mistrusted", reason="reference output is all zero, constant or non-finite")
+        fin = np.isfinite(judged.y_exact)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            side = np.where(y64 >= loose.y_ref, loose.hi - loose.y_ref, loose.y_ref - loose.lo)
+            ratio = np.where(y64 == loose.y_ref, 0.0, np.abs(y64 - loose.y_ref) / side)
+        ratio = ratio[fin & np.isfinite(ratio)]
+        if (ratio.size and judged.bound.max(initial=0) > 0 and ratio.mean() > QUALITY_MEAN_RATIO
+                and ratio.max() > QUALITY_MAX_RATIO):
+            return dict(rec, verdict="quality-warning", reason=f"error uses {ratio.mean():.0%} of the bound on average")
+        return dict(rec, verdict="pass", reason="")
+    n_out = cmp_j.n_out
+    if y64.shape != judged.y_exact.shape:
+        return dict(rec, verdict="fail", reason=f"output shape {tuple(y64.shape)} is not the expected "
+                                                f"{tuple(judged.y_exact.shape)}")
+    a = alt() if alt is not None else None
+    if a is not None:
+        name, mine, alo, ahi = a
+        if compare(y, dataclasses.replace(judged, lo=alo, hi=ahi)).ok:
+            ev.alt = (name, alo, ahi)
+            return dict(rec, verdict="fail", reason=f"{n_out} output element(s) outside the declared interval; the "
+                                                    f"output matches {name} instead of the declared {mine}")
+    t = tie() if tie is not None else None
+    if t is not None:
+        tlo, thi, ties_per_row = t
+        ev.tie = t
+        nan_ref = np.isnan(judged.y_exact)
+        with np.errstate(invalid="ignore"):
+            inside_decl = (y64 >= judged.lo) & (y64 <= judged.hi)
+            inside_tie = ((y64 >= tlo) & (y64 <= thi)) | (nan_ref & np.isnan(y64))
+        if inside_tie.all():
+            rows = np.nonzero(~(inside_decl | (nan_ref & np.isnan(y64))).all(axis=1))[0]
+            rec["tie_flips"] = int(np.asarray(ties_per_row)[rows].sum())
+            return dict(rec, verdict="pass-with-tie-flips",
+                        reason=f"outside the declared interval only where {rec['tie_flips']} activation tie(s) "
+                               f"in {len(rows)} row(s) can flip")
+    if cmp.ok:  # inside the outward interval, not the judged one: not the declared rounding
+        return dict(rec, verdict="fail", reason=f"{n_out} output element(s) are not the declared rounding "
+                                                f"({(output_rounding or 'rne').lower()}) of any accumulator "
+                                                "within the bound (e.g. truncated instead of rounded to nearest)")
+    return dict(rec, verdict="fail", reason=f"{n_out} output element(s) outside the declared interval")
