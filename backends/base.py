@@ -119,3 +119,10 @@ class Backend(abc.ABC):
     def schemes(self) -> list[str]:
         """Schemes this backend can implement for some case (for listings)."""
         return []
+
+    def known_defect(self, case: Case) -> str | None:
+        """A defect of the kernel the adapter knows for ``case`` (it returns wrong numbers or crashes), or None.
+
+        The suite still runs such cases (the defect is a fail or crash verdict, waived only by name); the
+        dispatcher never routes a case to it (docs/backends.md#dispatcher)."""
+        return None

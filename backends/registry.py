@@ -20,6 +20,8 @@ import importlib
 import logging
 from importlib import metadata
 
+from emulator.variants import Level
+
 from .base import Availability, Backend, Case
 
 __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection"]
@@ -37,6 +39,7 @@ BUILTIN = {
     "vllm-cpu": "backends.vllm_cpu:VllmCpuBackend",
     "cuda": "backends.cuda:CudaBackend",
     "xpu": "backends.xpu:XpuBackend",
+    "auto": "backends.auto:AutoBackend",
 }
 
 
@@ -151,19 +154,27 @@ class Selection:
         return f"Selection({self.backend.label}, skipped={self.skipped})"
 
 
-def _misreads(backend: Backend, case: Case) -> str | None:
-    """A declared variant that changes *which* weights are computed (not how they are rounded).
+def _refusal(backend: Backend, case: Case) -> str | None:
+    """Why the dispatcher must not route ``case`` to ``backend`` although it can implement it.
 
-    The suite certifies such a backend against its own declaration, but the dispatcher must not
-    route a checkpoint to it: e.g. ARK through vLLM reads v1 GPTQ zero points without the +1.
+    - a declared *semantic deviation* (emulator/variants.py levels: other weights, zero points, scales,
+      activation scheme or granularity than the checkpoint defines, e.g. ARK through vLLM reading v1 GPTQ
+      zero points without the +1, or per-tensor activations where the checkpoint is per-token): the suite
+      certifies such a backend against its own declaration, but its answer is not the checkpoint's;
+    - a kernel defect the adapter knows for this case (``Backend.known_defect``);
+    - no declaration at all.
     """
     try:
-        v = backend.declared(case).variants
+        declared = backend.declared(case)
     except Exception as e:  # a backend that cannot say what it computes is not selected
         return f"no declaration ({type(e).__name__}: {e})"
-    zr = v.get("zero_read")
-    if zr in ("v1_literal", "v1_wrap") or (zr == "ignore_qzeros" and not case.sym):
-        return f"zero_read={zr}"
+    semantic = [str(d) for d in declared.deviations(case) if d.level is Level.SEMANTIC]
+    if semantic:
+        return (f"declares {', '.join(semantic)}: a semantic deviation (it would compute other numbers than the "
+                "checkpoint defines)")
+    defect = backend.known_defect(case)
+    if defect:
+        return f"known kernel defect for this case: {defect}"
     return None
 
 
@@ -179,7 +190,7 @@ def select(case: Case, candidates: list[str] | None = None) -> Selection:
             skipped.append((spec, f"cannot be created: {e}"))
     backends.sort(key=lambda b: -b.priority)
     for b in backends:
-        if b.name == "emulator":
+        if b.name in ("emulator", "auto"):  # the fallback comes last; "auto" is the dispatcher itself
             continue
         av = b.availability()
         if not av.available:
@@ -189,9 +200,9 @@ def select(case: Case, candidates: list[str] | None = None) -> Selection:
         if not sup.ok:
             skipped.append((b.label, f"cannot implement {case.describe()}: {sup.reason}"))
             continue
-        misread = _misreads(b, case)
-        if misread:
-            skipped.append((b.label, f"declares {misread}: it would compute other weights than the checkpoint holds"))
+        refusal = _refusal(b, case)
+        if refusal:
+            skipped.append((b.label, refusal))
             continue
         for name, why in skipped:
             log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)

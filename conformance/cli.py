@@ -128,6 +128,8 @@ def _cmd_linear(args) -> int:
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
     decl, int8_variant, mx_variant = _linear_variants(args.variant)
+    if args.backend:
+        return _linear_backend(args, ck, info, x, dtype, decl)
     res = linear_layer(ck, info, x, act=args.act, int8_variant=int8_variant, mx_variant=mx_variant, out_dtype=dtype)
     y = res.y
     if dtype == "float16":
@@ -147,6 +149,31 @@ def _cmd_linear(args) -> int:
                                                                          "bound of a rounding boundary)" if amb else ""))
     print(f"activations: {act}; variants: {', '.join(named) if named else 'canonical'}")
     return EXIT_OK
+
+
+def _linear_backend(args, ck, info, x, dtype, decl) -> int:
+    """``linear --backend auto|NAME``: the layer through a backend or the dispatcher (conformance/linear_backend.py)."""
+    from emulator.layers import declared_activation
+    from emulator.tensorfile import Tensor, save_tensors
+
+    from .linear_backend import linear_through_backend
+
+    if decl.variants:
+        raise ValueError("--variant names emulator variants; with --backend the backend's own declaration applies")
+    act = args.act or declared_activation(info)
+    try:
+        y, lines, inside = linear_through_backend(ck, info, x, dtype, act, args.backend)
+    except RuntimeError as e:  # unavailable or refusing backend: not the input's fault, not a result either
+        print(f"qconform linear: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    y_out = (y.astype(np.float16) if dtype == "float16" else Tensor(y.astype(np.float32), "BF16")
+             if dtype == "bfloat16" else y.astype(np.float32))
+    save_tensors(args.output, {"y": y_out}, metadata={"layer": info.name, "format": info.format,
+                                                      "producer": "qconform", "backend": lines[0]})
+    print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}")
+    for line in lines:
+        print(line)
+    return EXIT_OK if inside else EXIT_FAIL
 
 
 def _cmd_selfcheck(args) -> int:
@@ -190,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variant", action="append", metavar="KEY=VALUE",
                    help="activation variant from docs/variants.md, e.g. act_rounding=rhaz, reciprocal=recip_amax, "
                         "mx_scale_rule=even; keys: " + ", ".join(linear_variant_keys()))
+    s.add_argument("--backend", metavar="auto|NAME", help="run the layer on a backend (auto: the dispatcher's "
+                                                         "choice, printed with why it skipped the others)")
     s.set_defaults(fn=_cmd_linear)
 
     s = sub.add_parser("selfcheck", help="end-to-end check of the emulator through checkpoint folders")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .summary import describe_worst, deviation_lines, headline
+from .summary import PASSING, describe_worst, deviation_lines, headline
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
 
@@ -118,7 +118,11 @@ def print_verdict(summary: dict, out=None) -> None:
         out.write(f"not certified: {nc['column']}: {nc['why']}\n")
     for line in deviation_lines(summary):
         out.write(line + "\n")
-    n_ok = summary["n_judged"] - summary["n_bad"]
+    t = summary["totals"]
+    # only verdicts inside the declared interval count as passed; waived and mistrusted cases are named apart
+    n_ok = sum(t.get(v, 0) for v in PASSING)
+    others = ", ".join(f"{t[v]} {v}" for v in ("waived", "mistrusted") if t.get(v))
     out.write(f"conformance: {headline(summary)}: {n_ok} passed, {summary['n_bad']} failed, "
-              f"{summary['totals'].get('unsupported', 0)} unsupported, of {summary['n_results']} result(s)\n")
+              + (f"{others}, " if others else "")
+              + f"{t.get('unsupported', 0)} unsupported, of {summary['n_results']} result(s)\n")
 

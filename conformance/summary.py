@@ -23,13 +23,15 @@ from .levels import run_level
 
 __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
            "fmt_ratio", "fmt_sqnr", "cell_index", "counts_text",
-           "BAD", "RATIO_BINS", "SCHEME_ORDER", "json_safe"]
+           "BAD", "PASSING", "RATIO_BINS", "SCHEME_ORDER", "json_safe"]
 
 #: verdicts from worst to best; a cell takes the colour of its worst verdict ("unsupported" only when
 #: nothing else is there)
 VERDICT_ORDER = ("crash", "timeout", "fail", "waived", "quality-warning", "mistrusted", "pass-with-tie-flips", "pass",
                  "unsupported")
 BAD = ("fail", "crash", "timeout")
+#: the verdicts of an output inside its declared interval (what the console counts as passed)
+PASSING = ("pass", "pass-with-tie-flips", "quality-warning")
 #: histogram of per-case max error/bound ratios: exactly 0 (correctly rounded everywhere), ten bins of 0.1
 #: up to 1 (inside the interval), and > 1 (outside: a failure or tie flips)
 RATIO_BINS = ("0",) + tuple(f"{k / 10:.1f}-{(k + 1) / 10:.1f}" for k in range(10)) + (">1",)

@@ -1,0 +1,74 @@
+"""The dispatcher as a backend: ``auto`` runs each case on the backend ``registry.select`` picks for it.
+
+Semantics: docs/backends.md#dispatcher.
+
+``qconform run --backend auto`` judges what a user of the dispatcher gets on this host: every case
+goes to the highest-priority available backend that can implement it, declares no semantic deviation
+for it and has no known defect for it, else to the emulator. The declaration judged is the chosen
+backend's own (its notes name the choice), so a rounding-level variant is reported with its measured
+distance from the canonical reference, as for any backend.
+
+Parameters: ``only=NAME+NAME+...`` restricts the candidates (the emulator is always the fallback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from emulator import __version__ as emulator_version
+
+from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Support, no, yes
+
+__all__ = ["AutoBackend"]
+
+
+class AutoBackend(Backend):
+    name = "auto"
+    covers = "the dispatcher (backends/registry.py select): the best backend for each case on this host"
+    priority = -1000  # never a candidate of the dispatcher itself
+
+    def __init__(self, **params: str):
+        super().__init__(**params)
+        unknown = sorted(set(params) - {"only"})
+        if unknown:
+            raise ValueError(f"auto: unknown parameter(s) {', '.join(unknown)}; known: only")
+        self.candidates = [c for c in params["only"].split("+") if c] if params.get("only") else None
+        if self.candidates is not None:
+            from .registry import create
+
+            for c in self.candidates:  # unknown names or parameters: an error now, not 'skipped' later
+                create(c)
+        self._selected: dict[str, object] = {}
+
+    def availability(self) -> Availability:
+        return Availability(True, "always available (the emulator is the fallback)", emulator_version, "cpu")
+
+    def select(self, case: Case):
+        """The registry's Selection for ``case`` (cached per case)."""
+        from .registry import select
+
+        key = repr(case)
+        if key not in self._selected:
+            self._selected[key] = select(case, self.candidates)
+        return self._selected[key]
+
+    def can_implement(self, case: Case) -> Support:
+        sel = self.select(case)
+        sup = sel.backend.can_implement(case)
+        return yes() if sup.ok else no(f"no backend, the emulator included, implements it: {sup.reason}")
+
+    def declared(self, case: Case) -> Declared:
+        sel = self.select(case)
+        d = sel.backend.declared(case)
+        skipped = "; ".join(f"{n}: {why}" for n, why in sel.skipped) or "none"
+        return dataclasses.replace(d, notes=f"dispatched to {sel.backend.label} (skipped: {skipped}). {d.notes}")
+
+    def prepare(self, case: Case, tensors: dict) -> Prepared:
+        b = self.select(case).backend
+        return Prepared(case, {"backend": b, "prepared": b.prepare(case, tensors)})
+
+    def run(self, prepared: Prepared, x, **inputs):
+        return prepared.data["backend"].run(prepared.data["prepared"], x, **inputs)
+
+    def schemes(self) -> list[str]:
+        return list(SCHEMES)

@@ -1,0 +1,55 @@
+"""``qconform linear CKPT --layer L --backend auto|NAME``: one checkpoint layer through a backend or the dispatcher.
+
+Semantics: docs/backends.md#dispatcher. The layer becomes a Case with its canonical tensors
+(emulator/layer_cases.py); ``auto`` asks the dispatcher (backends/registry.py ``select``), which names
+the backend it chose and why it skipped each other one. The output is judged against the chosen
+backend's declared interval and its conformance level is printed, so a user sees what the answer is
+worth, not only which kernel gave it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.registry import create, select
+from emulator.layer_cases import case_tensors, layer_case
+from emulator.layers import dequantize_layer, layer_bias
+
+from .acceptance import compare, declared_interval
+from .cases import CaseInputs
+
+__all__ = ["linear_through_backend"]
+
+
+def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: str) -> tuple[np.ndarray, list[str], bool]:
+    """(y, lines to print, inside its declared interval) for layer ``info`` on activations ``x``."""
+    dequantize_layer(ck, info)  # every tensor validated as `dequant` does: bad input is exit 2 before any kernel runs
+    case = layer_case(info, int(x.shape[0]), dtype, act)
+    tensors = case_tensors(ck, info, case)
+    bias = layer_bias(ck, info)
+    bias32 = None if bias is None else np.asarray(bias, np.float32)
+    lines = []
+    if spec == "auto":
+        sel = select(case)
+        backend = sel.backend
+        lines.append(f"backend: {backend.label} (dispatched for {case.describe()})")
+        lines += [f"  skipped {name}: {why}" for name, why in sel.skipped]
+    else:
+        backend = create(spec)
+        av = backend.availability()
+        if not av.available:
+            raise RuntimeError(f"backend {backend.label} is unavailable here: {av.reason}")
+        sup = backend.can_implement(case)
+        if not sup.ok:
+            raise RuntimeError(f"backend {backend.label} cannot implement {case.describe()}: {sup.reason}")
+        lines.append(f"backend: {backend.label} (named)")
+    declared = backend.declared(case)
+    x32 = np.asarray(x, np.float32)
+    y = np.asarray(backend.run(backend.prepare(case, tensors), x32, **({"bias": bias32} if bias32 is not None else {})))
+    cmp = compare(y, declared_interval(CaseInputs(case, 0, tensors, x32, bias32), declared))
+    level = declared.level(case).label
+    devs = ", ".join(str(d) for d in declared.deviations(case)) or "none"
+    lines.append(f"level: {level} (declared deviations: {devs})")
+    lines.append("inside its declared interval: " + ("yes" if cmp.ok else
+                                                       f"NO ({cmp.n_out} element(s) outside; max {cmp.max_ulp} ULP)"))
+    return y, lines, bool(cmp.ok)
