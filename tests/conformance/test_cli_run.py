@@ -332,3 +332,24 @@ def test_certify_refuses_unknown_names_before_writing_anything(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0]
     assert not out.exists()
+
+
+def _run_args(out, backends):
+    import argparse
+
+    return argparse.Namespace(backend=backends, scheme=["w8a8"], tier=["exact"], profile="smoke", out=str(out),
+                              jobs=1, shard=None, waivers=None, timeout=60.0, resume=False, no_progress=True)
+
+
+def test_target_with_some_backends_unavailable(doubles, tmp_path, capsys):
+    """What `qconform target` runs when part of its backends cannot start: those are recorded as
+    unavailable (not certified, exit 0 by the documented tox behaviour); a backend that did start but
+    judged nothing still exits 4."""
+    from conformance.commands import cmd_run
+
+    why = {"absent": "test double: its device is not installed"}
+    assert cmd_run(_run_args(tmp_path / "a", ["emulator"]), unavailable=why) == 0
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "not-certified" and summary["unavailable"] == why
+    assert "not certified: absent: unavailable: test double" in capsys.readouterr().out
+    assert cmd_run(_run_args(tmp_path / "b", ["declines"]), unavailable=why) == 4
