@@ -122,7 +122,19 @@ def test_target_without_a_device_records_unavailable(doubles, tmp_path, monkeypa
     assert summary["status"] == "unavailable" and summary["ok"] is False and summary["n_results"] == 0
     assert summary["unavailable"] == {"absent": "test double: its device is not installed"}
     assert "UNAVAILABLE" in (tmp_path / "fake" / "report.md").read_text()
-    assert "unavailable: absent: test double" in capsys.readouterr().out
+    console = capsys.readouterr().out
+    assert "unavailable: absent: test double" in console
+    assert "target fake: no backend of this target can run on this host; nothing was certified (status " \
+           "unavailable in" in console
+
+
+def test_default_backends_name_the_ones_left_out(doubles):
+    from conformance.commands import available_backends
+
+    skipped = []
+    names = available_backends(skipped)
+    assert "emulator" in names and "declines" in names and "absent" not in names
+    assert ("absent", "test double: its device is not installed") in skipped
 
 
 # -- a run's summary is that run -----------------------------------------------------------------------
@@ -159,6 +171,10 @@ def test_resume_only_continues_the_same_run(tmp_path, capsys):
     assert main([*base, "--scheme", "w8a8", "--resume"]) == 0
     assert len(_results(out)) == n  # nothing re-run: every case was done
     assert main([*base, "--scheme", "w8a8", "--resume", "--out", str(tmp_path / "none")]) == 2
+    assert "does not exist (drop --resume to start a run)" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([*base, "--scheme", "w8a8", "--resume", "--out", str(tmp_path / "empty")]) == 2
+    assert "holds no earlier run to resume" in capsys.readouterr().err
 
 
 def test_run_refuses_a_certification_bundle_folder(tmp_path, capsys):
@@ -316,3 +332,24 @@ def test_certify_refuses_unknown_names_before_writing_anything(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0]
     assert not out.exists()
+
+
+def _run_args(out, backends):
+    import argparse
+
+    return argparse.Namespace(backend=backends, scheme=["w8a8"], tier=["exact"], profile="smoke", out=str(out),
+                              jobs=1, shard=None, waivers=None, timeout=60.0, resume=False, no_progress=True)
+
+
+def test_target_with_some_backends_unavailable(doubles, tmp_path, capsys):
+    """What `qconform target` runs when part of its backends cannot start: those are recorded as
+    unavailable (not certified, exit 0 by the documented tox behaviour); a backend that did start but
+    judged nothing still exits 4."""
+    from conformance.commands import cmd_run
+
+    why = {"absent": "test double: its device is not installed"}
+    assert cmd_run(_run_args(tmp_path / "a", ["emulator"]), unavailable=why) == 0
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "not-certified" and summary["unavailable"] == why
+    assert "not certified: absent: unavailable: test double" in capsys.readouterr().out
+    assert cmd_run(_run_args(tmp_path / "b", ["declines"]), unavailable=why) == 4

@@ -124,3 +124,13 @@ def test_plugin_unavailable_backend_reaches_the_report(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "unavailable" and summary["ok"] is False
     assert summary["unavailable"] == {"absent": "test double: its device is not installed"}
+
+
+def test_plugin_refuses_to_overwrite_a_certification_bundle(tmp_path):
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "MANIFEST.json").write_text("{}")
+    (out / "report.md").write_text("sealed")
+    r = _pytest(tmp_path, "--qconform-backend=emulator", f"--qconform-out={out}")
+    assert r.returncode == 4 and "holds a sealed certification bundle" in r.stderr
+    assert (out / "report.md").read_text() == "sealed"
