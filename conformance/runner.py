@@ -394,6 +394,8 @@ class Runner:
             if kind == "error":  # the backend raised: the worker is alive and says what
                 evidence = {"worker": "raised", "exception": reply.get("error"),
                             "traceback": reply.get("traceback", "")}
+            elif not evidence:  # (a reply of another kind: the worker did not follow the protocol)
+                evidence = {"runner": f"{kind}: {reply.get('error')}"}
         if evidence.get("log"):
             evidence["log"] = f"logs/{evidence['log']}"
         extra = {"declared": declared.to_json()} if declared is not None else {}
