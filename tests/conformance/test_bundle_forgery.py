@@ -388,3 +388,21 @@ def test_crash_evidence_is_the_worker_s_signal_and_log(tmp_path, monkeypatch):
     _write_lines(b, lines)
     _forge(b)
     assert any("which its reason does not name" in p for p in verify_bundle(b).problems)
+
+
+def test_two_concurrent_certifies_into_one_folder_one_wins(tmp_path):
+    """Both start at once: one writes the bundle (it verifies), the other stops with exit 2 and one line."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "b"
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, "-m", "conformance.cli", "certify", "--backend", "emulator", "--scheme", "w8a8",
+            "--profile", "smoke", "--tier", "exact", "--out", str(out), "--no-progress"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    got = sorted((p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs)
+    (rc0, out0, _), (rc1, _, err1) = got
+    assert rc0 == 0 and "certification: PASS" in out0
+    assert rc1 == 2 and ("another qconform process" in err1 or "already holds a sealed bundle" in err1), err1
+    assert verify_bundle(out).ok
