@@ -406,3 +406,21 @@ def test_two_concurrent_certifies_into_one_folder_one_wins(tmp_path):
     assert rc0 == 0 and "certification: PASS" in out0
     assert rc1 == 2 and ("another qconform process" in err1 or "already holds a sealed bundle" in err1), err1
     assert verify_bundle(out).ok
+
+
+def test_malformed_outputs_certify_into_a_bundle_that_verifies(tmp_path, monkeypatch):
+    """A kernel of the wrong shape or with complex output fails its cases, and the bundle still records and
+    verifies them (the wrong shape recomputed from its stored output, the complex one by its evidence)."""
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-shape=conformance.doubles.faulty:WrongShapeBackend,"
+                                                  "faulty-complex=conformance.doubles.faulty:ComplexBackend")
+    from conformance.certify import certify
+
+    res = certify(["faulty-shape", "faulty-complex"], tmp_path / "m", profile="smoke", schemes=["w8a8"],
+                  tiers=["exact"], shard="1/4", log=lambda *a: None)
+    recs = [r for r in _lines(res.path) if r.get("kind") == "result"]
+    assert recs and {r["verdict"] for r in recs} == {"fail"} and not res.ok
+    assert all("output shape" in r["reason"] for r in recs if r["backend"] == "faulty-shape")
+    assert all(r["evidence"]["malformed"] for r in recs if r["backend"] == "faulty-complex")
+    v = verify_bundle(res.path)
+    assert v.ok, v.problems
+    assert v.checked["recomputed"] == sum(1 for r in recs if r["backend"] == "faulty-shape")
