@@ -215,6 +215,11 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
             problems.append("results.jsonl: a run header's base_seed is not the bundle's")
     latest = latest_results(lines)
     blines = backend_lines(lines)
+    requested = {str(x) for h in headers for x in (h.get("backends") or [])}
+    ran = {str(x.get("spec")) for x in blines.values()}
+    if requested != ran:
+        problems.append(f"results.jsonl: the run headers ask for backends {sorted(requested)}, the backend lines "
+                        f"are of {sorted(ran)}")
     labels = list(dict.fromkeys(r["backend"] for r in latest.values()))
     backends = meta.get("backends") if isinstance(meta.get("backends"), dict) else {}
     idset = set(ids)

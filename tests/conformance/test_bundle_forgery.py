@@ -424,3 +424,18 @@ def test_malformed_outputs_certify_into_a_bundle_that_verifies(tmp_path, monkeyp
     v = verify_bundle(res.path)
     assert v.ok, v.problems
     assert v.checked["recomputed"] == sum(1 for r in recs if r["backend"] == "faulty-shape")
+
+
+def test_a_backend_dropped_from_the_bundle_fails(rich, tmp_path):
+    b = copy_bundle(rich, tmp_path / "b")
+    meta = json.loads((b / "bundle.json").read_text())
+    gone = "faulty-raise"
+    lines = [r for r in _lines(b) if r.get("backend") != gone]
+    _write_lines(b, lines)
+    for bp in (b / "bundles").glob("faulty-raise__*"):
+        bp.unlink()
+    info = meta["backends"].pop(gone)
+    (b / info["outputs"]).unlink()
+    (b / "bundle.json").write_text(json.dumps(meta))
+    _forge(b)
+    assert any("the run headers ask for backends" in p for p in verify_bundle(b).problems)
