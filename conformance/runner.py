@@ -286,6 +286,8 @@ class Runner:
 
     def run(self, backend_specs: list[str], specs: list[CaseSpec], *, resume: bool = True,
             header: dict | None = None) -> list[dict]:
+        if self.lock.held:  # the sole writer: scratch space a killed run left behind can go
+            shutil.rmtree(self.out_dir / ".work", ignore_errors=True)
         done = set()
         if resume:
             for r in read_results(self.results_path):

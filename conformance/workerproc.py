@@ -140,8 +140,6 @@ class WorkerProcess:
         except (OSError, TypeError):
             return ""
 
-    stderr_tail = log_tail  # older name
-
     def request(self, obj: dict, timeout: float) -> dict:
         """Send one request; returns the reply, or {"ok": False, "kind": "crash"|"timeout", "evidence": ...}."""
         if not self.alive():
