@@ -239,6 +239,7 @@ class Runner:
         #: for every judged output before its result line is written; conformance/certify keeps the
         #: observed outputs and intervals with it
         self.on_output = on_output
+        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = OutLock.for_folder(self.out_dir)
         if lock:
@@ -250,7 +251,6 @@ class Runner:
         self.waivers = waivers or []
         self.progress = progress
         self.worker_env = worker_env
-        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
