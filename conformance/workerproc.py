@@ -122,6 +122,7 @@ class WorkerProcess:
             log.close()
         self._req, self._rep = req_w, rep_r
         os.set_blocking(rep_r, False)
+        os.set_blocking(req_w, False)  # a worker that stops reading cannot block the runner's write
         self._buf = b""
 
     def alive(self) -> bool:
@@ -153,7 +154,10 @@ class WorkerProcess:
                     return self._timeout(timeout)
                 _, w, _ = select.select([], [self._req], [], min(left, 0.5))
                 if w:
-                    data = data[os.write(self._req, data):]
+                    try:
+                        data = data[os.write(self._req, data):]
+                    except BlockingIOError:
+                        continue
                 elif self.proc.poll() is not None:
                     return self._dead()
         except OSError:
