@@ -1,6 +1,8 @@
 """Run cases against backends in isolated workers; verdicts; JSONL results.
 
-Semantics: docs/conformance.md#verdicts and #isolation.
+Semantics: docs/conformance.md#verdicts and #isolation. The worker protocol is in worker.py (the
+worker) and workerproc.py (the runner's side); the verdict rule in verdict.py; the output-folder
+lock in outlock.py.
 
 Verdicts:
 
@@ -12,8 +14,9 @@ Verdicts:
 - ``quality-warning``: inside the interval, but the error uses most of the
   allowed bound almost everywhere (mean error/bound ratio > 0.5 with max > 0.9):
   a kernel that is correct by the contract's letter but consistently at its edge;
-- ``fail``: outside the interval; a replay bundle is written;
-- ``crash``: the worker died (signal or exit code) or the backend raised;
+- ``fail``: outside the interval, or a malformed output (shape, complex, None, scalar, not numbers);
+  a replay bundle is written;
+- ``crash``: the worker died (signal or exit code; the memory cap included) or the backend raised;
 - ``timeout``: no answer within the per-case time limit (the worker is killed);
 - ``unsupported``: the backend's ``can_implement`` said no (its reason is kept);
 - ``waived``: a matching waiver (waivers.toml) covers a non-pass;
