@@ -1,6 +1,8 @@
 """Run cases against backends in isolated workers; verdicts; JSONL results.
 
-Semantics: docs/conformance.md#verdicts and #isolation.
+Semantics: docs/conformance.md#verdicts and #isolation. The worker protocol is in worker.py (the
+worker) and workerproc.py (the runner's side); the verdict rule in verdict.py; the output-folder
+lock in outlock.py.
 
 Verdicts:
 
@@ -12,8 +14,9 @@ Verdicts:
 - ``quality-warning``: inside the interval, but the error uses most of the
   allowed bound almost everywhere (mean error/bound ratio > 0.5 with max > 0.9):
   a kernel that is correct by the contract's letter but consistently at its edge;
-- ``fail``: outside the interval; a replay bundle is written;
-- ``crash``: the worker died (signal or exit code) or the backend raised;
+- ``fail``: outside the interval, or a malformed output (shape, complex, None, scalar, not numbers);
+  a replay bundle is written;
+- ``crash``: the worker died (signal or exit code; the memory cap included) or the backend raised;
 - ``timeout``: no answer within the per-case time limit (the worker is killed);
 - ``unsupported``: the backend's ``can_implement`` said no (its reason is kept);
 - ``waived``: a matching waiver (waivers.toml) covers a non-pass;
@@ -240,6 +243,7 @@ class Runner:
         #: for every judged output before its result line is written; conformance/certify keeps the
         #: observed outputs and intervals with it
         self.on_output = on_output
+        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = OutLock.for_folder(self.out_dir)
         if lock:
@@ -251,7 +255,6 @@ class Runner:
         self.waivers = waivers or []
         self.progress = progress
         self.worker_env = worker_env
-        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
@@ -289,6 +292,8 @@ class Runner:
 
     def run(self, backend_specs: list[str], specs: list[CaseSpec], *, resume: bool = True,
             header: dict | None = None) -> list[dict]:
+        if self.lock.held:  # the sole writer: scratch space a killed run left behind can go
+            shutil.rmtree(self.out_dir / ".work", ignore_errors=True)
         done = set()
         if resume:
             for r in read_results(self.results_path):
@@ -399,6 +404,8 @@ class Runner:
             if kind == "error":  # the backend raised: the worker is alive and says what
                 evidence = {"worker": "raised", "exception": reply.get("error"),
                             "traceback": reply.get("traceback", "")}
+            elif not evidence:  # (a reply of another kind: the worker did not follow the protocol)
+                evidence = {"runner": f"{kind}: {reply.get('error')}"}
         if evidence.get("log"):
             evidence["log"] = f"logs/{evidence['log']}"
         extra = {"declared": declared.to_json()} if declared is not None else {}

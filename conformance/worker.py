@@ -46,20 +46,21 @@ def _watch_parent(ppid: int) -> None:
 
 
 def _cap_memory(limit: int) -> None:
-    """RLIMIT_DATA (heap and private writable mappings: what NumPy, torch and malloc allocate) and RLIMIT_AS
-    at twice that (address space reserved but never written is left some room)."""
+    """RLIMIT_DATA: the heap and private writable mappings, i.e. what NumPy, torch and malloc allocate.
+
+    Not RLIMIT_AS: GPU runtimes reserve far more address space than they use (inaccessible mappings,
+    which RLIMIT_DATA does not count), and an address-space cap would stop them at initialisation.
+    """
     if limit <= 0:
         return
     import resource
 
-    for what, value in ((resource.RLIMIT_DATA, limit), (resource.RLIMIT_AS, 2 * limit)):
-        try:
-            soft, hard = resource.getrlimit(what)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(what, (value, hard))
-        except (ValueError, OSError):
-            pass
+    try:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        value = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (value, hard))
+    except (ValueError, OSError):
+        pass
 
 
 def output_problem(y) -> "tuple[object, str | None]":

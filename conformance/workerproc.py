@@ -41,16 +41,15 @@ DEFAULT_MEMORY_LIMIT = max(2 << 30, _physical_memory() // 2)
 
 def parse_size(text) -> int:
     """'8G', '512M', '1.5G', '0' (no cap) or a byte count -> bytes."""
-    if isinstance(text, (int, float)):
-        return int(text)
     t = str(text).strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise ValueError(f"--memory-limit: expected a size such as 8G, 512M or 0 (no cap), got {text!r}") from None
+        value = int(float(t[:-1]) * mult[t[-1]]) if t and t[-1] in mult else int(float(t))
+    except (ValueError, OverflowError):
+        value = -1
+    if value < 0:
+        raise ValueError(f"--memory-limit: expected a size such as 8G, 512M or 0 (no cap), got {text!r}")
+    return value
 
 
 def signal_name(rc: int) -> "str | None":
@@ -123,6 +122,7 @@ class WorkerProcess:
             log.close()
         self._req, self._rep = req_w, rep_r
         os.set_blocking(rep_r, False)
+        os.set_blocking(req_w, False)  # a worker that stops reading cannot block the runner's write
         self._buf = b""
 
     def alive(self) -> bool:
@@ -140,8 +140,6 @@ class WorkerProcess:
         except (OSError, TypeError):
             return ""
 
-    stderr_tail = log_tail  # older name
-
     def request(self, obj: dict, timeout: float) -> dict:
         """Send one request; returns the reply, or {"ok": False, "kind": "crash"|"timeout", "evidence": ...}."""
         if not self.alive():
@@ -156,7 +154,10 @@ class WorkerProcess:
                     return self._timeout(timeout)
                 _, w, _ = select.select([], [self._req], [], min(left, 0.5))
                 if w:
-                    data = data[os.write(self._req, data):]
+                    try:
+                        data = data[os.write(self._req, data):]
+                    except BlockingIOError:
+                        continue
                 elif self.proc.poll() is not None:
                     return self._dead()
         except OSError:

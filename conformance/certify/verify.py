@@ -97,8 +97,8 @@ def _check_files(folder: Path, res: VerifyResult) -> "tuple[_Files, dict] | None
             raise TypeError("'files' is not an object of objects")
         if man.get("format") != BUNDLE_FORMAT:
             problems.append(f"{MANIFEST}: format {man.get('format')!r}, expected {BUNDLE_FORMAT!r}")
-    except (ValueError, KeyError, TypeError) as e:
-        problems.append(f"{MANIFEST}: malformed ({e})")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        problems.append(f"{MANIFEST}: malformed ({type(e).__name__}: {e})")
         return None
     on_disk, scan_problems = scan(folder)
     problems.extend(scan_problems)
@@ -140,8 +140,8 @@ def _json(files: _Files, rel: str, what: str):
         return None
     try:
         return json.loads(data)
-    except ValueError as e:
-        files.problems.append(f"{rel}: not JSON ({e})")
+    except (ValueError, RecursionError) as e:
+        files.problems.append(f"{rel}: not JSON ({type(e).__name__}: {e})")
         return None
 
 
@@ -155,8 +155,8 @@ def _jsonl(data: bytes, rel: str, problems: list) -> list[dict]:
             if not isinstance(r, dict):
                 raise ValueError("not an object")
             out.append(r)
-        except ValueError as e:
-            problems.append(f"{rel}: line {i} is not a JSON object ({e})")
+        except (ValueError, RecursionError) as e:
+            problems.append(f"{rel}: line {i} is not a JSON object ({type(e).__name__}: {e})")
     return out
 
 
@@ -215,6 +215,11 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
             problems.append("results.jsonl: a run header's base_seed is not the bundle's")
     latest = latest_results(lines)
     blines = backend_lines(lines)
+    requested = {str(x) for h in headers for x in (h.get("backends") or [])}
+    ran = {str(x.get("spec")) for x in blines.values()}
+    if requested != ran:
+        problems.append(f"results.jsonl: the run headers ask for backends {sorted(requested)}, the backend lines "
+                        f"are of {sorted(ran)}")
     labels = list(dict.fromkeys(r["backend"] for r in latest.values()))
     backends = meta.get("backends") if isinstance(meta.get("backends"), dict) else {}
     idset = set(ids)
@@ -250,6 +255,9 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
         stored: dict = {}
         rel = info.get("outputs") if isinstance(info, dict) else None
         p = files.path(rel, f"{b} outputs") if rel else None
+        if p is not None and p.stat().st_size > MAX_PARSED_BYTES:
+            problems.append(f"{rel}: larger than the {MAX_PARSED_BYTES}-byte limit for a file read into memory")
+            p = None
         if p is not None:
             try:
                 label, stored = load_outputs(p)

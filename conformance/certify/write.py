@@ -165,6 +165,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
         finally:
             runner.close()
         (work / LOCK_NAME).unlink(missing_ok=True)
+        shutil.rmtree(work / ".work", ignore_errors=True)  # the runner's scratch space, if a kill left it
         res = _assemble(work, staging, ids, dict(header, host_label=host), extra_files)
         sha = seal(work)
         if folder.exists():

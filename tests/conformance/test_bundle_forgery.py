@@ -388,3 +388,54 @@ def test_crash_evidence_is_the_worker_s_signal_and_log(tmp_path, monkeypatch):
     _write_lines(b, lines)
     _forge(b)
     assert any("which its reason does not name" in p for p in verify_bundle(b).problems)
+
+
+def test_two_concurrent_certifies_into_one_folder_one_wins(tmp_path):
+    """Both start at once: one writes the bundle (it verifies), the other stops with exit 2 and one line."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "b"
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, "-m", "conformance.cli", "certify", "--backend", "emulator", "--scheme", "w8a8",
+            "--profile", "smoke", "--tier", "exact", "--out", str(out), "--no-progress"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    got = sorted((p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs)
+    (rc0, out0, _), (rc1, _, err1) = got
+    assert rc0 == 0 and "certification: PASS" in out0
+    assert rc1 == 2 and ("another qconform process" in err1 or "already holds a sealed bundle" in err1), err1
+    assert verify_bundle(out).ok
+
+
+def test_malformed_outputs_certify_into_a_bundle_that_verifies(tmp_path, monkeypatch):
+    """A kernel of the wrong shape or with complex output fails its cases, and the bundle still records and
+    verifies them (the wrong shape recomputed from its stored output, the complex one by its evidence)."""
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-shape=conformance.doubles.faulty:WrongShapeBackend,"
+                                                  "faulty-complex=conformance.doubles.faulty:ComplexBackend")
+    from conformance.certify import certify
+
+    res = certify(["faulty-shape", "faulty-complex"], tmp_path / "m", profile="smoke", schemes=["w8a8"],
+                  tiers=["exact"], shard="1/4", log=lambda *a: None)
+    recs = [r for r in _lines(res.path) if r.get("kind") == "result"]
+    assert recs and {r["verdict"] for r in recs} == {"fail"} and not res.ok
+    assert all("output shape" in r["reason"] for r in recs if r["backend"] == "faulty-shape")
+    assert all(r["evidence"]["malformed"] for r in recs if r["backend"] == "faulty-complex")
+    v = verify_bundle(res.path)
+    assert v.ok, v.problems
+    assert v.checked["recomputed"] == sum(1 for r in recs if r["backend"] == "faulty-shape")
+
+
+def test_a_backend_dropped_from_the_bundle_fails(rich, tmp_path):
+    b = copy_bundle(rich, tmp_path / "b")
+    meta = json.loads((b / "bundle.json").read_text())
+    gone = "faulty-raise"
+    lines = [r for r in _lines(b) if r.get("backend") != gone]
+    _write_lines(b, lines)
+    for bp in (b / "bundles").glob("faulty-raise__*"):
+        bp.unlink()
+    info = meta["backends"].pop(gone)
+    (b / info["outputs"]).unlink()
+    (b / "bundle.json").write_text(json.dumps(meta))
+    _forge(b)
+    assert any("the run headers ask for backends" in p for p in verify_bundle(b).problems)

@@ -206,3 +206,13 @@ def test_cli_run_into_a_locked_folder_exits_2(tmp_path, capsys):
         holder.kill()
         holder.wait()
     assert OutputLocked.__mro__[1].__name__ == "QconformError"
+
+
+def test_memory_limit_sizes():
+    from conformance.workerproc import parse_size
+
+    assert parse_size("8G") == 8 * 1024 ** 3 and parse_size("512M") == 512 * 1024 ** 2
+    assert parse_size("1.5GiB") == 3 * 512 * 1024 ** 2 and parse_size("0") == 0 and parse_size(4096) == 4096
+    for bad in ("-1G", "12Q", "nanG", "inf", ""):
+        with pytest.raises(ValueError, match="--memory-limit"):
+            parse_size(bad)
