@@ -34,7 +34,6 @@ from .report_html import COLOURS, TINTS, ratio_histogram_svg, render_html  # noq
 from .report_md import MAX_LISTED, render_markdown  # noqa: F401
 from .summary import BAD, RATIO_BINS, SCHEME_ORDER, VERDICT_ORDER, json_safe, summarize_sources  # noqa: F401
 
-_json_safe = json_safe  # the name conformance/certify.py imports
 
 
 # -- reading -----------------------------------------------------------------------------------------
@@ -93,7 +92,7 @@ def write_reports(out_dir: "str | Path", summary: dict, *, html_report: bool = T
     out.mkdir(parents=True, exist_ok=True)
     written = []
     p = out / "summary.json"
-    p.write_text(json.dumps(_json_safe(summary), indent=1, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
+    p.write_text(json.dumps(json_safe(summary), indent=1, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
     written.append(p)
     if html_report:
         p = out / "report.html"

@@ -115,11 +115,11 @@ def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
 
     Zeros, NaN and Inf give +inf (they impose no quantum).
     """
-    from .numerics.rounding import _decompose
+    from .numerics.rounding import decompose
 
     v = np.asarray(v, dtype=np.float64)
     ok = np.isfinite(v) & (v != 0)
-    _, sig, exp = _decompose(np.where(ok, v, 1.0))
+    _, sig, exp = decompose(np.where(ok, v, 1.0))
     low = sig & (~sig + np.uint64(1))  # isolate the lowest set bit
     _, e = np.frexp(low.astype(np.float64))
     return np.where(ok, exp + e.astype(np.int64) - 1, np.inf)

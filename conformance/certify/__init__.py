@@ -27,7 +27,7 @@ Python API (docs/certification.md#python-api):
 from __future__ import annotations
 
 from .cli import cmd_certify, cmd_verify_bundle, register
-from .codec import _pack_pair, _unpack_pair, decode_case, encode_case, load_outputs
+from .codec import pack_pair, unpack_pair, decode_case, encode_case, load_outputs
 from .identity import BUNDLE_FORMAT, MANIFEST, describe_suite, suite_code_sha256, suite_identity, version_mismatch
 from .verify import VerifyResult, offline_verdict, verify_bundle
 from .write import CertifyResult, add_files, certify
@@ -35,4 +35,4 @@ from .write import CertifyResult, add_files, certify
 __all__ = ["BUNDLE_FORMAT", "MANIFEST", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
            "encode_case", "decode_case", "load_outputs", "offline_verdict", "register", "cmd_certify",
            "cmd_verify_bundle", "suite_code_sha256", "suite_identity", "describe_suite", "version_mismatch",
-           "_pack_pair", "_unpack_pair"]
+           "pack_pair", "unpack_pair"]

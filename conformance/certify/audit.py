@@ -66,7 +66,7 @@ def rerun_cases(folder: Path, meta: dict, latest: dict, stored_all: dict, n: int
 def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Path, res) -> None:
     from emulator.tensorfile import load_tensors
 
-    from .codec import _same, decode_case
+    from .codec import same_values, decode_case
     from .verify import offline_verdict
 
     who = f"{rec['backend']} {rec['case_id']}"
@@ -110,7 +110,7 @@ def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Pa
     y2 = np.asarray(load_tensors(ypath)["y"].data, np.float64)
     d = decode_case(entry["tensors"], entry["meta"])
     if deterministic:
-        if not _same(y2, d["y"]):
+        if not same_values(y2, d["y"]):
             n = int(np.sum(~((y2 == d["y"]) | (np.isnan(y2) & np.isnan(d["y"]))))) if y2.shape == d["y"].shape else -1
             problems.append(f"{who}: rerun: the output differs from the stored one "
                             + (f"in {n} element(s)" if n >= 0 else f"(shape {y2.shape}, stored {d['y'].shape})")

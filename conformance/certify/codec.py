@@ -29,7 +29,7 @@ def _from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
     """Same values, NaN where NaN, same sign of zero."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
@@ -50,7 +50,7 @@ def _to_bits(v, dtype: str) -> "np.ndarray | None":
         else:
             b32 = v64.astype(np.float32).view(np.uint32)
             bits = (b32 >> np.uint32(16)).astype(np.uint16) if dtype == "bfloat16" else b32
-    return bits if _same(_from_bits(bits, dtype), v64) else None
+    return bits if same_values(_from_bits(bits, dtype), v64) else None
 
 
 def _ord(bits: np.ndarray, w: int) -> np.ndarray:
@@ -84,7 +84,7 @@ def _offsets(values, ref_ord: np.ndarray, dtype: str) -> "np.ndarray | None":
 _PAIR_BITS = (1, 2, 4, 8)  # bits per field: an element's pair takes 2, 4, 8 or 16 bits
 
 
-def _pack_pair(t: dict, name: str, u: np.ndarray, v: np.ndarray) -> bool:
+def pack_pair(t: dict, name: str, u: np.ndarray, v: np.ndarray) -> bool:
     """Store two small non-negative integer fields per element in k bits each (k = 1, 2, 4 or 8, the
     smallest file), ``<name><2k>`` (U8, or U16 for k = 8); elements whose fields do not fit are listed as
     exceptions (``<name>_xi`` index, ``_xu``/``_xv`` values). False (nothing stored) when more than a
@@ -124,7 +124,7 @@ def _pack_pair(t: dict, name: str, u: np.ndarray, v: np.ndarray) -> bool:
     return True
 
 
-def _unpack_pair(t: dict, name: str, shape: tuple) -> "tuple[np.ndarray, np.ndarray] | None":
+def unpack_pair(t: dict, name: str, shape: tuple) -> "tuple[np.ndarray, np.ndarray] | None":
     n = int(np.prod(shape)) if shape else 1
     key = next((f"{name}{2 * k}" for k in _PAIR_BITS if f"{name}{2 * k}" in t), None)
     if key is None:
@@ -190,7 +190,7 @@ def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bo
         t["ref"] = ref_bits
     _put_interval(t, "", lo, hi, lo_off, hi_off,
                   pack=None if lo_off is None or hi_off is None else ("lh", -lo_off, hi_off))
-    if judged is not None and not (_same(judged[0], lo) and _same(judged[1], hi)):
+    if judged is not None and not (same_values(judged[0], lo) and same_values(judged[1], hi)):
         meta["judged"] = True
         jlo_off, jhi_off = offs(judged[0]), offs(judged[1])
         pack = None
@@ -213,7 +213,7 @@ def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bo
     exf = np.isfinite(ex)
     if not np.array_equal(exf, np.isfinite(y_ref)):
         t["exf"] = exf.astype(np.uint8)
-    if not _same(np.where(exf, 0.0, ex), np.where(exf, 0.0, y_ref)):
+    if not same_values(np.where(exf, 0.0, ex), np.where(exf, 0.0, y_ref)):
         t["exv"] = np.where(exf, 0.0, ex)
     if tie is not None:
         tlo, thi, ties = tie
@@ -228,7 +228,7 @@ def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bo
 
 
 def _put_interval(t: dict, prefix: str, lo, hi, lo_off, hi_off, *, pack) -> None:
-    if pack is not None and _pack_pair(t, *pack):
+    if pack is not None and pack_pair(t, *pack):
         return
     if lo_off is None or hi_off is None:
         t[prefix + "lo_v"] = np.asarray(lo, np.float64)
@@ -266,7 +266,7 @@ def decode_case(t: dict, meta: dict) -> dict:
     def from_ord(o):
         return _from_bits(_unord(o, w), dtype)
 
-    pair = _unpack_pair(t, "lh", shape)
+    pair = unpack_pair(t, "lh", shape)
     if pair is not None:
         lo_o, hi_o = ref_ord - pair[0], ref_ord + pair[1]
         out["lo"], out["hi"] = from_ord(lo_o), from_ord(hi_o)
@@ -275,7 +275,7 @@ def decode_case(t: dict, meta: dict) -> dict:
         lo_o = hi_o = None
     out["jlo"], out["jhi"] = out["lo"], out["hi"]
     if meta.get("judged"):
-        pair = _unpack_pair(t, "jd", shape)
+        pair = unpack_pair(t, "jd", shape)
         if pair is not None:
             if lo_o is None:
                 lo_o = _ord(_to_bits(out["lo"], dtype), w)

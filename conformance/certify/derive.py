@@ -22,9 +22,9 @@ JUDGED = ("pass", "pass-with-tie-flips", "quality-warning", "mistrusted", "fail"
 
 
 def json_bytes(obj) -> bytes:
-    from ..report import _json_safe
+    from ..summary import json_safe
 
-    return (json.dumps(_json_safe(obj), indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+    return (json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
 
 
 def latest_results(lines: list[dict]) -> dict:
@@ -107,7 +107,8 @@ def reports(lines: list[dict], meta: dict, title: str) -> dict[str, bytes]:
     Paths in them are the bundle's own (``bundles/<name>``), not where the bundle was written, so the
     same bytes come out wherever the bundle is verified.
     """
-    from ..report import _json_safe, render_html, render_markdown, summarize_sources
+    from ..report import render_html, render_markdown, summarize_sources
+    from ..summary import json_safe
 
     latest = latest_results(lines)
     bundle_of = {}
@@ -127,7 +128,7 @@ def reports(lines: list[dict], meta: dict, title: str) -> dict[str, bytes]:
         bp = bundle_of.get((e["backend"], e["case_id"]))
         e["bundle"] = bp
         e["replay"] = f"qconform replay {shlex.quote(bp)}" if bp else None
-    return {"summary.json": (json.dumps(_json_safe(summary), indent=1, sort_keys=False, allow_nan=False)
+    return {"summary.json": (json.dumps(json_safe(summary), indent=1, sort_keys=False, allow_nan=False)
                              + "\n").encode("utf-8"),
             "report.html": render_html(summary, title=title).encode("utf-8"),
             "report.md": render_markdown(summary, title=title).encode("utf-8")}

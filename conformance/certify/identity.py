@@ -53,9 +53,9 @@ def suite_code_sha256() -> str:
 
 def suite_identity() -> dict:
     """The running suite: package version, emulator version, git commit (when a checkout), code hash."""
-    from ..commands import _git_commit, suite_version
+    from ..provenance import git_commit, suite_version
 
-    return {"suite_version": suite_version(), "emulator_version": emulator_version, "git_commit": _git_commit(),
+    return {"suite_version": suite_version(), "emulator_version": emulator_version, "git_commit": git_commit(),
             "suite_code_sha256": suite_code_sha256()}
 
 

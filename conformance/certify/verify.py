@@ -529,7 +529,7 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
     from ..acceptance import declared_interval
     from ..runner import judge, rounded_interval
     from ..suite import CaseSpec
-    from .codec import _same
+    from .codec import same_values
 
     who = f"{rec['backend']} {rec['case_id']}"
     spec = CaseSpec.from_json(rec["spec"])
@@ -546,7 +546,7 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
         return
     jiv = rounded_interval(iv, declared)
     for k, arr in (("y_ref", iv.y_ref), ("lo", iv.lo), ("hi", iv.hi), ("jlo", jiv.lo), ("jhi", jiv.hi)):
-        if not _same(d[k], arr):
+        if not same_values(d[k], arr):
             problems.append(f"{who}: deep: stored {k} differs from the interval recomputed here")
             return
     with np.errstate(all="ignore"):

@@ -29,7 +29,7 @@ import enum
 
 import numpy as np
 
-from .rounding import Rounding, as_float64, round_scaled_significand, _decompose
+from .rounding import Rounding, as_float64, round_scaled_significand, decompose
 
 __all__ = [
     "FloatFormat",
@@ -143,7 +143,7 @@ def round_to_format(
 
     finite = np.isfinite(x64)
     xf = np.where(finite, x64, 0.0)
-    sign, sig, exp = _decompose(xf)
+    sign, sig, exp = decompose(xf)
     nonzero = sig != 0
     safe_sig = np.where(nonzero, sig, np.uint64(1))
     e = _floor_log2(safe_sig, exp)

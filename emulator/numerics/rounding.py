@@ -96,7 +96,7 @@ def as_float64(x) -> np.ndarray:
         return a.astype(np.float64)
 
 
-def _decompose(x64: np.ndarray):
+def decompose(x64: np.ndarray):
     """float64 -> (sign bool, significand uint64, exponent int64) with |x| = sig * 2**exp.
 
     Only meaningful for finite x; zero gives sig == 0.
@@ -160,7 +160,7 @@ def round_to_integer(x, mode: Rounding | str = Rounding.RNE) -> np.ndarray:
     if not np.any(finite):
         return out
     xf = np.where(finite, x64, 0.0)
-    sign, sig, exp = _decompose(xf)
+    sign, sig, exp = decompose(xf)
     # Values with exp >= 0 are already integers.
     shift = np.where(exp < 0, -exp, 0)
     mag = round_scaled_significand(sig, shift, mode)

@@ -378,7 +378,7 @@ def test_unavailable_backend_is_not_certified(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("spread", [1, 3, 15, 255, 5000])
 def test_pair_packing_round_trips_with_exceptions(spread):
-    from conformance.certify import _pack_pair, _unpack_pair
+    from conformance.certify import pack_pair, unpack_pair
 
     rng = np.random.default_rng(spread)
     for shape in [(1, 1), (3, 7), (33, 65)]:
@@ -387,12 +387,12 @@ def test_pair_packing_round_trips_with_exceptions(spread):
         u.flat[0] = -1  # negatives and outliers go to the exception list
         v.flat[-1] = 70000
         t = {}
-        if not _pack_pair(t, "p", u, v):
+        if not pack_pair(t, "p", u, v):
             # refused only where more than a quarter of the elements would be exceptions
             assert spread > 255 or u.size < 8
             continue
         assert spread > 255 or u.size < 8 or any(k.startswith("p") and k[1:].isdigit() for k in t)
-        got = _unpack_pair(t, "p", shape)
+        got = unpack_pair(t, "p", shape)
         np.testing.assert_array_equal(got[0], u)
         np.testing.assert_array_equal(got[1], v)
 
@@ -468,17 +468,17 @@ def test_version_mismatch_still_checks_hashes(basic, tmp_path):
 def test_git_commit_is_a_hash_or_absent(monkeypatch):
     import subprocess
 
-    from conformance import commands
+    from conformance import commands, provenance
 
     def fake(stdout, rc):
         return lambda argv, **kw: subprocess.CompletedProcess(argv, rc, stdout=stdout, stderr="")
 
     # a .git whose HEAD does not resolve: `git rev-parse HEAD` prints "HEAD" and fails
     monkeypatch.setattr(subprocess, "run", fake("HEAD\n", 128))
-    assert commands._git_commit() is None
+    assert provenance.git_commit() is None
     assert "git_commit" not in commands.environment()
     monkeypatch.setattr(subprocess, "run", fake("HEAD\n", 0))
-    assert commands._git_commit() is None
+    assert provenance.git_commit() is None
     monkeypatch.setattr(subprocess, "run", fake("0123456789abcdef0123456789abcdef01234567\n", 0))
-    assert commands._git_commit() in ("0123456789abcdef0123456789abcdef01234567",
+    assert provenance.git_commit() in ("0123456789abcdef0123456789abcdef01234567",
                                       "0123456789abcdef0123456789abcdef01234567-dirty")
