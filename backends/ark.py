@@ -145,6 +145,12 @@ def host_cpu() -> HostCpu:
     return HostCpu(vendor, flags)
 
 
+#: the accuracy ARK's int8 cores are held to (arithmetic=opaque): int8 quantization of activations per
+#: K-block keeps about 6 dB per bit minus the block's crest factor (~40 dB for Gaussian rows); the floor
+#: leaves 10 dB for rows with outliers (docs/backends/ark.md#int8-cores)
+INT8_CORE_SQNR_FLOOR_DB = 30.0
+
+
 def gemm_core(cdt: str, wbits: int, group: int, asym: bool, host: HostCpu | None = None) -> str:
     """The bestla core ``BTLAGemmCoreId(QuantParam*)`` picks (cpu_wrapper.hpp), by name.
 
@@ -312,10 +318,8 @@ class ArkBackend(Backend):
         routed = self._engine_route(case)
         if not routed:
             return routed
-        core = gemm_core(self.cdt, 8 if s == "w8a16" else 4, g, not case.sym)
-        if _CORE_COMPUTE[core] == "int8":
-            return no(f"cdt={self.cdt} selects the {core} int8 core on this host: activations are quantized "
-                      "per token per K-block (not expressible by the emulator); use ark:cdt=fp32")
+        # an int8 core (cdt=auto on Intel VNNI/AMX hosts, as vLLM runs it) quantizes activations per token per
+        # K-block: not expressible, so declared arithmetic=opaque and judged by SQNR (see declared())
         return yes()
 
     def _engine_route(self, case: Case) -> Support:
@@ -380,6 +384,14 @@ class ArkBackend(Backend):
                          "qweight; QuantLinear reads them in GPTQ order (zeros permuted within 8 columns)")
         core = gemm_core(self.cdt, 8 if case.scheme == "w8a16" else 4, _group(case), not case.sym)
         comp = _CORE_COMPUTE[core]
+        if comp == "int8":
+            notes.append(f"bestla core {core} (cdt={self.cdt} on this host): activations quantized to int8 per token "
+                         "per K-block (ActivationKBlockQuantize; uint8 with a zero point on VNNI cores), int8 x int "
+                         "dot products, block scales applied in float32 — not expressible by the emulator's "
+                         f"variants: arithmetic=opaque, judged by SQNR >= {INT8_CORE_SQNR_FLOOR_DB:g} dB against the "
+                         "canonical reference (docs/backends/ark.md#int8-cores)")
+            return Declared(variants=variants, weight_dtype="exact", accumulate="float32", output=out,
+                            notes="; ".join(notes), arithmetic="opaque", sqnr_floor_db=INT8_CORE_SQNR_FLOOR_DB)
         wdt, adt = "exact", None
         if comp in ("bfloat16", "float16"):  # AMX bf16/fp16 cores (source-derived; not measured here)
             wdt, adt = comp, comp

@@ -8,7 +8,9 @@ for it and has no known defect for it, else to the emulator. The declaration jud
 backend's own (its notes name the choice), so a rounding-level variant is reported with its measured
 distance from the canonical reference, as for any backend.
 
-Parameters: ``only=NAME+NAME+...`` restricts the candidates (the emulator is always the fallback).
+Parameters: ``only=NAME+NAME+...`` restricts the candidates (the emulator is always the fallback);
+``opaque=allow`` lets the dispatcher choose backends that declare ``arithmetic=opaque`` (judged by
+SQNR only; refused by default).
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ class AutoBackend(Backend):
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = sorted(set(params) - {"only"})
+        unknown = sorted(set(params) - {"only", "opaque"})
         if unknown:
-            raise ValueError(f"auto: unknown parameter(s) {', '.join(unknown)}; known: only")
+            raise ValueError(f"auto: unknown parameter(s) {', '.join(unknown)}; known: only, opaque")
+        if params.get("opaque", "refuse") not in ("refuse", "allow"):
+            raise ValueError(f"auto: opaque must be refuse or allow, got {params['opaque']!r}")
+        self.allow_opaque = params.get("opaque") == "allow"
         self.candidates = [c for c in params["only"].split("+") if c] if params.get("only") else None
         if self.candidates is not None:
             from .registry import create
@@ -49,7 +54,7 @@ class AutoBackend(Backend):
 
         key = repr(case)
         if key not in self._selected:
-            self._selected[key] = select(case, self.candidates)
+            self._selected[key] = select(case, self.candidates, allow_opaque=self.allow_opaque)
         return self._selected[key]
 
     def can_implement(self, case: Case) -> Support:

@@ -31,8 +31,8 @@ from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Supp
 
 #: parameters that name emulator variants: every Declared.variants key of the vocabulary (docs/variants.md)
 VARIANT_KEYS = tuple(VARIANT_AXES)
-#: Declared fields a parameter may set (``output`` follows the case)
-FIELD_KEYS = tuple(k for k in FIELD_AXES if k != "output")
+#: Declared fields a parameter may set (``output`` follows the case; the emulator's arithmetic is always declared)
+FIELD_KEYS = tuple(k for k in FIELD_AXES if k not in ("output", "arithmetic"))
 #: parameters that are not variants
 OWN_PARAMS = ("path", "declare")
 

@@ -154,7 +154,7 @@ class Selection:
         return f"Selection({self.backend.label}, skipped={self.skipped})"
 
 
-def _refusal(backend: Backend, case: Case) -> str | None:
+def _refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None) -> str | None:
     """Why the dispatcher must not route ``case`` to ``backend`` although it can implement it.
 
     - a declared *semantic deviation* (emulator/variants.py levels: other weights, zero points, scales,
@@ -168,7 +168,10 @@ def _refusal(backend: Backend, case: Case) -> str | None:
         declared = backend.declared(case)
     except Exception as e:  # a backend that cannot say what it computes is not selected
         return f"no declaration ({type(e).__name__}: {e})"
-    semantic = [str(d) for d in declared.deviations(case) if d.level is Level.SEMANTIC]
+    if declared.arithmetic == "opaque" and not allow_opaque:
+        return (f"opaque arithmetic (judged by SQNR >= {declared.sqnr_floor_db:g} dB only, not by a declared "
+                "interval): not dispatched unless opted in (select(..., allow_opaque=True), auto:opaque=allow)")
+    semantic = [str(d) for d in declared.deviations(case, tensors) if d.level is Level.SEMANTIC]
     if semantic:
         return (f"declares {', '.join(semantic)}: a semantic deviation (it would compute other numbers than the "
                 "checkpoint defines)")
@@ -178,8 +181,14 @@ def _refusal(backend: Backend, case: Case) -> str | None:
     return None
 
 
-def select(case: Case, candidates: list[str] | None = None) -> Selection:
-    """Best available backend for ``case`` by priority; the emulator when nothing else can."""
+def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: bool = False,
+           tensors: dict | None = None) -> Selection:
+    """Best available backend for ``case`` by priority; the emulator when nothing else can.
+
+    ``allow_opaque``: also consider backends declaring ``arithmetic=opaque`` (judged by SQNR only).
+    ``tensors``: the layer's checkpoint tensors, for the levels that depend on them (a GPTQ reading
+    that ignores qzeros is canonical only where every field is the symmetric midpoint); without them
+    such a backend is skipped, the conservative choice."""
     names = candidates if candidates is not None else list(registered())
     backends = []
     skipped: list[tuple[str, str]] = []
@@ -200,7 +209,7 @@ def select(case: Case, candidates: list[str] | None = None) -> Selection:
         if not sup.ok:
             skipped.append((b.label, f"cannot implement {case.describe()}: {sup.reason}"))
             continue
-        refusal = _refusal(b, case)
+        refusal = _refusal(b, case, allow_opaque, tensors)
         if refusal:
             skipped.append((b.label, refusal))
             continue

@@ -17,7 +17,7 @@ WIDTH = 100  # the console table fits 100 columns
 #: (verdict, column title); titles are at most 6 characters
 TABLE_VERDICTS = (("pass", "pass"), ("pass-with-tie-flips", "ties"), ("quality-warning", "qual"), ("fail", "fail"),
                   ("crash", "crash"), ("timeout", "tmout"), ("unsupported", "unsup"), ("waived", "waived"),
-                  ("mistrusted", "mistr"))
+                  ("mistrusted", "mistr"), ("pass-sqnr", "sqnr"))
 MAX_EXAMPLES = 5  # cases listed per failure group on the console (all are in report.md)
 
 
@@ -79,11 +79,11 @@ def _fit(text: str, n: int) -> str:
 def print_table(summary: dict, out=None) -> None:
     """One row per (backend, scheme) cell: the verdict counts (at most WIDTH columns)."""
     out = out or sys.stdout
-    head = f"{'backend':22s} {'scheme':12s}" + "".join(f"{t:>7s}" for _, t in TABLE_VERDICTS)
+    head = f"{'backend':22s} {'scheme':12s}" + "".join(f"{t:>6s}" for _, t in TABLE_VERDICTS)
     out.write(head + "\n")
     for c in sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"])):
         row = f"{_fit(c['column'], 22):22s} {_fit(c['scheme'], 12):12s}" + "".join(
-            f"{c['counts'].get(v, 0):7d}" for v, _ in TABLE_VERDICTS)
+            f"{c['counts'].get(v, 0):6d}" for v, _ in TABLE_VERDICTS)
         out.write(row + "\n")
 
 
@@ -121,7 +121,7 @@ def print_verdict(summary: dict, out=None) -> None:
     t = summary["totals"]
     # only verdicts inside the declared interval count as passed; waived and mistrusted cases are named apart
     n_ok = sum(t.get(v, 0) for v in PASSING)
-    others = ", ".join(f"{t[v]} {v}" for v in ("waived", "mistrusted") if t.get(v))
+    others = ", ".join(f"{t[v]} {v}" for v in ("pass-sqnr", "waived", "mistrusted") if t.get(v))
     out.write(f"conformance: {headline(summary)}: {n_ok} passed, {summary['n_bad']} failed, "
               + (f"{others}, " if others else "")
               + f"{t.get('unsupported', 0)} unsupported, of {summary['n_results']} result(s)\n")

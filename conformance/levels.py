@@ -33,7 +33,7 @@ def assess(case: Case, declared: Declared, inp, y) -> dict:
     distance from the canonical reference, SQNR against the exact canonical value, and how many elements
     lie outside the canonical interval.
     """
-    devs = declared.deviations(case)
+    devs = declared.deviations(case, inp.tensors)
     level = max((d.level for d in devs), default=Level.CANONICAL)
     out = {"level": level.label,
            "deviations": [{"variant": str(d), "level": d.level.label} for d in devs]}

@@ -30,7 +30,7 @@ def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: 
     bias32 = None if bias is None else np.asarray(bias, np.float32)
     lines = []
     if spec == "auto":
-        sel = select(case)
+        sel = select(case, tensors=tensors)
         backend = sel.backend
         lines.append(f"backend: {backend.label} (dispatched for {case.describe()})")
         lines += [f"  skipped {name}: {why}" for name, why in sel.skipped]
@@ -47,8 +47,8 @@ def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: 
     x32 = np.asarray(x, np.float32)
     y = np.asarray(backend.run(backend.prepare(case, tensors), x32, **({"bias": bias32} if bias32 is not None else {})))
     cmp = compare(y, declared_interval(CaseInputs(case, 0, tensors, x32, bias32), declared))
-    level = declared.level(case).label
-    devs = ", ".join(str(d) for d in declared.deviations(case)) or "none"
+    level = declared.level(case, tensors).label
+    devs = ", ".join(str(d) for d in declared.deviations(case, tensors)) or "none"
     lines.append(f"level: {level} (declared deviations: {devs})")
     lines.append("inside its declared interval: " + ("yes" if cmp.ok else
                                                        f"NO ({cmp.n_out} element(s) outside; max {cmp.max_ulp} ULP)"))

@@ -21,13 +21,14 @@ COLOURS = {
     "waived": ("#a78bfa", "#1e1b4b"),
     "quality-warning": ("#facc15", "#3f2d00"),
     "mistrusted": ("#93c5fd", "#0c2a4d"),
+    "pass-sqnr": ("#fdba74", "#431407"),
     "pass-with-tie-flips": ("#5eead4", "#053b35"),
     "pass": ("#16a34a", "#ffffff"),
     "unsupported": ("#e5e7eb", "#4b5563"),
 }
 #: light cell background per verdict
 TINTS = {"crash": "#fecaca", "timeout": "#ffedd5", "fail": "#fee2e2", "waived": "#ede9fe", "quality-warning": "#fef9c3",
-         "mistrusted": "#dbeafe", "pass-with-tie-flips": "#ccfbf1", "pass": "#dcfce7", "unsupported": "#f3f4f6"}
+         "mistrusted": "#dbeafe", "pass-sqnr": "#ffedd5", "pass-with-tie-flips": "#ccfbf1", "pass": "#dcfce7", "unsupported": "#f3f4f6"}
 #: histogram of per-case max error/bound ratios: exactly 0 (correctly rounded everywhere), ten bins of 0.1
 #: up to 1 (inside the interval), and > 1 (outside: a failure or tie flips)
 PER_GROUP = 40  # failing cases shown per failure signature in the HTML report

@@ -41,11 +41,11 @@ import numpy as np
 from backends.base import Declared
 
 from .acceptance import Interval, compare, declared_interval, round_down, round_up
-from .levels import assess
 from .bundle import save_bundle
+from .levels import assess
 from .outlock import OutLock
 from .suite import CaseSpec
-from .verdict import Evidence, decide
+from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
 __all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size",
@@ -154,13 +154,26 @@ def _tie_interval(inp, judged: Interval, declared: Declared):
     return wide.lo, wide.hi, ties_per_row
 
 
+def reference_declaration(case, declared: Declared) -> Declared:
+    """The declaration a case's output is judged against: the backend's own, or for ``arithmetic=opaque``
+    its named variants (which weights, zero points, scales) with the canonical arithmetic: exact weights,
+    float32 accumulation, one RNE rounding to the output dtype (docs/conformance.md#opaque-arithmetic)."""
+    if declared.arithmetic != "opaque":
+        return declared
+    return Declared(variants=dict(declared.variants), accumulate="float32", output=declared.output or case.output_dtype)
+
+
 def judge(inp, iv: Interval, y: np.ndarray, declared: Declared, evidence: "Evidence | None" = None) -> dict:
     """Verdict and metrics for one observed output (``conformance.verdict.decide`` with this case's intervals).
 
     Inside means inside ``rounded_interval`` (the outputs of one declared rounding of an accumulator
     within the bound); the error/bound ratios and the quality warning use the outward interval.
-    ``evidence`` receives the other-tie-rule and tie-flip intervals the decision used.
+    ``evidence`` receives the other-tie-rule and tie-flip intervals the decision used. A declaration of
+    ``arithmetic=opaque`` is judged by ``decide_opaque`` against the canonical interval ``iv``.
     """
+    if declared.arithmetic == "opaque":
+        return decide_opaque(y, iv, rounded_interval(iv, reference_declaration(inp.case, declared)),
+                             declared.sqnr_floor_db)
     judged = rounded_interval(iv, declared)
     return decide(y, iv, judged, output_rounding=declared.output_rounding,
                   alt=lambda: _alternative_rule(inp, y, declared, judged),
@@ -435,7 +448,7 @@ class Runner:
 
         y = load_tensors(ypath)["y"].data
         try:
-            iv = declared_interval(inp, declared)
+            iv = declared_interval(inp, reference_declaration(spec.case, declared))
         except Exception as e:
             return self._record(label, spec, "crash", f"reference failed for this declaration: {type(e).__name__}: {e}",
                                 declared=declared.to_json(), seconds=time.perf_counter() - t0,

@@ -27,8 +27,8 @@ __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING",
 
 #: verdicts from worst to best; a cell takes the colour of its worst verdict ("unsupported" only when
 #: nothing else is there)
-VERDICT_ORDER = ("crash", "timeout", "fail", "waived", "quality-warning", "mistrusted", "pass-with-tie-flips", "pass",
-                 "unsupported")
+VERDICT_ORDER = ("crash", "timeout", "fail", "waived", "quality-warning", "mistrusted", "pass-sqnr",
+                 "pass-with-tie-flips", "pass", "unsupported")
 BAD = ("fail", "crash", "timeout")
 #: the verdicts of an output inside its declared interval (what the console counts as passed)
 PASSING = ("pass", "pass-with-tie-flips", "quality-warning")
@@ -48,7 +48,9 @@ LEVELS_MEANING = ("Levels (docs/conformance.md#levels): 'canonical' declarations
                   "activations than the checkpoint defines and makes the run NOT CONFORMANT unless waived.")
 #: summary status -> headline (the lead's conformance levels add 'CONFORMANT WITH DECLARED VARIANTS')
 HEADLINES = {"conformant": "CONFORMANT", "not-conformant": "NOT CONFORMANT", "not-certified": "NOT CERTIFIED",
-             "unavailable": "UNAVAILABLE"}
+             "unavailable": "UNAVAILABLE",
+             # opaque arithmetic judged by SQNR (docs/conformance.md#opaque-arithmetic): never called conformant
+             "accurate": "ACCURATE TO DECLARED SQNR FLOORS (OPAQUE ARITHMETIC)"}
 #: a conformant run whose declarations round differently from the checkpoint (docs/conformance.md#levels)
 WITH_VARIANTS = "CONFORMANT WITH DECLARED VARIANTS"
 
@@ -241,7 +243,7 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             columns[key] = {"key": key, "backend": b, "host": src["host"], "version": bl.get("version"),
                             "device": bl.get("device"), "available": bl.get("available"),
                             "reason": bl.get("reason") or "", "source": src["path"], "verified": src.get("verified"),
-                            "n": 0, "judged": 0, "n_bad": 0, "n_semantic": 0}
+                            "n": 0, "judged": 0, "n_bad": 0, "n_semantic": 0, "n_sqnr": 0}
         return columns[key]
 
     for src in sources:
@@ -258,6 +260,7 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             col["n"] += 1
             col["judged"] += v != "unsupported"
             col["n_bad"] += v in BAD
+            col["n_sqnr"] += v == "pass-sqnr"
             if v == "unsupported":
                 c["unsupported"][rec.get("reason") or "(no reason given)"] += 1
             _add_metrics(c, rec)
@@ -322,7 +325,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in unavailable.items()]
     for col in columns.values():
         col["status"] = ("unavailable" if col["key"] in unavailable else "not-certified" if not col["judged"]
-                         else "not-conformant" if col["n_bad"] or col["n_semantic"] else "conformant")
+                         else "not-conformant" if col["n_bad"] or col["n_semantic"]
+                         else "accurate" if col["n_sqnr"] else "conformant")
         if not col["judged"] and col["key"] not in unavailable:
             not_certified.append({"column": col["key"], "why": f"no case judged: all {col['n']} case(s) unsupported"})
     if n_bad or semantic:
@@ -331,6 +335,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
         status = "unavailable"
     elif not_certified or not n_judged:
         status = "not-certified"
+    elif totals.get("pass-sqnr"):
+        status = "accurate"
     else:
         status = "conformant"
     hashes = {r["case_list_sha256"] for r in runs if r.get("case_list_sha256")}

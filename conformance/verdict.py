@@ -15,7 +15,8 @@ import numpy as np
 
 from .acceptance import Interval, compare, ulp_distance
 
-__all__ = ["QUALITY_MEAN_RATIO", "QUALITY_MAX_RATIO", "Evidence", "decide", "degenerate_reference"]
+__all__ = ["QUALITY_MEAN_RATIO", "QUALITY_MAX_RATIO", "Evidence", "decide", "decide_opaque", "degenerate_reference",
+           "sqnr_db"]
 
 #: a pass whose error/bound ratio averages above this (with a maximum above QUALITY_MAX_RATIO) is a
 #: quality-warning: correct by the contract's letter, but consistently at its edge
@@ -104,3 +105,62 @@ def decide(y, loose: Interval, judged: Interval, *, output_rounding: str = "rne"
                                                 f"({(output_rounding or 'rne').lower()}) of any accumulator "
                                                 "within the bound (e.g. truncated instead of rounded to nearest)")
     return dict(rec, verdict="fail", reason=f"{n_out} output element(s) outside the declared interval")
+
+
+def sqnr_db(y, ref) -> float:
+    """10 log10(sum ref^2 / sum (y - ref)^2) over the elements where ref is finite (inf: equal)."""
+    y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    fin = np.isfinite(r64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        sig = float(np.sum(r64[fin] ** 2))
+        noise = float(np.sum((y64[fin] - r64[fin]) ** 2))
+    if noise == 0:
+        return float("inf")
+    if not np.isfinite(noise):
+        return float("-inf")
+    return 10 * float(np.log10(sig / noise)) if sig > 0 else float("-inf")
+
+
+def decide_opaque(y, loose: Interval, judged: Interval, floor_db: float) -> dict:
+    """Verdict of a kernel declaring ``arithmetic=opaque`` (docs/conformance.md#opaque-arithmetic).
+
+    Its arithmetic cannot be emulated, so it is judged against the intervals of its declared semantics
+    with the canonical arithmetic (``loose`` outward, ``judged`` one rounding, as ``decide`` takes them;
+    ``conformance.runner.reference_declaration``) and their reference rounded to the output dtype: the SQNR over the finite reference elements must be at least ``floor_db``, and
+    where the reference is not finite the output must be the same NaN or infinity. The verdict is
+    ``pass-sqnr`` (never ``pass``), else ``fail``; ULP and interval metrics are reported against the
+    canonical intervals.
+    """
+    y64 = np.asarray(y, np.float64)
+    ref = loose.y_ref
+    cmp = compare(y, loose)
+    cmp_j = compare(y, judged)
+    rec = {"max_ratio": cmp.max_ratio, "max_ulp": cmp.max_ulp, "n_outside": cmp_j.n_out,
+           "exact_match": cmp.exact_match, "worst": list(cmp.worst) if cmp.worst else None, "tie_flips": 0,
+           "sqnr_floor_db": float(floor_db)}
+    if y64.shape != ref.shape:
+        return dict(rec, sqnr_db=float("-inf"), verdict="fail",
+                    reason=f"output shape {list(y64.shape)}, expected {list(ref.shape)}")
+    if rec["worst"] is not None:
+        idx = tuple(rec["worst"])
+        rec["worst_element"] = {"index": rec["worst"], "observed": float(y64[idx]),
+                                "expected": float(judged.y_exact[idx]), "lo": float(judged.lo[idx]),
+                                "hi": float(judged.hi[idx]), "reference": float(ref[idx]),
+                                "ulp": ulp_distance(float(y64[idx]), float(ref[idx]), judged.out_dtype)}
+    s = sqnr_db(y64, ref)
+    rec["sqnr_db"] = s
+    nonfinite = ~np.isfinite(ref)
+    same = (np.isnan(ref) & np.isnan(y64)) | (np.isinf(ref) & (y64 == ref))
+    if (nonfinite & ~same).any():
+        n = int((nonfinite & ~same).sum())
+        return dict(rec, verdict="fail", reason=f"{n} element(s) where the canonical reference is NaN or infinite "
+                                                 "differ from it")
+    if not np.isfinite(y64[~nonfinite]).all():
+        return dict(rec, verdict="fail", reason="non-finite output where the canonical reference is finite")
+    if degenerate_reference(ref):
+        return dict(rec, verdict="mistrusted", reason="reference output is all zero, constant or non-finite")
+    if not s >= floor_db:
+        return dict(rec, verdict="fail", reason=f"opaque arithmetic: SQNR {s:.1f} dB against the reference "
+                                                f"is below the declared floor {floor_db:g} dB")
+    return dict(rec, verdict="pass-sqnr", reason=f"opaque arithmetic: SQNR {s:.1f} dB >= the declared floor "
+                                                 f"{floor_db:g} dB (not a conformance pass)")

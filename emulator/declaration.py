@@ -63,11 +63,22 @@ class Declared:
     output: str = "float32"
     output_rounding: str = "rne"
     notes: str = ""
+    #: "declared" (the fields and variants above are the kernel's arithmetic) or "opaque" (they are not
+    #: exact: outputs are judged by SQNR against the canonical reference, at least ``sqnr_floor_db``)
+    arithmetic: str = "declared"
+    sqnr_floor_db: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "variants", normalize_variants(self.variants))
-        for key in ("weight_dtype", "accumulate", "output_rounding"):
+        for key in ("weight_dtype", "accumulate", "output_rounding", "arithmetic"):
             object.__setattr__(self, key, FIELD_AXES[key].parse(getattr(self, key)))
+        if self.arithmetic == "opaque":
+            f = self.sqnr_floor_db
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not (0 < float(f) < 400):
+                raise VariantError(f"arithmetic=opaque needs sqnr_floor_db, a number of dB in (0, 400), got {f!r}")
+            object.__setattr__(self, "sqnr_floor_db", float(f))
+        elif self.sqnr_floor_db is not None:
+            raise VariantError("sqnr_floor_db applies to arithmetic=opaque only")
         if self.act_compute_dtype is not None:
             v = FIELD_AXES["act_compute_dtype"].parse(self.act_compute_dtype)
             object.__setattr__(self, "act_compute_dtype", None if v == "none" else v)
@@ -82,8 +93,12 @@ class Declared:
             return "none" if key == "act_compute_dtype" and v is None else v
         return self.variants.get(key, a.canonical)
 
-    def deviations(self, case: Case) -> list[Deviation]:
+    def deviations(self, case: Case, tensors: dict | None = None) -> list[Deviation]:
         """Every declared value that is not canonical for ``case``, with its level (docs/conformance.md#levels).
+
+        ``tensors`` (the case's checkpoint tensors) decide the levels that depend on the data: a GPTQ
+        zero-point reading other than the canonical one is canonical only where every qzeros field is the
+        symmetric midpoint; without the tensors it is a semantic deviation.
 
         Axes that do not apply to the case's scheme are ignored (an int8 rounding rule on a W4A16
         case changes nothing); the int8-activation axes apply to a MoE case only under
@@ -107,14 +122,14 @@ class Declared:
             v = self.value(key)
             if key == "act_symmetric" and key not in self.variants:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
-            lvl = a.level_of(v, case)
+            lvl = a.level_of(v, case, tensors)
             if lvl is not Level.CANONICAL:
                 out.append(Deviation(key, v, lvl))
         return out
 
-    def level(self, case: Case) -> Level:
-        """The farthest level of this declaration's values for ``case``."""
-        return max((d.level for d in self.deviations(case)), default=Level.CANONICAL)
+    def level(self, case: Case, tensors: dict | None = None) -> Level:
+        """The farthest level of this declaration's values for ``case`` (and its ``tensors``)."""
+        return max((d.level for d in self.deviations(case, tensors)), default=Level.CANONICAL)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

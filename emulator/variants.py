@@ -18,6 +18,8 @@ Levels (docs/conformance.md#levels):
 - ``rounding``: the result differs from canonical only by how values are rounded -- tie rules,
   RTZ outputs, scales held in a 16-bit dtype, accumulation precision, saturation and
   zero-row guards -- and the declared interval says by how much;
+- ``opaque``: the kernel does not declare its arithmetic exactly (``arithmetic=opaque``); its outputs
+  are judged by SQNR against the canonical reference with a declared floor, never as conformant;
 - ``semantic``: other weights, zero points, scales, activation scheme or granularity than the
   checkpoint defines (e.g. ``zero_read=v1_literal`` on an asymmetric v1 checkpoint, per-tensor
   activations where the checkpoint is per-token, NaN inputs turned into finite values).
@@ -42,18 +44,19 @@ class Level(enum.IntEnum):
 
     CANONICAL = 0
     ROUNDING = 1
-    SEMANTIC = 2
+    OPAQUE = 2
+    SEMANTIC = 3
 
     @property
     def label(self) -> str:
-        return {0: "canonical", 1: "rounding", 2: "semantic"}[int(self)]
+        return self.name.lower()
 
     @classmethod
     def parse(cls, name: str) -> "Level":
         for m in cls:
             if m.label == name:
                 return m
-        raise VariantError(f"unknown level {name!r}; known: canonical, rounding, semantic")
+        raise VariantError(f"unknown level {name!r}; known: {', '.join(m.label for m in cls)}")
 
 
 class Stage(str, enum.Enum):
@@ -141,10 +144,11 @@ class Axis:
             raise VariantError(f"variant {self.key}={raw!r}: unknown value; known: {', '.join(map(str, self.values))}")
         return v
 
-    def level_of(self, value: Any, case=None) -> Level:
-        """The level of ``value`` (typed, as ``parse`` returns it) for ``case`` (None: any case)."""
+    def level_of(self, value: Any, case=None, tensors=None) -> Level:
+        """The level of ``value`` (typed, as ``parse`` returns it) for ``case`` (None: any case), looking at
+        the checkpoint ``tensors`` where the level depends on them (``zero_read`` on symmetric GPTQ)."""
         if self.case_level is not None and case is not None:
-            return self.case_level(value, case)
+            return self.case_level(value, case, tensors)
         if value == self.canonical:
             return Level.CANONICAL
         return dict(self.levels).get(value, self.level)
@@ -161,28 +165,47 @@ class Axis:
 
 
 # -- case-dependent levels ---------------------------------------------------------------------------
-def _zero_read_level(value, case) -> Level:
-    # every GPTQ reading of a symmetric checkpoint gives z = 2**(bits-1): the fields are all 2**(bits-1) - 1
-    # (v1) or 2**(bits-1) (v2), so no carry, no wrap and no missing +1 can change a zero point
-    if value == "canonical" or case.sym or case.weight_format != "gptq":
+def midpoint_qzeros(case, tensors) -> bool:
+    """Whether a GPTQ checkpoint's qzeros hold the symmetric midpoint in every field (2**(bits-1) - 1 for
+    v1, 2**(bits-1) for v2): only then do readings that ignore, wrap or mis-offset qzeros compute the
+    canonical zero point 2**(bits-1)."""
+    import numpy as np
+
+    from .formats.packing import unpack_int32
+
+    q = tensors.get("qzeros") if tensors is not None else None
+    if q is None:
+        return True  # no qzeros stored: every reader uses the midpoint
+    mid = (1 << (case.bits - 1)) - (0 if case.zero_convention == "v2" else 1)
+    return bool(np.all(unpack_int32(np.asarray(q), case.bits, axis=1) == mid))
+
+
+def _zero_read_level(value, case, tensors=None) -> Level:
+    # A reading other than the canonical one gives the canonical zero point exactly when every field is the
+    # symmetric midpoint (no carry, no wrap, no missing +1 changes it). A symmetric checkpoint should hold
+    # only midpoints, but the flag does not prove it (the edge tier writes sym checkpoints whose qzeros are
+    # not): without the tensors the level is SEMANTIC, the conservative answer the dispatcher needs.
+    if value == "canonical" or case.weight_format != "gptq":
+        return Level.CANONICAL
+    if case.sym and tensors is not None and midpoint_qzeros(case, tensors):
         return Level.CANONICAL
     return Level.SEMANTIC
 
 
-def _same_as_case_scale(value, case) -> Level:
+def _same_as_case_scale(value, case, tensors=None) -> Level:
     return Level.CANONICAL if value in ("checkpoint", case.scale_dtype) else Level.ROUNDING
 
 
-def _act_symmetric_level(value, case) -> Level:
+def _act_symmetric_level(value, case, tensors=None) -> Level:
     return Level.CANONICAL if value == case.act_symmetric else Level.SEMANTIC
 
 
-def _output_level(value, case) -> Level:
+def _output_level(value, case, tensors=None) -> Level:
     # float32 holds every fp16/bf16 value: a float32 output is the finer answer, rounded later by the engine
     return Level.CANONICAL if value in ("case", "float32", case.output_dtype) else Level.ROUNDING
 
 
-def _act_compute_level(value, case) -> Level:
+def _act_compute_level(value, case, tensors=None) -> Level:
     # rounding activations to their own dtype, or to float32 (which holds every 16-bit value), changes nothing
     return Level.CANONICAL if value in ("none", "float32", case.act_dtype) else Level.ROUNDING
 
@@ -230,6 +253,10 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          levels=(("exact", Level.CANONICAL), ("float64", Level.CANONICAL), ("int32", Level.CANONICAL)),
          target="Declared.accumulate", doc=_DOC_ACC, field=True,
          source="Higham, Accuracy and Stability of Numerical Algorithms, Lemma 3.1"),
+    Axis("arithmetic", "whether the kernel's arithmetic is declared exactly", Stage.GEMM, ("declared", "opaque"),
+         "declared", Level.OPAQUE, target="Declared.arithmetic", doc="conformance.md#opaque-arithmetic", field=True,
+         source="kernels whose arithmetic cannot be emulated (ARK's int8 compute cores quantize activations per "
+                "K-block); judged by SQNR against the canonical reference, at least Declared.sqnr_floor_db"),
     Axis("output_rounding", "rounding of the accumulator to the output dtype", Stage.EPILOGUE, ("rne", "rtz"),
          "rne", target="Declared.output_rounding", doc=_DOC_ACC, field=True,
          source="vLLM _C_AVX512 fp32 -> bf16 truncation (docs/backends/vllm-cpu.md)"),

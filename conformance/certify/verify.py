@@ -429,6 +429,11 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
                      out_dtype=meta["dtype"])
     judged = dataclasses.replace(loose, lo=d["jlo"], hi=d["jhi"])
     declared = declared or {}
+    if declared.get("arithmetic") == "opaque":
+        from ..verdict import decide_opaque
+
+        with np.errstate(all="ignore"):
+            return decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"]))
     alt = None
     if "alo" in d:
         name = str(meta.get("alt"))
@@ -527,7 +532,7 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
     from backends.base import Declared
 
     from ..acceptance import declared_interval
-    from ..runner import judge, rounded_interval
+    from ..runner import judge, reference_declaration, rounded_interval
     from ..suite import CaseSpec
     from .codec import same_values
 
@@ -540,11 +545,11 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
         inp = spec.inputs()
         declared = Declared(**rec["declared"])
         with np.errstate(all="ignore"):
-            iv = declared_interval(inp, declared)
+            iv = declared_interval(inp, reference_declaration(spec.case, declared))
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: deep: cannot rebuild the case ({type(e).__name__}: {e})")
         return
-    jiv = rounded_interval(iv, declared)
+    jiv = rounded_interval(iv, reference_declaration(spec.case, declared))
     for k, arr in (("y_ref", iv.y_ref), ("lo", iv.lo), ("hi", iv.hi), ("jlo", jiv.lo), ("jhi", jiv.hi)):
         if not same_values(d[k], arr):
             problems.append(f"{who}: deep: stored {k} differs from the interval recomputed here")

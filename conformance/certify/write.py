@@ -37,9 +37,9 @@ class Stager:
     def __call__(self, label, spec, inp, declared, iv, y, rec, evidence=None) -> None:
         from emulator.tensorfile import save_tensors
 
-        from ..runner import rounded_interval
+        from ..runner import reference_declaration, rounded_interval
 
-        jiv = rounded_interval(iv, declared)
+        jiv = rounded_interval(iv, reference_declaration(spec.case, declared))
         # the intervals the verdict used beyond the declared one (recorded before waivers are applied)
         alt = evidence.alt if evidence is not None and rec["verdict"] == "fail" else None
         tie = evidence.tie if evidence is not None and rec["verdict"] in ("fail", "pass-with-tie-flips") else None

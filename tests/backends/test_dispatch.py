@@ -13,6 +13,7 @@ import pytest
 
 from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 from backends.registry import select
+from conformance.cases import make_inputs
 from conformance.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +73,13 @@ def test_semantic_deviations_and_known_defects_are_skipped(fakes, caplog):
     asym_v1 = Case("w4a16", "gptq", 1, 64, 128, group_size=32, sym=False, zero_convention="v1")
     sel = select(asym_v1, ["literal", "emulator"])
     assert sel.backend.name == "emulator" and "zero_read=v1_literal" in dict(sel.skipped)["literal"]
+    # a symmetric checkpoint: exact only where every qzeros field is the midpoint, so only with the tensors
     sym_v1 = Case("w4a16", "gptq", 1, 64, 128, group_size=32, sym=True, zero_convention="v1")
-    assert select(sym_v1, ["literal", "emulator"]).backend.name == "literal"  # exact on symmetric checkpoints
+    assert select(sym_v1, ["literal", "emulator"]).backend.name == "emulator"
+    mid = make_inputs(sym_v1, 0).tensors
+    assert select(sym_v1, ["literal", "emulator"], tensors=mid).backend.name == "literal"
+    odd = dict(mid, qzeros=mid["qzeros"] ^ np.int32(1))
+    assert select(sym_v1, ["literal", "emulator"], tensors=odd).backend.name == "emulator"
     assert any("skipped per-tensor" in r.message for r in caplog.records)
 
 

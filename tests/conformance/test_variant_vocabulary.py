@@ -51,13 +51,15 @@ def test_every_value_is_accepted_by_declared_and_the_emulator_backend(key, value
             with pytest.raises(VariantError):
                 Declared(variants={}, output="case")
         else:
-            d = Declared(variants={}, **{key: (None if (key, value) == ("act_compute_dtype", "none") else value)})
+            extra = {"sqnr_floor_db": 30.0} if (key, value) == ("arithmetic", "opaque") else {}
+            d = Declared(variants={}, **{key: (None if (key, value) == ("act_compute_dtype", "none") else value)},
+                         **extra)
             assert d.value(key) == value
     else:
         assert Declared(variants={key: value}).value(key) == value
         # the command-line spelling of the value parses to the same typed value
         assert Declared(variants={key: str(value).lower()}).value(key) == value
-    if key != "output":  # the emulator's output dtype is the case's
+    if key not in ("output", "arithmetic"):  # the emulator's output dtype is the case's; its arithmetic is declared
         b = EmulatorBackend(**{key: str(value).lower()})
         assert b.computed(_case_for(a)).value(key) == value
 
@@ -68,8 +70,9 @@ def test_unknown_values_are_errors_naming_the_known_ones(key):
     bad = {"choice": "no_such_value", "bool": "maybe", "int": "-1000", "float": "-1"}[a.kind]
     with pytest.raises(VariantError, match=re.escape(key)):
         a.parse(bad)
-    with pytest.raises(ValueError, match=re.escape(key)):
-        EmulatorBackend(**{key: bad})
+    if key != "arithmetic":
+        with pytest.raises(ValueError, match=re.escape(key)):
+            EmulatorBackend(**{key: bad})
     if not a.field:
         with pytest.raises(VariantError, match="known" if a.kind == "choice" else re.escape(key)):
             Declared(variants={key: bad})
@@ -160,8 +163,14 @@ def test_levels_of_declarations():
     sym_v1 = Case("w4a16", "gptq", 2, 32, 64, group_size=32, sym=True, zero_convention="v1")
     w8a8 = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1)
     assert Declared(variants={"zero_read": "v1_literal"}).level(asym_v1) is Level.SEMANTIC
-    assert Declared(variants={"zero_read": "v1_literal"}).level(sym_v1) is Level.CANONICAL
-    assert Declared(variants={"zero_read": "ignore_qzeros"}).level(sym_v1) is Level.CANONICAL
+    # on a symmetric checkpoint another reading is exact only where every qzeros field is the midpoint: the
+    # level looks at the tensors, and without them it is the conservative answer
+    mid = make_inputs(Case("w4a16", "gptq", 2, 32, 64, group_size=32, sym=True, zero_convention="v1"), 0).tensors
+    assert Declared(variants={"zero_read": "v1_literal"}).level(sym_v1, mid) is Level.CANONICAL
+    assert Declared(variants={"zero_read": "ignore_qzeros"}).level(sym_v1, mid) is Level.CANONICAL
+    assert Declared(variants={"zero_read": "ignore_qzeros"}).level(sym_v1) is Level.SEMANTIC
+    odd = dict(mid, qzeros=mid["qzeros"] ^ np.int32(1))  # the first field of every word is no longer the midpoint
+    assert Declared(variants={"zero_read": "ignore_qzeros"}).level(sym_v1, odd) is Level.SEMANTIC
     assert Declared(variants={"act_rounding": "rhaz"}).level(w8a8) is Level.ROUNDING
     assert Declared(variants={"act_rounding": "rhaz"}).level(asym_v1) is Level.CANONICAL  # no int8 activations
     assert Declared(variants={"act_granularity": "per_tensor"}).level(w8a8) is Level.SEMANTIC
@@ -173,7 +182,7 @@ def test_levels_of_declarations():
     assert Declared(variants={}, accumulate="int32", output="bfloat16").level(w8a8) is Level.CANONICAL
     assert Declared(variants={}, accumulate="bfloat16", output="bfloat16").level(w8a8) is Level.ROUNDING
     assert Declared(variants={}, weight_dtype="float32", output="bfloat16").level(sym_v1) is Level.CANONICAL
-    assert Declared(variants={"weight_scale_dtype": "float16"}, output="bfloat16").level(sym_v1) is Level.CANONICAL
+    assert Declared(variants={"weight_scale_dtype": "float16"}, output="bfloat16").level(sym_v1, mid) is Level.CANONICAL
     assert Declared(variants={"weight_scale_dtype": "bfloat16"}, output="bfloat16").level(sym_v1) is Level.ROUNDING
     d = Declared(variants={"zero_read": "v1_literal", "act_rounding": "rhaz"}, output="bfloat16")
     assert [str(x) for x in d.deviations(asym_v1)] == ["zero_read=v1_literal"]
