@@ -49,8 +49,29 @@ __all__ = ["Mutant", "MUTANTS", "CONTROL", "MutantBackend", "mutant_names", "EXT
 EXTRA_BACKENDS_ENTRY = "mutant=conformance.doubles.mutants:MutantBackend"
 
 INT_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized")
-A16 = ("w4a16", "w8a16", "w4a16-mxfp4")
-INT8_ACTS = ("w8a8", "w4a8")
+
+
+def _schemes_where(pred) -> tuple:
+    """The names of the schemes (emulator/schemes.py, in their order) whose Scheme satisfies ``pred``."""
+    return tuple(name for name, spec in SCHEMES.items() if pred(spec))
+
+
+#: 16-bit activations (int or MXFP4 weights)
+A16 = _schemes_where(lambda s: s.activations == "a16")
+#: int4/int8 weights with 16-bit activations
+A16_INT = _schemes_where(lambda s: s.activations == "a16" and s.weights in ("int4", "int8"))
+INT8_ACTS = _schemes_where(lambda s: s.int8_activations)
+#: linear layers whose int weights a checkpoint packs with zero points and groups (GPTQ / AWQ / CT pack)
+PACKED_INT = _schemes_where(lambda s: s.activations != "moe"
+                            and any(f in ("gptq", "awq", "ct-pack-quantized") for f in s.formats))
+#: int4 linear layers (AWQ is a 4-bit format)
+INT4_LINEAR = _schemes_where(lambda s: s.weights == "int4" and s.activations != "moe")
+#: every scheme with 4-bit weight fields (int4 or MXFP4)
+FOUR_BIT = _schemes_where(lambda s: s.weights in ("int4", "mxfp4"))
+#: linear layers (every scheme but the fused MoE block)
+LINEAR = _schemes_where(lambda s: s.activations != "moe")
+#: what the silent-fallback mutants cover: the schemes where the fallback hooks apply
+FALLBACK = tuple(name for name in SCHEMES if name != "w4a16-mxfp4")
 F32 = np.float32
 
 
@@ -97,7 +118,7 @@ def _int_codes(case: Case, t: dict):
     fmt = case.weight_format
     if fmt == "gptq":
         p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+                            zero_convention=case.gptq_zero_convention)
         c = gptq.unpack_gptq(gptq.GptqTensors(t["qweight"], t["qzeros"], t["scales"], t.get("g_idx")), p,
                              shape=(case.N, case.K))
         return c.q.astype(np.int64), c.zeros.astype(np.int64), _f64(c.scales), np.asarray(c.g_idx, np.int64)
@@ -394,62 +415,62 @@ MUTANT_LIST: list[Mutant] = [
     # --- integer weights: zero points, packing, groups, scales
     Mutant("gptq-v1-no-plus1", "GPTQ v1 zero point read without the +1 (z = field)",
            "docs/backends/ark.md discrepancy 1 (vLLM INC/ARK glue builds auto-round QuantLinear with ZP_BIAS = 0)",
-           ("w4a16", "w8a16", "w4a8"), live=lambda c: _gptq(c) and c.zero_convention != "v2",
+           PACKED_INT, live=lambda c: _gptq(c) and c.zero_convention != "v2",
            weight=_codes_bug(lambda case, t, q, z, s, g: (q, z - 1, s, g))),
     Mutant("gptq-v2-as-v1", "GPTQ v2 (gptq_v2) checkpoint read as v1 (z = field + 1)",
            "vllm-project/vllm#26343, PR #26092 (v2 checkpoints given the v1 +1: '!!!' output)",
-           ("w4a16", "w8a16", "w4a8"), live=lambda c: _gptq(c) and c.zero_convention == "v2",
+           PACKED_INT, live=lambda c: _gptq(c) and c.zero_convention == "v2",
            weight=_codes_bug(lambda case, t, q, z, s, g: (q, z + 1, s, g))),
     Mutant("qzeros-ignored-asym", "asymmetric model run by a symmetric kernel: zero points ignored (midpoint used)",
            "research notes §1.1/§4 (gptq_marlin uint4b8 / XPU oneDNN read no qzeros; must refuse sym=False)",
-           ("w4a16", "w8a16", "w4a8"),
+           PACKED_INT,
            live=lambda c: c.weight_format in ("gptq", "awq", "ct-pack-quantized") and not (c.sym and c.weight_format != "awq"),
            weight=_codes_bug(lambda case, t, q, z, s, g: (q, np.full_like(z, _midpoint(case)), s, g))),
     Mutant("sym-qzeros-ignored", "symmetric GPTQ model whose qzeros are not 0x77777777: qzeros ignored",
            "emulator GptqZeroRead.IGNORE_QZEROS (vLLM gptq_marlin uint4b8, XPU oneDNN) on a sym checkpoint with "
-           "non-midpoint qzeros", ("w4a16", "w8a16", "w4a8"), live=lambda c: _gptq(c) and c.sym,
+           "non-midpoint qzeros", PACKED_INT, live=lambda c: _gptq(c) and c.sym,
            weight=_codes_bug(lambda case, t, q, z, s, g: (q, np.full_like(z, 1 << (case.bits - 1)), s, g))),
     Mutant("awq-sequential", "AWQ qweight and qzeros unpacked in sequential nibble order (no AWQ reorder)",
            "docs/formats/awq.md (AWQ_PACK_ORDER 0,2,4,6,1,3,5,7); vLLM awq_triton reverse order",
-           ("w4a16", "w4a8"), live=lambda c: c.weight_format == "awq",
+           INT4_LINEAR, live=lambda c: c.weight_format == "awq",
            weight=_codes_bug(lambda *a: _awq_sequential(*a, weights=True, zeros=True))),
     Mutant("awq-zeros-not-reordered", "AWQ qweight converted to GPTQ order but qzeros copied unchanged",
            "docs/backends/ark.md discrepancy 2 (vLLM ARK glue: AWQ asym zero points permuted within 8 columns)",
-           ("w4a16", "w4a8"), live=lambda c: c.weight_format == "awq",
+           INT4_LINEAR, live=lambda c: c.weight_format == "awq",
            weight=_codes_bug(lambda *a: _awq_sequential(*a, weights=False, zeros=True))),
     Mutant("nibbles-swapped", "the two 4-bit fields of every weight byte swapped (high nibble read as element 2j)",
            "research notes §1.6/§1.7 (low nibble = even element: vLLM upcast_fp4, test_fused_moe_wn16 packing)",
-           ("w4a16", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "w4a16-moe"),
+           FOUR_BIT,
            live=lambda c: c.bits == 4 and c.weight_format != "ct-int-quantized", tensors=_nibble_swap),
     Mutant("g-idx-ignored", "act-order g_idx ignored: group of channel k taken as k // G",
            "vllm-project/vllm#7374 (desc_act GPTQ: act-order g_idx mishandled, nonsense output)",
-           ("w4a16", "w8a16", "w4a8"), live=lambda c: c.act_order, tensors=_g_idx_ignored),
+           PACKED_INT, live=lambda c: c.act_order, tensors=_g_idx_ignored),
     Mutant("group-off-by-one", "group index off by one at group boundaries: channel k uses group (k + 1) // G",
            "a classic indexing bug of grouped kernels (the last channel of each group takes the next group's "
-           "scale and zero)", ("w4a16", "w8a16", "w4a8"), live=lambda c: _int_fmt(c) and _grouped(c) and not c.act_order,
+           "scale and zero)", PACKED_INT, live=lambda c: _int_fmt(c) and _grouped(c) and not c.act_order,
            weight=_codes_bug(_group_off_by_one)),
     Mutant("scales-transposed-square", "scale matrix read transposed; shape checks pass when it is square",
            "research notes §3 item 5 (vllm PR #33200: zero points passed in the wrong layout); "
            "docs/backends/vllm-cpu.md discrepancy 6 (AWQ scales as a transposed view)",
-           ("w4a16", "w8a16", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4"),
+           PACKED_INT + _schemes_where(lambda s: s.weights == "mxfp4"),
            live=lambda c: (c.weight_format == "ct-mxfp4" and c.N == c.K // 32)
            or (c.weight_format in ("gptq", "awq", "ct-pack-quantized") and c.N == c.K // c.group),
            weight=lambda b, case, t, w: (_mx_square_transposed(b, case, t, w) if case.weight_format == "ct-mxfp4"
                                          else _codes_bug(_transpose_square)(b, case, t, w))),
     Mutant("fp16-scales-as-bf16", "float16 weight scales read as bfloat16 bits",
            "docs/backends/zentorch.md discrepancy 2 (zentorch_woq_linear accepts fp16 scales, returns garbage)",
-           ("w4a16", "w8a16", "w4a8"),
+           PACKED_INT,
            live=lambda c: c.weight_format in ("gptq", "awq", "ct-pack-quantized") and c.scale_dtype == "float16",
            weight=_codes_bug(_fp16_bits_as_bf16)),
     Mutant("weights-bf16", "W4A16/W8A16 weights dequantized in bf16 (RNE) while exact fp32 weights are declared",
            "docs/backends/cuda.md (tinygemm forms weights in bf16) declared as fp32",
-           ("w4a16", "w8a16"), live=_int_fmt, weight=_weights_rounded("rne")),
+           A16_INT, live=_int_fmt, weight=_weights_rounded("rne")),
     Mutant("weights-bf16-truncated", "weights converted fp32 -> bf16 by truncation (dropping the low 16 bits)",
            "docs/backends/vllm-cpu.md discrepancy 3 (the _C_AVX512 build truncates fp32 -> bf16)",
-           ("w4a16", "w8a16"), live=_int_fmt, weight=_weights_rounded("rtz")),
+           A16_INT, live=_int_fmt, weight=_weights_rounded("rtz")),
     Mutant("stale-weight-cache", "weight cache keyed by address/shape: a new weight of the same shape is ignored",
            "docs/backends/zentorch.md discrepancy 1 (ZenDNN weight cache keyed by the tensor's address)",
-           ("w4a16", "w8a16", "w4a8"), live=_int_fmt, weight=_stale_cache),
+           PACKED_INT, live=_int_fmt, weight=_stale_cache),
     Mutant("awq-n64-tile", "AWQ GEMM with N % 128 == 64: the last 32 output columns written from the wrong results",
            "vllm-project/vllm#7400 and PR #13227 (awq gemm wrong when N is not a multiple of 128)",
            ("w4a16",), live=lambda c: c.weight_format == "awq" and c.N % 128 == 64, weight=_awq_n64),
@@ -458,11 +479,11 @@ MUTANT_LIST: list[Mutant] = [
            ("w8a16",), live=lambda c: c.act_dtype == "bfloat16" and c.K % 16 != 0, matmul=_k_tail),
     # --- bias, accumulation, output
     Mutant("bias-dropped", "bias ignored", "docs/backends/cuda.md (tinygemm has no bias: bias_mode)",
-           ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4"), live=lambda c: c.bias,
+           LINEAR, live=lambda c: c.bias,
            bias=lambda case, y, b: y),
     Mutant("bias-twice", "bias added twice (in the kernel epilogue and again by the engine)",
            "docs/backends/torch-cpu.md (engine adds the bias after the kernel: bias_stage)",
-           ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4"), live=lambda c: c.bias,
+           LINEAR, live=lambda c: c.bias,
            bias=lambda case, y, b: y + 2 * b),
     Mutant("accumulate-bf16", "partial sums accumulated in bf16 while fp32 accumulation is declared",
            "research notes §2 (vLLM tests' bf16 references hide it); an accumulator of the activation dtype",
@@ -470,7 +491,7 @@ MUTANT_LIST: list[Mutant] = [
     Mutant("output-truncated-fp16", "fp32 accumulator converted to the fp16 output by truncation, not RNE",
            "docs/backends/vllm-cpu.md discrepancy 3 and torch-cpu.md (truncating stores, output_rounding=rtz) "
            "while rne is declared",
-           ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4"),
+           LINEAR,
            live=lambda c: c.output_dtype == "float16",
            output=lambda case, y: round_to_dtype(y, case.output_dtype, "rtz")),
     # --- int8 activations
@@ -544,20 +565,20 @@ MUTANT_LIST: list[Mutant] = [
     Mutant("silent-fallback-ntail", "declares a non-canonical variant; returns the emulator's canonical result "
            "when N % 64 != 0 (its 'unsupported' shapes)",
            "vllm PR #45136 (XPU WNA16 MoE silently fell back to another kernel); min_thread_n tiling limits",
-           ("w4a16", "w8a16", "w8a8", "w4a8", "w4a4-mxfp4", "w4a16-moe"),
-           live=lambda c: c.scheme not in ("w4a16", "w8a16") or _int_fmt(c),
+           FALLBACK,
+           live=lambda c: c.scheme not in A16_INT or _int_fmt(c),
            declare=_fallback_declaration, fallback=lambda c: c.N % 64 != 0, int8=_fallback_int8,
            mx=mx_emulator(scale_rule="rceil"), weight=lambda b, c, t, w: (_fallback_weight(b, c, t, w)
-                                                                          if c.scheme in ("w4a16", "w8a16") else w),
+                                                                          if c.scheme in A16_INT else w),
            moe={"renormalize": False}),
     Mutant("silent-fallback-m1", "declares a non-canonical variant; returns the emulator's canonical result "
            "for M = 1 (decode)",
            "docs/backends/ark.md (woqgemm M = 1 only) and cuda.md (_int_mm needs M > 16): a wrapper that falls "
-           "back silently", ("w4a16", "w8a16", "w8a8", "w4a8", "w4a4-mxfp4", "w4a16-moe"),
-           live=lambda c: c.scheme not in ("w4a16", "w8a16") or _int_fmt(c),
+           "back silently", FALLBACK,
+           live=lambda c: c.scheme not in A16_INT or _int_fmt(c),
            declare=_fallback_declaration, fallback=lambda c: c.M == 1, int8=_fallback_int8,
            mx=mx_emulator(scale_rule="rceil"), weight=lambda b, c, t, w: (_fallback_weight(b, c, t, w)
-                                                                          if c.scheme in ("w4a16", "w8a16") else w),
+                                                                          if c.scheme in A16_INT else w),
            moe={"renormalize": False}),
 ]
 
