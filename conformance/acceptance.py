@@ -328,7 +328,6 @@ def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: 
     inter_dtype = mv.intermediate_dtype or out_dtype
     M, top_k = ids.shape
     K = x_in.shape[1]
-    I = a_in.shape[2]
     # 1-2: per (m, j) the kernel's intermediate box [alo, ahi]
     alo = np.zeros_like(a_in)
     ahi = np.zeros_like(a_in)
