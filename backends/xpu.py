@@ -51,6 +51,7 @@ import sys
 import numpy as np
 
 from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
+from .torch_layout import AWQ_REVERSE_ORDER, pack_fields, torch_dtype, unpack_fields
 
 __all__ = [
     "XpuBackend",
@@ -78,7 +79,6 @@ __all__ = [
 XPU_MX_VARIANT = {"mx_scale_rule": "rceil", "e2m1_rounding": "rhtz", "e2m1_nan": "saturate_positive",
                   "e2m1_zero_sign": "positive", "mx_zero_block": "eps_1e10_floor", "mx_nan_block": "ignore"}
 MX_EPS = 1e-10
-AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 LIBS = ("vllm-xpu-kernels", "ark")
 _16BIT = ("bfloat16", "float16")
 
@@ -144,34 +144,9 @@ def _t(a, dtype=None):
     return t if dtype is None else t.to(dtype)
 
 
-def _tdtype(name: str):
-    torch = _import_torch()
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
 def _scales(a, act_dtype: str):
     """Checkpoint scales as vLLM holds them: a parameter of the model dtype (params_dtype)."""
-    return _t(np.asarray(a).astype(np.float32)).to(_tdtype(act_dtype))
-
-
-def _unpack_nibbles(words, dim: int, order=None):
-    torch = _import_torch()
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    moved = w.movedim(dim, -1)
-    f = (moved.unsqueeze(-1) >> torch.arange(0, 32, 4, dtype=torch.int64)) & 0xF
-    if order is not None:
-        f = f[..., list(order)]
-    return f.reshape(*moved.shape[:-1], moved.shape[-1] * 8).movedim(-1, dim)
-
-
-def _pack_nibbles(vals, dim: int):
-    """Sequential LSB-first packing of 4-bit values into int32 along ``dim`` (wrapping to int32)."""
-    torch = _import_torch()
-    moved = vals.to(torch.int64).movedim(dim, -1)
-    f = moved.reshape(*moved.shape[:-1], moved.shape[-1] // 8, 8) & 0xF
-    words = (f << torch.arange(0, 32, 4, dtype=torch.int64)).sum(dim=-1)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
-    return words.to(torch.int32).movedim(-1, dim)
+    return _t(np.asarray(a).astype(np.float32)).to(torch_dtype(act_dtype))
 
 
 def _v1_packed_add(qzeros: np.ndarray):
@@ -196,10 +171,10 @@ def prepare_w4a16_host(case: Case, tensors: dict) -> dict:
     if fmt == "awq":
         # AWQUtils.repack: unpack columns, undo the AWQ interleave, repack weights along K (rows)
         # and zeros along N (columns, sequential); then transpose_onednn_woq_format(method="awq").
-        q = _unpack_nibbles(_t(np.asarray(tensors["qweight"], np.int32)), 1, AWQ_REVERSE_ORDER)  # [K, N]
-        z = _unpack_nibbles(_t(np.asarray(tensors["qzeros"], np.int32)), 1, AWQ_REVERSE_ORDER)  # [K/G, N]
-        qweight = _pack_nibbles(q, 0).transpose(0, 1).contiguous().transpose(0, 1)
-        zp = _pack_nibbles(z, 1).contiguous()
+        q = unpack_fields(tensors["qweight"], 4, 1, AWQ_REVERSE_ORDER)  # [K, N]
+        z = unpack_fields(tensors["qzeros"], 4, 1, AWQ_REVERSE_ORDER)  # [K/G, N]
+        qweight = pack_fields(q, 4, 0).transpose(0, 1).contiguous().transpose(0, 1)
+        zp = pack_fields(z, 4, 1)
         scales = _scales(tensors["scales"], case.act_dtype).contiguous()
         return {"qweight": qweight, "scales": scales, "zero_points": zp, "group_size": case.group_size,
                 "path": "XPUAWQLinearMethod"}
@@ -240,7 +215,7 @@ def prepare_ark_host(case: Case, tensors: dict) -> dict:
     """auto_round_kernel QuantLinear.post_init before the opaque repack (XPU, symmetric GPTQ):
     intweight [K, N] int8 = q - 8, scales fp16 [K/G, N], no zero points."""
     torch = _import_torch()
-    q = _unpack_nibbles(_t(np.asarray(tensors["qweight"], np.int32)), 0)  # [K, N]
+    q = unpack_fields(tensors["qweight"], 4, 0)  # [K, N]
     intweight = (q - 8).to(torch.int8).contiguous()
     scales = _t(np.asarray(tensors["scales"]).astype(np.float32)).to(torch.float16).contiguous()
     return {"intweight": intweight, "scales": scales, "zeros": torch.empty(0, dtype=torch.int8),
@@ -520,7 +495,7 @@ class XpuBackend(Backend):
         torch = _import_torch()
         case = prepared.case
         d = prepared.data
-        act = _tdtype(case.act_dtype)
+        act = torch_dtype(case.act_dtype)
         xt = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("xpu").to(act)
         bias = inputs.get("bias")
         bt = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to("xpu").to(act)

@@ -71,6 +71,7 @@ import platform
 import numpy as np
 
 from .base import Availability, Backend, BackendError, Case, Declared, Prepared, Support, no, yes
+from .torch_layout import pack_fields, torch_dtype, unpack_fields
 
 __all__ = [
     "ZentorchBackend",
@@ -161,15 +162,12 @@ def ct_unpack_int32(packed, num_bits: int, shape: tuple, packed_dim: int):
     import torch
 
     p = packed.to(torch.int32)
-    per = 32 // num_bits
-    mask = (1 << num_bits) - 1
     if packed_dim == 0:
         p = p.t()
         rows, cols = shape[1], shape[0]
     else:
         rows, cols = shape
-    fields = torch.stack([(p >> (num_bits * i)) & mask for i in range(per)], dim=-1)
-    out = fields.reshape(p.shape[0], p.shape[1] * per)[:, :cols]
+    out = unpack_fields(p, num_bits, 1)[:, :cols]
     out = (out - (1 << (num_bits - 1))).to(torch.int8)
     assert out.shape[0] == rows
     return out.t().contiguous() if packed_dim == 0 else out.contiguous()
@@ -198,14 +196,7 @@ def woq_codes_from_ct(case: Case, tensors: dict):
 def repack_reference(codes):
     """What ``zentorch_woq_repack_weight`` produces (observed): int8 [N, K] -> int32 [N, K/8],
     value ``8j + i`` in bits ``[4i, 4i + 4)`` of word j, as two's-complement nibbles (``v & 0xF``)."""
-    import torch
-
-    n, k = codes.shape
-    v = codes.to(torch.int32).reshape(n, k // 8, 8) & 0xF
-    out = torch.zeros(n, k // 8, dtype=torch.int64)
-    for i in range(8):
-        out |= v[:, :, i].to(torch.int64) << (4 * i)
-    return out.to(torch.int64).where(out < 2**31, out - 2**32).to(torch.int32)
+    return pack_fields(codes, 4, 1)
 
 
 def decode_repacked(words, signed: bool):
@@ -214,8 +205,7 @@ def decode_repacked(words, signed: bool):
     import torch
 
     w = words.contiguous().view(torch.int32)
-    n = w.shape[0]
-    nib = torch.stack([(w >> (4 * i)) & 0xF for i in range(8)], dim=-1).reshape(n, -1)
+    nib = unpack_fields(w, 4, 1)
     if signed:
         nib = torch.where(nib > 7, nib - 16, nib)
     return nib.to(torch.int8)
@@ -414,7 +404,7 @@ class ZentorchBackend(Backend):
             if case.act_dtype == "float32":
                 notes += ("; " + FP32_WOQ_GAP)
             return Declared(variants=v, weight_dtype="bfloat16", accumulate="float32", output=out, notes=notes)
-        if case.scheme in ("w8a8", "w4a8"):
+        if case.spec.int8_activations:
             v = {"act_rounding": "rne", "reciprocal": "divide", "act_scale_dtype": "float32",
                  "act_dequant_scale_dtype": "bfloat16", "zero_row": "eps", "eps": ACT_AMAX_EPS, "qmin": -128,
                  "qmax": 127, "act_symmetric": True, "weight_scale_dtype": "bfloat16"}
@@ -439,7 +429,7 @@ class ZentorchBackend(Backend):
             from emulator.formats import gptq
 
             p = gptq.GptqParams(bits=4, group_size=case.group_size, sym=case.sym,
-                                zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+                                zero_convention=case.gptq_zero_convention)
             t = gptq.GptqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"], None)
             c = gptq.unpack_gptq(t, p, shape=(case.N, case.K))
             q = torch.from_numpy(c.q.astype(np.int32))
@@ -475,8 +465,8 @@ class ZentorchBackend(Backend):
         if not sup:
             raise BackendError(f"zentorch cannot implement {case.describe()}: {sup.reason}")
         ops = torch.ops.zentorch
-        act = getattr(torch, case.act_dtype)
-        if case.scheme in ("w4a16", "w4a8"):
+        act = torch_dtype(case.act_dtype)
+        if case.spec.weights == "int4":  # w4a16, w4a8 (can_implement refuses the MoE block)
             codes, zp, w_s = self._codes(case, tensors)
             # the scale parameter is created in the model dtype (params_dtype) and the
             # checkpoint is copied into it: fp16/fp32 checkpoint scales are rounded here
@@ -513,7 +503,7 @@ class ZentorchBackend(Backend):
 
         case = prepared.case
         d = prepared.data
-        act = getattr(torch, case.act_dtype)
+        act = torch_dtype(case.act_dtype)
         xt = torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float32))).to(act)
         b = inputs.get("bias")
         bt = None if b is None else torch.from_numpy(np.asarray(b, dtype=np.float32)).to(act).contiguous()

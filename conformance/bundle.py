@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.base import Case
-from emulator.tensorfile import Tensor, load_tensors, save_tensors
+from emulator.tensorfile import Tensor, save_tensors
 
 from .cases import CaseInputs
 

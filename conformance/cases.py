@@ -51,7 +51,7 @@ def weight_tensors(case: Case, w: np.ndarray, seed: int) -> dict:
     sd = case.scale_dtype
     if fmt == "gptq":
         p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+                            zero_convention=case.gptq_zero_convention)
         g_idx = None
         if case.act_order:
             g_idx = (np.random.default_rng(seed + 1).permutation(case.K) // case.group).astype(np.int32)
@@ -85,7 +85,7 @@ def make_inputs(case: Case, seed: int = 0) -> CaseInputs:
     rng = np.random.default_rng(seed)
     x = _round(rng.standard_normal((case.M, case.K)), case.act_dtype)
     bias = _round(rng.standard_normal(case.N) * 0.1, case.act_dtype) if case.bias else None
-    if case.scheme == "w4a16-moe":
+    if case.spec.activations == "moe":
         E, I = case.E, case.N
         w13 = np.stack([make_weight(2 * I, case.K, seed + 10 + e, group=case.group) for e in range(E)])
         w2 = np.stack([make_weight(case.K, I, seed + 50 + e, group=min(case.group, I)) for e in range(E)])

@@ -30,9 +30,9 @@ from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
 from emulator.numerics.e2m1 import E2M1_VALUES
 from emulator.numerics.floats import round_to_dtype
 
-from .cases import CaseInputs, ct_tensor_dict, make_inputs, weight_tensors
+from .cases import CaseInputs, ct_tensor_dict, make_inputs
 
-__all__ = ["GENERATORS", "generate", "generators_for"]
+__all__ = ["GENERATORS", "generate", "generators_for", "int_weight_tensors", "scales_array"]
 
 
 def _r(a, dtype) -> np.ndarray:
@@ -47,10 +47,10 @@ def int_weight_tensors(case: Case, q: np.ndarray, z: np.ndarray, s: np.ndarray, 
     G = s.shape[0]
     g = g_idx if g_idx is not None else (np.arange(case.K) // (case.K // G)).astype(np.int32)
     sd = case.scale_dtype
-    s_arr = _scales_array(s, sd)
+    s_arr = scales_array(s, sd)
     if fmt == "gptq":
         p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+                            zero_convention=case.gptq_zero_convention)
         codes = gptq.GptqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=s_arr, g_idx=g.astype(np.int32))
         t = gptq.pack_gptq(codes, p, v1_zero_write=v1_zero_write)
         return {"qweight": t.qweight, "qzeros": t.qzeros, "scales": t.scales, "g_idx": g.astype(np.int32)}
@@ -71,7 +71,7 @@ def int_weight_tensors(case: Case, q: np.ndarray, z: np.ndarray, s: np.ndarray, 
     raise ValueError(f"integer codes do not apply to format {fmt!r}")
 
 
-def _scales_array(s: np.ndarray, dtype: str) -> np.ndarray:
+def scales_array(s: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         import ml_dtypes
 
@@ -106,7 +106,7 @@ def gen_exact(case: Case, seed: int) -> CaseInputs:
         G = K // case.group
         s = 2.0 ** -rng.integers(2, 7, (G, N)).astype(np.float64)
         tensors = int_weight_tensors(case, q, z, s, g_idx)
-        if case.scheme in ("w4a8", "w8a8"):
+        if case.spec.int8_activations:
             x = _int8_exact_acts(case, rng)
         else:
             x = _r(rng.integers(-3, 4, (M, K)) * 2.0 ** rng.integers(-2, 1, (M, 1)), case.act_dtype)
@@ -115,7 +115,7 @@ def gen_exact(case: Case, seed: int) -> CaseInputs:
         wq = rng.integers(-128, 128, (N, K)).astype(np.int8)
         ws = (2.0 ** -rng.integers(6, 10, (N, 1))).astype(case.scale_dtype if case.scale_dtype != "bfloat16" else np.float32)
         if case.scale_dtype == "bfloat16":
-            ws = _scales_array(ws, "bfloat16")
+            ws = scales_array(ws, "bfloat16")
         x = _int8_exact_acts(case, rng)
         return CaseInputs(case, seed, {"weight": wq, "weight_scale": ws}, x, bias)
     if case.weight_format == "ct-mxfp4":
@@ -311,7 +311,7 @@ def gen_weight_mantissa(case: Case, seed: int) -> CaseInputs:
         wq = rng.integers(-127, 128, (N, K)).astype(np.int8)
         sd = case.scale_dtype
         ws = _odd_mantissa_scales((N, 1), sd, rng) * 2.0 ** -2
-        ws = _scales_array(ws, sd) if sd == "bfloat16" else ws.astype(sd)
+        ws = scales_array(ws, sd) if sd == "bfloat16" else ws.astype(sd)
         return CaseInputs(case, seed, {"weight": wq, "weight_scale": ws}, x, bias)
     q, z, g_idx = _int_codes(case, rng)
     s = _odd_mantissa_scales((K // case.group, N), case.scale_dtype, rng)
@@ -437,20 +437,20 @@ def gen_outlier_channels(case: Case, seed: int) -> CaseInputs:
 #: generator name -> (tier, function, predicate(case) -> bool)
 GENERATORS = {
     "exact": ("exact", gen_exact, lambda c: c.scheme != "w4a16-moe"),
-    "int8-ties": ("edge", gen_int8_ties, lambda c: c.scheme in ("w8a8", "w4a8")),
+    "int8-ties": ("edge", gen_int8_ties, lambda c: c.spec.int8_activations),
     "zero-rows": ("edge", gen_zero_rows, lambda c: c.M > 1),
     "nonfinite-acts": ("edge", gen_nonfinite_acts,
-                       lambda c: c.scheme in ("w4a16", "w8a16", "w4a16-mxfp4", "w4a4-mxfp4") and c.M > 3),
+                       lambda c: c.spec.activations in ("a16", "mxfp4") and c.M > 3),
     "mx-boundaries": ("edge", gen_mx_boundaries, lambda c: c.scheme == "w4a4-mxfp4"),
     "e8m0-extremes": ("edge", gen_e8m0_extremes, lambda c: c.weight_format == "ct-mxfp4"),
     "gptq-zero-fields": ("edge", gen_gptq_zero_fields, lambda c: c.weight_format == "gptq" and not c.sym),
     "sym-nonmidpoint-qzeros": ("edge", gen_sym_nonmidpoint_qzeros,
                                lambda c: c.weight_format == "gptq" and c.sym and c.scheme != "w4a16-moe"),
-    "saturation": ("edge", gen_saturation, lambda c: c.scheme in ("w8a8", "w4a8", "w4a4-mxfp4")),
+    "saturation": ("edge", gen_saturation, lambda c: c.spec.activations in ("int8", "mxfp4")),
     "weight-mantissa": ("edge", gen_weight_mantissa,
-                        lambda c: c.scheme in ("w4a16", "w8a16")
+                        lambda c: c.spec.activations == "a16" and c.spec.weights in ("int4", "int8")
                         and c.weight_format in ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized")),
-    "int8-recip": ("edge", gen_int8_recip, lambda c: c.scheme in ("w8a8", "w4a8")),
+    "int8-recip": ("edge", gen_int8_recip, lambda c: c.spec.int8_activations),
     "mx-tiny-blocks": ("edge", gen_mx_tiny_blocks, lambda c: c.scheme == "w4a4-mxfp4" and c.act_dtype != "float16"),
     "router-ties": ("edge", gen_router_ties, lambda c: c.scheme == "w4a16-moe" and c.E >= c.top_k + 1),
     "gaussian": ("random", gen_gaussian, lambda c: True),

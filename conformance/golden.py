@@ -22,7 +22,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 
 from backends.base import Case
 from emulator import __version__ as emulator_version

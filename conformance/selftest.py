@@ -27,7 +27,6 @@ run`` runs a backend. Neither puts a mutant in the default registry.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import json
 import os

@@ -19,6 +19,8 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
+from emulator.schemes import SCHEMES
+
 from .levels import run_level
 
 __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
@@ -35,7 +37,8 @@ PASSING = ("pass", "pass-with-tie-flips", "quality-warning")
 #: histogram of per-case max error/bound ratios: exactly 0 (correctly rounded everywhere), ten bins of 0.1
 #: up to 1 (inside the interval), and > 1 (outside: a failure or tie flips)
 RATIO_BINS = ("0",) + tuple(f"{k / 10:.1f}-{(k + 1) / 10:.1f}" for k in range(10)) + (">1",)
-SCHEME_ORDER = ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "w4a16-moe")
+#: the schemes in the order the suite lists them (emulator/schemes.py)
+SCHEME_ORDER = tuple(SCHEMES)
 #: what 'pass' means, in one sentence (the HTML and Markdown reports print it)
 PASS_MEANING = ("'pass' means every output element lies inside the interval that the backend's own declared "
                 "arithmetic (its named variants, weight and accumulator dtypes, output rounding) allows around "

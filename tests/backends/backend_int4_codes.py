@@ -13,7 +13,7 @@ def canonical_codes(case, t, zero_read="canonical"):
     """(q [N, K] unsigned codes, z [K/G, N] true zero points) for a 4-bit case's tensors ``t``."""
     if case.weight_format == "gptq":
         p = gptq.GptqParams(bits=4, group_size=case.group_size, sym=case.sym,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+                            zero_convention=case.gptq_zero_convention)
         c = gptq.unpack_gptq(gptq.GptqTensors(t["qweight"], t["qzeros"], t["scales"], t["g_idx"]), p,
                              shape=(case.N, case.K), zero_read=zero_read)
         return c.q, c.zeros

@@ -21,7 +21,7 @@ from backends.base import Case  # noqa: E402
 from conformance.acceptance import compare, declared_interval, declared_weight  # noqa: E402
 from conformance.cases import make_inputs  # noqa: E402
 from emulator.activations import int8 as a8  # noqa: E402
-from emulator.formats import awq, compressed_tensors as ct, gptq  # noqa: E402
+from emulator.formats import gptq  # noqa: E402
 from emulator.numerics.floats import round_to_dtype  # noqa: E402
 
 STATE = cu.cuda_state()

@@ -1,12 +1,18 @@
-"""The emulator backend's fast path: one cached dequantized layer, whose buffer the next layer reuses."""
+"""The emulator backend's fast path: one cached dequantized layer, whose buffer the next layer reuses.
+
+Oracles: a fresh backend (nothing cached), the independent dequantizer of conformance/oracles.py
+(shift-and-mask loops, not the emulator's packers) and the declared acceptance interval around the
+exact result (conformance.acceptance).
+"""
 
 import numpy as np
 import pytest
 
 from backends.base import Case
 from backends.registry import create
-from conformance.acceptance import declared_weight
-from conformance.cases import weight_tensors
+from conformance.acceptance import compare, declared_interval
+from conformance.cases import CaseInputs, weight_tensors
+from conformance.oracles import independent_weight
 from emulator.numerics.floats import round_float32_array
 
 
@@ -31,8 +37,11 @@ def test_next_layer_reuses_the_buffer_and_never_sees_stale_values(fmt, extra):
     for t, y in zip((layers[0], layers[1], layers[0]), outs):
         fresh = create("emulator")  # nothing cached: a fresh dequantization into a new array
         assert np.array_equal(y, fresh.run(fresh.prepare(case, t), x))
-        w = declared_weight(case, t, b.computed(case))
+        # the held buffer is the exact weight: a float32 GEMM on the independently dequantized
+        # weights, rounded (RNE) once to the output dtype, gives the same bits
+        w = independent_weight(case, t).astype(np.float32)
         assert np.array_equal(y, round_float32_array(x @ w.T, case.output_dtype))
+        assert compare(y, declared_interval(CaseInputs(case, 0, t, x, None), b.declared(case))).ok
     assert not np.array_equal(outs[0], outs[1])
 
 

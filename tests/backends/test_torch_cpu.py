@@ -154,7 +154,7 @@ def _emulator_codes(case: Case, tensors: dict):
 
     if case.weight_format == "gptq":
         p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym,
-                            zero_convention="gptq_v2" if case.zero_convention == "v2" else "gptq")
+                            zero_convention=case.gptq_zero_convention)
         c = gptq.unpack_gptq(gptq.GptqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"],
                                               tensors["g_idx"]), p, shape=(case.N, case.K))
         return c.q.astype(np.int64), c.zeros.T.astype(np.int64), np.asarray(c.scales).T

@@ -16,7 +16,7 @@ from backends import xpu
 from backends.base import Case, Declared
 from conformance.acceptance import declared_weight, mx_variant
 from conformance.cases import make_inputs
-from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
+from emulator.formats import gptq, mxfp4
 from emulator.formats.packing import unpack_int32
 from emulator.numerics.floats import round_to_dtype
 

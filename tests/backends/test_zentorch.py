@@ -412,6 +412,8 @@ def test_w8a8_matches_measured_rule(case):
 
 
 def test_w8a8_prepack_same_result():
+    """Regression gate (the kernel against itself): the prepacked weight path gives the plain path's
+    bits. Correctness of the plain path is checked against the measured rule above."""
     be = _backend_or_skip()
     bp = zt.ZentorchBackend(prepack="1")
     c = Case("w8a8", "ct-int-quantized", 16, 64, 256, group_size=-1, scale_dtype="bfloat16")

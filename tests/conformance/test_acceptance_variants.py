@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from backends.base import Case, Declared
-from conformance.acceptance import compare, declared_interval, round_down, round_up
+from conformance.acceptance import compare, declared_interval, declared_weight, round_down, round_up
 from conformance.cases import CaseInputs, make_inputs
 from conformance.suite import PROFILES, scheme_grid
 from emulator.activations import int8 as a8
@@ -232,10 +232,22 @@ def test_w8a8_weight_scale_dtype_is_applied():
 
 # -- 9. case builder -------------------------------------------------------------------------------------------
 def test_every_scheme_grid_case_builds():
+    """Every grid case builds, for two seeds, activations of the case's shape (different per seed)
+    and weights that an independent dequantizer (conformance/oracles.py: shift-and-mask loops,
+    ml_dtypes) reads as finite [N, K] values equal to the emulator's canonical dequantization."""
+    from conformance.oracles import independent_weight
+
     shapes = sorted({tuple(s) for p in PROFILES.values() for s in p["shapes"] if s[0] <= 64})
     for case in scheme_grid(shapes):
-        for seed in range(2):
-            make_inputs(case, seed)
+        a, b = make_inputs(case, 0), make_inputs(case, 1)
+        assert a.x.shape == (case.M, case.K) and b.x.shape == (case.M, case.K), case.describe()
+        assert not np.array_equal(a.x, b.x), case.describe()
+        if case.E:  # MoE expert stacks: tests/emulator/test_moe.py's torch reference covers them
+            continue
+        w = independent_weight(case, a.tensors)
+        assert w.shape == (case.N, case.K) and np.isfinite(w).all(), case.describe()
+        canonical = np.asarray(declared_weight(case, a.tensors, Declared(variants={})), np.float32)
+        assert np.array_equal(w.astype(np.float32), canonical), case.describe()
 
 
 @pytest.mark.parametrize("case", [

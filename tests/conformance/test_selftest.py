@@ -243,8 +243,8 @@ def test_unmasked_negative_zero_takes_the_exponent_add():
     sb = np.array([[127, 126, 0]], np.uint8)
     t = mxfp4.pack_mxfp4_ct(codes, sb)
     case = Case("w4a16-mxfp4", "ct-mxfp4", 1, 1, 96, group_size=32)
-    w = mutants._canonical_weight(case, t)
+    w = mutants.canonical_weight(case, t)
     assert np.all(w == 0)
-    got = mutants._mx_neg_zero_unmasked(None, case, t, w)
+    got = mutants.mx_neg_zero_unmasked(None, case, t, w)
     # byte 127: 0x8000 + 0 stays -0; byte 126: 0x8000 - 0x80 = 0x7F80 = +Inf; byte 0: 0x8000 - 0x3F80 = 0x4080 = 4.0
     assert np.all(got[0, :32] == 0) and np.all(np.isposinf(got[0, 32:64])) and np.all(got[0, 64:] == 4.0)

@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from emulator.activations.int8 import (
-    CANONICAL_ASYM, CANONICAL_SYM, Int8ActVariant, Reciprocal, ZeroRowRule, quantize_int8_per_token,
+    CANONICAL_ASYM, Int8ActVariant, Reciprocal, ZeroRowRule, quantize_int8_per_token,
 )
 from emulator.errors import FormatError
 from emulator.numerics.rounding import Rounding
@@ -22,7 +22,7 @@ act_arrays = hnp.arrays(np.float32, st.tuples(st.integers(1, 6), st.integers(1, 
 
 
 def onnx_quantize_rows(x, scale):
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
 

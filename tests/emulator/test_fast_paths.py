@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from emulator.formats.mxfp4 import dequantize_mxfp4, dequantize_mxfp4_packed, pack_mxfp4_gptoss, dequantize_mxfp4_gptoss
+from emulator.formats.mxfp4 import dequantize_mxfp4, dequantize_mxfp4_packed, dequantize_mxfp4_gptoss
 from emulator.numerics.e2m1 import unpack_e2m1
 from emulator.numerics.floats import round_float32_array, round_to_dtype
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from emulator.activations.int8 import CANONICAL_ASYM, Int8ActVariant
-from emulator.formats.mxfp4 import MxVariant, dequantize_mxfp4, quantize_mxfp4
+from emulator.formats.mxfp4 import MxVariant, quantize_mxfp4
 from emulator.linear import (
     exact_in_float64, gamma, linear_mxfp4_w4a4, linear_w4a8, linear_w8a8, linear_w16, lowest_bit_exponent, round_output,
 )

@@ -1,0 +1,102 @@
+"""Fingerprint output: one line per axis, the text report, and the per-scheme markdown tables of
+docs/fingerprints.md.
+
+Part of conformance/fingerprint.py (which re-exports ``format_text`` and ``markdown_tables``).
+"""
+
+from __future__ import annotations
+
+from .fingerprint_axes import SCHEME_AXES
+
+__all__ = ["axis_line", "format_text", "markdown_tables"]
+
+
+# -- output ---------------------------------------------------------------------------------------
+def axis_line(scheme: str, a: dict) -> str:
+    head = f"  {scheme:12s} {a['axis']:20s}"
+    if a["status"] == "unsupported":
+        return f"{head} unsupported: {a.get('reason', '')[:160]}"
+    if a["status"] == "not-applicable":
+        return f"{head} not applicable: {a.get('reason', '')[:200]}"
+    if a["status"] in ("crash", "error"):
+        return f"{head} {a['status']}: {a.get('reason', '')[:200]}"
+    cons = ", ".join(a.get("consistent", [])) or "NONE"
+    if a["axis"] == "accumulate" and a.get("bracket"):
+        cons = f"{a['bracket']} (consistent: {cons})"
+    exc = "; ".join(f"{v} [{', '.join(p) or '-'}]" for v, p in a.get("excluded", {}).items())
+    line = f"{head} consistent: {cons}"
+    if exc:
+        line += f" | excluded: {exc}"
+    if a["status"] == "not-observable":
+        line += " | not observable"
+    if a.get("unseparated"):
+        line += " | not separated: " + ", ".join("/".join(p) for p in a["unseparated"][:4])
+    line += f" | declared: {a.get('declared') or '-'}"
+    if a.get("contradiction"):
+        line += f"  ** CONTRADICTS DECLARATION: {a['contradiction']}"
+    return line
+
+
+def format_text(result: dict) -> str:
+    lines = [f"fingerprint of {result.get('label', result['backend'])} "
+             f"({result.get('version') or '-'}, {result.get('device') or '-'}), activations {result['act_dtype']}"]
+    if result.get("status") == "unavailable":
+        lines.append(f"  unavailable: {result.get('reason')}")
+        return "\n".join(lines)
+    for scheme, s in result["schemes"].items():
+        for a in s["axes"]:
+            lines.append(axis_line(scheme, a))
+        if s.get("unmodelled_keys"):
+            lines.append(f"  {scheme:12s} declared keys the emulator does not model: {', '.join(s['unmodelled_keys'])}")
+    if result["contradictions"]:
+        lines.append(f"{len(result['contradictions'])} contradiction(s) with the declared arithmetic:")
+        lines += [f"  - {c}" for c in result["contradictions"]]
+    else:
+        lines.append("no contradiction with the declared arithmetic")
+    return "\n".join(lines)
+
+
+# -- tables (docs/fingerprints.md) -------------------------------------------------------------------
+def _cell(a: dict | None) -> str:
+    if a is None:
+        return ""
+    st = a.get("status")
+    if st == "unsupported":
+        return "-"
+    if st == "not-applicable":
+        return "n/a"
+    if st in ("crash", "error"):
+        return st
+    cons = a.get("consistent") or []
+    if a["axis"] == "accumulate" and a.get("bracket"):
+        b = a["bracket"]
+        text = ("<= float64" if b.startswith("no accumulation error") else
+                b.replace("coarser than ", "> ").replace(", within the ", ", <= ").replace(" bound", ""))
+    elif st == "not-observable":
+        text = "not observable"
+    else:
+        text = " / ".join(cons) if cons else "NONE"
+    if a.get("contradiction"):
+        text += f" **(declared {a.get('declared')})**"
+    return text
+
+
+def markdown_tables(results: list[dict], names: list[str] | None = None) -> str:
+    """One markdown table per scheme: a row per fingerprint, a column per axis (consistent values)."""
+    names = names or [r.get("label", r["backend"]) for r in results]
+    out = []
+    for scheme, axes in SCHEME_AXES.items():
+        rows = []
+        for name, r in zip(names, results):
+            got = {a["axis"]: a for a in r.get("schemes", {}).get(scheme, {}).get("axes", [])}
+            if not got or all(a.get("status") == "unsupported" for a in got.values()):
+                continue
+            rows.append(f"| {name} | " + " | ".join(_cell(got.get(ax)) for ax in axes) + " |")
+        if not rows:
+            continue
+        out.append(f"**{scheme}**\n")
+        out.append("| backend | " + " | ".join(axes) + " |")
+        out.append("| --- | " + " | ".join("---" for _ in axes) + " |")
+        out += rows
+        out.append("")
+    return "\n".join(out)
