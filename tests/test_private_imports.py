@@ -4,8 +4,8 @@ ruff's PLC2701 ([tool.ruff] in pyproject.toml) sees private imports only across 
 packages; this test sees them inside one package too (``from .codec import _same``). A private
 name another module needs is part of its interface: give it a public name.
 
-Regression gate: the imports in KNOWN predate the check (issue #15 asks for none); a new one
-fails, and so does a KNOWN entry that is gone (remove it from the list).
+No private name is imported across modules (issue #15). KNOWN lists exceptions (none today); a new
+import fails, and so does a KNOWN entry that is gone.
 """
 
 from __future__ import annotations
@@ -17,18 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("emulator", "backends", "conformance", "benchmarks", "tools", "tests")
 
 #: (file, imported module as written, name): remove an entry when its import goes
-KNOWN = {
-    ("conformance/certify/__init__.py", ".codec", "_pack_pair"),
-    ("conformance/certify/__init__.py", ".codec", "_unpack_pair"),
-    ("conformance/certify/audit.py", ".codec", "_same"),
-    ("conformance/certify/verify.py", ".codec", "_same"),
-    ("conformance/certify/derive.py", "..report", "_json_safe"),
-    ("conformance/certify/identity.py", "..commands", "_git_commit"),
-    ("emulator/linear.py", ".numerics.rounding", "_decompose"),
-    ("emulator/numerics/floats.py", ".rounding", "_decompose"),
-    ("tests/conformance/test_certify.py", "conformance.certify", "_pack_pair"),
-    ("tests/conformance/test_certify.py", "conformance.certify", "_unpack_pair"),
-}
+KNOWN: set = set()  # none left: every private import across modules was made public or removed
 
 
 def _private_imports(root: Path = ROOT, tops=PROJECT) -> set:
