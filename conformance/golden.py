@@ -28,25 +28,12 @@ from emulator import __version__ as emulator_version
 from emulator.errors import QconformError
 from emulator.tensorfile import load_tensors
 
-from .bundle import load_bundle_inputs, save_bundle
-from .suite import CaseSpec, generators_for
+from .bundle import save_bundle
+from .generators import generators_for
+from .specs import GOLDEN_DIR, MANIFEST, CaseSpec, golden_inputs  # noqa: F401 - GOLDEN_DIR, golden_inputs re-exported
 
 __all__ = ["GOLDEN_DIR", "golden_cases", "golden_specs", "golden_inputs", "regenerate", "verify"]
 
-def _golden_dir() -> Path:
-    """QCONFORM_GOLDEN_DIR, else the package's own golden_data/ (found through importlib.resources, so an
-    installed copy and an editable checkout read the same files). Never a folder relative to the cwd:
-    a missing golden set is an error (``golden_specs``), not fewer cases."""
-    import os
-    from importlib import resources
-
-    if os.environ.get("QCONFORM_GOLDEN_DIR"):
-        return Path(os.environ["QCONFORM_GOLDEN_DIR"])
-    return Path(str(resources.files("conformance").joinpath("golden_data")))
-
-
-GOLDEN_DIR = _golden_dir()
-MANIFEST = "MANIFEST.json"
 
 
 def golden_cases() -> list[Case]:
@@ -164,11 +151,6 @@ def golden_specs(folder: "str | Path" = GOLDEN_DIR) -> list[CaseSpec]:
         src = CaseSpec.from_json(entry["spec"])
         out.append(CaseSpec(src.case, "golden", name[: -len(".safetensors")], src.seed))
     return out
-
-
-def golden_inputs(spec: CaseSpec, folder: "str | Path" = GOLDEN_DIR):
-    inp, _ = load_bundle_inputs(Path(folder) / (spec.generator + ".safetensors"))
-    return inp
 
 
 def golden_expected(spec: CaseSpec, folder: "str | Path" = GOLDEN_DIR) -> dict:

@@ -22,7 +22,7 @@ def check_names(what: str, given, known) -> None:
 
 def check_selection(*, schemes=None, tiers=None, profile=None, formats=None) -> None:
     """Every scheme, tier, profile and weight format named is one the suite knows."""
-    from .suite import PROFILES, TIERS
+    from .specs import PROFILES, TIERS
 
     check_names("scheme", schemes, tuple(SCHEMES))
     check_names("tier", tiers, TIERS)

@@ -11,66 +11,16 @@ files merge into one result set.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
 
 from backends.base import Case
 
-from .generators import GENERATORS, generate, generators_for
+from .generators import GENERATORS, generators_for
+from .specs import PROFILES, TIERS, CaseSpec
 
 __all__ = ["TIERS", "PROFILES", "CaseSpec", "scheme_grid", "case_list", "shard", "list_hash", "parse_shard"]
-
-TIERS = ("exact", "edge", "random", "golden")
-
-#: profile -> knobs. ci: derandomised, bounded, reproducible. nightly: fresh seeds, more shapes and seeds.
-PROFILES = {
-    "smoke": {"seeds": 1, "shapes": [(1, 64, 128), (5, 96, 256)], "fresh_seeds": False},
-    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (24, 64, 128)], "fresh_seeds": False},
-    "certification": {"seeds": 3, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512)],
-                      "fresh_seeds": False},
-    "nightly": {"seeds": 6, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512), (128, 512, 1024)],
-                "fresh_seeds": True},
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class CaseSpec:
-    case: Case
-    tier: str
-    generator: str
-    seed: int
-
-    @property
-    def case_id(self) -> str:
-        c = self.case
-        flags = "sym" if c.sym else "asym"
-        if c.act_order:
-            flags += "-ao"
-        if c.zero_convention:
-            flags += f"-{c.zero_convention}"
-        if c.bias:
-            flags += "-bias"
-        moe = f"-E{c.E}k{c.top_k}" if c.E else ""
-        return (f"{self.tier}/{c.scheme}/{c.weight_format}/{self.generator}/"
-                f"M{c.M}N{c.N}K{c.K}g{c.group_size}{moe}-{flags}-x{c.act_dtype}-s{c.scale_dtype}/seed{self.seed}")
-
-    def to_json(self) -> dict:
-        return {"case": self.case.to_json(), "tier": self.tier, "generator": self.generator, "seed": self.seed,
-                "case_id": self.case_id}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CaseSpec":
-        return cls(Case(**d["case"]), d["tier"], d["generator"], int(d["seed"]))
-
-    def inputs(self):
-        if self.tier == "golden":
-            from .golden import golden_inputs
-
-            return golden_inputs(self)
-        return generate(self.case, self.generator, self.seed)
-
 
 def scheme_grid(shapes) -> list[Case]:
     """Every scheme x format x parameter combination, at the given (M, N, K) shapes."""

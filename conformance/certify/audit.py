@@ -67,7 +67,7 @@ def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Pa
     from emulator.tensorfile import load_tensors
 
     from .codec import same_values, decode_case
-    from .verify import offline_verdict
+    from .offline import offline_verdict
 
     who = f"{rec['backend']} {rec['case_id']}"
     raw = rec.get("waived_verdict") or rec.get("verdict")

@@ -1,0 +1,86 @@
+"""What a case of the suite is: its tier and profile vocabulary and ``CaseSpec`` (case, tier, generator, seed).
+
+Semantics: docs/conformance.md#cases. A leaf of the suite: the case list (conformance/suite.py), the
+golden set (conformance/golden.py) and the name checks (conformance/selection.py) all build on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from importlib import resources
+from pathlib import Path
+
+from backends.base import Case
+
+from .generators import generate
+
+__all__ = ["TIERS", "PROFILES", "CaseSpec", "GOLDEN_DIR", "MANIFEST", "golden_dir", "golden_inputs"]
+
+TIERS = ("exact", "edge", "random", "golden")
+
+#: profile -> knobs. ci: derandomised, bounded, reproducible. nightly: fresh seeds, more shapes and seeds.
+PROFILES = {
+    "smoke": {"seeds": 1, "shapes": [(1, 64, 128), (5, 96, 256)], "fresh_seeds": False},
+    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (24, 64, 128)], "fresh_seeds": False},
+    "certification": {"seeds": 3, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512)],
+                      "fresh_seeds": False},
+    "nightly": {"seeds": 6, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512), (128, 512, 1024)],
+                "fresh_seeds": True},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseSpec:
+    case: Case
+    tier: str
+    generator: str
+    seed: int
+
+    @property
+    def case_id(self) -> str:
+        c = self.case
+        flags = "sym" if c.sym else "asym"
+        if c.act_order:
+            flags += "-ao"
+        if c.zero_convention:
+            flags += f"-{c.zero_convention}"
+        if c.bias:
+            flags += "-bias"
+        moe = f"-E{c.E}k{c.top_k}" if c.E else ""
+        return (f"{self.tier}/{c.scheme}/{c.weight_format}/{self.generator}/"
+                f"M{c.M}N{c.N}K{c.K}g{c.group_size}{moe}-{flags}-x{c.act_dtype}-s{c.scale_dtype}/seed{self.seed}")
+
+    def to_json(self) -> dict:
+        return {"case": self.case.to_json(), "tier": self.tier, "generator": self.generator, "seed": self.seed,
+                "case_id": self.case_id}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CaseSpec":
+        return cls(Case(**d["case"]), d["tier"], d["generator"], int(d["seed"]))
+
+    def inputs(self):
+        if self.tier == "golden":
+            return golden_inputs(self)
+        return generate(self.case, self.generator, self.seed)
+
+
+
+def golden_dir() -> Path:
+    """QCONFORM_GOLDEN_DIR, else the package's own golden_data/ (found through importlib.resources, so an
+    installed copy and an editable checkout read the same files). Never a folder relative to the cwd:
+    a missing golden set is an error (``golden_specs``), not fewer cases."""
+    if os.environ.get("QCONFORM_GOLDEN_DIR"):
+        return Path(os.environ["QCONFORM_GOLDEN_DIR"])
+    return Path(str(resources.files("conformance").joinpath("golden_data")))
+
+
+GOLDEN_DIR = golden_dir()
+MANIFEST = "MANIFEST.json"
+
+
+def golden_inputs(spec: CaseSpec, folder: "str | Path" = GOLDEN_DIR):
+    from .bundle import load_bundle_inputs
+
+    inp, _ = load_bundle_inputs(Path(folder) / (spec.generator + ".safetensors"))
+    return inp
