@@ -433,15 +433,3 @@ def rtn_codes(
         return r.astype(np.int32)
     r = quantize_to_int(w64 / s64, lo - zi, hi - zi, Rounding.RNE, what=what)
     return (r.astype(np.int64) + zi).astype(np.int32)
-
-
-_MOVED_TO_FAST_DEQUANT = ("CodeRows", "dequantize_grouped")
-
-
-def __getattr__(name: str):
-    """The blocked fast path moved to ``fast_dequant.py``; still importable from here."""
-    if name in _MOVED_TO_FAST_DEQUANT:
-        from . import fast_dequant
-
-        return getattr(fast_dequant, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

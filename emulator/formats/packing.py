@@ -111,15 +111,3 @@ def unpack_int32(packed, bits: int, axis: int = 0, *, order=None, tensor: str = 
     shifts = np.uint32(bits) * np.array(inverse_order(order), dtype=np.uint32)  # [F]: the slot of element e
     fields = ((words >> shifts) & np.uint32((1 << bits) - 1)).astype(np.uint8)  # [..., W, F]
     return np.moveaxis(fields.reshape(fields.shape[:-2] + (-1,)), -1, axis)
-
-
-_MOVED_TO_FAST_UNPACK = ("sequential_fields", "transposed_field_rows", "unpack_int32_transposed")
-
-
-def __getattr__(name: str):
-    """The fast unpackers moved to ``fast_unpack.py``; still importable from here."""
-    if name in _MOVED_TO_FAST_UNPACK:
-        from . import fast_unpack
-
-        return getattr(fast_unpack, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,8 @@ from hypothesis import given, settings, strategies as st
 import emulator.parallel as par
 from emulator.formats import awq, compressed_tensors as ct, gptq
 from emulator.formats.int_common import default_g_idx
-from emulator.formats.packing import unpack_int32, unpack_int32_transposed
+from emulator.formats.fast_unpack import unpack_int32_transposed
+from emulator.formats.packing import unpack_int32
 from emulator.formats.mxfp4 import dequantize_mxfp4_ct, dequantize_mxfp4_gptoss
 
 from variant_oracle import affine_oracle, same_bits
