@@ -161,7 +161,7 @@ def quantize_awq(w, params: AwqParams, *, scale_dtype: str = "float16", layer: s
     s = round_scale(np.maximum(hi - lo, 1e-5) / params.maxq, scale_dtype, tensor="scales", layer=layer)
     z = quantize_to_int(-lo / s, 0, params.maxq, Rounding.RNE, what="zero point")
     g = default_g_idx(k, group)
-    q = rtn_codes(w64, s[g, :].T, z[g, :].T, 0, params.maxq, what="w")
+    q = rtn_codes(w64, expand_groups(s.T, g), expand_groups(z.T, g), 0, params.maxq, what="w")
     codes = AwqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=float_array(s, scale_dtype))
     return pack_awq(codes, params, layer=layer)
 

@@ -259,8 +259,8 @@ def quantize_ct_packed(
             lo[:, gi] = cols.min(axis=1)
             hi[:, gi] = cols.max(axis=1)
     s, zp = _ct_minmax_scales(lo, hi, params.num_bits, params.symmetric, scale_dtype, layer)
-    z_full = 0 if zp is None else zp[:, g]
-    q = rtn_codes(w64, s[:, g], z_full, params.qmin, params.qmax, what="w", zero_before_rounding=True)
+    z_full = 0 if zp is None else expand_groups(zp, g)
+    q = rtn_codes(w64, expand_groups(s, g), z_full, params.qmin, params.qmax, what="w", zero_before_rounding=True)
     codes = CtCodes(
         q=q.astype(np.int8),
         scales=float_array(s, scale_dtype),

@@ -28,7 +28,7 @@ from ..numerics.e8m0 import decode_e8m0
 from ..numerics.floats import round_float32_array
 from ..numerics.rounding import Rounding, as_float64
 from ..parallel import for_row_chunks
-from .int_common import ComputeDtype, DequantOrder, check_out, default_g_idx, dequantize_affine
+from .int_common import ComputeDtype, DequantOrder, check_out, default_g_idx, dequantize_affine, expand_groups
 
 __all__ = ["CodeRows", "dequantize_affine_fast", "dequantize_grouped", "dequantize_mxfp4_packed"]
 
@@ -103,8 +103,8 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
             dequantize_affine_fast(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
                               out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
         else:
-            zb = za if scalar_zero else za[r0:r1][:, g]
-            dequantize_affine_fast(qb, zb, s[r0:r1][:, g], out=out[r0:r1], **kw)
+            zb = za if scalar_zero else expand_groups(za[r0:r1], g)
+            dequantize_affine_fast(qb, zb, expand_groups(s[r0:r1], g), out=out[r0:r1], **kw)
 
     for_row_chunks(n, n * k, rows, row_bytes=4 * k, align=src.align)
     return out
@@ -156,7 +156,7 @@ class _FastPlan:
             s, z = s[:, :, None], None if z is None else z[:, :, None]
         else:
             q3, o3 = qb, out
-            s, z = s[:, g], None if z is None else z[:, g]
+            s, z = expand_groups(s, g), None if z is None else expand_groups(z, g)
         if z is None:
             o3[...] = q3
         else:

@@ -291,7 +291,7 @@ def quantize_gptq(
     else:
         s = round_scale((hi - lo) / maxq, scale_dtype, tensor="scales", layer=layer)
         z = quantize_to_int(-lo / s, 0, maxq, Rounding.RNE, what="zero point")
-    q = rtn_codes(w64, s[g, :].T, z[g, :].T, 0, maxq, what="w")
+    q = rtn_codes(w64, expand_groups(s.T, g), expand_groups(z.T, g), 0, maxq, what="w")
     scales = float_array(s, scale_dtype)
     codes = GptqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=scales, g_idx=g)
     return pack_gptq(codes, params, v1_zero_write=v1_zero_write, layer=layer)

@@ -3,6 +3,11 @@
 Semantics: docs/formats/gptq.md#dequantization (awq.md and
 compressed-tensors.md use the same rule and the same variant names).
 
+``dequantize_affine`` below is this rule computed exactly (float64, each rounding
+explicit): the specification every ``dequantize_<format>_reference`` applies after
+unpacking the codes and expanding per-group zeros and scales with ``expand_groups``.
+The blocked float32 fast path is ``fast_dequant.py``.
+
 Dequantization, canonical
 -------------------------
 A weight element is ``w = (q - z) * s`` with ``q`` the stored integer code,
@@ -27,13 +32,6 @@ Named variants of the operation order (keyword-only arguments of every
   the order vLLM's Machete reference uses (``quantize_weights(...,
   ref_zero_points_after_scales=True)`` in
   ``vllm/model_executor/layers/quantization/utils/quant_utils.py``).
-- ``scale_dtype``: the scales are first rounded (RNE) to this dtype, e.g.
-  ``ComputeDtype.BFLOAT16`` for kernels that load float16 checkpoint scales
-  into bfloat16 parameters (``SCALE_BF16``).
-- ``compute_dtype`` C: every operand is converted to C and every operation's
-  result is rounded to C (RNE), as a kernel that dequantizes in C does. The
-  returned array is still float32 (it holds values of C exactly).
-
 - ``DequantOrder.FLOAT_ZERO``: the zero point is turned into a *float*
   offset stored in a dtype Z before the weights are formed (tinygemm:
   torch ``_weight_int4pack_mm_for_cpu`` / CUDA ``_weight_int4pack_mm``,
