@@ -101,7 +101,7 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
         elif default:
             zb = za if scalar_zero else za[r0:r1, :, None]
             dequantize_affine_fast(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
-                              out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
+                                   out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
         else:
             zb = za if scalar_zero else expand_groups(za[r0:r1], g)
             dequantize_affine_fast(qb, zb, expand_groups(s[r0:r1], g), out=out[r0:r1], **kw)

@@ -357,7 +357,7 @@ def _pack_zeros(zeros: np.ndarray, params: GptqParams, write: GptqV1ZeroWrite, l
 
 
 def _read_zeros(qzeros: np.ndarray, params: GptqParams, read: GptqZeroRead, layer: str | None) -> np.ndarray:
-    """The zero points [K/G, N] int32 that ``read`` takes from qzeros [K/G, N/F] (docs/formats/gptq.md#zero-points)."""
+    """The zero points [K/G, N] int32 that ``read`` takes from qzeros [K/G, N/F] (docs/formats/gptq.md#zero-points-zeroconvention)."""
     if read is GptqZeroRead.IGNORE_QZEROS:
         return np.full((qzeros.shape[0], qzeros.shape[1] * params.pack_factor), params.sym_zero, dtype=np.int32)
     if read in (GptqZeroRead.V1_PACKED_ADD, GptqZeroRead.V1_WRAP, GptqZeroRead.V1_LITERAL) and params.zero_convention is not ZeroConvention.V1:
