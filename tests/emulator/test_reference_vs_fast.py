@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import emulator.parallel as par
-from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
+from emulator.formats import awq, compressed_tensors as ct, fast_dequant, fast_unpack, gptq, mxfp4
 from emulator.formats.int_common import default_g_idx
 from emulator.numerics.rounding import Rounding
 
@@ -242,3 +242,42 @@ def test_mxfp4_reference_equals_ml_dtypes_reading():
     assert same_bits(mxfp4.dequantize_mxfp4_ct_reference({"weight_packed": packed, "weight_scale": scale}), expect)
     blocks = packed.reshape(256, 16, 16)
     assert same_bits(mxfp4.dequantize_mxfp4_gptoss_reference(blocks, scale), expect)
+
+
+def test_references_never_call_the_fast_path(monkeypatch):
+    """With every fast-path entry point (and the row-block threading) made to raise, the
+    references still compute, and the public functions (the fast path) do not."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a reference function called the fast path")
+
+    fast_modules = {fast_dequant.__name__, fast_unpack.__name__}
+    patched = []
+    for module in (gptq, awq, ct, mxfp4, fast_dequant, fast_unpack):
+        for name, value in list(vars(module).items()):
+            if getattr(value, "__module__", None) in fast_modules or value is par.for_row_chunks:
+                monkeypatch.setattr(module, name, forbidden)
+                patched.append(f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
+    assert {"gptq.dequantize_grouped", "awq.transposed_field_rows", "compressed_tensors.dequantize_affine_fast",
+            "compressed_tensors.sequential_fields", "mxfp4.dequantize_mxfp4_packed",
+            "fast_dequant.for_row_chunks", "fast_unpack.for_row_chunks"} <= set(patched), patched
+    rng = np.random.default_rng(3)
+    t, p, shape = _gptq_case(rng, 4, 1, 2, 1, False, "permuted", False, np.float16)
+    at, ap = awq.AwqTensors(_words(rng, (16, 1)), _words(rng, (2, 1)), _scales(rng, (2, 8), np.float16)), \
+        awq.AwqParams(group_size=8)
+    ctt, cp = _ct_case(rng, 4, 5, 2, 12, False, False, "any", np.float32)
+    i8 = ct.CtInt8Tensors(rng.integers(-128, 128, (3, 8)).astype(np.int8), _scales(rng, (1,), np.float16))
+    mx = {"weight_packed": rng.integers(0, 256, (2, 16), dtype=np.uint8),
+          "weight_scale": rng.integers(0, 256, (2, 1), dtype=np.uint8)}
+    blocks, scales = rng.integers(0, 256, (2, 3, 1, 16), dtype=np.uint8), rng.integers(0, 256, (2, 3, 1), dtype=np.uint8)
+    with np.errstate(all="ignore"):
+        gptq.dequantize_gptq_reference(t, p, shape=shape, order="float_zero")
+        awq.dequantize_awq_reference(at, ap, compute_dtype="bfloat16")
+        ct.dequantize_ct_packed_reference(ctt, cp, order="mul_then_sub")
+        ct.dequantize_ct_int8_reference(i8)
+        mxfp4.dequantize_mxfp4_ct_reference(mx)
+        mxfp4.dequantize_mxfp4_gptoss_reference(blocks, scales)
+    for call in [lambda: gptq.dequantize_gptq(t, p, shape=shape), lambda: awq.dequantize_awq(at, ap),
+                 lambda: ct.dequantize_ct_packed(ctt, cp), lambda: ct.dequantize_ct_int8(i8),
+                 lambda: mxfp4.dequantize_mxfp4_ct(mx), lambda: mxfp4.dequantize_mxfp4_gptoss(blocks, scales)]:
+        with pytest.raises(AssertionError, match="called the fast path"):
+            call()
