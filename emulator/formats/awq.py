@@ -223,7 +223,7 @@ def dequantize_awq_reference(
 
     Written to be read (docs/formats/awq.md#reference-and-fast-path); slow on purpose.
     """
-    n, k, qweight, _, scales = _validated(tensors, params, shape, layer)
+    _, k, qweight, _, scales = _validated(tensors, params, shape, layer)
     # 1. unpack: q[n, k] is slot AWQ_REVERSE_ORDER[n % 8] of word qweight[k, n // 8]; zeros the same
     q = unpack_int32(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER).T
     zeros = unpack_int32(tensors.qzeros, params.bits, axis=1, order=AWQ_PACK_ORDER)  # [K/G, N], literal

@@ -28,7 +28,14 @@ from ..numerics.e8m0 import decode_e8m0
 from ..numerics.floats import round_float32_array
 from ..numerics.rounding import Rounding, as_float64
 from ..parallel import for_row_chunks
-from .int_common import ComputeDtype, DequantOrder, check_out, default_g_idx, dequantize_affine, expand_groups
+from .int_common import (
+    ComputeDtype,
+    DequantOrder,
+    check_out,
+    default_g_idx,
+    dequantize_affine,
+    expand_groups,
+)
 
 __all__ = ["CodeRows", "dequantize_affine_fast", "dequantize_grouped", "dequantize_mxfp4_packed"]
 

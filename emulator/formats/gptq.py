@@ -424,7 +424,7 @@ def dequantize_gptq_reference(
 
     Written to be read (docs/formats/gptq.md#reference-and-fast-path); slow on purpose.
     """
-    n, k, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
+    _, _, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
     # 1. unpack: q[n, k] is field k % F (LSB first) of word qweight[k // F, n]
     q = unpack_int32(qweight, params.bits, axis=0).T
     # 2. expand groups: column k uses group g_idx[k] of zeros [K/G, N] (read per zero_read) and scales

@@ -33,8 +33,22 @@ import dataclasses
 import numpy as np
 
 from ..errors import FormatError, require
-from ..numerics.e2m1 import E2M1NanRule, E2M1ZeroSign, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
-from ..numerics.e8m0 import E8M0_NAN, MxScaleRule, NanBlockRule, ZeroBlockRule, decode_e8m0, mx_scale_byte
+from ..numerics.e2m1 import (
+    E2M1NanRule,
+    E2M1ZeroSign,
+    decode_e2m1,
+    encode_e2m1,
+    pack_e2m1,
+    unpack_e2m1,
+)
+from ..numerics.e8m0 import (
+    E8M0_NAN,
+    MxScaleRule,
+    NanBlockRule,
+    ZeroBlockRule,
+    decode_e8m0,
+    mx_scale_byte,
+)
 from ..numerics.rounding import Rounding, as_float64
 from .fast_dequant import dequantize_mxfp4_packed
 from .int_common import default_g_idx, expand_groups

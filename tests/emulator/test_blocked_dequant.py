@@ -14,16 +14,17 @@ each rounding a numpy / ml_dtypes cast; no emulator code).
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from variant_oracle import affine_oracle, same_bits
 
 import emulator.parallel as par
-from emulator.formats import awq, compressed_tensors as ct, gptq
-from emulator.formats.int_common import default_g_idx
+from emulator.formats import awq, gptq
+from emulator.formats import compressed_tensors as ct
 from emulator.formats.fast_unpack import unpack_int32_transposed
-from emulator.formats.packing import unpack_int32
+from emulator.formats.int_common import default_g_idx
 from emulator.formats.mxfp4 import dequantize_mxfp4_ct, dequantize_mxfp4_gptoss
-
-from variant_oracle import affine_oracle, same_bits
+from emulator.formats.packing import unpack_int32
 
 #: canonical, or any named variant whose roundings the oracle computes (RNE and RTZ)
 VARIANTS = st.one_of(st.just({}), st.fixed_dictionaries({

@@ -22,7 +22,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.formats.awq import AwqCodes, AwqParams, dequantize_awq, dequantize_awq_reference, pack_awq
+from emulator.formats.awq import (
+    AwqCodes,
+    AwqParams,
+    dequantize_awq,
+    dequantize_awq_reference,
+    pack_awq,
+)
 from emulator.formats.compressed_tensors import (
     CtCodes,
     CtInt8Tensors,
@@ -35,7 +41,13 @@ from emulator.formats.compressed_tensors import (
     pack_ct_packed,
     unpack_ct_packed,
 )
-from emulator.formats.gptq import GptqCodes, GptqParams, dequantize_gptq, dequantize_gptq_reference, pack_gptq
+from emulator.formats.gptq import (
+    GptqCodes,
+    GptqParams,
+    dequantize_gptq,
+    dequantize_gptq_reference,
+    pack_gptq,
+)
 from emulator.formats.int_common import ZeroConvention, rtn_codes
 
 

@@ -21,21 +21,22 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from variant_oracle import same_bits
 
 import emulator.parallel as par
-from emulator.formats import awq, compressed_tensors as ct, fast_dequant, fast_unpack, gptq, mxfp4
+from emulator.formats import awq, fast_dequant, fast_unpack, gptq, mxfp4
+from emulator.formats import compressed_tensors as ct
 from emulator.formats.int_common import default_g_idx
 from emulator.numerics.rounding import Rounding
-
-from variant_oracle import same_bits
 
 ORDERS = ["sub_then_mul", "mul_then_sub", "float_zero"]
 SCALE_DTYPES = [None, "float16", "bfloat16", "float32"]
 COMPUTE = ["float32", "float16", "bfloat16"]
 ROUNDINGS = [r.value for r in Rounding]
 ZERO_DTYPES = [None, "float16", "bfloat16", "float32"]
-ALL_VARIANTS = [dict(order=o, scale_dtype=sd, compute_dtype=c, compute_rounding=r, zero_dtype=zd)
+ALL_VARIANTS = [{"order": o, "scale_dtype": sd, "compute_dtype": c, "compute_rounding": r, "zero_dtype": zd}
                 for o, sd, c, r, zd in itertools.product(ORDERS, SCALE_DTYPES, COMPUTE, ROUNDINGS, ZERO_DTYPES)
                 if o == "float_zero" or zd is None]  # zero_dtype only matters to float_zero
 VARIANT = st.fixed_dictionaries({
