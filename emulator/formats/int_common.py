@@ -3,7 +3,7 @@
 Semantics: docs/formats/gptq.md#dequantization (awq.md and
 compressed-tensors.md use the same rule and the same variant names).
 
-``dequantize_affine`` below is this rule computed exactly (float64, each rounding
+``dequantize_affine`` computes the rule below exactly (float64, each rounding
 explicit): the specification every ``dequantize_<format>_reference`` applies after
 unpacking the codes and expanding per-group zeros and scales with ``expand_groups``.
 The blocked float32 fast path is ``fast_dequant.py``.
