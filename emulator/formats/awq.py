@@ -21,7 +21,8 @@ scales      [K / G, N]     float16  (bfloat16 accepted)
 
 Canonical value: ``W[n, k] = (q[n, k] - z[k // G, n]) * scales[k // G, n]``,
 exact, rounded once to float32 (int_common.dequantize_affine; the zero point
-is literal, no +1).
+is literal, no +1). ``dequantize_awq_reference`` is the specification to read,
+``dequantize_awq`` the fast path.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import numpy as np
 
 from ..errors import UnsupportedFormatError, require
 from ..numerics.rounding import Rounding, quantize_to_int
+from .fast_dequant import CodeRows, dequantize_grouped
+from .fast_unpack import transposed_field_rows, unpack_int32_transposed
 from .int_common import (
-    CodeRows,
     ComputeDtype,
     DequantOrder,
     check_dtype,
@@ -43,13 +45,13 @@ from .int_common import (
     check_weights,
     default_g_idx,
     dequantize_affine,
-    dequantize_grouped,
+    expand_groups,
     float_array,
     resolve_group_size,
     round_scale,
     rtn_codes,
 )
-from .packing import inverse_order, pack_int32, transposed_field_rows, unpack_int32, unpack_int32_transposed
+from .packing import inverse_order, pack_int32, unpack_int32
 
 __all__ = [
     "AWQ_PACK_ORDER",
@@ -61,6 +63,7 @@ __all__ = [
     "pack_awq",
     "unpack_awq",
     "dequantize_awq",
+    "dequantize_awq_reference",
     "awq_shape",
 ]
 
@@ -158,7 +161,7 @@ def quantize_awq(w, params: AwqParams, *, scale_dtype: str = "float16", layer: s
     s = round_scale(np.maximum(hi - lo, 1e-5) / params.maxq, scale_dtype, tensor="scales", layer=layer)
     z = quantize_to_int(-lo / s, 0, params.maxq, Rounding.RNE, what="zero point")
     g = default_g_idx(k, group)
-    q = rtn_codes(w64, s[g, :].T, z[g, :].T, 0, params.maxq, what="w")
+    q = rtn_codes(w64, expand_groups(s.T, g), expand_groups(z.T, g), 0, params.maxq, what="w")
     codes = AwqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=float_array(s, scale_dtype))
     return pack_awq(codes, params, layer=layer)
 
@@ -204,6 +207,35 @@ def unpack_awq(tensors: AwqTensors, params: AwqParams, *, shape: tuple | None = 
     return AwqCodes(q=q, zeros=zeros, scales=scales)
 
 
+def dequantize_awq_reference(
+    tensors: AwqTensors,
+    params: AwqParams,
+    *,
+    shape: tuple | None = None,
+    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
+    scale_dtype: ComputeDtype | str | None = None,
+    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
+    layer: str | None = None,
+) -> np.ndarray:
+    """The specification of ``dequantize_awq``: same arguments, same float32 [N, K] bit for bit.
+
+    Written to be read (docs/formats/awq.md#reference-and-fast-path); slow on purpose.
+    """
+    _, k, qweight, _, scales = _validated(tensors, params, shape, layer)
+    # 1. unpack: q[n, k] is slot AWQ_REVERSE_ORDER[n % 8] of word qweight[k, n // 8]; zeros the same
+    q = unpack_int32(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER).T
+    zeros = unpack_int32(tensors.qzeros, params.bits, axis=1, order=AWQ_PACK_ORDER)  # [K/G, N], literal
+    # 2. expand groups: column k uses group k // G (AWQ has no g_idx)
+    g = default_g_idx(k, k // zeros.shape[0])
+    z, s = expand_groups(zeros.T, g), expand_groups(np.asarray(scales).T, g)
+    # 3. the rule (q - z) * s in the declared order, dtypes and rounding (int_common.dequantize_affine)
+    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype,
+                             midpoint=1 << (params.bits - 1))
+
+
 def dequantize_awq(
     tensors: AwqTensors,
     params: AwqParams,
@@ -219,8 +251,9 @@ def dequantize_awq(
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - z[k // G]) * s[k // G]`` (see module docstring).
 
-    Equal to dequantizing ``unpack_awq``'s codes, unpacked block by block inside the
-    dequantization. ``out``: a float32 [N, K] C-contiguous array to write into.
+    The fast path (fast_dequant.py): bit-identical to ``dequantize_awq_reference``, with the
+    codes unpacked block by block inside the dequantization. ``out``: a float32 [N, K]
+    C-contiguous array to write into.
     """
     n, k, qweight, zeros, scales = _validated(tensors, params, shape, layer)
     rows, _, align = transposed_field_rows(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight",

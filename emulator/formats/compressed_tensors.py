@@ -26,6 +26,9 @@ unsigned fields give the same value: ``(Q - ZP) * s``.
 
 int-quantized (W8A8): ``weight`` int8 [N, K], ``weight_scale`` [N, 1]
 (channel) or [1] (tensor), symmetric: ``W = q * s``.
+
+``dequantize_ct_packed_reference`` / ``dequantize_ct_int8_reference`` are the
+specification to read; ``dequantize_ct_packed`` / ``dequantize_ct_int8`` the fast path.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedFormatError, require
 from ..numerics.rounding import Rounding, quantize_to_int
+from .fast_dequant import CodeRows, dequantize_affine_fast, dequantize_grouped
+from .fast_unpack import sequential_fields
 from .int_common import (
     FLOAT_DTYPE_NAMES,
-    CodeRows,
     ComputeDtype,
     DequantOrder,
     check_dtype,
@@ -50,13 +54,13 @@ from .int_common import (
     check_weights,
     default_g_idx,
     dequantize_affine,
-    dequantize_grouped,
+    expand_groups,
     float_array,
     round_scale,
     rtn_codes,
     shape_str,
 )
-from .packing import pack_int32, sequential_fields, unpack_int32
+from .packing import pack_int32, unpack_int32
 
 __all__ = [
     "CtStrategy",
@@ -67,10 +71,12 @@ __all__ = [
     "pack_ct_packed",
     "unpack_ct_packed",
     "dequantize_ct_packed",
+    "dequantize_ct_packed_reference",
     "CtInt8Tensors",
     "quantize_ct_int8",
     "validate_ct_int8",
     "dequantize_ct_int8",
+    "dequantize_ct_int8_reference",
 ]
 
 
@@ -253,8 +259,8 @@ def quantize_ct_packed(
             lo[:, gi] = cols.min(axis=1)
             hi[:, gi] = cols.max(axis=1)
     s, zp = _ct_minmax_scales(lo, hi, params.num_bits, params.symmetric, scale_dtype, layer)
-    z_full = 0 if zp is None else zp[:, g]
-    q = rtn_codes(w64, s[:, g], z_full, params.qmin, params.qmax, what="w", zero_before_rounding=True)
+    z_full = 0 if zp is None else expand_groups(zp, g)
+    q = rtn_codes(w64, expand_groups(s, g), z_full, params.qmin, params.qmax, what="w", zero_before_rounding=True)
     codes = CtCodes(
         q=q.astype(np.int8),
         scales=float_array(s, scale_dtype),
@@ -346,8 +352,40 @@ def _signed(fields: np.ndarray, params: CtPackParams) -> np.ndarray:
 def unpack_ct_packed(tensors: CtPackedTensors, params: CtPackParams, *, layer: str | None = None) -> CtCodes:
     """Validate pack-quantized tensors and unpack them to signed codes."""
     n, k, packed, scales, zp, g = _validated(tensors, params, layer)
-    q = unpack_int32(packed, params.num_bits, axis=1, tensor="weight_packed", layer=layer)[:, :k]
+    q = np.ascontiguousarray(sequential_fields(packed, params.num_bits)[:, :k])
     return CtCodes(q=_signed(q, params), scales=scales, zero_point=zp, g_idx=g)
+
+
+def dequantize_ct_packed_reference(
+    tensors: CtPackedTensors,
+    params: CtPackParams,
+    *,
+    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
+    scale_dtype: ComputeDtype | str | None = None,
+    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
+    layer: str | None = None,
+) -> np.ndarray:
+    """The specification of ``dequantize_ct_packed``: same arguments, same float32 [N, K] bit for bit.
+
+    Written to be read (docs/formats/compressed-tensors.md#reference-and-fast-path); slow on purpose.
+    """
+    n, k, packed, scales, _, g_idx = _validated(tensors, params, layer)
+    b, offset = params.num_bits, params.offset
+    # 1. unpack: field k % F (LSB first) of word [n, k // F] holds q + offset; the last word's padding is dropped
+    q = unpack_int32(packed, b, axis=1)[:, :k].astype(np.int16) - offset
+    # 2. expand groups: column k uses group g_idx[k] (default k // G; channel-wise: one group)
+    g = default_g_idx(k, k // scales.shape[1]) if g_idx is None else g_idx
+    s = expand_groups(scales, g)
+    if params.symmetric:
+        z = 0
+    else:  # field n % F of word [n // F, g] holds zp + offset
+        z = expand_groups(unpack_int32(tensors.weight_zero_point, b, axis=0)[:n].astype(np.int16) - offset, g)
+    # 3. the rule (q - z) * s in the declared order, dtypes and rounding (int_common.dequantize_affine);
+    #    the +offset of q and zp cancels, so signed codes are used, and FLOAT_ZERO's midpoint is 0
+    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
 
 
 def dequantize_ct_packed(
@@ -364,8 +402,9 @@ def dequantize_ct_packed(
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - zp[n, g]) * s[n, g]``, g = g_idx[k] (see module docstring).
 
-    Equal to dequantizing ``unpack_ct_packed``'s codes, unpacked block by block inside the
-    dequantization. ``out``: a float32 [N, K] C-contiguous array to write into.
+    The fast path (fast_dequant.py): bit-identical to ``dequantize_ct_packed_reference``, with
+    the codes unpacked block by block inside the dequantization. ``out``: a float32 [N, K]
+    C-contiguous array to write into.
     """
     n, k, packed, scales, zp, g = _validated(tensors, params, layer)
 
@@ -416,6 +455,23 @@ def quantize_ct_int8(w, *, scale_dtype: str | None = None, layer: str | None = N
     return CtInt8Tensors(weight=q.astype(np.int8), weight_scale=float_array(s, scale_dtype))
 
 
+def dequantize_ct_int8_reference(
+    tensors: CtInt8Tensors,
+    *,
+    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
+    scale_dtype: ComputeDtype | str | None = None,
+    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
+    layer: str | None = None,
+) -> np.ndarray:
+    """The specification of ``dequantize_ct_int8``: same arguments, same float32 [N, K] bit for bit."""
+    q, s = validate_ct_int8(tensors, layer=layer)  # q int8 [N, K]; s [N, 1] (channel) or [1, 1] (tensor)
+    s = expand_groups(s, np.zeros(q.shape[1], dtype=np.intp))  # one group: every column k uses it
+    return dequantize_affine(q, 0, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
+
+
 def dequantize_ct_int8(
     tensors: CtInt8Tensors,
     *,
@@ -427,8 +483,9 @@ def dequantize_ct_int8(
     layer: str | None = None,
 ) -> np.ndarray:
     """The float32 weight [N, K] = ``q * s`` (exact, rounded once; zero point 0, so every
-    ``order`` gives the same value up to the compute dtype's roundings)."""
+    ``order`` gives the same value up to the compute dtype's roundings). The fast path:
+    bit-identical to ``dequantize_ct_int8_reference``."""
     q, s = validate_ct_int8(tensors, layer=layer)
     s_full = np.broadcast_to(np.asarray(s), q.shape)
-    return dequantize_affine(q, 0, s_full, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
+    return dequantize_affine_fast(q, 0, s_full, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                                  compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)

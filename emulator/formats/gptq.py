@@ -18,7 +18,8 @@ g_idx       [K]                int32    group of input channel k
 Canonical value: ``W[n, k] = (q[n, k] - z[g, n]) * scales[g, n]`` with
 ``g = g_idx[k]`` (act-order / desc_act: g_idx is any map into [0, K/G);
 without desc_act it must be ``k // G``), computed exactly and rounded once to
-float32 (int_common.dequantize_affine). The zero point z is read from qzeros
+float32 (int_common.dequantize_affine; ``dequantize_gptq_reference`` is the
+specification to read, ``dequantize_gptq`` the fast path). The zero point z is read from qzeros
 under ``GptqParams.zero_convention``:
 
 - ``ZeroConvention.V1`` (checkpoint_format "gptq"): ``z = field + 1`` as an
@@ -42,8 +43,9 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedFormatError, require
 from ..numerics.rounding import Rounding, quantize_to_int
+from .fast_dequant import CodeRows, dequantize_grouped
+from .fast_unpack import transposed_field_rows, unpack_int32_transposed
 from .int_common import (
-    CodeRows,
     ComputeDtype,
     DequantOrder,
     ZeroConvention,
@@ -55,13 +57,13 @@ from .int_common import (
     check_weights,
     default_g_idx,
     dequantize_affine,
-    dequantize_grouped,
+    expand_groups,
     float_array,
     resolve_group_size,
     round_scale,
     rtn_codes,
 )
-from .packing import pack_int32, transposed_field_rows, unpack_int32, unpack_int32_transposed
+from .packing import pack_int32, unpack_int32
 
 __all__ = [
     "GptqParams",
@@ -73,6 +75,7 @@ __all__ = [
     "pack_gptq",
     "unpack_gptq",
     "dequantize_gptq",
+    "dequantize_gptq_reference",
     "gptq_shape",
 ]
 
@@ -288,7 +291,7 @@ def quantize_gptq(
     else:
         s = round_scale((hi - lo) / maxq, scale_dtype, tensor="scales", layer=layer)
         z = quantize_to_int(-lo / s, 0, maxq, Rounding.RNE, what="zero point")
-    q = rtn_codes(w64, s[g, :].T, z[g, :].T, 0, maxq, what="w")
+    q = rtn_codes(w64, expand_groups(s.T, g), expand_groups(z.T, g), 0, maxq, what="w")
     scales = float_array(s, scale_dtype)
     codes = GptqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=scales, g_idx=g)
     return pack_gptq(codes, params, v1_zero_write=v1_zero_write, layer=layer)
@@ -353,9 +356,10 @@ def _pack_zeros(zeros: np.ndarray, params: GptqParams, write: GptqV1ZeroWrite, l
     return words
 
 
-def _read_zeros(qzeros: np.ndarray, params: GptqParams, read: GptqZeroRead, n_groups: int, n: int, layer: str | None) -> np.ndarray:
+def _read_zeros(qzeros: np.ndarray, params: GptqParams, read: GptqZeroRead, layer: str | None) -> np.ndarray:
+    """The zero points [K/G, N] int32 that ``read`` takes from qzeros [K/G, N/F] (docs/formats/gptq.md#zero-points-zeroconvention)."""
     if read is GptqZeroRead.IGNORE_QZEROS:
-        return np.full((n_groups, n), params.sym_zero, dtype=np.int32)
+        return np.full((qzeros.shape[0], qzeros.shape[1] * params.pack_factor), params.sym_zero, dtype=np.int32)
     if read in (GptqZeroRead.V1_PACKED_ADD, GptqZeroRead.V1_WRAP, GptqZeroRead.V1_LITERAL) and params.zero_convention is not ZeroConvention.V1:
         raise UnsupportedFormatError(f"zero_read={read.value} reads v1 ('gptq') zero points, but zero_convention is {params.zero_convention.value}")
     if read is GptqZeroRead.V1_PACKED_ADD:
@@ -370,7 +374,7 @@ def _read_zeros(qzeros: np.ndarray, params: GptqParams, read: GptqZeroRead, n_gr
 
 
 def _validated(tensors: GptqTensors, params: GptqParams, shape, read: GptqZeroRead, layer: str | None):
-    """Check every tensor; returns (n, k, qweight, zeros [G, N], scales [G, N], g_idx)."""
+    """Check every tensor; returns (n, k, qweight, zeros [G, N] read per ``read``, scales [G, N], g_idx)."""
     n, k = shape if shape is not None else gptq_shape(tensors, params, layer=layer)
     group = _check_nk(n, k, params, layer)
     n_groups = k // group
@@ -381,7 +385,7 @@ def _validated(tensors: GptqTensors, params: GptqParams, shape, read: GptqZeroRe
     check_shape(qzeros, (n_groups, n // f), f"[K/G, N/{f}]", tensor="qzeros", layer=layer)
     scales = _check_gptq_scales(tensors.scales, n_groups, n, layer)
     g = _resolve_g_idx(tensors.g_idx, k, group, params, layer)
-    zeros = _read_zeros(qzeros, params, read, n_groups, n, layer)
+    zeros = _read_zeros(qzeros, params, read, layer)
     return n, k, qweight, zeros, scales, g
 
 
@@ -403,6 +407,34 @@ def unpack_gptq(
     return GptqCodes(q=q, zeros=zeros, scales=scales, g_idx=g)
 
 
+def dequantize_gptq_reference(
+    tensors: GptqTensors,
+    params: GptqParams,
+    *,
+    shape: tuple | None = None,
+    zero_read: GptqZeroRead | str = GptqZeroRead.CANONICAL,
+    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
+    scale_dtype: ComputeDtype | str | None = None,
+    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
+    compute_rounding: Rounding | str = Rounding.RNE,
+    zero_dtype: ComputeDtype | str | None = None,
+    layer: str | None = None,
+) -> np.ndarray:
+    """The specification of ``dequantize_gptq``: same arguments, same float32 [N, K] bit for bit.
+
+    Written to be read (docs/formats/gptq.md#reference-and-fast-path); slow on purpose.
+    """
+    _, _, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
+    # 1. unpack: q[n, k] is field k % F (LSB first) of word qweight[k // F, n]
+    q = unpack_int32(qweight, params.bits, axis=0).T
+    # 2. expand groups: column k uses group g_idx[k] of zeros [K/G, N] (read per zero_read) and scales
+    z = expand_groups(zeros.T, g)
+    s = expand_groups(np.asarray(scales).T, g)
+    # 3. the rule (q - z) * s in the declared order, dtypes and rounding (int_common.dequantize_affine)
+    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=params.sym_zero)
+
+
 def dequantize_gptq(
     tensors: GptqTensors,
     params: GptqParams,
@@ -419,8 +451,8 @@ def dequantize_gptq(
 ) -> np.ndarray:
     """The float32 weight [N, K]: ``(q - z[g_idx[k]]) * s[g_idx[k]]`` (see module docstring).
 
-    Equal to dequantizing ``unpack_gptq``'s codes; the codes are unpacked block by block
-    inside the dequantization (``int_common.CodeRows``). ``out``: a float32 [N, K]
+    The fast path (fast_dequant.py): bit-identical to ``dequantize_gptq_reference``, with the
+    codes unpacked block by block inside the dequantization. ``out``: a float32 [N, K]
     C-contiguous array to write into instead of a new one.
     """
     n, k, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)

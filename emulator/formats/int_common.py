@@ -3,6 +3,11 @@
 Semantics: docs/formats/gptq.md#dequantization (awq.md and
 compressed-tensors.md use the same rule and the same variant names).
 
+``dequantize_affine`` computes the rule below exactly (float64, each rounding
+explicit): the specification every ``dequantize_<format>_reference`` applies after
+unpacking the codes and expanding per-group zeros and scales with ``expand_groups``.
+The blocked float32 fast path is ``fast_dequant.py``.
+
 Dequantization, canonical
 -------------------------
 A weight element is ``w = (q - z) * s`` with ``q`` the stored integer code,
@@ -27,13 +32,6 @@ Named variants of the operation order (keyword-only arguments of every
   the order vLLM's Machete reference uses (``quantize_weights(...,
   ref_zero_points_after_scales=True)`` in
   ``vllm/model_executor/layers/quantization/utils/quant_utils.py``).
-- ``scale_dtype``: the scales are first rounded (RNE) to this dtype, e.g.
-  ``ComputeDtype.BFLOAT16`` for kernels that load float16 checkpoint scales
-  into bfloat16 parameters (``SCALE_BF16``).
-- ``compute_dtype`` C: every operand is converted to C and every operation's
-  result is rounded to C (RNE), as a kernel that dequantizes in C does. The
-  returned array is still float32 (it holds values of C exactly).
-
 - ``DequantOrder.FLOAT_ZERO``: the zero point is turned into a *float*
   offset stored in a dtype Z before the weights are formed (tinygemm:
   torch ``_weight_int4pack_mm_for_cpu`` / CUDA ``_weight_int4pack_mm``,
@@ -74,7 +72,6 @@ import numpy as np
 from ..errors import FormatError, UnsupportedFormatError, require
 from ..numerics.floats import BF16, FP16, FP32, FloatFormat, round_to_format
 from ..numerics.rounding import Rounding, as_float64, quantize_to_int
-from ..parallel import for_row_chunks
 
 __all__ = [
     "ZeroConvention",
@@ -91,9 +88,8 @@ __all__ = [
     "resolve_group_size",
     "default_g_idx",
     "check_g_idx",
+    "expand_groups",
     "dequantize_affine",
-    "dequantize_grouped",
-    "CodeRows",
     "check_out",
     "round_scale",
     "float_array",
@@ -275,6 +271,16 @@ def check_g_idx(g_idx, k: int, n_groups: int, group: int, *, desc_act: bool, ten
     return g
 
 
+def expand_groups(per_group, g_idx) -> np.ndarray:
+    """Per-group values [..., G] -> per-column values [..., K]: column k gets group ``g_idx[k]``.
+
+    The one group expansion of every format: GPTQ/AWQ/compressed-tensors zeros and scales
+    (with act-order, ``g_idx`` is any map; without, ``k // group_size``; channel-wise is
+    ``G = 1``) and MXFP4's block scales (``g_idx[k] = k // 32``).
+    """
+    return np.take(np.asarray(per_group), np.asarray(g_idx, dtype=np.intp), axis=-1)
+
+
 def dequantize_affine(
     q,
     z,
@@ -291,8 +297,11 @@ def dequantize_affine(
 ) -> np.ndarray:
     """Elementwise ``(q - z) * s`` under the named order/dtype variant; float32 out.
 
-    ``code_range`` (the format's (min, max) code, e.g. (0, 15) for GPTQ int4) is a speed
-    hint only: with it, q - z is formed in int8 when it provably fits.
+    This is the rule itself, computed exactly in float64 with each rounding of the
+    definition done explicitly (``round_to_format``): the specification that the
+    ``*_reference`` dequantizers apply and that ``fast_dequant.dequantize_affine_fast``
+    equals bit for bit. ``code_range`` is accepted for compatibility and ignored (a speed
+    hint of the fast path).
 
     ``q`` and ``z`` are integer arrays and ``s`` a float array, all already
     broadcast to the weight's shape. ``midpoint`` is the code the float zero
@@ -303,64 +312,38 @@ def dequantize_affine(
     order = DequantOrder(order)
     fmt = ComputeDtype(compute_dtype).fmt
     mode = Rounding.parse(compute_rounding)
-    fast = _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, ComputeDtype(compute_dtype), mode, out,
-                                        code_range)
-    if fast is not None:
-        return fast
     s64 = as_float64(s)
     if scale_dtype is not None:
         s64 = round_to_format(s64, ComputeDtype(scale_dtype).fmt)
     s64 = round_to_format(s64, fmt, mode)  # operand conversion to the compute dtype
-    qi = np.asarray(q).astype(np.int64)
-    zi = np.asarray(z).astype(np.int64)
-    # Integers with |v| <= 256 have at most 8 significant bits, so they are
-    # exact in every compute dtype (bfloat16 has 8), and each float64 product
-    # below has at most 9 + 24 significant bits: exact.
-    if order is DequantOrder.SUB_THEN_MUL:
-        res = round_to_format((qi - zi).astype(np.float64) * s64, fmt, mode)
-    elif order is DequantOrder.MUL_THEN_SUB:
-        a = round_to_format(qi.astype(np.float64) * s64, fmt, mode)
-        b = round_to_format(zi.astype(np.float64) * s64, fmt, mode)
-        # a and b are members of fmt (<= 24 significant bits) whose exponents
-        # differ by at most 9, so their float64 difference is exact before
-        # the one rounding.
-        res = round_to_format(a - b, fmt, mode)
-    else:
-        zfmt = fmt if zero_dtype is None else ComputeDtype(zero_dtype).fmt
-        zero = round_to_format((midpoint - zi).astype(np.float64) * s64, zfmt)
-        # (q - m) * s_C is a multiple of the quantum of s_C below 2**9 |s_C|; zero
-        # is a multiple of that quantum too (it is either the exact product, or a
-        # rounding of a value at least |s_C| to a format no finer than C), and at
-        # most 2**9 |s_C| (1 + 2**-7): the float64 sum needs at most 24 + 11 bits.
-        with np.errstate(over="ignore", invalid="ignore"):
+    # Inf and NaN are defined results (IEEE): a scale that overflows the compute dtype, Inf - Inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        qi = np.asarray(q).astype(np.int64)
+        zi = np.asarray(z).astype(np.int64)
+        # Integers with |v| <= 256 have at most 8 significant bits, so they are
+        # exact in every compute dtype (bfloat16 has 8), and each float64 product
+        # below has at most 9 + 24 significant bits: exact.
+        if order is DequantOrder.SUB_THEN_MUL:
+            res = round_to_format((qi - zi).astype(np.float64) * s64, fmt, mode)
+        elif order is DequantOrder.MUL_THEN_SUB:
+            a = round_to_format(qi.astype(np.float64) * s64, fmt, mode)
+            b = round_to_format(zi.astype(np.float64) * s64, fmt, mode)
+            # a and b are members of fmt (<= 24 significant bits) whose exponents
+            # differ by at most 9, so their float64 difference is exact before
+            # the one rounding.
+            res = round_to_format(a - b, fmt, mode)
+        else:
+            zfmt = fmt if zero_dtype is None else ComputeDtype(zero_dtype).fmt
+            zero = round_to_format((midpoint - zi).astype(np.float64) * s64, zfmt)
+            # (q - m) * s_C is a multiple of the quantum of s_C below 2**9 |s_C|; zero
+            # is a multiple of that quantum too (it is either the exact product, or a
+            # rounding of a value at least |s_C| to a format no finer than C), and at
+            # most 2**9 |s_C| (1 + 2**-7): the float64 sum needs at most 24 + 11 bits.
             res = round_to_format((qi - midpoint).astype(np.float64) * s64 + zero, fmt, mode)
     if out is not None:
         out[...] = res
         return out
     return res.astype(np.float32)
-
-
-class CodeRows:
-    """Integer codes of an [N, K] weight, delivered in row blocks: ``rows(r0, r1)`` -> [r1 - r0, K].
-
-    Lets ``dequantize_grouped`` unpack each block inside its cache-sized block instead of
-    materialising all codes first (speed only: the codes are the same). ``align``: every
-    block but the last starts at a multiple of it (AWQ unpacks 8 rows per word).
-    """
-
-    __slots__ = ("shape", "rows", "align", "scratch")
-
-    def __init__(self, shape: tuple, rows, align: int = 1, scratch: bool = False):
-        self.shape = (int(shape[0]), int(shape[1]))
-        self.rows = rows
-        self.align = int(align)
-        self.scratch = scratch  # each block is a new array the consumer may overwrite
-
-    @classmethod
-    def of(cls, q) -> "CodeRows":
-        """The row source of an array of codes that is already in memory."""
-        q = np.asarray(q)
-        return cls(q.shape, lambda r0, r1: q[r0:r1])
 
 
 def check_out(out, shape: tuple, *, what: str = "out") -> np.ndarray:
@@ -379,174 +362,6 @@ def check_out(out, shape: tuple, *, what: str = "out") -> np.ndarray:
     if problems:
         raise ValueError(f"{what}: " + ", ".join(problems))
     return out
-
-
-def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None, **kw) -> np.ndarray:
-    """``dequantize_affine`` for q [N, K] with per-group zeros/scales [N, G] (zeros may be 0).
-
-    Group g of column k is ``g_idx[k]``. ``q`` is an integer array or a ``CodeRows``; the
-    weight is formed in cache-sized row blocks on all cores (emulator/parallel.py), each
-    block unpacking its own codes. The default grouping (k // (K / G)) broadcasts [N, G, 1]
-    against the block viewed as [N, G, K / G]; any other ``g_idx`` gathers the block's
-    scales and zeros. Same values either way: the rule is elementwise. ``out`` (float32
-    [N, K], C-contiguous) receives the result instead of a new array.
-    """
-    src = q if isinstance(q, CodeRows) else CodeRows.of(q)
-    s = np.asarray(scales)
-    n, k = src.shape
-    n_groups = s.shape[1]
-    out = np.empty((n, k), dtype=np.float32) if out is None else check_out(out, (n, k))
-    scalar_zero = np.isscalar(zeros)
-    za = zeros if scalar_zero else np.asarray(zeros)
-    default = g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups))
-    gs = k // n_groups
-    g = None if default else np.asarray(g_idx)
-    # the common case's operands are prepared once for the whole layer, not per block
-    plan = _FastPlan.make(za, s, kw)
-
-    def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
-        qb = src.rows(r0, r1)
-        if plan is not None:
-            plan.block(qb, r0, r1, out[r0:r1], gs, g, scratch=src.scratch)
-        elif default:
-            zb = za if scalar_zero else za[r0:r1, :, None]
-            dequantize_affine(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
-                              out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
-        else:
-            zb = za if scalar_zero else za[r0:r1][:, g]
-            dequantize_affine(qb, zb, s[r0:r1][:, g], out=out[r0:r1], **kw)
-
-    for_row_chunks(n, n * k, rows, row_bytes=4 * k, align=src.align)
-    return out
-
-
-class _FastPlan:
-    """Operands of ``_dequantize_sub_then_mul_f32`` for a whole [N, G] grouping, computed once.
-
-    ``s32`` [N, G] float32 are the scales after the load-time and compute-dtype conversions;
-    ``z8`` [N, G] int8 (or None: the zero is 0) are the zeros when every q - z provably fits
-    int8. ``block`` then forms one row block with three array passes: q - z in int8, the
-    cast to float32 and the multiply (the rounding to a 16-bit compute dtype, if any, last).
-    """
-
-    __slots__ = ("s32", "z8", "compute")
-
-    def __init__(self, s32, z8, compute):
-        self.s32, self.z8, self.compute = s32, z8, compute
-
-    @classmethod
-    def make(cls, za, s, kw: dict):
-        order = DequantOrder(kw.get("order", DequantOrder.SUB_THEN_MUL))
-        mode = Rounding.parse(kw.get("compute_rounding", Rounding.RNE))
-        if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE or kw.get("code_range") is None:
-            return None
-        s32 = _fast_scales(s, kw.get("scale_dtype"), ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
-        if s32 is None:
-            return None
-        za = np.asarray(za)
-        if za.ndim == 0 and za.dtype.kind in "iu" and za == 0:
-            z8 = None
-        elif _difference_fits_int8(za, kw["code_range"]):
-            z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
-        else:
-            return None
-        return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
-
-    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
-        """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``.
-
-        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place)."""
-        if qb.dtype not in (np.uint8, np.int8):
-            qb, scratch = qb.astype(np.int16), True
-        r = r1 - r0
-        s = self.s32[r0:r1]
-        z = None if self.z8 is None else self.z8[r0:r1]
-        if g is None:
-            q3, o3 = qb.reshape(r, -1, gs), out.reshape(r, -1, gs)
-            s, z = s[:, :, None], None if z is None else z[:, :, None]
-        else:
-            q3, o3 = qb, out
-            s, z = s[:, g], None if z is None else z[:, g]
-        if z is None:
-            o3[...] = q3
-        else:
-            q3 = q3 if qb.dtype == np.int16 else q3.view(np.int8)
-            # exact: the plan checked that every q - z fits int8
-            o3[...] = np.subtract(q3, z, out=q3 if scratch else None)
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.multiply(o3, s, out=o3)
-        if self.compute is not ComputeDtype.FLOAT32:
-            from ..numerics.floats import round_float32_array
-
-            out[...] = round_float32_array(out, self.compute.value)
-
-
-def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
-    """Scales as float32 after the scale_dtype and compute-dtype RNE conversions, or None when the
-    stored dtype is not fp16/bf16/fp32 (then the float64 rule applies)."""
-    sa = np.asarray(s)
-    if sa.dtype.name not in ("float16", "bfloat16", "float32"):
-        return None
-    from ..numerics.floats import round_float32_array
-
-    s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
-    if scale_dtype is not None:
-        s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
-    return round_float32_array(s32, compute.value)
-
-
-def _dequantize_sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding, out=None,
-                                 code_range=None):
-    """The common case computed with IEEE float32 arithmetic, bit-identical to the rule above.
-
-    Applies to SUB_THEN_MUL with RNE and scales stored as fp16/bf16/fp32: the scale is
-    exact in float32, each operand conversion is an RNE rounding of a float32 (done by
-    ``round_float32_array``), q - z (|q - z| <= 256) is exact in float32, and the float32
-    product is the correctly rounded exact product — for a 16-bit compute dtype it is exact
-    (<= 9 + 11 significant bits) and then rounded once. Returns None when it does not apply.
-    """
-    if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE:
-        return None
-    s32 = _fast_scales(s, scale_dtype, compute)
-    if s32 is None:
-        return None
-    from ..numerics.floats import round_float32_array
-
-    qa, za = np.asarray(q), np.asarray(z)
-    if out is None:
-        out = np.empty(np.broadcast_shapes(qa.shape, za.shape, s32.shape), dtype=np.float32)
-    if za.ndim == 0 and za == 0 and qa.dtype.kind in "iu" and qa.dtype.itemsize <= 2:
-        out[...] = qa  # q - 0: the codes themselves (exact in float32)
-    elif (d8 := _difference_int8(qa, za, code_range)) is not None:
-        out[...] = d8  # q - z, exact in int8 and in float32
-    else:
-        # integers below 2**24 are exact in float32, so q - z computed in float32 is exact
-        # (a plain cast then a same-type subtract is much faster than a mixed-type ufunc)
-        out[...] = qa
-        if za.ndim or za != 0:
-            np.subtract(out, za.astype(np.float32), out=out)
-    with np.errstate(over="ignore", invalid="ignore"):
-        np.multiply(out, s32, out=out)
-    if compute is not ComputeDtype.FLOAT32:
-        out[...] = round_float32_array(out, compute.value)
-    return out
-
-
-def _difference_fits_int8(za: np.ndarray, code_range) -> bool:
-    """Whether the codes' declared range and the zeros' actual range guarantee that every
-    operand and every difference q - z fits int8."""
-    if code_range is None or za.dtype.kind not in "iu":
-        return False
-    lo, hi = code_range
-    zlo, zhi = (int(za.min()), int(za.max())) if za.size else (0, 0)
-    return (-128 <= lo and hi <= 127 and -128 <= zlo and zhi <= 127 and -128 <= lo - zhi and hi - zlo <= 127)
-
-
-def _difference_int8(qa: np.ndarray, za: np.ndarray, code_range) -> np.ndarray | None:
-    """q - z as int8 (one byte per element: a quarter of the float32 traffic) when it fits."""
-    if qa.dtype not in (np.uint8, np.int8) or not _difference_fits_int8(za, code_range):
-        return None
-    return np.subtract(qa.view(np.int8), za.astype(np.int8))
 
 
 def round_scale(s64: np.ndarray, dtype: str, *, tensor: str, layer: str | None = None) -> np.ndarray:

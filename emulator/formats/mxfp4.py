@@ -20,6 +20,10 @@ Two checkpoint layouts carry the same codes and bytes:
 - compressed-tensors ``mxfp4-pack-quantized``: ``weight_packed`` uint8 [N, K/2]
   (element 2j in the low nibble), ``weight_scale`` uint8 [N, K/32];
 - gpt-oss: ``*_blocks`` uint8 [..., N, K/32, 16], ``*_scales`` uint8 [..., N, K/32].
+
+``dequantize_mxfp4_ct_reference`` / ``dequantize_mxfp4_gptoss_reference`` (unpack, then
+``dequantize_mxfp4``) are the specification to read; ``dequantize_mxfp4_ct`` /
+``dequantize_mxfp4_gptoss`` the fast path (fast_dequant.dequantize_mxfp4_packed).
 """
 
 from __future__ import annotations
@@ -29,11 +33,25 @@ import dataclasses
 import numpy as np
 
 from ..errors import FormatError, require
-from ..numerics.e2m1 import E2M1NanRule, E2M1ZeroSign, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
-from ..numerics.e8m0 import E8M0_NAN, MxScaleRule, NanBlockRule, ZeroBlockRule, decode_e8m0, mx_scale_byte
+from ..numerics.e2m1 import (
+    E2M1NanRule,
+    E2M1ZeroSign,
+    decode_e2m1,
+    encode_e2m1,
+    pack_e2m1,
+    unpack_e2m1,
+)
+from ..numerics.e8m0 import (
+    E8M0_NAN,
+    MxScaleRule,
+    NanBlockRule,
+    ZeroBlockRule,
+    decode_e8m0,
+    mx_scale_byte,
+)
 from ..numerics.rounding import Rounding, as_float64
-from ..parallel import for_row_chunks
-from .int_common import check_out
+from .fast_dequant import dequantize_mxfp4_packed
+from .int_common import default_g_idx, expand_groups
 
 __all__ = [
     "BLOCK",
@@ -49,6 +67,8 @@ __all__ = [
     "unpack_mxfp4_gptoss",
     "dequantize_mxfp4_ct",
     "dequantize_mxfp4_gptoss",
+    "dequantize_mxfp4_ct_reference",
+    "dequantize_mxfp4_gptoss_reference",
 ]
 
 BLOCK = 32
@@ -136,10 +156,10 @@ def dequantize_mxfp4(codes, scale_bytes, *, dtype=np.float32, what: str = "weigh
     require(sb.dtype == np.uint8, f"E8M0 scales must be uint8, got {sb.dtype}", tensor=what)
     require(c.shape[:-1] == sb.shape[:-1] and c.shape[-1] == sb.shape[-1] * BLOCK,
             f"codes shape {tuple(c.shape)} does not match scales shape {tuple(sb.shape)} with block {BLOCK}", tensor=what)
-    vals = decode_e2m1(c).astype(np.float64)
-    scales = decode_e8m0(sb)
-    out = vals.reshape(sb.shape + (BLOCK,)) * scales[..., None]
-    return out.reshape(c.shape).astype(dtype)
+    values = decode_e2m1(c).astype(np.float64)  # 1. each code's E2M1 value
+    scales = expand_groups(decode_e8m0(sb), default_g_idx(c.shape[-1], BLOCK))  # 2. element k: block k // 32
+    with np.errstate(over="ignore"):  # 6 * 2**127 rounds to Inf in float32, as RNE of the exact value does
+        return (values * scales).astype(dtype)  # 3. exact in float64, rounded once to dtype
 
 
 @dataclasses.dataclass
@@ -197,66 +217,33 @@ def unpack_mxfp4_gptoss(blocks, scales, *, layer: str | None = None,
     return unpack_e2m1(packed, axis=-1), s
 
 
-def _byte_pairs_f32() -> np.ndarray:
-    """[256, 2] float32: the two E2M1 values of each packed byte (low nibble first)."""
-    b = np.arange(256)
-    return np.stack([E2M1_F32[b & 0xF], E2M1_F32[b >> 4]], axis=1).astype(np.float32)
+def dequantize_mxfp4_ct_reference(tensors: dict, *, layer: str | None = None, dtype=np.float32) -> np.ndarray:
+    """The specification of ``dequantize_mxfp4_ct``: same result bit for bit (docs/formats/mxfp4.md)."""
+    codes, scale_bytes = unpack_mxfp4_ct(tensors, layer=layer)  # byte j of a row: elements 2j (low nibble), 2j+1
+    return dequantize_mxfp4(codes, scale_bytes, dtype=dtype, what=f"{layer or ''}.weight_packed".lstrip("."))
 
 
-E2M1_F32 = decode_e2m1(np.arange(16, dtype=np.uint8)).astype(np.float32)
-_PAIRS = _byte_pairs_f32()
-_PAIRS_U64 = _PAIRS.view(np.uint64).reshape(256)  # both values of a byte as one 8-byte word: one gather per byte
-#: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
-_E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
-
-
-def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """Fast float32 dequantization straight from packed bytes: one table lookup and one multiply.
-
-    Equal to ``dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``: the
-    product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in fp32
-    unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives) — and the
-    float32 multiply rounds exactly like the canonical single rounding. The lookup keeps
-    -0.0 (code 8) and the multiply NaN (scale byte 0xFF). ``out``: a float32 C-contiguous
-    array of the result's shape to write into instead of a new one.
-    """
-    p = np.asarray(packed)
-    sb = np.asarray(scale_bytes)
-    lead = p.shape[:-1]
-    p2 = p.reshape(-1, p.shape[-1])
-    sb2 = sb.reshape(-1, sb.shape[-1])
-    shape2 = (p2.shape[0], p2.shape[1] * 2)
-    if out is None:
-        out2 = np.empty(shape2, dtype=np.float32)
-    else:
-        out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
-
-    def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
-        v = out2[r0:r1]
-        # mode="wrap" never wraps (a uint8 indexes a 256-entry table); it only skips the
-        # per-element bounds check of the default mode, which costs ten times the gather
-        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64), mode="wrap")
-        with np.errstate(over="ignore", invalid="ignore"):
-            v3 = v.reshape(r1 - r0, -1, BLOCK)
-            np.multiply(v3, _E8M0_F32[sb2[r0:r1]][..., None], out=v3)
-
-    for_row_chunks(p2.shape[0], out2.size, rows, row_bytes=4 * shape2[1])
-    return out2.reshape(lead + (p.shape[-1] * 2,)) if out is None else out
+def dequantize_mxfp4_gptoss_reference(blocks, scales, *, layer: str | None = None, dtype=np.float32,
+                                      names: tuple[str, str] = ("blocks", "scales")) -> np.ndarray:
+    """The specification of ``dequantize_mxfp4_gptoss``: same result bit for bit (docs/formats/mxfp4.md)."""
+    codes, scale_bytes = unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)  # [..., K/32, 16] -> [..., K]
+    return dequantize_mxfp4(codes, scale_bytes, dtype=dtype)
 
 
 def dequantize_mxfp4_ct(tensors: dict, *, layer: str | None = None, dtype=np.float32,
                         out: np.ndarray | None = None) -> np.ndarray:
     """compressed-tensors MXFP4 weight -> [N, K] (NaN where a scale byte is 0xFF).
 
-    ``out`` (float32 only): a float32 [N, K] C-contiguous array to write into.
+    float32: the fast path (fast_dequant.dequantize_mxfp4_packed), bit-identical to
+    ``dequantize_mxfp4_ct_reference``; other dtypes: the reference itself. ``out``
+    (float32 only): a float32 [N, K] C-contiguous array to write into.
     """
     if dtype in (np.float32, "float32"):
         unpack_mxfp4_ct(tensors, layer=layer, validate_only=True)
         return dequantize_mxfp4_packed(tensors["weight_packed"], tensors["weight_scale"], out=out)
     if out is not None:
         raise ValueError("out: only float32 results can be written into a caller's array")
-    codes, scale = unpack_mxfp4_ct(tensors, layer=layer)
-    return dequantize_mxfp4(codes, scale, dtype=dtype, what=f"{layer or ''}.weight_packed".lstrip("."))
+    return dequantize_mxfp4_ct_reference(tensors, layer=layer, dtype=dtype)
 
 
 def dequantize_mxfp4_gptoss(blocks, scales, *, layer: str | None = None, dtype=np.float32,
@@ -268,5 +255,4 @@ def dequantize_mxfp4_gptoss(blocks, scales, *, layer: str | None = None, dtype=n
         return dequantize_mxfp4_packed(b.reshape(b.shape[:-2] + (b.shape[-2] * 16,)), scales, out=out)
     if out is not None:
         raise ValueError("out: only float32 results can be written into a caller's array")
-    codes, s = unpack_mxfp4_gptoss(blocks, scales, layer=layer, names=names)
-    return dequantize_mxfp4(codes, s, dtype=dtype)
+    return dequantize_mxfp4_gptoss_reference(blocks, scales, layer=layer, dtype=dtype, names=names)

@@ -1,24 +1,39 @@
-"""The blocked, threaded dequantizers equal an element-by-element reading of the checkpoint.
+"""The fast dequantizers and the reference functions equal an element-by-element reading of the checkpoint.
 
-The dequantizers unpack codes inside cache-sized row blocks on several threads
-(emulator/parallel.py, int_common.CodeRows). Every test here forces tiny blocks and more
-threads than rows per block, so block edges, uneven thread spans and AWQ's 8-row alignment
-are all crossed, and compares with an oracle written from the format definitions
-(docs/formats/gptq.md, awq.md, compressed-tensors.md): each field read as
-``(word >> bits * slot) & mask`` by index arithmetic, ``(q - z) * s`` formed in float64 (exact:
-at most 9 + 24 significant bits) and rounded once to float32.
+The fast dequantizers (``dequantize_gptq`` / ``_awq`` / ``_ct_packed``) unpack codes inside
+cache-sized row blocks on several threads (emulator/parallel.py, fast_dequant.CodeRows); the
+reference functions (``dequantize_*_reference``) are the readable specification. Every test
+here forces tiny blocks and more threads than rows per block, so block edges, uneven thread
+spans and AWQ's 8-row alignment are all crossed, and compares *both* with an oracle written
+from the format definitions (docs/formats/gptq.md, awq.md, compressed-tensors.md): each field
+read as ``(word >> bits * slot) & mask`` by index arithmetic, and ``(q - z) * s`` under the
+drawn named variant computed by variant_oracle.affine_oracle (exact float64 intermediates,
+each rounding a numpy / ml_dtypes cast; no emulator code).
 """
 
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from variant_oracle import affine_oracle, same_bits
 
 import emulator.parallel as par
-from emulator.formats import awq, compressed_tensors as ct, gptq
+from emulator.formats import awq, gptq
+from emulator.formats import compressed_tensors as ct
+from emulator.formats.fast_unpack import unpack_int32_transposed
 from emulator.formats.int_common import default_g_idx
-from emulator.formats.packing import unpack_int32, unpack_int32_transposed
 from emulator.formats.mxfp4 import dequantize_mxfp4_ct, dequantize_mxfp4_gptoss
+from emulator.formats.packing import unpack_int32
+
+#: canonical, or any named variant whose roundings the oracle computes (RNE and RTZ)
+VARIANTS = st.one_of(st.just({}), st.fixed_dictionaries({
+    "order": st.sampled_from(["sub_then_mul", "mul_then_sub", "float_zero"]),
+    "scale_dtype": st.sampled_from([None, "float16", "bfloat16", "float32"]),
+    "compute_dtype": st.sampled_from(["float32", "float16", "bfloat16"]),
+    "compute_rounding": st.sampled_from(["rne", "rtz"]),
+    "zero_dtype": st.sampled_from([None, "float16", "bfloat16", "float32"]),
+}))
 
 
 @pytest.fixture(autouse=True)
@@ -30,11 +45,6 @@ def tiny_blocks(monkeypatch):
 
 def _field(words: np.ndarray, slot, bits: int) -> np.ndarray:
     return ((words.astype(np.int64) & 0xFFFFFFFF) >> (bits * np.asarray(slot, np.int64))) & ((1 << bits) - 1)
-
-
-def _oracle(q, z, s) -> np.ndarray:
-    """(q - z) * s per element, q/z int [N, K], s float [N, K]: exact in float64, one RNE rounding."""
-    return ((q - z).astype(np.float64) * s.astype(np.float64)).astype(np.float32)
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -53,14 +63,14 @@ def _random_scales(rng, shape, dtype) -> np.ndarray:
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    return same_bits(a, b)
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), bits=st.sampled_from([4, 8]), n8=st.integers(1, 5),
        groups=st.integers(1, 4), words_per_group=st.integers(1, 2), act_order=st.booleans(), v2=st.booleans(),
-       sym=st.booleans(), scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16]))
-def test_gptq_blocked_equals_element_reading(seed, bits, n8, groups, words_per_group, act_order, v2, sym, scale_dtype):
+       sym=st.booleans(), scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16]), variant=VARIANTS)
+def test_gptq_equals_element_reading(seed, bits, n8, groups, words_per_group, act_order, v2, sym, scale_dtype, variant):
     rng = np.random.default_rng(seed)
     f = 32 // bits
     n, group = 8 * n8, f * words_per_group
@@ -71,42 +81,48 @@ def test_gptq_blocked_equals_element_reading(seed, bits, n8, groups, words_per_g
     g = rng.permutation(default_g_idx(k, group)).astype(np.int32) if act_order else None
     p = gptq.GptqParams(bits=bits, group_size=group, sym=sym, desc_act=act_order,
                         zero_convention="gptq_v2" if v2 else "gptq")
-    got = gptq.dequantize_gptq(gptq.GptqTensors(qweight, qzeros, scales, g), p, shape=(n, k))
+    t = gptq.GptqTensors(qweight, qzeros, scales, g)
+    fast = gptq.dequantize_gptq(t, p, shape=(n, k), **variant)
+    ref = gptq.dequantize_gptq_reference(t, p, shape=(n, k), **variant)
 
     kk, nn = np.arange(k), np.arange(n)
     q = _field(qweight[kk // f, :], (kk % f)[:, None], bits).T  # [N, K]
     zfield = _field(qzeros[:, nn // f], (nn % f)[None, :], bits)  # [G, N]
     z = zfield if v2 else zfield + 1  # v1 stores z - 1 (docs/formats/gptq.md#zero-points)
     gi = default_g_idx(k, group) if g is None else g
-    assert _same(got, _oracle(q, z[gi, :].T, scales[gi, :].T))
+    expect = affine_oracle(q, z[gi, :].T, scales[gi, :].T, midpoint=1 << (bits - 1), **variant)
+    assert _same(ref, expect) and _same(fast, expect)
 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), n8=st.integers(1, 6), groups=st.integers(1, 4),
-       group=st.sampled_from([8, 16, 32]))
-def test_awq_blocked_equals_element_reading(seed, n8, groups, group):
+       group=st.sampled_from([8, 16, 32]), variant=VARIANTS)
+def test_awq_equals_element_reading(seed, n8, groups, group, variant):
     rng = np.random.default_rng(seed)
     n, k = 8 * n8, group * groups
     qweight = _random_words(rng, (k, n // 8))
     qzeros = _random_words(rng, (groups, n // 8))
     scales = _random_scales(rng, (groups, n), np.float16)
-    got = awq.dequantize_awq(awq.AwqTensors(qweight, qzeros, scales), awq.AwqParams(bits=4, group_size=group),
-                             shape=(n, k))
+    t, p = awq.AwqTensors(qweight, qzeros, scales), awq.AwqParams(bits=4, group_size=group)
+    fast = awq.dequantize_awq(t, p, shape=(n, k), **variant)
+    ref = awq.dequantize_awq_reference(t, p, shape=(n, k), **variant)
     # AutoAWQ's order_map (0, 2, 4, 6, 1, 3, 5, 7): slot s of a word holds column 8j + order[s]
     slot_of = np.argsort(np.array([0, 2, 4, 6, 1, 3, 5, 7]))
     nn = np.arange(n)
     q = _field(qweight[:, nn // 8], slot_of[nn % 8][None, :], 4).T  # [N, K]
     z = _field(qzeros[:, nn // 8], slot_of[nn % 8][None, :], 4)  # [G, N]
     gi = default_g_idx(k, group)
-    assert _same(got, _oracle(q, z[gi, :].T, scales[gi, :].T))
+    expect = affine_oracle(q, z[gi, :].T, scales[gi, :].T, midpoint=8, **variant)
+    assert _same(ref, expect) and _same(fast, expect)
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), bits=st.sampled_from([4, 8]), n=st.integers(1, 20),
        groups=st.integers(1, 3), group=st.sampled_from([4, 12, 16, 32]), sym=st.booleans(),
-       channel=st.booleans(), act_order=st.booleans(), scale_dtype=st.sampled_from([np.float16, np.float32]))
-def test_ct_pack_quantized_blocked_equals_element_reading(seed, bits, n, groups, group, sym, channel, act_order,
-                                                          scale_dtype):
+       channel=st.booleans(), act_order=st.booleans(),
+       scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16, np.float32]), variant=VARIANTS)
+def test_ct_pack_quantized_equals_element_reading(seed, bits, n, groups, group, sym, channel, act_order, scale_dtype,
+                                                  variant):
     rng = np.random.default_rng(seed)
     f, offset = 32 // bits, 1 << (bits - 1)
     k = group * groups  # K need not be a multiple of 8: the last word is padded
@@ -119,13 +135,15 @@ def test_ct_pack_quantized_blocked_equals_element_reading(seed, bits, n, groups,
     p = ct.CtPackParams(num_bits=bits, strategy="channel" if channel else "group", group_size=None if channel else group,
                         symmetric=sym, actorder=act_order)
     t = ct.CtPackedTensors(packed, scales, np.array([n, k], np.int64), zpp, g)
-    got = ct.dequantize_ct_packed(t, p)
+    fast = ct.dequantize_ct_packed(t, p, **variant)
+    ref = ct.dequantize_ct_packed_reference(t, p, **variant)
 
     kk, nn = np.arange(k), np.arange(n)
     q = _field(packed[:, kk // f], (kk % f)[None, :], bits) - offset  # [N, K] signed codes
     z = np.zeros((n, n_groups), np.int64) if sym else _field(zpp[nn // f, :], (nn % f)[:, None], bits) - offset
     gi = default_g_idx(k, k // n_groups) if g is None else g
-    assert _same(got, _oracle(q, z[:, gi], scales[:, gi]))
+    expect = affine_oracle(q, z[:, gi], scales[:, gi], midpoint=0, **variant)
+    assert _same(ref, expect) and _same(fast, expect)
 
 
 @settings(max_examples=30, deadline=None)

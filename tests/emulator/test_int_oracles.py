@@ -8,6 +8,9 @@
   int4/uint4/int8/uint8 with ``block_size`` along K), bit for bit, on integer
   codes generated here, not by the emulator.
 
+Each dequantization is checked twice: the fast path (``dequantize_*``) and the
+specification (``dequantize_*_reference``).
+
 torch / compressed_tensors / onnx are imported only here, and each test skips
 when its oracle is missing.
 """
@@ -19,18 +22,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.formats.awq import AwqCodes, AwqParams, dequantize_awq, pack_awq
+from emulator.formats.awq import (
+    AwqCodes,
+    AwqParams,
+    dequantize_awq,
+    dequantize_awq_reference,
+    pack_awq,
+)
 from emulator.formats.compressed_tensors import (
     CtCodes,
     CtInt8Tensors,
     CtPackedTensors,
     CtPackParams,
     dequantize_ct_int8,
+    dequantize_ct_int8_reference,
     dequantize_ct_packed,
+    dequantize_ct_packed_reference,
     pack_ct_packed,
     unpack_ct_packed,
 )
-from emulator.formats.gptq import GptqCodes, GptqParams, dequantize_gptq, pack_gptq
+from emulator.formats.gptq import (
+    GptqCodes,
+    GptqParams,
+    dequantize_gptq,
+    dequantize_gptq_reference,
+    pack_gptq,
+)
 from emulator.formats.int_common import ZeroConvention, rtn_codes
 
 
@@ -152,6 +169,8 @@ def test_ct_decompress_agrees(p, n, groups, scale_dtype, seed):
     # the library computes (q - zp) * s in the scale's dtype: our compute_dtype variant
     mine = dequantize_ct_packed(t, p, compute_dtype=scale_dtype)
     np.testing.assert_array_equal(bits32(mine), bits32(_from_torch(ref)))
+    spec = dequantize_ct_packed_reference(t, p, compute_dtype=scale_dtype)
+    np.testing.assert_array_equal(bits32(spec), bits32(_from_torch(ref)))
 
 
 @settings(max_examples=15, deadline=None)
@@ -175,6 +194,7 @@ def test_ct_int_quantized_decompress_agrees(scale_dtype, seed):
     ref = compressors.IntQuantizationCompressor.decompress(sd, scheme)["weight"]
     mine = dequantize_ct_int8(t, compute_dtype=scale_dtype)
     np.testing.assert_array_equal(bits32(mine), bits32(_from_torch(ref)))
+    np.testing.assert_array_equal(bits32(dequantize_ct_int8_reference(t, compute_dtype=scale_dtype)), bits32(_from_torch(ref)))
 
 
 @settings(max_examples=20, deadline=None)
@@ -280,6 +300,8 @@ def test_gptq_agrees_with_onnx(bits, group_size, conv, seed):
     np.testing.assert_array_equal(bits32(dequantize_gptq(t, p)), bits32(ref32))
     ref16 = onnx_dequantize(q, s.T, z.T, signed=False, bits=bits, block=G, out_float32=False)
     np.testing.assert_array_equal(bits32(dequantize_gptq(t, p, compute_dtype="float16")), bits32(ref16))
+    np.testing.assert_array_equal(bits32(dequantize_gptq_reference(t, p)), bits32(ref32))
+    np.testing.assert_array_equal(bits32(dequantize_gptq_reference(t, p, compute_dtype="float16")), bits32(ref16))
 
 
 @settings(max_examples=15, deadline=None)
@@ -295,6 +317,7 @@ def test_awq_agrees_with_onnx(group_size, seed):
     t = pack_awq(AwqCodes(q=q.astype(np.uint8), zeros=z.astype(np.int32), scales=s), p)
     ref = onnx_dequantize(q, s.T, z.T, signed=False, bits=4, block=G)
     np.testing.assert_array_equal(bits32(dequantize_awq(t, p)), bits32(ref))
+    np.testing.assert_array_equal(bits32(dequantize_awq_reference(t, p)), bits32(ref))
 
 
 @settings(max_examples=25, deadline=None)
@@ -315,3 +338,5 @@ def test_ct_agrees_with_onnx(p, scale_dtype, seed):
     np.testing.assert_array_equal(bits32(dequantize_ct_packed(t, p)), bits32(ref32))
     ref_s = onnx_dequantize(q, s, zp, signed=True, bits=p.num_bits, block=G, out_float32=False)
     np.testing.assert_array_equal(bits32(dequantize_ct_packed(t, p, compute_dtype=scale_dtype)), bits32(ref_s))
+    np.testing.assert_array_equal(bits32(dequantize_ct_packed_reference(t, p)), bits32(ref32))
+    np.testing.assert_array_equal(bits32(dequantize_ct_packed_reference(t, p, compute_dtype=scale_dtype)), bits32(ref_s))

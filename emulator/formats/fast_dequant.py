@@ -1,0 +1,289 @@
+"""The fast dequantization path: blocked, threaded, float32 arithmetic (speed only).
+
+The specification is ``int_common.dequantize_affine`` (the rule, exact in float64) applied
+by each format's ``dequantize_<format>_reference`` (gptq.py, awq.py, compressed_tensors.py,
+mxfp4.py). The public ``dequantize_*`` functions, which the emulator fallback backend,
+acceptance and the benchmarks call, use the code here; every result is bit-identical to the
+reference for every variant (tests/emulator/test_reference_vs_fast.py), because:
+
+- integer formats, ``SUB_THEN_MUL`` with RNE and fp16/bf16/fp32 scales (``_FastPlan``,
+  ``_sub_then_mul_f32``): the scale after its load-time and compute-dtype RNE conversions is
+  a float32; ``q - z`` (``|q - z| <= 256``) is exact in int8 when the codes' declared range
+  and the zeros allow, else in float32; the float32 product is the correctly rounded exact
+  product, and for a 16-bit compute dtype it is exact (<= 9 + 11 significant bits) and
+  rounded once afterwards. Every other variant is computed by the rule itself;
+- MXFP4 (``dequantize_mxfp4_packed``): one table lookup per packed byte (both E2M1 values)
+  and one float32 multiply by the E8M0 scale, exact unless it overflows to Inf as RNE does.
+
+Work is split into cache-sized row blocks on all cores (emulator/parallel.py); the codes of
+a block are unpacked inside it (``CodeRows``, fed by fast_unpack.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..numerics.e2m1 import decode_e2m1
+from ..numerics.e8m0 import decode_e8m0
+from ..numerics.floats import round_float32_array
+from ..numerics.rounding import Rounding, as_float64
+from ..parallel import for_row_chunks
+from .int_common import (
+    ComputeDtype,
+    DequantOrder,
+    check_out,
+    default_g_idx,
+    dequantize_affine,
+    expand_groups,
+)
+
+__all__ = ["CodeRows", "dequantize_affine_fast", "dequantize_grouped", "dequantize_mxfp4_packed"]
+
+
+def dequantize_affine_fast(q, z, s, *, order=DequantOrder.SUB_THEN_MUL, scale_dtype=None,
+                           compute_dtype=ComputeDtype.FLOAT32, compute_rounding=Rounding.RNE, zero_dtype=None,
+                           midpoint: int = 0, out: np.ndarray | None = None, code_range=None) -> np.ndarray:
+    """``int_common.dequantize_affine`` with the same arguments and result, in float32 where that
+    is exact. ``code_range`` (the format's (min, max) code, e.g. (0, 15) for GPTQ int4) lets
+    q - z be formed in int8 when it provably fits."""
+    order = DequantOrder(order)
+    fast = _sub_then_mul_f32(q, z, s, order, scale_dtype, ComputeDtype(compute_dtype),
+                             Rounding.parse(compute_rounding), out, code_range)
+    if fast is not None:
+        return fast
+    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
+                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=midpoint, out=out)
+
+
+class CodeRows:
+    """Integer codes of an [N, K] weight, delivered in row blocks: ``rows(r0, r1)`` -> [r1 - r0, K].
+
+    Lets ``dequantize_grouped`` unpack each block inside its cache-sized block instead of
+    materialising all codes first (speed only: the codes are the same). ``align``: every
+    block but the last starts at a multiple of it (AWQ unpacks 8 rows per word).
+    """
+
+    __slots__ = ("shape", "rows", "align", "scratch")
+
+    def __init__(self, shape: tuple, rows, align: int = 1, scratch: bool = False):
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.rows = rows
+        self.align = int(align)
+        self.scratch = scratch  # each block is a new array the consumer may overwrite
+
+    @classmethod
+    def of(cls, q) -> "CodeRows":
+        """The row source of an array of codes that is already in memory."""
+        q = np.asarray(q)
+        return cls(q.shape, lambda r0, r1: q[r0:r1])
+
+
+def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None, **kw) -> np.ndarray:
+    """``dequantize_affine_fast`` for q [N, K] with per-group zeros/scales [N, G] (zeros may be 0).
+
+    Group g of column k is ``g_idx[k]``. ``q`` is an integer array or a ``CodeRows``; the
+    weight is formed in cache-sized row blocks on all cores (emulator/parallel.py), each
+    block unpacking its own codes. The default grouping (k // (K / G)) broadcasts [N, G, 1]
+    against the block viewed as [N, G, K / G]; any other ``g_idx`` gathers the block's
+    scales and zeros. Same values either way: the rule is elementwise. ``out`` (float32
+    [N, K], C-contiguous) receives the result instead of a new array.
+    """
+    src = q if isinstance(q, CodeRows) else CodeRows.of(q)
+    s = np.asarray(scales)
+    n, k = src.shape
+    n_groups = s.shape[1]
+    out = np.empty((n, k), dtype=np.float32) if out is None else check_out(out, (n, k))
+    scalar_zero = np.isscalar(zeros)
+    za = zeros if scalar_zero else np.asarray(zeros)
+    default = g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups))
+    gs = k // n_groups
+    g = None if default else np.asarray(g_idx)
+    # the common case's operands are prepared once for the whole layer, not per block
+    plan = _FastPlan.make(za, s, kw)
+
+    def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
+        qb = src.rows(r0, r1)
+        if plan is not None:
+            plan.block(qb, r0, r1, out[r0:r1], gs, g, scratch=src.scratch)
+        elif default:
+            zb = za if scalar_zero else za[r0:r1, :, None]
+            dequantize_affine_fast(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
+                                   out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
+        else:
+            zb = za if scalar_zero else expand_groups(za[r0:r1], g)
+            dequantize_affine_fast(qb, zb, expand_groups(s[r0:r1], g), out=out[r0:r1], **kw)
+
+    for_row_chunks(n, n * k, rows, row_bytes=4 * k, align=src.align)
+    return out
+
+
+class _FastPlan:
+    """Operands of ``_sub_then_mul_f32`` for a whole [N, G] grouping, computed once.
+
+    ``s32`` [N, G] float32 are the scales after the load-time and compute-dtype conversions;
+    ``z8`` [N, G] int8 (or None: the zero is 0) are the zeros when every q - z provably fits
+    int8. ``block`` then forms one row block with three array passes: q - z in int8, the
+    cast to float32 and the multiply (the rounding to a 16-bit compute dtype, if any, last).
+    """
+
+    __slots__ = ("s32", "z8", "compute")
+
+    def __init__(self, s32, z8, compute):
+        self.s32, self.z8, self.compute = s32, z8, compute
+
+    @classmethod
+    def make(cls, za, s, kw: dict):
+        order = DequantOrder(kw.get("order", DequantOrder.SUB_THEN_MUL))
+        mode = Rounding.parse(kw.get("compute_rounding", Rounding.RNE))
+        if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE or kw.get("code_range") is None:
+            return None
+        s32 = _fast_scales(s, kw.get("scale_dtype"), ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
+        if s32 is None:
+            return None
+        za = np.asarray(za)
+        if za.ndim == 0 and za.dtype.kind in "iu" and za == 0:
+            z8 = None
+        elif _difference_fits_int8(za, kw["code_range"]):
+            z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
+        else:
+            return None
+        return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
+
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+        """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``.
+
+        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place)."""
+        if qb.dtype not in (np.uint8, np.int8):
+            qb, scratch = qb.astype(np.int16), True
+        r = r1 - r0
+        s = self.s32[r0:r1]
+        z = None if self.z8 is None else self.z8[r0:r1]
+        if g is None:
+            q3, o3 = qb.reshape(r, -1, gs), out.reshape(r, -1, gs)
+            s, z = s[:, :, None], None if z is None else z[:, :, None]
+        else:
+            q3, o3 = qb, out
+            s, z = expand_groups(s, g), None if z is None else expand_groups(z, g)
+        if z is None:
+            o3[...] = q3
+        else:
+            q3 = q3 if qb.dtype == np.int16 else q3.view(np.int8)
+            # exact: the plan checked that every q - z fits int8
+            o3[...] = np.subtract(q3, z, out=q3 if scratch else None)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(o3, s, out=o3)
+        if self.compute is not ComputeDtype.FLOAT32:
+            out[...] = round_float32_array(out, self.compute.value)
+
+
+def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
+    """Scales as float32 after the scale_dtype and compute-dtype RNE conversions, or None when the
+    stored dtype is not fp16/bf16/fp32 (then the float64 rule applies)."""
+    sa = np.asarray(s)
+    if sa.dtype.name not in ("float16", "bfloat16", "float32"):
+        return None
+    s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
+    if scale_dtype is not None:
+        s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
+    return round_float32_array(s32, compute.value)
+
+
+def _sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding, out=None,
+                                 code_range=None):
+    """The common case computed with IEEE float32 arithmetic, bit-identical to the rule.
+
+    Applies to SUB_THEN_MUL with RNE and scales stored as fp16/bf16/fp32: the scale is
+    exact in float32, each operand conversion is an RNE rounding of a float32 (done by
+    ``round_float32_array``), q - z (|q - z| <= 256) is exact in float32, and the float32
+    product is the correctly rounded exact product — for a 16-bit compute dtype it is exact
+    (<= 9 + 11 significant bits) and then rounded once. Returns None when it does not apply.
+    """
+    if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE:
+        return None
+    s32 = _fast_scales(s, scale_dtype, compute)
+    if s32 is None:
+        return None
+    qa, za = np.asarray(q), np.asarray(z)
+    if out is None:
+        out = np.empty(np.broadcast_shapes(qa.shape, za.shape, s32.shape), dtype=np.float32)
+    if za.ndim == 0 and za == 0 and qa.dtype.kind in "iu" and qa.dtype.itemsize <= 2:
+        out[...] = qa  # q - 0: the codes themselves (exact in float32)
+    elif (d8 := _difference_int8(qa, za, code_range)) is not None:
+        out[...] = d8  # q - z, exact in int8 and in float32
+    else:
+        # integers below 2**24 are exact in float32, so q - z computed in float32 is exact
+        # (a plain cast then a same-type subtract is much faster than a mixed-type ufunc)
+        out[...] = qa
+        if za.ndim or za != 0:
+            np.subtract(out, za.astype(np.float32), out=out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.multiply(out, s32, out=out)
+    if compute is not ComputeDtype.FLOAT32:
+        out[...] = round_float32_array(out, compute.value)
+    return out
+
+
+def _difference_fits_int8(za: np.ndarray, code_range) -> bool:
+    """Whether the codes' declared range and the zeros' actual range guarantee that every
+    operand and every difference q - z fits int8."""
+    if code_range is None or za.dtype.kind not in "iu":
+        return False
+    lo, hi = code_range
+    zlo, zhi = (int(za.min()), int(za.max())) if za.size else (0, 0)
+    return (-128 <= lo and hi <= 127 and -128 <= zlo and zhi <= 127 and -128 <= lo - zhi and hi - zlo <= 127)
+
+
+def _difference_int8(qa: np.ndarray, za: np.ndarray, code_range) -> np.ndarray | None:
+    """q - z as int8 (one byte per element: a quarter of the float32 traffic) when it fits."""
+    if qa.dtype not in (np.uint8, np.int8) or not _difference_fits_int8(za, code_range):
+        return None
+    return np.subtract(qa.view(np.int8), za.astype(np.int8))
+
+
+# --- MXFP4 -------------------------------------------------------------------------------
+
+
+def _byte_pairs_f32() -> np.ndarray:
+    """[256, 2] float32: the two E2M1 values of each packed byte (low nibble first)."""
+    b = np.arange(256)
+    e2m1 = decode_e2m1(np.arange(16, dtype=np.uint8)).astype(np.float32)
+    return np.stack([e2m1[b & 0xF], e2m1[b >> 4]], axis=1).astype(np.float32)
+
+
+_PAIRS_U64 = _byte_pairs_f32().view(np.uint64).reshape(256)  # both values of a byte as one 8-byte word
+#: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
+_E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
+MX_BLOCK = 32
+
+
+def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Float32 MXFP4 weight straight from packed bytes [..., K/2] and scale bytes [..., K/32].
+
+    Equal to ``mxfp4.dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``:
+    the product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in
+    fp32 unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives). The
+    lookup keeps -0.0 (code 8) and the multiply NaN (scale byte 0xFF). ``out``: a float32
+    C-contiguous array of the result's shape to write into instead of a new one.
+    """
+    p = np.asarray(packed)
+    sb = np.asarray(scale_bytes)
+    lead = p.shape[:-1]
+    p2 = p.reshape(-1, p.shape[-1])
+    sb2 = sb.reshape(-1, sb.shape[-1])
+    shape2 = (p2.shape[0], p2.shape[1] * 2)
+    if out is None:
+        out2 = np.empty(shape2, dtype=np.float32)
+    else:
+        out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
+
+    def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
+        v = out2[r0:r1]
+        # mode="wrap" never wraps (a uint8 indexes a 256-entry table); it only skips the
+        # per-element bounds check of the default mode, which costs ten times the gather
+        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64), mode="wrap")
+        with np.errstate(over="ignore", invalid="ignore"):
+            v3 = v.reshape(r1 - r0, -1, MX_BLOCK)
+            np.multiply(v3, _E8M0_F32[sb2[r0:r1]][..., None], out=v3)
+
+    for_row_chunks(p2.shape[0], out2.size, rows, row_bytes=4 * shape2[1])
+    return out2.reshape(lead + (p.shape[-1] * 2,)) if out is None else out
