@@ -146,7 +146,7 @@ def _cli(argv: list) -> tuple:
     return rc, out.getvalue(), err.getvalue()
 
 
-_NAME = re.compile(r"\bmodel\.[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+")
+_NAME = re.compile(r"\bmodel\.[A-Za-z0-9_.]*[A-Za-z0-9_]")
 
 
 def _names(inp: Input) -> list:

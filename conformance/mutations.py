@@ -398,7 +398,9 @@ def _m_json_deep(rng, folder, seed):
 
 
 def _m_json_not_object(rng, folder, seed):
-    text = rng.choice(["[1, 2]", "null", "7", '"config"', "", "{}"])
+    text = rng.choice(["[1, 2]", "null", "7", '"config"', "", '{"quantization_config": 5}'])
+    for side in ("quantization_config.json", "quantize_config.json"):  # side files could still configure it
+        (folder / side).unlink(missing_ok=True)
     _config_path(folder).write_text(text)
     return f"config.json = {text!r}"
 
