@@ -186,7 +186,7 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
     out_dir = work / "outputs"
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {c: collections.Counter() for c in COMMANDS}
-    records, false_greens, peak = [], [], 0.0
+    records, false_greens, peak, slowest = [], [], 0.0, 0.0
     for k, inp in enumerate(inputs):
         rec = {"index": inp.index, "seed": inp.seed, "mutation": inp.mutation, "must_reject": inp.must_reject,
                "detail": inp.detail if len(inp.detail) <= 200 else inp.detail[:197] + "...", "layer": inp.layer}
@@ -195,6 +195,7 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
             outcome = classify(command, run, _names(inp), memory_mib=memory_mib)
             counts[command][outcome] += 1
             peak = max(peak, run.peak_mib)
+            slowest = max(slowest, run.seconds)
             rec[command] = {"outcome": outcome, "rc": run.rc, "err": run.err.strip()[:500],
                             "seconds": round(run.seconds, 3), "peak_mib": round(run.peak_mib, 1)}
         why = _false_green(rec)
@@ -207,7 +208,8 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
     return {"seed": seed, "inputs": len(inputs), "requested": count, "mutation_kinds": len(kinds),
             "kinds_defined": len(MUTATIONS), "seeds": len(seeds), "timeout_s": timeout, "memory_mib": memory_mib,
             "counts": {c: {o: counts[c][o] for o in OUTCOMES} for c in COMMANDS},
-            "false_greens": false_greens, "peak_mib": round(peak, 1), "records": records,
+            "false_greens": false_greens, "peak_mib": round(peak, 1), "slowest_s": round(slowest, 2),
+            "records": records,
             "per_kind": {m: kinds[m] for m in sorted(kinds)}}
 
 
@@ -240,7 +242,8 @@ def format_summary(summary: dict) -> str:
         row = [c[cmd][o] for cmd in COMMANDS]
         lines.append(f"{OUTCOME_TITLES[o]:<28}" + "".join(f"{v:>9}" for v in row) + f"{sum(row):>9}")
     lines.append(f"false greens (exit 0 on an input that must be / dequant is rejected): {len(summary['false_greens'])}")
-    lines.append(f"peak memory of one run above the parent: {summary['peak_mib']} MiB")
+    lines.append(f"peak memory of one run above the parent: {summary['peak_mib']} MiB; "
+                 f"slowest run: {summary['slowest_s']} s")
     for fg in summary["false_greens"][:10]:
         lines.append(f"  FALSE GREEN #{fg['index']} {fg['mutation']} on {fg['seed']}: {fg['why']} ({fg['detail']})")
     shown = 0

@@ -311,6 +311,13 @@ def _auto_round_zero_convention(cfg: dict) -> str:
 
 def _detect_auto_round(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     packing = _str(cfg, "packing_format", "auto_round:auto_gptq", str(ckpt.qconfig_source))
+    if packing not in ("auto_round:llm_compressor", "llm_compressor"):
+        # the GPTQ / AWQ layouts hold integer codes: a float data_type (mx_fp, nv_fp, fp8) there is a
+        # contradiction, not something to read as int
+        dt = _str(cfg, "data_type", "int", str(ckpt.qconfig_source))
+        if not dt.startswith("int"):
+            raise UnsupportedFormatError(f"{ckpt.qconfig_source}: auto-round data_type {_short(dt)} with packing_format "
+                                         f"{_short(packing)} is not defined (the GPTQ/AWQ layouts hold int codes)")
     if packing in ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "auto_round"):
         conv = _auto_round_zero_convention(cfg)
         return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p, budget), conv) for p in _int_prefixes(ckpt)]
@@ -400,6 +407,9 @@ def _ct_scheme_for(cfg: dict, name: str, budget: Budget, where: str) -> dict | N
 def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     where = str(ckpt.qconfig_source)
     top_format = _str(cfg, "format", "", where)
+    if top_format not in _CT_FORMATS:
+        raise UnsupportedFormatError(f"{where}: compressed-tensors format {_short(top_format)} is not defined "
+                                     f"({', '.join(f for f in _CT_FORMATS if f)})")
     if not isinstance(cfg.get("config_groups") or {}, dict):
         raise FormatError(f"{ckpt.folder}/config.json: compressed-tensors quantization_config.config_groups "
                           f"is not an object")
