@@ -66,8 +66,10 @@ class Input:
 
 # -- seeds -------------------------------------------------------------------------------------------
 def make_seeds(work: Path) -> list[Seed]:
-    """Copy / write every seed checkpoint under ``work/seeds`` (valid checkpoints, checked by the caller)."""
+    """Copy / write every seed checkpoint under ``work/seeds``. Every seed must be valid (every layer
+    dequantizes), or the campaign's counts would blame mutations for a bad seed."""
     from emulator.checkpoint import Checkpoint
+    from emulator.layers import dequantize_layer
 
     root = work / "seeds"
     root.mkdir(parents=True, exist_ok=True)
@@ -88,6 +90,8 @@ def make_seeds(work: Path) -> list[Seed]:
     seeds = []
     for f in folders:
         ck = Checkpoint(f)
+        for layer in ck.layers():
+            dequantize_layer(ck, layer)
         info = ck.layers()[0]
         seeds.append(Seed(f.name, f, info.name, int(info.shape[-2]), int(info.shape[-1])))
     return seeds
