@@ -419,7 +419,8 @@ def _m_json_huge_sparse(rng, folder, seed):
 
 def _m_json_big_valid(rng, folder, seed):
     cfg, qc = _qc(folder)
-    qc["padding"] = ["x" * 1000] * rng.choice([2000, 7000])
+    # just under the 8 MiB limit: long strings, or 2.6 million empty lists (the most Python objects a byte)
+    qc["padding"] = rng.choice([["x" * 1000] * 2000, ["x" * 1000] * 8000, [[]] * 2_600_000])
     _save_cfg(folder, cfg)
     return f"config.json padded to {_config_path(folder).stat().st_size} bytes"
 
@@ -563,6 +564,17 @@ def _m_header_bytes(rng, folder, seed):
         raw[i] ^= 1 << rng.randrange(8)
     path.write_bytes(bytes(raw))
     return f"{path.name}: {kind}"
+
+
+def _m_header_many_entries(rng, folder, seed):
+    """A valid header with very many (zero-size, stray) tensors: header parsing time and memory."""
+    path = rng.choice(_shards(folder))
+    header, data = _raw_header(path)
+    n = rng.choice([10_000, 300_000])
+    for i in range(n):
+        header[f"model.pad.{i}"] = {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}
+    _write_raw(path, header, data)
+    return f"{path.name}: + {n} zero-size tensors ({path.stat().st_size} bytes)"
 
 
 def _m_file_truncate(rng, folder, seed):
@@ -879,6 +891,7 @@ MUTATIONS = [
     M("header-data-offsets", "header", True, _m_header_offsets),
     M("header-entry", "header", False, _m_header_entry),
     M("header-bytes", "header", False, _m_header_bytes),
+    M("header-many-entries", "header", False, _m_header_many_entries),
     M("file-truncated", "file", True, _m_file_truncate),
     M("file-trailing-bytes", "file", True, _m_file_append),
     M("tensor-drop", "tensor", False, _m_tensor_drop),

@@ -393,3 +393,17 @@ def test_config_values_that_would_be_read_as_something_else_are_errors(capsys, t
     cases.edit_config(folder, update)
     rc, out, err = cli(capsys, "inspect", folder, "--headers-only")
     one_error_line(rc, err, needle)
+
+
+def test_headers_of_all_shards_share_one_budget(tmp_path, monkeypatch):
+    import emulator.checkpoint as checkpoint
+
+    folder = tmp_path / "ckpt"
+    cases.write(folder, "gptq-w4g32-sym-v1")
+    cases.shard(folder, 3)
+    sizes = sorted(struct.unpack("<Q", p.read_bytes()[:8])[0] for p in folder.glob("*.safetensors"))
+    Checkpoint(folder)  # within the real budget
+    monkeypatch.setattr(checkpoint, "MAX_TOTAL_HEADER_BYTES", sum(sizes) - 1)  # each shard fits, all do not
+    with pytest.raises(FormatError) as e:
+        Checkpoint(folder)
+    assert "headers of this checkpoint add up" in str(e.value) and ".safetensors" in str(e.value)
