@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import resource
 import struct
 import subprocess
 import sys
