@@ -54,6 +54,7 @@ class Run:
     err: str
     seconds: float
     peak_mib: float  # peak resident memory of the child above the parent's at fork
+    rss_mib: float = 0.0  # the child's peak resident memory (with the pages it shares with the parent)
     timed_out: bool = False
     signal: "int | None" = None
 
@@ -114,15 +115,16 @@ def run_isolated(fn, args: tuple, *, timeout: float, memory_mib: float) -> Run:
                 chunks.append(b)
     _, status, usage = os.wait4(pid, 0)
     seconds = time.monotonic() - t0
-    peak = max(0.0, usage.ru_maxrss / 1024.0 - base)
+    rss = usage.ru_maxrss / 1024.0
+    peak = max(0.0, rss - base)
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if timed_out:
-        return Run(None, "", "", seconds, peak, timed_out=True)
+        return Run(None, "", "", seconds, peak, rss, timed_out=True)
     try:
         doc = json.loads(b"".join(chunks).decode())
     except ValueError:
-        return Run(None, "", f"child died (status {status})", seconds, peak, signal=sig)
-    return Run(doc["rc"], doc["out"], doc["err"], seconds, peak, signal=sig)
+        return Run(None, "", f"child died (status {status})", seconds, peak, rss, signal=sig)
+    return Run(doc["rc"], doc["out"], doc["err"], seconds, peak, rss, signal=sig)
 
 
 def _vm_mib() -> float:
@@ -146,7 +148,7 @@ def _cli(argv: list) -> tuple:
     return rc, out.getvalue(), err.getvalue()
 
 
-_NAME = re.compile(r"\bmodel\.[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+")
+_NAME = re.compile(r"\bmodel\.[A-Za-z0-9_.]*[A-Za-z0-9_]")
 
 
 def _names(inp: Input) -> list:
@@ -186,7 +188,7 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
     out_dir = work / "outputs"
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {c: collections.Counter() for c in COMMANDS}
-    records, false_greens, peak = [], [], 0.0
+    records, false_greens, peak, rss, slowest = [], [], 0.0, 0.0, 0.0
     for k, inp in enumerate(inputs):
         rec = {"index": inp.index, "seed": inp.seed, "mutation": inp.mutation, "must_reject": inp.must_reject,
                "detail": inp.detail if len(inp.detail) <= 200 else inp.detail[:197] + "...", "layer": inp.layer}
@@ -195,8 +197,11 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
             outcome = classify(command, run, _names(inp), memory_mib=memory_mib)
             counts[command][outcome] += 1
             peak = max(peak, run.peak_mib)
+            slowest = max(slowest, run.seconds)
+            rss = max(rss, run.rss_mib)
             rec[command] = {"outcome": outcome, "rc": run.rc, "err": run.err.strip()[:500],
-                            "seconds": round(run.seconds, 3), "peak_mib": round(run.peak_mib, 1)}
+                            "seconds": round(run.seconds, 3), "peak_mib": round(run.peak_mib, 1),
+                            "rss_mib": round(run.rss_mib, 1)}
         why = _false_green(rec)
         if why:
             false_greens.append({**rec, "why": why})
@@ -207,7 +212,9 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
     return {"seed": seed, "inputs": len(inputs), "requested": count, "mutation_kinds": len(kinds),
             "kinds_defined": len(MUTATIONS), "seeds": len(seeds), "timeout_s": timeout, "memory_mib": memory_mib,
             "counts": {c: {o: counts[c][o] for o in OUTCOMES} for c in COMMANDS},
-            "false_greens": false_greens, "peak_mib": round(peak, 1), "records": records,
+            "false_greens": false_greens, "peak_mib": round(peak, 1), "rss_mib": round(rss, 1),
+            "slowest_s": round(slowest, 2),
+            "records": records,
             "per_kind": {m: kinds[m] for m in sorted(kinds)}}
 
 
@@ -240,7 +247,8 @@ def format_summary(summary: dict) -> str:
         row = [c[cmd][o] for cmd in COMMANDS]
         lines.append(f"{OUTCOME_TITLES[o]:<28}" + "".join(f"{v:>9}" for v in row) + f"{sum(row):>9}")
     lines.append(f"false greens (exit 0 on an input that must be / dequant is rejected): {len(summary['false_greens'])}")
-    lines.append(f"peak memory of one run above the parent: {summary['peak_mib']} MiB")
+    lines.append(f"largest peak RSS of one run: {summary['rss_mib']} MiB ({summary['peak_mib']} MiB above the campaign "
+                 f"process at fork); slowest run: {summary['slowest_s']} s")
     for fg in summary["false_greens"][:10]:
         lines.append(f"  FALSE GREEN #{fg['index']} {fg['mutation']} on {fg['seed']}: {fg['why']} ({fg['detail']})")
     shown = 0

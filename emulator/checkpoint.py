@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, QconformError, UnsupportedFormatError, require
-from .tensorfile import Tensor, TensorFile, open_regular
+from .tensorfile import MAX_HEADER_BYTES, Tensor, TensorFile, header_length, open_regular
 
 __all__ = ["LayerInfo", "Checkpoint", "open_checkpoint"]
 
@@ -65,6 +65,9 @@ class LayerInfo:
 #: shard index of the largest public models about 10 MiB.
 MAX_CONFIG_JSON_BYTES = 8 * 1024 * 1024
 MAX_INDEX_JSON_BYTES = 32 * 1024 * 1024
+#: all safetensors headers of one checkpoint together (one file may use the format's whole limit;
+#: many shards may not add up to many times that memory)
+MAX_TOTAL_HEADER_BYTES = MAX_HEADER_BYTES
 
 
 def _load_json(path: Path, what: str, limit: int = MAX_CONFIG_JSON_BYTES) -> dict:
@@ -119,6 +122,7 @@ class Checkpoint:
                 f"{source}: unknown quant_method {_clip(repr(qc.get('quant_method')), 80)}; "
                 f"supported: {', '.join(SUPPORTED_METHODS)}")
         self.method = method
+        self._header_bytes = 0
         self._files = self._index_files()
         self._layers: dict[str, LayerInfo] | None = None
 
@@ -142,7 +146,7 @@ class Checkpoint:
                             f"{index}: shard {_clip(repr(fname), 120)} (tensor {_clip(repr(tname), 120)}) lies outside the checkpoint folder")
                     if not p.exists():
                         raise FormatError(f"{index}: shard {_clip(repr(fname), 120)} (tensor {_clip(repr(tname), 120)}) not found in {self.folder}")
-                    files[fname] = TensorFile(p)
+                    files[fname] = self._open_shard(p)
                 tf = files[fname]
                 if tname not in tf.header or tname == "__metadata__":
                     raise FormatError(f"{index}: tensor {_clip(repr(tname), 120)} is not in shard {_clip(fname, 120)}")
@@ -152,12 +156,19 @@ class Checkpoint:
         if not shards:
             raise FormatError(f"{self.folder}: no *.safetensors files")
         for p in shards:
-            tf = TensorFile(p)
+            tf = self._open_shard(p)
             for k in tf.keys():
                 if k in names:
                     raise FormatError(f"{self.folder}: tensor {k!r} appears in both {names[k].path.name} and {p.name}")
                 names[k] = tf
         return names
+
+    def _open_shard(self, path: Path) -> TensorFile:
+        self._header_bytes += header_length(path)
+        if self._header_bytes > MAX_TOTAL_HEADER_BYTES:
+            raise FormatError(f"{path}: the safetensors headers of this checkpoint add up to more than "
+                              f"{MAX_TOTAL_HEADER_BYTES} bytes (the limit for all shards together)")
+        return TensorFile(path)
 
     def has(self, name: str) -> bool:
         return name in self._files

@@ -7,6 +7,8 @@ except dtypes and shapes from the safetensors headers.
 
 from __future__ import annotations
 
+import re
+
 from .checkpoint import Checkpoint, LayerInfo
 from .errors import FormatError, UnsupportedFormatError
 from .saferegex import Budget, compile_safe
@@ -85,8 +87,7 @@ def _int(value, key: str, where: str) -> int:
     elif isinstance(value, float):
         ok = value.is_integer()
     elif isinstance(value, str):
-        digits = value.strip().lstrip("+-")
-        ok = digits.isascii() and digits.isdigit() and len(digits) <= 9
+        ok = re.fullmatch(r"[+-]?[0-9]{1,9}", value.strip()) is not None  # ASCII digits only: not "²", not "+-4"
     else:
         ok = False
     if not ok:
@@ -94,7 +95,7 @@ def _int(value, key: str, where: str) -> int:
     return int(float(value)) if isinstance(value, float) else int(value)
 
 
-#: (integer keys are checked where a rule reads them, so the error can name the layer.)
+INT_KEYS = ("bits", "group_size", "num_bits", "w_bit", "q_group_size", "act_bits", "act_group_size")
 #: keys whose type is checked wherever a toolkit writes them (top level, config_groups[*],
 #: config_groups[*].weights / input_activations, extra_config[*]), read by a rule or not: a
 #: "false" string is an error even where qconform ignores the key.
@@ -121,6 +122,12 @@ def _typed_sections(qc: dict):
                 yield f"extra_config[{_short(k)}].", body
 
 
+def _int_like(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, str)) or (isinstance(value, float) and value.is_integer())
+
+
 def check_config_types(qc: dict, where: str) -> None:
     """Every known key has its type (null allowed: the toolkit default)."""
     for prefix, section in _typed_sections(qc):
@@ -130,6 +137,10 @@ def check_config_types(qc: dict, where: str) -> None:
             if key in BOOL_KEYS and not isinstance(value, bool):
                 raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} "
                                              "is not a boolean (true or false)")
+            if key in INT_KEYS and not _int_like(value):
+                # (digit strings are checked where a rule reads them, so that error can name the layer)
+                raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} "
+                                             "is not an integer")
             if key in STR_KEYS and not isinstance(value, str):
                 raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} is not a string")
 
@@ -185,9 +196,9 @@ def _scale_dtype(ckpt: Checkpoint, name: str, layer: str) -> str:
 
 
 def _int_prefixes(ckpt: Checkpoint) -> list[str]:
-    """Layers of the GPTQ/AWQ layouts: every prefix with a qweight or a qzeros (so a layer whose
+    """Layers of the GPTQ/AWQ layouts: every prefix with a qweight, qzeros or scales (so a layer whose
     qweight is missing is reported, not silently left out)."""
-    return sorted(set(_prefixes(ckpt, "qweight")) | set(_prefixes(ckpt, "qzeros")))
+    return sorted(set(_prefixes(ckpt, "qweight")) | set(_prefixes(ckpt, "qzeros")) | set(_prefixes(ckpt, "scales")))
 
 
 def _require_2d(ckpt: Checkpoint, prefix: str, role: str, layout: str) -> tuple:
@@ -300,6 +311,13 @@ def _auto_round_zero_convention(cfg: dict) -> str:
 
 def _detect_auto_round(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     packing = _str(cfg, "packing_format", "auto_round:auto_gptq", str(ckpt.qconfig_source))
+    if packing not in ("auto_round:llm_compressor", "llm_compressor"):
+        # the GPTQ / AWQ layouts hold integer codes: a float data_type (mx_fp, nv_fp, fp8) there is a
+        # contradiction, not something to read as int
+        dt = _str(cfg, "data_type", "int", str(ckpt.qconfig_source))
+        if not dt.startswith("int"):
+            raise UnsupportedFormatError(f"{ckpt.qconfig_source}: auto-round data_type {_short(dt)} with packing_format "
+                                         f"{_short(packing)} is not defined (the GPTQ/AWQ layouts hold int codes)")
     if packing in ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "auto_round"):
         conv = _auto_round_zero_convention(cfg)
         return [_gptq_layer(ckpt, p, _layer_cfg(cfg, p, budget), conv) for p in _int_prefixes(ckpt)]
@@ -389,6 +407,9 @@ def _ct_scheme_for(cfg: dict, name: str, budget: Budget, where: str) -> dict | N
 def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
     where = str(ckpt.qconfig_source)
     top_format = _str(cfg, "format", "", where)
+    if top_format not in _CT_FORMATS:
+        raise UnsupportedFormatError(f"{where}: compressed-tensors format {_short(top_format)} is not defined "
+                                     f"({', '.join(f for f in _CT_FORMATS if f)})")
     if not isinstance(cfg.get("config_groups") or {}, dict):
         raise FormatError(f"{ckpt.folder}/config.json: compressed-tensors quantization_config.config_groups "
                           f"is not an object")
@@ -413,6 +434,15 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
         strategy = _str(wargs, "strategy", "tensor", prefix)
         gs = wargs.get("group_size")
         group = _group(gs, prefix) if strategy in ("group", "tensor_group") else -1
+        if wtype not in ("int", "float"):
+            raise UnsupportedFormatError(f"{prefix}: compressed-tensors weights type {_short(wtype)} is not defined "
+                                         "(int, float)")
+        if strategy not in _CT_STRATEGIES:
+            raise UnsupportedFormatError(f"{prefix}: compressed-tensors weights strategy {_short(strategy)} is not "
+                                         f"defined ({', '.join(_CT_STRATEGIES)})")
+        if fmt not in _CT_FORMATS:
+            raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} is not defined "
+                                         f"({', '.join(f for f in _CT_FORMATS if f)})")
         activation = _ct_activation(scheme.get("input_activations"), prefix)
         actorder = _ct_actorder(wargs.get("actorder"), prefix)
         sym = _bool(wargs, "symmetric", True, prefix)
@@ -424,6 +454,9 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
             if wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
                 if "nvfp4" in fmt:
                     raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} (NVFP4) is not defined")
+                if num_bits != 4 or group not in (-1, 32) or (gs is not None and group != 32):
+                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors float weights with num_bits={num_bits} "
+                                                 f"group_size={_short(gs)} are not MXFP4 (num_bits 4, group_size 32)")
                 N, K = pshape[0], pshape[1] * 2
                 tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
                 layers.append(LayerInfo(
@@ -480,6 +513,10 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
 
 
 _ACTORDER = ("group", "weight", "static", "dynamic")
+_CT_STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block", "token")
+#: compressed-tensors CompressionFormat values ("" = not given: the tensors decide)
+_CT_FORMATS = ("", "pack-quantized", "int-quantized", "naive-quantized", "float-quantized", "mxfp4-pack-quantized",
+               "nvfp4-pack-quantized", "marlin-24", "dense", "sparse-bitmask", "sparse-24-bitmask")
 
 
 def _ct_actorder(value, where: str) -> "str | None":

@@ -54,9 +54,39 @@ def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
     """Exact dequantized weight, float32 [N, K] (stacked experts: [E, N, K]).
 
     Every tensor of the layer is validated, its bias too (a finite float vector of N), so a
-    checkpoint this returns for is one every command accepts."""
+    checkpoint this returns for is one every command accepts; a weight whose exact value does
+    not fit float32 (e.g. E8M0 scale 2^127 times E2M1 4) is an error, never an inf."""
     layer_bias(ckpt, info)
     tensors = ckpt.layer_tensors(info)
+    w = _dequantize(info, tensors)
+    _require_finite(info, tensors, w)
+    return w
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _require_finite(info: LayerInfo, tensors: dict, w: np.ndarray) -> None:
+    """The exact weight must be a float32 value. Skips the full pass when the stored scales
+    cannot overflow (int formats: max|scale| x 2^bits; MXFP4: every scale byte <= 252)."""
+    if info.format in ("ct-mxfp4", "gptoss-mxfp4"):
+        role = "weight_scale" if info.format == "ct-mxfp4" else "scales"
+        if int(np.max(tensors[role].data, initial=0)) <= 252:  # 6 x 2^125 < float32 max
+            return
+    else:
+        role = "scales" if "scales" in tensors else "weight_scale"
+        s = np.asarray(tensors[role].data, dtype=np.float64)
+        if s.size == 0 or float(np.max(np.abs(s))) * 2.0 ** (info.bits + 1) < _F32_MAX:
+            return
+    bad = ~np.isfinite(w)
+    if bad.any():
+        idx = [int(i) for i in np.argwhere(bad)[0]]
+        shown = info.tensors[role].rsplit(".", 1)[-1]
+        raise FormatError(f"the exact dequantized weight at {idx} overflows float32 (its scale is too large)",
+                          layer=info.name, tensor=shown)
+
+
+def _dequantize(info: LayerInfo, tensors: dict) -> np.ndarray:
     name = info.name
     if info.format == "gptq":
         _check_float_scales(info, tensors, "scales")

@@ -31,7 +31,7 @@ import numpy as np
 
 from .errors import FormatError
 
-__all__ = ["Tensor", "read_header", "load_tensors", "save_tensors", "TensorFile", "open_regular", "MAX_HEADER_BYTES"]
+__all__ = ["Tensor", "read_header", "header_length", "load_tensors", "save_tensors", "TensorFile", "open_regular", "MAX_HEADER_BYTES"]
 
 _NP = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16,
@@ -43,7 +43,8 @@ _NP = {
 _BITS = {k: 8 * np.dtype(v).itemsize for k, v in _NP.items()}
 _BITS.update({"BF16": 16, "F8_E8M0": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
               "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4})
-#: the safetensors format's own header limit (the reference reader refuses larger headers too)
+#: the safetensors format's own header limit (the reference reader refuses larger headers too).
+#: Parsing costs about 11 bytes of memory per header byte (measured: 22 MB header, 240 MiB).
 MAX_HEADER_BYTES = 100_000_000
 _MAX_HEADER = MAX_HEADER_BYTES
 #: a tensor of more dimensions than this is refused (PyTorch and NumPy stop at 64)
@@ -99,11 +100,13 @@ def _nbytes(shape: list, dt: str, limit: int) -> "int | None":
 
 
 def _no_duplicates(pairs: list) -> dict:
-    seen: dict = {}
-    for k, v in pairs:
-        if k in seen:
-            raise FormatError(f"duplicate key {k!r}")
-        seen[k] = v
+    seen = dict(pairs)  # C speed; the loop below runs only when a key repeats
+    if len(seen) != len(pairs):
+        keys: set = set()
+        for k, _ in pairs:
+            if k in keys:
+                raise FormatError(f"duplicate key {_short(k)}")
+            keys.add(k)
     return seen
 
 
@@ -117,6 +120,16 @@ class Tensor:
     @property
     def shape(self) -> tuple:
         return tuple(self.data.shape)
+
+
+def header_length(path: "str | os.PathLike") -> int:
+    """The header length a safetensors file declares (its first 8 bytes), without parsing it:
+    lets a caller budget the headers of many shards before reading any."""
+    with open_regular(path, "safetensors file") as f:
+        raw = f.read(8)
+    if len(raw) < 8:
+        raise FormatError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+    return struct.unpack("<Q", raw)[0]
 
 
 def read_header(path: "str | os.PathLike") -> tuple[dict, int]:
