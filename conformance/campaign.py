@@ -135,10 +135,8 @@ def _vm_mib() -> float:
         return 0.0
 
 
-def _cli(argv: list) -> tuple:
-    """The qconform CLI in this (child) process, output captured."""
-    from .cli import main as cli_main
-
+def _cli(cli_main, argv: list) -> tuple:
+    """The qconform CLI entry ``cli_main`` in this (child) process, output captured."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -180,9 +178,11 @@ def _argv(command: str, inp: Input, out_dir: Path) -> list:
     return ["linear", inp.folder, "--layer", inp.layer, "-i", inp.x_path, "-o", out_dir / f"{inp.index:05d}-y.safetensors"]
 
 
-def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, memory_mib: float = 1024.0,
+def run_campaign(seed: int, count: int, work: Path, cli_main, *, timeout: float = 60.0, memory_mib: float = 1024.0,
                  progress=None) -> dict:
-    """Generate ``count`` inputs under ``work`` and run every command on each; the summary dict."""
+    """Generate ``count`` inputs under ``work`` and run every command of the CLI entry ``cli_main`` (the
+    ``qconform`` main function, given by the caller: the campaign exercises the CLI and does not import
+    it) on each; the summary dict."""
     seeds = make_seeds(work)
     inputs = generate(seed, count, work, seeds)
     out_dir = work / "outputs"
@@ -193,7 +193,8 @@ def run_campaign(seed: int, count: int, work: Path, *, timeout: float = 60.0, me
         rec = {"index": inp.index, "seed": inp.seed, "mutation": inp.mutation, "must_reject": inp.must_reject,
                "detail": inp.detail if len(inp.detail) <= 200 else inp.detail[:197] + "...", "layer": inp.layer}
         for command in COMMANDS:
-            run = run_isolated(_cli, (_argv(command, inp, out_dir),), timeout=timeout, memory_mib=memory_mib)
+            run = run_isolated(_cli, (cli_main, _argv(command, inp, out_dir)), timeout=timeout,
+                               memory_mib=memory_mib)
             outcome = classify(command, run, _names(inp), memory_mib=memory_mib)
             counts[command][outcome] += 1
             peak = max(peak, run.peak_mib)
@@ -279,7 +280,8 @@ def main(args) -> int:
     keep = args.work is not None
     work = Path(args.work) if keep else Path(tempfile.mkdtemp(prefix="qconform-campaign-"))
     try:
-        summary = run_campaign(args.seed, args.count, work, timeout=args.timeout, memory_mib=args.memory_mib,
+        summary = run_campaign(args.seed, args.count, work, args.cli_main, timeout=args.timeout,
+                               memory_mib=args.memory_mib,
                                progress=lambda m: print(m, file=sys.stderr, flush=True))
     finally:
         if not keep:

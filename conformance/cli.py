@@ -258,6 +258,7 @@ def _closed_pipe() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.cli_main = main  # commands that exercise the CLI itself (campaign) get it here, not by importing it
     from emulator.errors import QconformError
 
     try:

@@ -276,7 +276,7 @@ def m_json_big_valid(rng, folder, seed):
     return f"config.json padded to {_config_path(folder).stat().st_size} bytes"
 
 
-def _special_file(folder: Path, name: str, kind: str) -> str:
+def special_file(folder: Path, name: str, kind: str) -> str:
     p = folder / name
     if p.exists() or p.is_symlink():
         if p.is_dir():
@@ -298,8 +298,8 @@ def _special_file(folder: Path, name: str, kind: str) -> str:
     return f"{name} -> {kind}"
 
 
-_SPECIAL = ["fifo", "dev-zero", "dev-null", "dir", "dangling", "missing"]
+SPECIAL_FILES = ["fifo", "dev-zero", "dev-null", "dir", "dangling", "missing"]
 
 
 def m_config_special(rng, folder, seed):
-    return _special_file(folder, "config.json", rng.choice(_SPECIAL))
+    return special_file(folder, "config.json", rng.choice(SPECIAL_FILES))

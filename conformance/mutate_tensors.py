@@ -18,7 +18,7 @@ import numpy as np
 
 from emulator.tensorfile import Tensor, TensorFile, load_tensors, save_tensors
 
-from .mutate_config import _SPECIAL, _special_file
+from .mutate_config import SPECIAL_FILES, special_file
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -69,13 +69,13 @@ def _write_raw(path: Path, header: "dict | bytes", data: bytes) -> None:
 
 def m_shard_special(rng, folder, seed):
     shard = rng.choice([p.name for p in _shards(folder)])
-    return _special_file(folder, shard, rng.choice(_SPECIAL[:-1]))
+    return special_file(folder, shard, rng.choice(SPECIAL_FILES[:-1]))
 
 
 def m_extra_special_safetensors(rng, folder, seed):
     if (folder / "model.safetensors.index.json").exists():
         return None
-    return _special_file(folder, "zz-extra.safetensors", rng.choice(_SPECIAL[:-2]))
+    return special_file(folder, "zz-extra.safetensors", rng.choice(SPECIAL_FILES[:-2]))
 
 
 # -- safetensors header mutations ----------------------------------------------------------------------

@@ -21,7 +21,6 @@ mxfp4             *_blocks / *_scales tensors                 gptoss-mxfp4
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import os
@@ -31,33 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, QconformError, UnsupportedFormatError, require
+from .layer_info import LayerInfo
 from .tensorfile import MAX_HEADER_BYTES, Tensor, TensorFile, header_length, open_regular
 
 __all__ = ["LayerInfo", "Checkpoint", "open_checkpoint"]
 
 SUPPORTED_METHODS = ("gptq", "awq", "auto-round", "compressed-tensors", "mxfp4")
-
-
-@dataclasses.dataclass
-class LayerInfo:
-    """One quantized layer as the checkpoint stores it."""
-
-    name: str
-    format: str  # gptq | awq | ct-pack-quantized | ct-int-quantized | ct-mxfp4 | gptoss-mxfp4
-    shape: tuple  # logical [N, K], or [E, N, K] for stacked experts
-    bits: int
-    group_size: int  # -1: one group spans K
-    sym: bool | None
-    act_order: bool
-    zero_convention: str | None  # v1 | v2 | literal | offset | None
-    tensors: dict  # role -> full tensor name
-    activation: dict | None = None  # activation quantization the checkpoint declares
-    scale_dtype: str | None = None
-
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["shape"] = list(self.shape)
-        return d
 
 
 #: size limits of the JSON files a checkpoint folder holds (docs/checkpoints.md, "Limits"):

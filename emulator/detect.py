@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import re
 
-from .checkpoint import Checkpoint, LayerInfo
+from typing import TYPE_CHECKING
+
+from .layer_info import LayerInfo
+
+if TYPE_CHECKING:  # annotations only: checkpoint.py calls into this module
+    from .checkpoint import Checkpoint
 from .errors import FormatError, UnsupportedFormatError
 from .saferegex import Budget, compile_safe
 
