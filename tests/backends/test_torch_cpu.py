@@ -631,20 +631,25 @@ def test_int8pack_bf16_k_tail_is_run_not_refused():
 
 
 def test_known_defect_waivers_are_current_and_exact():
-    """Every shipped waiver names an upstream reference and a future expiry; the torch-cpu one covers exactly
-    the defect's cases in every profile (no more: it must not hide other torch-cpu results)."""
+    """Every shipped waiver names an upstream reference and a future expiry; the torch-cpu int8pack one covers
+    exactly the defect's cases in every profile (no more: it must not hide other torch-cpu results), and the
+    torch-cpu qzeros one only the sym-nonmidpoint-qzeros edge cases."""
     ws = load_waivers(WAIVERS)
     assert ws
     today = time.strftime("%Y-%m-%d")
     for w in ws:
         assert w.issue and w.reason and w.expires > today, w
-    (w,) = [w for w in ws if w.backend == "torch-cpu"]
+    (w,) = [w for w in ws if w.backend == "torch-cpu" and "_weight_int8pack_mm" in w.reason]
     for profile in ("smoke", "ci", "certification"):
         specs = case_list(profile=profile)
         hit = {s.case_id for s in specs if w.matches("torch-cpu", s)}
         want = {s.case_id for s in specs if _k_tail_defect(s.case)}
         assert want and hit == want, (profile, hit ^ want)
         assert not any(w.matches(label, s) for s in specs for label in ("ark", "zentorch", "torch-cpu:x"))
+    (q,) = [w for w in ws if w.backend == "torch-cpu" and "qzeros" in w.reason]
+    specs = case_list(profile="ci")
+    hit = {s.generator for s in specs if q.matches("torch-cpu", s)}
+    assert hit and all(g.endswith("sym-nonmidpoint-qzeros") for g in hit), hit  # the edge and golden ones
 
 
 @needs_torch
