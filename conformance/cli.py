@@ -73,37 +73,46 @@ def _cmd_dequant(args) -> int:
     return EXIT_OK
 
 
-#: the vocabulary stages ``qconform linear`` applies (its weights are the checkpoint's own, dequantized canonically)
+#: the vocabulary stages ``qconform linear`` applies on its direct path (emulator/layers.py); any other
+#: variant takes the Case path (the layer as a Case, emulator/declaration.py ``declared_output``)
 LINEAR_STAGES = ("int8-activations", "mx-activations")
+#: Declared fields --variant may set (the others describe a kernel, not the reference: accumulate, output,
+#: arithmetic)
+LINEAR_FIELDS = ("weight_dtype", "act_compute_dtype", "output_rounding")
 
 
 def linear_variant_keys() -> list[str]:
+    """Every key ``qconform linear --variant`` takes: the vocabulary's variants and LINEAR_FIELDS."""
     from emulator.variants import AXES
 
-    return [k for k, a in AXES.items() if a.stage.value in LINEAR_STAGES]
+    return [k for k, a in AXES.items() if not a.field or k in LINEAR_FIELDS]
 
 
 def _linear_variants(opts: list[str]):
-    """``--variant KEY=VALUE ...`` -> (the Declared they name, its int8 and MX activation quantizers).
+    """``--variant KEY=VALUE ...`` -> (the Declared they name, its int8 and MX activation quantizers, whether the
+    direct path applies them all).
 
-    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md); a
-    key of another stage (weights, epilogue, MoE) is refused: ``linear`` would not apply it.
+    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md). Activation
+    variants run on the direct path; weight, epilogue and field variants need the Case path.
     """
     from emulator.declaration import Declared, int8_variant, mx_variant
     from emulator.variants import axis
 
-    pairs = {}
+    pairs, fields = {}, {}
     for o in opts or []:
         if "=" not in o:
             raise ValueError(f"--variant expects key=value, got {o!r}")
         k, v = (t.strip() for t in o.split("=", 1))
-        stage = axis(k).stage.value
-        if stage not in LINEAR_STAGES:
-            raise ValueError(f"--variant {k}: a {stage} variant; qconform linear applies the activation variants "
-                             f"only: {', '.join(linear_variant_keys())}")
-        pairs[k] = v
-    decl = Declared(variants=pairs)
-    return decl, int8_variant(decl), mx_variant(decl)
+        a = axis(k)
+        if a.field and k not in LINEAR_FIELDS:
+            raise ValueError(f"--variant {k}: describes a kernel, not the reference; linear takes the fields "
+                             f"{', '.join(LINEAR_FIELDS)} and the variants of docs/variants.md")
+        (fields if a.field else pairs)[k] = v
+    if "act_compute_dtype" in fields and fields["act_compute_dtype"].lower() == "none":
+        fields["act_compute_dtype"] = None
+    decl = Declared(variants=pairs, **fields)
+    direct = not fields and all(axis(k).stage.value in LINEAR_STAGES for k in pairs)
+    return decl, int8_variant(decl), mx_variant(decl), direct
 
 
 def _cmd_linear(args) -> int:
@@ -126,9 +135,20 @@ def _cmd_linear(args) -> int:
         raise FormatError(f"{args.input}: tensor 'x' must be 2-D [M, K], got shape {list(x.shape)}")
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
-    decl, int8_variant, mx_variant = _linear_variants(args.variant)
+    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant)
     if args.backend:
         return _linear_backend(args, ck, info, x, dtype, decl)
+    act = args.act or declared_activation(info)
+    _check_activation_variants(decl, act)
+    if not direct:  # weight, epilogue or field variants: the layer as a Case, the declared reference
+        from .linear_backend import linear_with_variants
+
+        y, y_exact = linear_with_variants(ck, info, x, dtype, act, decl)
+        save_tensors(args.output, {"y": _in_dtype(y, dtype), "y_exact": y_exact},
+                     metadata={"layer": info.name, "format": info.format, "producer": "qconform"})
+        print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}")
+        print(f"activations: {act}; variants: {_named(decl)} (the layer as a Case: emulator/declaration.py)")
+        return EXIT_OK
     res = linear_layer(ck, info, x, act=args.act, int8_variant=int8_variant, mx_variant=mx_variant, out_dtype=dtype)
     y = res.y
     if dtype == "float16":
@@ -142,12 +162,44 @@ def _cmd_linear(args) -> int:
         out["acc"] = res.acc.astype(np.int64)
     save_tensors(args.output, out, metadata={"layer": info.name, "format": info.format, "producer": "qconform"})
     amb = int(res.y_ambiguous.sum())
-    act = args.act or declared_activation(info)
-    named = [f"{k}={v}" for k, v in decl.variants.items()]
     print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}" + (f" ({amb} element(s) within the float64 "
                                                                          "bound of a rounding boundary)" if amb else ""))
-    print(f"activations: {act}; variants: {', '.join(named) if named else 'canonical'}")
+    print(f"activations: {act}; variants: {_named(decl)}")
     return EXIT_OK
+
+
+def _check_activation_variants(decl, act: str) -> None:
+    """An activation variant must match the activation scheme that runs (a named variant never goes unused)."""
+    from emulator.variants import axis
+
+    need = {"int8-activations": "int8", "mx-activations": "mxfp4"}
+    for k in decl.variants:
+        want = need.get(axis(k).stage.value)
+        if want and want != act:
+            raise ValueError(f"--variant {k}: a {want} activation variant, but this run's activations are {act} "
+                             f"(the checkpoint's, or --act): use --act {want} or drop it")
+
+
+def _named(decl) -> str:
+    named = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in decl.variants.items()]
+    named += [f"{k}={getattr(decl, k)}" for k in LINEAR_FIELDS if decl.value(k) != _field_default(k)]
+    return ", ".join(named) if named else "canonical"
+
+
+def _field_default(key: str):
+    from emulator.variants import AXES
+
+    return AXES[key].canonical
+
+
+def _in_dtype(y, dtype: str):
+    from emulator.tensorfile import Tensor
+
+    if dtype == "float16":
+        return y.astype(np.float16)
+    if dtype == "bfloat16":
+        return Tensor(y.astype(np.float32), "BF16")
+    return y.astype(np.float32)
 
 
 def _linear_backend(args, ck, info, x, dtype, decl) -> int:
@@ -214,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", required=True)
     s.add_argument("--act", choices=["a16", "int8", "mxfp4"], help="activation scheme (default: the checkpoint's)")
     s.add_argument("--variant", action="append", metavar="KEY=VALUE",
-                   help="activation variant from docs/variants.md, e.g. act_rounding=rhaz, reciprocal=recip_amax, "
+                   help="a variant from docs/variants.md, e.g. act_rounding=rhaz, zero_read=v1_literal, "
                         "mx_scale_rule=even; keys: " + ", ".join(linear_variant_keys()))
     s.add_argument("--backend", metavar="auto|NAME", help="run the layer on a backend (auto: the dispatcher's "
                                                          "choice, printed with why it skipped the others)")

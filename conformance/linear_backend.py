@@ -12,13 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from backends.registry import create, select
+from emulator.declaration import declared_output, declared_reference
+from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import dequantize_layer, layer_bias
 
 from .acceptance import compare, declared_interval
 from .cases import CaseInputs
 
-__all__ = ["linear_through_backend"]
+__all__ = ["linear_through_backend", "linear_with_variants"]
 
 
 def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: str) -> tuple[np.ndarray, list[str], bool]:
@@ -53,3 +55,27 @@ def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: 
     lines.append("inside its declared interval: " + ("yes" if cmp.ok else
                                                        f"NO ({cmp.n_out} element(s) outside; max {cmp.max_ulp} ULP)"))
     return y, lines, bool(cmp.ok)
+
+
+def linear_with_variants(ck, info, x: np.ndarray, dtype: str, act: str, declared) -> tuple[np.ndarray, np.ndarray]:
+    """(y, y_exact) of layer ``info`` under the named variants of ``declared``: the layer as a Case and the
+    emulator's declared reference (emulator/declaration.py), for variants the direct path does not apply."""
+    import dataclasses
+
+    dequantize_layer(ck, info)  # every tensor validated as `dequant` does
+    case = layer_case(info, int(x.shape[0]), dtype, act)
+    declared = dataclasses.replace(declared, output=dtype)  # the reference is rounded to x's dtype
+    scheme = case.spec.name
+    for key in declared.variants:
+        from emulator.variants import AXES
+
+        if not AXES[key].applies_to(scheme):
+            raise UnsupportedFormatError(f"--variant {key}: applies to {', '.join(AXES[key].schemes)}; layer "
+                                         f"{info.name} is {scheme}")
+    tensors = case_tensors(ck, info, case)
+    bias = layer_bias(ck, info)
+    b32 = None if bias is None else np.asarray(bias, np.float32)
+    x32 = np.asarray(x, np.float32)
+    y = declared_output(case, tensors, x32, b32, None, declared)
+    ref = declared_reference(case, tensors, x32, b32, None, declared)
+    return y, np.asarray(ref.y_exact, np.float64)
