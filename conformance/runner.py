@@ -183,12 +183,17 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared, evidence: "Evide
 # -- waivers --------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Waiver:
+    """A named exception (docs/conformance.md#waivers). With ``variant`` (e.g. "act_scheme=kai_qa8dx") it only
+    accepts that declared semantic deviation on the matching cases and waives no failure; without it, it
+    waives the matching cases' failures and accepts their semantic deviations."""
+
     backend: str
     scheme: str
     case: str
     reason: str
     issue: str
     expires: str
+    variant: str = ""
 
     def matches(self, backend: str, spec: CaseSpec) -> bool:
         from fnmatch import fnmatch
@@ -218,8 +223,20 @@ def load_waivers(path: "str | Path | None") -> list[Waiver]:
         missing = [k for k in ("backend", "scheme", "case", "reason", "issue", "expires") if k not in w]
         if missing:
             raise QconformError(f"{path}: waiver #{i + 1} lacks {', '.join(missing)}")
+        unknown = sorted(set(w) - {"backend", "scheme", "case", "reason", "issue", "expires", "variant"})
+        if unknown:
+            raise QconformError(f"{path}: waiver #{i + 1} has unknown key(s) {', '.join(unknown)}")
+        variant = str(w.get("variant", ""))
+        if variant:
+            from emulator.variants import VariantError, axis
+
+            key, _, value = variant.partition("=")
+            try:
+                axis(key).parse(value)
+            except VariantError as e:
+                raise QconformError(f"{path}: waiver #{i + 1}: {e}") from None
         out.append(Waiver(str(w["backend"]), str(w["scheme"]), str(w["case"]), str(w["reason"]), str(w["issue"]),
-                          str(w["expires"])))
+                          str(w["expires"]), variant))
     return out
 
 
@@ -358,7 +375,17 @@ class Runner:
         return rec
 
     def _apply_waiver(self, label: str, spec: CaseSpec, rec: dict, today: str) -> dict:
+        semantic = {d["variant"] for d in rec.get("deviations") or [] if d["level"] == "semantic"}
         for w in self.waivers:
+            if w.variant and w.matches(label, spec) and w.variant in semantic:
+                if w.expired(today):
+                    rec["waiver_expired"] = {"issue": w.issue, "expires": w.expires, "reason": w.reason}
+                else:  # accepts the named deviation only: failures stay failures
+                    rec["deviation_waiver"] = {"issue": w.issue, "reason": w.reason, "expires": w.expires,
+                                               "variant": w.variant}
+        for w in self.waivers:
+            if w.variant:
+                continue
             if w.matches(label, spec):
                 if w.expired(today):
                     rec["waiver_expired"] = {"issue": w.issue, "expires": w.expires, "reason": w.reason}

@@ -70,3 +70,27 @@ def test_canonical_emulator_is_conformant(tmp_path, capsys):
     s = _summary(out)
     assert rc == 0 and s["headline"] == "CONFORMANT" and s["level"] == "canonical"
     assert all(not c["deviations"] for c in s["cells"])
+
+
+def test_a_variant_waiver_accepts_the_deviation_but_no_failure(tmp_path, capsys):
+    """A waiver naming a variant accepts exactly that semantic deviation: the run is not NOT CONFORMANT for it,
+    but a waiver of that kind never turns a failure into 'waived' (docs/conformance.md#waivers)."""
+    waivers = tmp_path / "w.toml"
+    waivers.write_text('[[waiver]]\nbackend = "emulator:*"\nscheme = "w4a16"\ncase = "*"\n'
+                       'variant = "zero_read=v1_literal"\nreason = "documented engine semantics"\nissue = "X-2"\n'
+                       'expires = "2099-01-01"\n')
+    out = tmp_path / "vw"
+    rc = main(["run", "--backend", "emulator:zero_read=v1_literal", "--scheme", "w4a16", "--out", str(out),
+               "--waivers", str(waivers), *SMALL])
+    s = _summary(out)
+    assert rc == 0 and not s["semantic_deviations"] and s["headline"] == "CONFORMANT WITH DECLARED VARIANTS"
+    # the same waiver on a kernel that fails: the failures stay failures
+    out2 = tmp_path / "vw2"
+    rc2 = main(["run", "--backend", "emulator:zero_read=v1_literal,declare=canonical", "--scheme", "w4a16",
+                "--out", str(out2), "--waivers", str(waivers), *SMALL])
+    s2 = _summary(out2)
+    assert rc2 == 1 and s2["n_bad"] > 0 and not s2["totals"].get("waived")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(waivers.read_text().replace("v1_literal", "v1_literl"))
+    assert main(["run", "--backend", "emulator", "--out", str(tmp_path / "x"), "--waivers", str(bad), *SMALL]) == 2
+    assert "v1_literl" in capsys.readouterr().err
