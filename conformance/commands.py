@@ -323,21 +323,24 @@ def add_commands(sub) -> None:
 
     add_target_command(sub)
     # Commands that live with their feature: each module defines register(subparsers).
-    import importlib
+    from . import certify, fingerprint, report, selftest
 
-    for mod in ("conformance.selftest", "conformance.report", "conformance.certify", "conformance.fingerprint",
-                "benchmarks.bench"):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name == mod:
-                continue
-            raise
+    for m in (selftest, report, certify, fingerprint):
         m.register(sub)
+    # commands of packages built on the suite (benchmarks/: `qconform bench`) register through the entry-point
+    # group qconform.commands, as third-party backends do: the suite never imports them
+    for ep in _command_entry_points():
+        ep.load()(sub)
 
     s = sub.add_parser("backends", help="list registered backends, availability and schemes")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_backends)
+
+
+def _command_entry_points():
+    from importlib import metadata
+
+    return sorted(metadata.entry_points(group="qconform.commands"), key=lambda ep: ep.name)
 
 
 #: tox target -> the backends it certifies (docs/conformance.md#tox)

@@ -78,7 +78,6 @@ __all__ = [
     "DequantOrder",
     "ComputeDtype",
     "FLOAT_DTYPE_NAMES",
-    "dtype_name",
     "shape_str",
     "check_dtype",
     "check_shape",
@@ -130,11 +129,6 @@ class ComputeDtype(str, enum.Enum):
 
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32")
-
-
-def dtype_name(a) -> str:
-    """numpy's name for the dtype of ``a`` ('bfloat16' for ml_dtypes bfloat16)."""
-    return np.asarray(a).dtype.name
 
 
 def shape_str(shape) -> str:

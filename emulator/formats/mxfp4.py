@@ -60,7 +60,6 @@ __all__ = [
     "block_amax",
     "quantize_mxfp4",
     "dequantize_mxfp4",
-    "MxTensors",
     "pack_mxfp4_ct",
     "unpack_mxfp4_ct",
     "pack_mxfp4_gptoss",
@@ -160,14 +159,6 @@ def dequantize_mxfp4(codes, scale_bytes, *, dtype=np.float32, what: str = "weigh
     scales = expand_groups(decode_e8m0(sb), default_g_idx(c.shape[-1], BLOCK))  # 2. element k: block k // 32
     with np.errstate(over="ignore"):  # 6 * 2**127 rounds to Inf in float32, as RNE of the exact value does
         return (values * scales).astype(dtype)  # 3. exact in float64, rounded once to dtype
-
-
-@dataclasses.dataclass
-class MxTensors:
-    """Checkpoint tensors of one MXFP4 weight, by their checkpoint names."""
-
-    tensors: dict[str, np.ndarray]
-    layout: str  # "compressed-tensors" | "gpt-oss"
 
 
 def pack_mxfp4_ct(codes: np.ndarray, scale_bytes: np.ndarray) -> dict[str, np.ndarray]:
