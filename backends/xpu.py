@@ -70,6 +70,8 @@ __all__ = [
     "call_int4_gemm_w4a16",
     "call_mxfp4_linear",
     "call_fused_moe",
+    "call_ark_repack",
+    "call_ark_woqgemm",
 ]
 
 #: The XPU MXFP4 activation quantizer (mxfp4_quant.h) in emulator variant names:
@@ -494,9 +496,7 @@ class XpuBackend(Backend):
             else:
                 out[k] = v
         if self.lib == "ark":
-            ark = _import("auto_round_kernel")
-            out["blob"] = ark.repack_quantized_weight(out["intweight"], out["scales"], out["zeros"],
-                                                      out["group_size"], "int8", "int4", "fp16", False)
+            out["blob"] = call_ark_repack(_import("auto_round_kernel"), out)
         return out
 
     # -- run -----------------------------------------------------------------------------------
@@ -513,9 +513,7 @@ class XpuBackend(Backend):
         bt = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to("xpu").to(act)
         with torch.no_grad():
             if self.lib == "ark":
-                ark = _import("auto_round_kernel")
-                y = ark.woqgemm_linear(xt, d["blob"], bt, case.N, case.K, d["group_size"], "int8", "int4", "fp16",
-                                       False)
+                y = call_ark_woqgemm(_import("auto_round_kernel"), xt, d, bt, case.N, case.K)
             elif case.scheme == "w4a16":
                 y = call_int4_gemm_w4a16(torch.ops, xt, d, bt)
             elif case.scheme == "w4a4-mxfp4":
@@ -554,6 +552,18 @@ def call_mxfp4_linear(ops, xt, d: dict, bias, out_dtype):
     x_fp4 = x_q.view(torch.float4_e2m1fn_x2)
     x_s = x_s.to(dtype=torch.float8_e8m0fnu, memory_format=torch.preserve_format)
     return ops._xpu_C.fp4_gemm(x_fp4, d["weight"], x_s, d["weight_scale"], out_dtype, bias)
+
+
+def call_ark_repack(ark, d: dict):
+    """QuantLinear.post_init on XPU: ``repack_quantized_weight(QB, scaleB, zp, groupsize, compute_type,
+    weight_type, scale_type, asym)`` (the 8-argument form) with cdt int8, wdt int4, sdt fp16, symmetric."""
+    return ark.repack_quantized_weight(d["intweight"], d["scales"], d["zeros"], d["group_size"], d["cdt"], d["wdt"],
+                                       d["sdt"], False)
+
+
+def call_ark_woqgemm(ark, xt, d: dict, bias, n: int, k: int):
+    """``woqgemm_linear(A, B, bias, n, k, groupsize, compute_type, weight_type, scale_type, asym)`` on the blob."""
+    return ark.woqgemm_linear(xt, d["blob"], bias, n, k, d["group_size"], d["cdt"], d["wdt"], d["sdt"], False)
 
 
 def call_fused_moe(moe, xt, d: dict, topk_weights, topk_ids, top_k: int, n_experts: int):
