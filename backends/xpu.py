@@ -86,6 +86,9 @@ XPU_MX_VARIANT = {"mx_scale_rule": "rceil", "e2m1_rounding": "rhtz", "e2m1_nan":
                   "e2m1_zero_sign": "positive", "mx_zero_block": "eps_1e10_floor", "mx_nan_block": "ignore"}
 MX_EPS = 1e-10
 LIBS = ("vllm-xpu-kernels", "ark")
+#: ARK on XPU computes with int8 activations (cdt=int8): held to the floor ARK's CPU int8 cores are held
+#: to (backends/ark.py INT8_CORE_SQNR_FLOOR_DB, docs/backends/ark.md#int8-cores)
+ARK_INT8_SQNR_FLOOR_DB = 30.0
 _16BIT = ("bfloat16", "float16")
 
 
@@ -441,9 +444,10 @@ class XpuBackend(Backend):
         if self.lib == "ark":
             return Declared(variants={"zero_read": "ignore_qzeros", "weight_scale_dtype": "float16"},
                             weight_dtype="float16", act_compute_dtype="float16", accumulate="float32",
-                            output=case.output_dtype,
-                            notes="ARK XPU cdt=int8: activations are quantized to int8 inside ARK "
-                                  "(rule opaque); not expressible as a16 -> expect outside the interval")
+                            output=case.output_dtype, arithmetic="opaque", sqnr_floor_db=ARK_INT8_SQNR_FLOOR_DB,
+                            notes="ARK XPU cdt=int8: activations are quantized to int8 inside ARK (rule not "
+                                  "published), not expressible as a16: arithmetic=opaque, judged by SQNR >= "
+                                  f"{ARK_INT8_SQNR_FLOOR_DB:g} dB against the canonical reference")
         if case.scheme == "w4a16":
             v = {"weight_scale_dtype": act, "dequant_order": "sub_then_mul"}
             if case.weight_format == "gptq":

@@ -296,7 +296,11 @@ def test_declared():
     assert (d.weight_dtype, d.variants["weight_scale_dtype"], d.output) == ("float16", "float16", "float16")
     d = b.declared(Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2))
     assert d.variants == {"moe_renormalize": True} and d.weight_dtype == "bfloat16"
-    assert "int8" in xpu.XpuBackend(lib="ark").declared(Case("w4a16", "gptq", 3, 64, 128)).notes
+    d = xpu.XpuBackend(lib="ark").declared(Case("w4a16", "gptq", 3, 64, 128))
+    assert "int8" in d.notes and d.arithmetic == "opaque" and d.sqnr_floor_db == 30.0  # W4A8 inside: SQNR-judged
+    from backends.ark import INT8_CORE_SQNR_FLOOR_DB
+
+    assert d.sqnr_floor_db == INT8_CORE_SQNR_FLOOR_DB  # the floor ARK's CPU int8 cores are held to
 
 
 def _xpu_variant():

@@ -71,3 +71,12 @@ def test_ark_calls_reach_the_native_layer_in_place(monkeypatch):
     assert b is blob and (n, k, gs) == (case.N, case.K, 32) and (ct, wt, st, asym2) == ("int8", "int4", "fp16", False)
     assert tuple(a2d.shape) == (3, case.K) and bias.numel() == 0
     assert tuple(y.shape) == (3, case.N) and y.dtype == xt.dtype  # cast back to the input dtype by the wrapper
+
+
+def test_adapter_ark_calls_are_all_checked():
+    """Every ARK entry point the adapter calls is one checked above (a new call must be added here)."""
+    import re
+    from pathlib import Path
+
+    called = set(re.findall(r"\bark\.(\w+)\(", Path(xpu.__file__).read_text()))
+    assert called == {"repack_quantized_weight", "woqgemm_linear"}
