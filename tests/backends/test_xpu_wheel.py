@@ -255,7 +255,7 @@ def recorder(schemas):
     _ACTIVE.remove(r)
 
 
-def test_registered_schemas_are_the_pinned_ones(schemas, wheel):
+def test_registered_schemas_are_the_pinned_ones(schemas):
     """The argument lists the adapter is written against (vLLM's call sites, docs/backends/xpu.md) are the
     ones the pinned wheel registers: names, order, types, optionality."""
     def sig(key):
