@@ -183,13 +183,30 @@ def locate_wheel() -> WheelFiles:
             if (root / "vllm_xpu_kernels" / LIBRARY_FILE["_xpu_C"]).is_file():
                 return WheelFiles(root=root, origin=f"installed vllm-xpu-kernels {PINNED} in {root}")
     cached = _cache_dir() / WHEEL_NAME
-    if not cached.is_file():
-        why = _download(_cache_dir())
-        if why is not None:
-            pytest.skip(f"vllm-xpu-kernels=={PINNED} wheel not available ({why}); set {ENV}=/path/to/{WHEEL_NAME}")
-    if _sha256(cached) != WHEEL_SHA256:
-        pytest.fail(f"{cached}: sha256 {_sha256(cached)} is not the pinned wheel's {WHEEL_SHA256}; delete it")
-    return WheelFiles(whl=cached, origin=str(cached))
+    for attempt in (1, 2):
+        if not cached.is_file():
+            why = _download(_cache_dir())
+            if why is not None:
+                pytest.skip(f"vllm-xpu-kernels=={PINNED} wheel not available ({why}); "
+                            f"set {ENV}=/path/to/{WHEEL_NAME}")
+        digest = _sha256(cached)
+        if digest == WHEEL_SHA256:
+            return WheelFiles(whl=cached, origin=str(cached))
+        if attempt == 1:  # a damaged cache entry (e.g. an interrupted copy): fetch it again, once
+            with contextlib.suppress(FileNotFoundError):
+                cached.unlink()
+    pytest.fail(f"{cached}: sha256 {digest} is not the pinned wheel's {WHEEL_SHA256}")
+
+
+def test_wheel_given_by_hand_must_be_the_pinned_one(monkeypatch, tmp_path):
+    """A QCONFORM_XPU_WHEEL that is missing or is another file is an error (never a skip, never used)."""
+    monkeypatch.setenv(ENV, str(tmp_path / WHEEL_NAME))
+    with pytest.raises(pytest.fail.Exception, match="no such file"):
+        locate_wheel()
+    other = tmp_path / WHEEL_NAME
+    other.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip under the pinned name
+    with pytest.raises(pytest.fail.Exception, match="not the pinned"):
+        locate_wheel()
 
 
 @pytest.fixture(scope="module")
