@@ -7,7 +7,7 @@ Covers, with vLLM's host-side weight transforms reproduced in torch (docs/backen
   zero points, ``fpmath_mode`` bf16/f16 with ``apply_to_int``), fed as vLLM feeds it:
   GPTQ through ``XPUInt4Config``/``XPUGPTQLinearMethod`` + ``vllm_xpu_kernels.quantization.
   _quantize_convert.transpose_onednn_woq_format`` (qweight [K/8, N] made column-major:
-  ``transpose(0, 1).contiguous().transpose(0, 1)``; sym: zero point ``tensor([8], int8)``;
+  ``transpose(0, 1).contiguous().transpose(0, 1)``; sym: zero point int32 ``[8]``;
   asym: ``qzeros + 0x11111111`` -- the v1 packed add, which carries a field 0xF into its
   neighbour); AWQ through ``XPUAWQLinearMethod`` (``AWQUtils.repack`` to GPTQ row packing
   with the ``[0, 4, 1, 5, 2, 6, 3, 7]`` un-interleave, literal zeros); compressed-tensors
@@ -34,7 +34,9 @@ Covers, with vLLM's host-side weight transforms reproduced in torch (docs/backen
   ``woqgemm`` -- i.e. activations are quantized to int8 inside ARK (cdt=int8), which no
   a16 declaration can express; symmetric only (asym raises NotImplementedError on XPU).
 
-Nothing here can run without an XPU: ``availability`` says why. The host-side
+Nothing here can run without an XPU: ``availability`` says why. The kernel calls are
+the ``call_*`` functions, checked without an XPU against the op schemas of the pinned
+vllm-xpu-kernels wheel (tests/backends/test_xpu_wheel.py). The host-side
 transforms are plain torch and are tested on any host by decoding the transformed
 tensors with the kernels' documented layouts (``decode_*`` below, NumPy).
 ``xpu_mxfp4_quant_model`` is a NumPy transcription of the activation quantizer's source,
