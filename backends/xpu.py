@@ -7,7 +7,7 @@ Covers, with vLLM's host-side weight transforms reproduced in torch (docs/backen
   zero points, ``fpmath_mode`` bf16/f16 with ``apply_to_int``), fed as vLLM feeds it:
   GPTQ through ``XPUInt4Config``/``XPUGPTQLinearMethod`` + ``vllm_xpu_kernels.quantization.
   _quantize_convert.transpose_onednn_woq_format`` (qweight [K/8, N] made column-major:
-  ``transpose(0, 1).contiguous().transpose(0, 1)``; sym: zero point ``tensor([8], int8)``;
+  ``transpose(0, 1).contiguous().transpose(0, 1)``; sym: zero point int32 ``[8]``;
   asym: ``qzeros + 0x11111111`` -- the v1 packed add, which carries a field 0xF into its
   neighbour); AWQ through ``XPUAWQLinearMethod`` (``AWQUtils.repack`` to GPTQ row packing
   with the ``[0, 4, 1, 5, 2, 6, 3, 7]`` un-interleave, literal zeros); compressed-tensors
@@ -34,7 +34,9 @@ Covers, with vLLM's host-side weight transforms reproduced in torch (docs/backen
   ``woqgemm`` -- i.e. activations are quantized to int8 inside ARK (cdt=int8), which no
   a16 declaration can express; symmetric only (asym raises NotImplementedError on XPU).
 
-Nothing here can run without an XPU: ``availability`` says why. The host-side
+Nothing here can run without an XPU: ``availability`` says why. The kernel calls are
+the ``call_*`` functions, checked without an XPU against the op schemas of the pinned
+vllm-xpu-kernels wheel (tests/backends/test_xpu_wheel.py). The host-side
 transforms are plain torch and are tested on any host by decoding the transformed
 tensors with the kernels' documented layouts (``decode_*`` below, NumPy).
 ``xpu_mxfp4_quant_model`` is a NumPy transcription of the activation quantizer's source,
@@ -46,6 +48,7 @@ docs/backends/xpu.md.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import numpy as np
@@ -66,6 +69,11 @@ __all__ = [
     "decode_fp4_weight",
     "decode_moe_u4",
     "xpu_mxfp4_quant_model",
+    "call_int4_gemm_w4a16",
+    "call_mxfp4_linear",
+    "call_fused_moe",
+    "call_ark_repack",
+    "call_ark_woqgemm",
 ]
 
 #: The XPU MXFP4 activation quantizer (mxfp4_quant.h) in emulator variant names:
@@ -80,6 +88,9 @@ XPU_MX_VARIANT = {"mx_scale_rule": "rceil", "e2m1_rounding": "rhtz", "e2m1_nan":
                   "e2m1_zero_sign": "positive", "mx_zero_block": "eps_1e10_floor", "mx_nan_block": "ignore"}
 MX_EPS = 1e-10
 LIBS = ("vllm-xpu-kernels", "ark")
+#: ARK on XPU computes with int8 activations (cdt=int8): held to the floor ARK's CPU int8 cores are held
+#: to (backends/ark.py INT8_CORE_SQNR_FLOOR_DB, docs/backends/ark.md#int8-cores)
+ARK_INT8_SQNR_FLOOR_DB = 30.0
 _16BIT = ("bfloat16", "float16")
 
 
@@ -102,6 +113,12 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def _installed(name: str) -> bool:
+    """Whether package ``name`` is installed (found, not imported: a found package whose extension fails to
+    load is 'failed to load', not 'not installed')."""
+    return importlib.util.find_spec(name) is not None
+
+
 def xpu_state(lib: str = "vllm-xpu-kernels") -> tuple[bool, str, str | None]:
     """(available, reason, library version) for ``lib`` on this host."""
     try:
@@ -116,19 +133,19 @@ def xpu_state(lib: str = "vllm-xpu-kernels") -> tuple[bool, str, str | None]:
     if not has_xpu:
         return False, "no XPU device: torch.xpu.is_available() is False", None
     if lib == "vllm-xpu-kernels":
+        if not _installed("vllm_xpu_kernels"):
+            return False, "vllm_xpu_kernels not installed: no module named 'vllm_xpu_kernels'", None
         try:
             for mod in ("vllm_xpu_kernels._C", "vllm_xpu_kernels._xpu_C", "vllm_xpu_kernels._moe_C"):
                 _import(mod)
-        except ImportError as e:
-            return False, f"vllm_xpu_kernels not installed: {e}", None
-        except Exception as e:  # installed but its extension does not load (torch/oneAPI mismatch)
+        except Exception as e:  # installed, but an extension does not load (torch / oneAPI mismatch)
             return False, f"vllm_xpu_kernels failed to load: {type(e).__name__}: {e}", None
         ver = _dist_version("vllm-xpu-kernels")
         return True, f"vllm-xpu-kernels {ver} on {torch.xpu.get_device_name(0)}", ver
+    if not _installed("auto_round_kernel"):
+        return False, "auto_round_kernel not installed: no module named 'auto_round_kernel'", None
     try:
         ark = _import("auto_round_kernel")
-    except ImportError as e:
-        return False, f"auto_round_kernel not installed: {e}", None
     except Exception as e:
         return False, f"auto_round_kernel failed to load: {type(e).__name__}: {e}", None
     ver = _dist_version("auto-round-lib")
@@ -165,7 +182,9 @@ def prepare_w4a16_host(case: Case, tensors: dict) -> dict:
         qweight = _t(np.asarray(tensors["qweight"], np.int32))
         qweight = qweight.transpose(0, 1).contiguous().transpose(0, 1)  # transpose_onednn_woq_format
         scales = _scales(tensors["scales"], case.act_dtype).contiguous()
-        zp = torch.tensor([8], dtype=torch.int8) if sym else _v1_packed_add(tensors["qzeros"])
+        # sym: transpose_onednn_woq_format copies int8 [8] into the int32 qzeros parameter (as_strided_ to
+        # shape [1]), so int4_gemm_w4a16 receives an int32 [1] = 8 (the CT path's placeholder is int8)
+        zp = torch.tensor([8], dtype=torch.int32) if sym else _v1_packed_add(tensors["qzeros"])
         return {"qweight": qweight, "scales": scales, "zero_points": zp, "group_size": case.group_size,
                 "path": "XPUGPTQLinearMethod"}
     if fmt == "awq":
@@ -427,9 +446,10 @@ class XpuBackend(Backend):
         if self.lib == "ark":
             return Declared(variants={"zero_read": "ignore_qzeros", "weight_scale_dtype": "float16"},
                             weight_dtype="float16", act_compute_dtype="float16", accumulate="float32",
-                            output=case.output_dtype,
-                            notes="ARK XPU cdt=int8: activations are quantized to int8 inside ARK "
-                                  "(rule opaque); not expressible as a16 -> expect outside the interval")
+                            output=case.output_dtype, arithmetic="opaque", sqnr_floor_db=ARK_INT8_SQNR_FLOOR_DB,
+                            notes="ARK XPU cdt=int8: activations are quantized to int8 inside ARK (rule not "
+                                  "published), not expressible as a16: arithmetic=opaque, judged by SQNR >= "
+                                  f"{ARK_INT8_SQNR_FLOOR_DB:g} dB against the canonical reference")
         if case.scheme == "w4a16":
             v = {"weight_scale_dtype": act, "dequant_order": "sub_then_mul"}
             if case.weight_format == "gptq":
@@ -482,9 +502,7 @@ class XpuBackend(Backend):
             else:
                 out[k] = v
         if self.lib == "ark":
-            ark = _import("auto_round_kernel")
-            out["blob"] = ark.repack_quantized_weight(out["intweight"], out["scales"], out["zeros"],
-                                                      out["group_size"], "int8", "int4", "fp16", False)
+            out["blob"] = call_ark_repack(_import("auto_round_kernel"), out)
         return out
 
     # -- run -----------------------------------------------------------------------------------
@@ -501,20 +519,11 @@ class XpuBackend(Backend):
         bt = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32)).to("xpu").to(act)
         with torch.no_grad():
             if self.lib == "ark":
-                ark = _import("auto_round_kernel")
-                y = ark.woqgemm_linear(xt, d["blob"], bt, case.N, case.K, d["group_size"], "int8", "int4", "fp16",
-                                       False)
+                y = call_ark_woqgemm(_import("auto_round_kernel"), xt, d, bt, case.N, case.K)
             elif case.scheme == "w4a16":
-                y = torch.ops._xpu_C.int4_gemm_w4a16(xt, d["qweight"], bt, d["scales"], d["zero_points"],
-                                                     d["group_size"], None)
+                y = call_int4_gemm_w4a16(torch.ops, xt, d, bt)
             elif case.scheme == "w4a4-mxfp4":
-                M, K = xt.shape
-                x_q = torch.empty(M, K // 2, device=xt.device, dtype=torch.uint8)
-                x_s = torch.empty(M, K // 32, device=xt.device, dtype=torch.float32)
-                torch.ops._C.per_token_group_quant_mxfp4(xt, x_q, x_s, 32, MX_EPS)
-                x_fp4 = x_q.view(torch.float4_e2m1fn_x2)
-                x_s = x_s.to(dtype=torch.float8_e8m0fnu, memory_format=torch.preserve_format)
-                y = torch.ops._xpu_C.fp4_gemm(x_fp4, d["weight"], x_s, d["weight_scale"], act, bt)
+                y = call_mxfp4_linear(torch.ops, xt, d, bt, act)
             elif case.scheme == "w4a16-moe":
                 y = self._run_moe(case, d, xt, inputs["router_logits"])
             else:
@@ -529,14 +538,51 @@ class XpuBackend(Backend):
         p = torch.softmax(logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(p, case.top_k, dim=-1)
         w = w / w.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(xt)
-        if hasattr(moe, "XpuFusedMoe"):
-            impl = moe.XpuFusedMoe(w13=d["w13"], w13_scales=d["w13_scales"], w13_bias=None, w2=d["w2"],
-                                   w2_scales=d["w2_scales"], w2_bias=None, n_experts_per_token=case.top_k,
-                                   activation="silu", num_experts=case.E)
-            impl.apply(output=out, hidden_states=xt, topk_weights=w, topk_ids=ids.to(torch.int32))
-            return out
-        return moe.xpu_fused_moe(hidden_states=xt, w13=d["w13"], w13_scales=d["w13_scales"], w13_bias=None,
-                                 w2=d["w2"], w2_scales=d["w2_scales"], w2_bias=None, topk_weights=w,
-                                 topk_ids=ids.to(torch.int32), n_experts_per_token=case.top_k, activation="silu",
-                                 num_experts=case.E, is_int4=True)
+        return call_fused_moe(moe, xt, d, w, ids.to(torch.int32), case.top_k, case.E)
+
+
+# -- the kernel calls (one place, so tests can bind them to the wheel's registered schemas) ----------
+def call_int4_gemm_w4a16(ops, xt, d: dict, bias):
+    """``_xpu_C.int4_gemm_w4a16(A, B, bias, B_scale, B_zp, group_size, g_idx)`` as vLLM's apply calls it."""
+    return ops._xpu_C.int4_gemm_w4a16(xt, d["qweight"], bias, d["scales"], d["zero_points"], d["group_size"], None)
+
+
+def call_mxfp4_linear(ops, xt, d: dict, bias, out_dtype):
+    """XPUMxFp4LinearKernel.apply: ``_C.per_token_group_quant_mxfp4`` (eps 1e-10), the float32 scales cast to
+    e8m0, then ``_xpu_C.fp4_gemm(A, B, A_scale, B_scale, out_dtype, bias)``."""
+    torch = _import_torch()
+    M, K = xt.shape
+    x_q = torch.empty(M, K // 2, device=xt.device, dtype=torch.uint8)
+    x_s = torch.empty(M, K // 32, device=xt.device, dtype=torch.float32)
+    ops._C.per_token_group_quant_mxfp4(xt, x_q, x_s, 32, MX_EPS)
+    x_fp4 = x_q.view(torch.float4_e2m1fn_x2)
+    x_s = x_s.to(dtype=torch.float8_e8m0fnu, memory_format=torch.preserve_format)
+    return ops._xpu_C.fp4_gemm(x_fp4, d["weight"], x_s, d["weight_scale"], out_dtype, bias)
+
+
+def call_ark_repack(ark, d: dict):
+    """QuantLinear.post_init on XPU: ``repack_quantized_weight(QB, scaleB, zp, groupsize, compute_type,
+    weight_type, scale_type, asym)`` (the 8-argument form) with cdt int8, wdt int4, sdt fp16, symmetric."""
+    return ark.repack_quantized_weight(d["intweight"], d["scales"], d["zeros"], d["group_size"], d["cdt"], d["wdt"],
+                                       d["sdt"], False)
+
+
+def call_ark_woqgemm(ark, xt, d: dict, bias, n: int, k: int):
+    """``woqgemm_linear(A, B, bias, n, k, groupsize, compute_type, weight_type, scale_type, asym)`` on the blob."""
+    return ark.woqgemm_linear(xt, d["blob"], bias, n, k, d["group_size"], d["cdt"], d["wdt"], d["sdt"], False)
+
+
+def call_fused_moe(moe, xt, d: dict, topk_weights, topk_ids, top_k: int, n_experts: int):
+    """vllm_xpu_kernels.fused_moe_interface: ``XpuFusedMoe(...).apply(...)`` (0.1.16.x) or, in older
+    releases, ``xpu_fused_moe(..., is_int4=True)``; SiLU, no biases. Returns the output [M, K]."""
+    out = xt.new_zeros(xt.shape)
+    if hasattr(moe, "XpuFusedMoe"):
+        impl = moe.XpuFusedMoe(w13=d["w13"], w13_scales=d["w13_scales"], w13_bias=None, w2=d["w2"],
+                               w2_scales=d["w2_scales"], w2_bias=None, n_experts_per_token=top_k,
+                               activation="silu", num_experts=n_experts)
+        impl.apply(output=out, hidden_states=xt, topk_weights=topk_weights, topk_ids=topk_ids)
+        return out
+    return moe.xpu_fused_moe(hidden_states=xt, w13=d["w13"], w13_scales=d["w13_scales"], w13_bias=None,
+                             w2=d["w2"], w2_scales=d["w2_scales"], w2_bias=None, topk_weights=topk_weights,
+                             topk_ids=topk_ids, n_experts_per_token=top_k, activation="silu",
+                             num_experts=n_experts, is_int4=True)
