@@ -349,7 +349,7 @@ TARGETS = {
     "cpu": ["torch-cpu", "ark", "zentorch"],
     "vllm-cpu": ["vllm-cpu"],
     "zen": ["zentorch"],
-    "xpu": ["xpu"],
+    "xpu": ["xpu", "xpu:lib=ark"],  # vllm-xpu-kernels and ARK (auto-round-lib) on XPU
     "cuda": ["cuda"],
 }
 
