@@ -89,7 +89,7 @@ def cross_check(inp, iv) -> str:
     if not same.all():
         raise AssertionError(f"{case.describe()}: independent dequant disagrees at {np.argwhere(~same)[0].tolist()}")
     x = inp.x.astype(np.float64)
-    if case.scheme in ("w4a16", "w8a16", "w4a16-mxfp4"):
+    if case.spec.activations == "a16":
         with np.errstate(invalid="ignore", over="ignore"):
             y = x @ w.T + (0 if inp.bias is None else inp.bias.astype(np.float64))
         ok = np.isclose(y, iv.y_exact, rtol=1e-12, atol=0, equal_nan=True) | (np.isinf(y) & (y == iv.y_exact))

@@ -65,7 +65,7 @@ def _tie_widening(iv: Interval, inp, declared: Declared) -> tuple[np.ndarray, np
     from .acceptance import declared_weight
 
     case = inp.case
-    if case.scheme in ("w8a8", "w4a8"):
+    if case.spec.activations == "int8":
         w = declared_weight(case, inp.tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
         step = np.abs(iv.parts["x_scale"].astype(np.float64)) * tie  # one code = one scale step
     elif case.scheme == "w4a4-mxfp4":

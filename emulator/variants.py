@@ -31,6 +31,8 @@ import dataclasses
 import enum
 from typing import Any, Callable
 
+from .schemes import SCHEMES
+
 __all__ = ["Level", "Stage", "Axis", "AXES", "FIELD_AXES", "VARIANT_AXES", "VariantError", "axis", "parse_value",
            "normalize_variants", "describe_axes", "markdown_table"]
 
@@ -71,9 +73,12 @@ class Stage(str, enum.Enum):
 
 
 _DTYPES = ("float32", "float16", "bfloat16")
-_INT_SCHEMES = ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-moe")
-_INT8_ACT_SCHEMES = ("w8a8", "w4a8", "w4a16-moe")  # w4a16-moe: under moe_act_quant=int8
-_ALL = ("w4a16", "w8a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "w4a16-moe")
+_ALL = tuple(SCHEMES)
+_INT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.weights in ("int4", "int8"))
+# int8 activations, and the MoE block (its GEMM inputs are int8 under moe_act_quant=int8)
+_INT8_ACT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations in ("int8", "moe"))
+_MX_ACT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations == "mxfp4")
+_MOE_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations == "moe")
 
 
 def _bool(raw: Any) -> bool:
@@ -319,44 +324,44 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          doc=_DOC_ACT + "#asymmetric", source="vLLM csrc/cpu/dnnl_kernels.cpp dynamic_scaled_int8_quant_impl"),
     # -- MXFP4 activations -------------------------------------------------------------------------------
     Axis("mx_scale_rule", "MX shared-scale rule", Stage.MX_ACTIVATIONS, ("floor", "even", "rceil", "ceil"), "floor",
-         schemes=("w4a4-mxfp4",), target="MxVariant.scale_rule", doc=_DOC_MX + "#scale-rules",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.scale_rule", doc=_DOC_MX + "#scale-rules",
          source="OCP MX v1.0 §6.3 (floor); torchao ScaleCalculationMode (even, rceil, ceil)"),
     Axis("e2m1_rounding", "E2M1 element rounding (ties)", Stage.MX_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
-         "rne", schemes=("w4a4-mxfp4",), target="MxVariant.element_rounding", doc=_DOC_MX + "#element-rounding",
+         "rne", schemes=_MX_ACT_SCHEMES, target="MxVariant.element_rounding", doc=_DOC_MX + "#element-rounding",
          source="vllm-xpu-kernels mxfp4_quant.h (ties toward zero)"),
     Axis("e2m1_nan", "what a NaN element encodes to", Stage.MX_ACTIVATIONS,
          ("zero", "saturate", "saturate_positive", "zero_signed", "zero_sign_flipped", "raise"), "zero",
-         schemes=("w4a4-mxfp4",), target="MxVariant.element_nan", doc=_DOC_MX + "#nan",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.element_nan", doc=_DOC_MX + "#nan",
          source="triton_kernels (saturate), vllm-xpu-kernels (saturate_positive), ml_dtypes (zero_sign_flipped)"),
     Axis("e2m1_zero_sign", "code of a -0 element (same value)", Stage.MX_ACTIVATIONS, ("keep", "positive"), "keep",
-         schemes=("w4a4-mxfp4",), target="MxVariant.element_zero_sign", doc=_DOC_MX + "#nan",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.element_zero_sign", doc=_DOC_MX + "#nan",
          source="vllm-xpu-kernels float_to_fp4_e2m1; compressed-tensors 0.20"),
     Axis("mx_zero_block", "scale byte of an all-zero block", Stage.MX_ACTIVATIONS,
-         ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor"), "min", schemes=("w4a4-mxfp4",),
+         ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor"), "min", schemes=_MX_ACT_SCHEMES,
          target="MxVariant.zero_block", doc=_DOC_MX + "#zero-blocks",
          source="auto-round quant_mx (half), Quark observers (eps_fp32), vllm-xpu-kernels (eps_1e10_floor)"),
     Axis("mx_nan_block", "what a NaN in a block does to its scale", Stage.MX_ACTIVATIONS, ("scale_nan", "ignore"),
-         "scale_nan", Level.SEMANTIC, schemes=("w4a4-mxfp4",), target="MxVariant.nan_block", doc=_DOC_MX + "#nan",
+         "scale_nan", Level.SEMANTIC, schemes=_MX_ACT_SCHEMES, target="MxVariant.nan_block", doc=_DOC_MX + "#nan",
          source="vllm-xpu-kernels sycl::fmax amax (NaN skipped: a NaN input becomes a finite value)"),
     # -- fused MoE ---------------------------------------------------------------------------------------
     Axis("moe_renormalize", "top-k routing weights renormalized to sum 1", Stage.MOE, canonical=True, kind="bool",
-         level=Level.SEMANTIC, schemes=("w4a16-moe",), target="MoeVariant.renormalize", doc=_DOC_MOE,
+         level=Level.SEMANTIC, schemes=_MOE_SCHEMES, target="MoeVariant.renormalize", doc=_DOC_MOE,
          source="the checkpoint's norm_topk_prob (Mixtral/Qwen-MoE: true)"),
     Axis("moe_gate_up", "layout of gate and up rows in w13", Stage.MOE, ("gate_up", "up_gate", "interleaved"),
-         "gate_up", Level.SEMANTIC, schemes=("w4a16-moe",), target="MoeVariant.gate_up", doc=_DOC_MOE,
+         "gate_up", Level.SEMANTIC, schemes=_MOE_SCHEMES, target="MoeVariant.gate_up", doc=_DOC_MOE,
          source="vLLM FusedMoE w13 (gate_up); gpt-oss gate_up_proj (interleaved)"),
     Axis("moe_tie_order", "expert order on exact router ties", Stage.MOE,
-         ("lower_index_first", "higher_index_first", "any"), "lower_index_first", schemes=("w4a16-moe",),
+         ("lower_index_first", "higher_index_first", "any"), "lower_index_first", schemes=_MOE_SCHEMES,
          target="MoeVariant.tie_lower_index_first", doc=_DOC_MOE,
          source="torch.topk(sorted=False): order on ties unspecified (any)"),
     Axis("moe_intermediate_dtype", "dtype of the SiLU*up intermediate", Stage.MOE,
-         ("activation", "float64") + _DTYPES, "activation", schemes=("w4a16-moe",),
+         ("activation", "float64") + _DTYPES, "activation", schemes=_MOE_SCHEMES,
          target="MoeVariant.intermediate_dtype", doc=_DOC_MOE, source="vLLM fused-MoE intermediate_cache1"),
     Axis("moe_gate_up_dtype", "dtype the first GEMM's output is rounded to", Stage.MOE, ("exact",) + _DTYPES,
-         "exact", schemes=("w4a16-moe",), target="MoeVariant.gate_up_dtype", doc=_DOC_MOE,
+         "exact", schemes=_MOE_SCHEMES, target="MoeVariant.gate_up_dtype", doc=_DOC_MOE,
          source="vLLM fused-MoE intermediate_cache0 / ic0"),
     Axis("moe_act_quant", "GEMM inputs quantized to int8 (with the act_* axes)", Stage.MOE, ("none", "int8"),
-         "none", Level.SEMANTIC, schemes=("w4a16-moe",), target="MoeVariant.act_quant", doc=_DOC_MOE,
+         "none", Level.SEMANTIC, schemes=_MOE_SCHEMES, target="MoeVariant.act_quant", doc=_DOC_MOE,
          source="vLLM CPU fused_experts_cpu INT4_W4A8 (csrc/cpu/sgl-kernels/moe_int4.cpp)"),
 ]}
 

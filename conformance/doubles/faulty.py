@@ -109,7 +109,7 @@ class SequentialAccumulatorBackend(EmulatorBackend):
     def can_implement(self, case):
         from backends.base import no, yes
 
-        return yes() if case.scheme in ("w4a16", "w8a16", "w4a16-mxfp4") else no("A16 schemes only")
+        return yes() if case.spec.activations == "a16" else no("A16 schemes only")
 
     def declared(self, case):
         import dataclasses
