@@ -222,12 +222,12 @@ def test_field_axes_are_declared_fields():
     assert not set(VARIANT_AXES) & names
 
 
-def test_linear_help_lists_the_activation_keys():
-    from conformance.cli import linear_variant_keys
+def test_linear_help_lists_every_variant_key():
+    from conformance.cli import LINEAR_FIELDS, linear_variant_keys
 
     keys = linear_variant_keys()
-    assert "act_rounding" in keys and "mx_scale_rule" in keys and "zero_read" not in keys
-    assert set(keys) == {k for k, a in AXES.items() if a.stage.value in ("int8-activations", "mx-activations")}
+    assert set(keys) == set(VARIANT_AXES) | set(LINEAR_FIELDS)
+    assert "accumulate" not in keys and "output" not in keys and "arithmetic" not in keys
 
 
 def test_int_axes_bounds():

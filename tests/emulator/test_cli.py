@@ -393,7 +393,8 @@ def test_linear_variant_rounding_rhaz_changes_ties_only(capsys, ckpts, tmp_path)
 
 @pytest.mark.parametrize("variant,needle", [("nonsense=1", "nonsense"), ("act_rounding=sideways", "sideways"),
                                             ("act_rounding", "key=value"), ("act_symmetric=maybe", "act_symmetric"),
-                                            ("rounding=rhaz", "known: "), ("zero_read=v1_literal", "weights variant"),
+                                            ("rounding=rhaz", "known: "), ("moe_renormalize=false", "applies to w4a16-moe"),
+                                            ("accumulate=float32", "describes a kernel"),
                                             ("qmin=-200", "qmin")])
 def test_linear_bad_variant(capsys, ckpts, tmp_path, variant, needle):
     folder, _ = ckpts["ct-w8a8-int8"]
