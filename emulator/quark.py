@@ -290,10 +290,16 @@ def detect_quark_layers(ckpt, qc: dict, budget=None) -> list[LayerInfo]:
     if qc.get("softmax_quant_spec") is not None:
         raise UnsupportedFormatError(f"{where}: Quark softmax_quant_spec is not defined")
     layers = []
-    for n in sorted(ckpt.tensor_names()):
-        if not n.endswith(".weight_scale"):
-            continue
-        name = n[: -len(".weight_scale")]
+    # a layer is quantized where it has a scale or zero point, or an integer weight: one missing its
+    # weight_scale is reported, not silently read as unquantized
+    names = set()
+    for n in ckpt.tensor_names():
+        for tail in (".weight_scale", ".weight_zero_point"):
+            if n.endswith(tail):
+                names.add(n[: -len(tail)])
+        if n.endswith(".weight") and ckpt.tensor_info(n)[0] in ("I32", "I8", "U8"):
+            names.add(n[: -len(".weight")])
+    for name in sorted(names):
         cfg = layer_config(qc, name, where)
         if cfg is None:
             raise FormatError("quantized tensors present but quantization_config exclude names this layer",
