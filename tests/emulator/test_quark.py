@@ -301,3 +301,42 @@ def test_layer_missing_its_scale_is_named(capsys, tmp_path):
     save_tensors(dst / "model.safetensors", t)
     rc, _, err = cli(capsys, "inspect", dst)
     one_line_error(rc, err, "inspect", "model.layers.0.mlp.up_proj", "weight_scale", "missing")
+
+
+# -- activation quantizers: Quark's own, stored by make_quark_checkpoints.py -------------------------
+def _act_ref():
+    return load_tensors(ROOT / "quark_act_qdq.safetensors")
+
+
+def test_quark_mxfp4_activation_quantizer_is_the_even_variant():
+    """Quark's dynamic MXFP4 input quantizer (scale_calculation_mode "even") on a 64x128 input with
+    zero, tiny and tie blocks equals the variant qconform maps it to, and not the canonical FLOOR."""
+    from emulator.formats import mxfp4
+    from emulator.quark import mx_variant_fields
+
+    t = _act_ref()
+    x, xq = t["mxfp4.x"].data, t["mxfp4.xq"].data
+    act = Checkpoint(ROOT / "quark-mxfp4-w4a4").layer("model.layers.0.mlp.down_proj").activation
+    mapped = mxfp4.MxVariant(**mx_variant_fields(act, "down_proj"))
+    ours = mxfp4.dequantize_mxfp4(*mxfp4.quantize_mxfp4(x, mapped))
+    bad = ours != xq
+    assert not bad.any(), f"{int(bad.sum())} differ; first at {np.argwhere(bad)[0].tolist()}"
+    floor = mxfp4.dequantize_mxfp4(*mxfp4.quantize_mxfp4(x, mxfp4.CANONICAL))
+    assert (floor != xq).any()
+
+
+def test_quark_int8_activation_is_not_the_canonical_variant():
+    """Why the declared int8 scheme is refused: Quark's per-token result is not the canonical
+    amax/127 quantizer's (its scale is amax/127.5), on rows where the two must differ."""
+    from emulator.activations import int8 as a8
+
+    t = _act_ref()
+    x, xq = t["int8.x"].data, t["int8.xq"].data
+    r = a8.quantize_int8_per_token(x, a8.CANONICAL_SYM)
+    canon = (r.q.astype(np.float64) * np.asarray(r.scale, dtype=np.float64).reshape(-1, 1)).astype(np.float32)
+    assert (canon != xq).sum() > 1000
+    # amax / 127.5 with x * (1 / scale), written from Quark's observer / fake-quantize arithmetic
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    s = np.maximum(amax / np.float32(127.5), np.finfo(np.float32).eps).astype(np.float32)
+    q = np.clip(np.rint(x * (np.float32(1) / s)), -128, 127).astype(np.float32)
+    np.testing.assert_array_equal(q * s, xq)

@@ -163,6 +163,33 @@ def make(name: str):
     print("wrote", folder)
 
 
+def activation_reference():
+    """quark_act_qdq.safetensors: Quark's own dynamic activation quantizers (the down_proj input
+    quantizer of the W4A4 and W8A8 schemes, after quantize_model) applied to a fixed x, float32 in
+    and out. Quark's bf16/fp16 MXFP4 path is a HIP/CUDA kernel (kernel/__init__.py
+    MXFP4DynamicFakeQuantizeFunction); for float32 it runs the Python fake quantizer read here."""
+    out = {}
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(64, 128, generator=g) * torch.logspace(-3, 1, 64)[:, None]).to(torch.bfloat16).float()
+    x[0] = 0
+    x[1, :32] = 0
+    x[2, 0], x[2, 1:] = 1.75, 0.25  # amax 1.75 * 2^0: EVEN rounds the scale exponent up, FLOOR does not
+    x[3] = 1e-8
+    for kind, build in (("mxfp4", scheme_mxfp4), ("int8", scheme_int8)):
+        model = build_model()
+        plant_degenerate(model)
+        q = ModelQuantizer(build())
+        calib = [torch.randint(4, 128, (1, 16), generator=torch.Generator().manual_seed(7))]
+        model = q.quantize_model(model, calib)
+        qi = model.model.layers[0].mlp.down_proj._input_quantizer
+        with torch.no_grad():  # the model's activations are [batch, seq, K]: per-token is ch_axis 1 of that
+            xq = qi(x[None])[0] if kind == "int8" else qi(x)
+        out[f"{kind}.x"], out[f"{kind}.xq"] = x.clone(), xq.float().contiguous()
+    save_file(out, os.path.join(HERE, "quark_act_qdq.safetensors"))
+    print("wrote quark_act_qdq.safetensors")
+
+
 if __name__ == "__main__":
-    for n in (sys.argv[1:] or list(SCHEMES)):
-        make(n)
+    todo = sys.argv[1:] or list(SCHEMES) + ["activations"]
+    for n in todo:
+        activation_reference() if n == "activations" else make(n)
