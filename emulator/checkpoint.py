@@ -35,7 +35,7 @@ from .tensorfile import MAX_HEADER_BYTES, Tensor, TensorFile, header_length, ope
 
 __all__ = ["LayerInfo", "Checkpoint", "open_checkpoint"]
 
-SUPPORTED_METHODS = ("gptq", "awq", "auto-round", "compressed-tensors", "mxfp4")
+SUPPORTED_METHODS = ("gptq", "awq", "auto-round", "compressed-tensors", "mxfp4", "quark")
 
 
 #: size limits of the JSON files a checkpoint folder holds (docs/checkpoints.md, "Limits"):
@@ -168,9 +168,10 @@ class Checkpoint:
     # -- layers ---------------------------------------------------------------------------
     def layers(self) -> list[LayerInfo]:
         if self._layers is None:
-            from . import detect  # local import: detection rules live in their own module
+            from . import detect, quark  # local import: detection rules live in their own modules
 
-            self._layers = {l.name: l for l in detect.detect_layers(self)}
+            rule = quark.detect_quark_layers if self.method == "quark" else None
+            self._layers = {l.name: l for l in detect.detect_layers(self, rule=rule)}
         return list(self._layers.values())
 
     def layer(self, name: str) -> LayerInfo:

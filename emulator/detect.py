@@ -21,8 +21,9 @@ from .saferegex import Budget, compile_safe
 _GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 
 
-def detect_layers(ckpt: Checkpoint) -> list[LayerInfo]:
-    rule = {
+def detect_layers(ckpt: Checkpoint, rule=None) -> list[LayerInfo]:
+    """``rule``: the method's detection rule where it lives in its own module (emulator/quark.py)."""
+    rule = rule or {
         "gptq": _detect_gptq,
         "auto-round": _detect_auto_round,
         "awq": _detect_awq,
@@ -51,6 +52,9 @@ STORAGE = {
     "ct-int-quantized": {"weight": ("I8",), "weight_scale": _FLOAT, "weight_zero_point": ("I8", "I32")},
     "ct-mxfp4": {"weight_packed": ("U8",), "weight_scale": ("U8",)},
     "gptoss-mxfp4": {"blocks": ("U8",), "scales": ("U8",)},
+    # AMD Quark real_quantized export (emulator/quark.py): int4/uint4 packed in int32, int8 as int8
+    "quark-int": {"weight": ("I32", "I8"), "weight_scale": _FLOAT, "weight_zero_point": ("I32", "I8")},
+    "quark-mxfp4": {"weight": ("U8",), "weight_scale": ("U8",)},
 }
 _BIAS = ("F16", "BF16", "F32", "F64")
 

@@ -15,6 +15,7 @@ from . import linear as lin
 from .activations import int8 as a8
 from .checkpoint import Checkpoint, LayerInfo
 from .errors import FormatError, UnsupportedFormatError, require
+from . import quark
 from .formats import awq, compressed_tensors as ct, gptq, mxfp4
 
 __all__ = ["dequantize_layer", "linear_layer", "layer_bias"]
@@ -69,8 +70,8 @@ _F32_MAX = float(np.finfo(np.float32).max)
 def _require_finite(info: LayerInfo, tensors: dict, w: np.ndarray) -> None:
     """The exact weight must be a float32 value. Skips the full pass when the stored scales
     cannot overflow (int formats: max|scale| x 2^bits; MXFP4: every scale byte <= 252)."""
-    if info.format in ("ct-mxfp4", "gptoss-mxfp4"):
-        role = "weight_scale" if info.format == "ct-mxfp4" else "scales"
+    if info.format in ("ct-mxfp4", "gptoss-mxfp4", "quark-mxfp4"):
+        role = "scales" if info.format == "gptoss-mxfp4" else "weight_scale"
         if int(np.max(tensors[role].data, initial=0)) <= 252:  # 6 x 2^125 < float32 max
             return
     else:
@@ -121,7 +122,25 @@ def _dequantize(info: LayerInfo, tensors: dict) -> np.ndarray:
         names = (info.tensors["blocks"].rsplit(".", 1)[-1], info.tensors["scales"].rsplit(".", 1)[-1])
         _no_nan_scales(s, name, names[1])
         return mxfp4.dequantize_mxfp4_gptoss(b, s, layer=name, names=names)
+    if info.format == "quark-int":
+        return quark.dequantize_quark_int(info, tensors)
+    if info.format == "quark-mxfp4":
+        _no_nan_scales(tensors["weight_scale"].data, name, "weight_scale")
+        return _quark_as_ct(name, lambda raw: mxfp4.dequantize_mxfp4_ct(raw, layer=name), tensors)
     raise UnsupportedFormatError(f"{name}: format {info.format!r} has no dequantizer")
+
+
+def _quark_as_ct(name: str, fn, tensors: dict):
+    """Quark MXFP4 has compressed-tensors' MXFP4 layout under other names (docs/formats.md, AMD Quark):
+    run ``fn`` on the ct names, and name Quark's tensor in any error."""
+    raw = {"weight_packed": tensors["weight"].data, "weight_scale": tensors["weight_scale"].data}
+    try:
+        return fn(raw)
+    except FormatError as e:
+        if e.tensor != "weight_packed":
+            raise
+        msg = str(e).split(": ", 1)[-1] if str(e).startswith(f"{name}.") else str(e)
+        raise FormatError(msg, layer=name, tensor="weight") from None
 
 
 def _check_gptq_optional(info: LayerInfo, tensors: dict) -> None:
@@ -205,10 +224,20 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
     w = dequantize_layer(ckpt, info)
     bias = layer_bias(ckpt, info)
     scheme = act or _declared_act(info)
+    if act is None and scheme == "int8" and info.format == "quark-int":
+        # Quark's dynamic int8 observer: scale = amax / 127.5 ((qmax - qmin) / 2), no emulator variant
+        raise UnsupportedFormatError(
+            f"{info.name}: Quark dynamic int8 input_tensors (scale = amax / 127.5, quantization/observer/observer.py) "
+            "are not an emulator variant; run with --act a16 or --act int8 (canonical amax / 127)")
     if scheme == "a16":
         return lin.linear_w16(x, w, bias, out_dtype=out_dtype)
     if scheme == "int8":
         v = int8_variant or a8.CANONICAL_SYM
+        if info.format == "quark-int" and info.bits == 8:
+            t = ckpt.layer_tensors(info)
+            d, scales, _ = quark.quark_int_weights(info, t)
+            return lin.linear_w8a8(x, d.astype(np.int8) if np.all((d >= -128) & (d <= 127)) else _too_wide(info),
+                                   scales.reshape(-1), bias, act=v, out_dtype=out_dtype)
         if info.format == "ct-int-quantized":
             t = ckpt.layer_tensors(info)
             _check_float_scales(info, t, "weight_scale")
@@ -217,10 +246,16 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
         w_int, scales, gs, g_idx = _int_weights(ckpt, info)
         return lin.linear_w4a8(x, w_int, scales, gs, bias, g_idx=g_idx, act=v, out_dtype=out_dtype)
     if scheme == "mxfp4":
-        if info.format != "ct-mxfp4":
+        if info.format not in ("ct-mxfp4", "quark-mxfp4"):
             raise UnsupportedFormatError(f"{info.name}: MXFP4 activations need MXFP4 weights (layer is {info.format})")
         t = ckpt.layer_tensors(info)
-        codes, sb = mxfp4.unpack_mxfp4_ct({k: t[k].data for k in ("weight_packed", "weight_scale")}, layer=info.name)
+        if info.format == "quark-mxfp4":
+            codes, sb = _quark_as_ct(info.name, lambda raw: mxfp4.unpack_mxfp4_ct(raw, layer=info.name), t)
+            if act is None:
+                mx_variant = _quark_mx_variant(info, mx_variant)
+        else:
+            codes, sb = mxfp4.unpack_mxfp4_ct({k: t[k].data for k in ("weight_packed", "weight_scale")},
+                                              layer=info.name)
         return lin.linear_mxfp4_w4a4(x, codes, sb, bias, act=mx_variant or mxfp4.CANONICAL, out_dtype=out_dtype)
     raise UnsupportedFormatError(f"unknown activation scheme {scheme!r} (a16, int8, mxfp4)")
 
@@ -269,7 +304,28 @@ def _int_weights(ckpt: Checkpoint, info: LayerInfo):
         g = c.g_idx if c.g_idx is not None else np.arange(K) // (K // n_groups)
         z = 0 if c.zero_point is None else c.zero_point[:, g].astype(np.int32)
         return c.q.astype(np.int32) - z, np.asarray(c.scales).T, K // n_groups, g
+    if info.format == "quark-int" and info.bits == 4:
+        w_int, scales, gs = quark.quark_int_weights(info, tensors)
+        return w_int, scales, gs, None
     raise FormatError(f"W4A8 needs int4 weights; layer format is {info.format}", layer=info.name)
+
+
+def _quark_mx_variant(info: LayerInfo, given: "mxfp4.MxVariant | None") -> mxfp4.MxVariant:
+    """The activation quantizer a Quark layer declares (scale_calculation_mode etc., emulator/quark.py),
+    with any field the caller set away from canonical kept (an explicit --variant wins)."""
+    declared = quark.mx_variant_fields(info.activation or {}, info.name)
+    base = given or mxfp4.CANONICAL
+    fields = base.describe()
+    canon = mxfp4.CANONICAL.describe()
+    for k, v in declared.items():
+        if fields[k] == canon[k]:
+            fields[k] = v
+    return mxfp4.MxVariant(**fields)
+
+
+def _too_wide(info: LayerInfo):
+    raise FormatError("q - zero_point leaves int8 (an int8 W8A8 GEMM needs zero points that keep it in range)",
+                      layer=info.name, tensor="weight_zero_point")
 
 
 def declared_activation(info: LayerInfo) -> str:
