@@ -59,7 +59,10 @@ def expert_groups(layers: list[LayerInfo]) -> tuple[dict[str, dict[int, dict[str
     return groups, rest
 
 
-def _skeleton(folder, dtype: torch.dtype):
+def _skeleton(folder, dtype: torch.dtype, *, meta: bool = False):
+    """The model from config.json; ``meta``: no storage at all (every tensor is assigned from the
+    checkpoint or replaced by a quantized module afterwards), so no fp32 copy of a quantized weight
+    is ever allocated."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -73,7 +76,11 @@ def _skeleton(folder, dtype: torch.dtype):
     config._experts_implementation = "eager"  # the per-expert loop (grouped_mm takes no float64)
     torch.manual_seed(0)
     try:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if meta:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except Exception as e:  # noqa: BLE001
         raise UnsupportedFormatError(f"{folder}: transformers cannot build model_type "
                                      f"{getattr(config, 'model_type', '?')!r} ({type(e).__name__}: {e})") from None
@@ -136,31 +143,54 @@ def _replace_quantized(model, ck: Checkpoint, backend: str) -> dict[str, nn.Modu
     return modules
 
 
+def _assign(model: nn.Module, key: str, value: torch.Tensor) -> None:
+    path, _, leaf = key.rpartition(".")
+    mod = model.get_submodule(path) if path else model
+    if leaf in mod._parameters:
+        mod._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    else:
+        mod._buffers[leaf] = value
+
+
 def _load_plain(model, ck: Checkpoint, used: set[str], dtype: torch.dtype, filled: set[str] = frozenset()) -> None:
-    """Every remaining model tensor from the checkpoint; missing or unused checkpoint tensors are errors."""
+    """Every remaining model tensor from the checkpoint (assigned, not copied: the skeleton may be on the
+    meta device); missing or unused checkpoint tensors are errors, never random weights."""
     by_model = {_alias(n): n for n in ck.tensor_names() if n not in used}
     consumed = set()
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    with torch.no_grad():
-        for key, t in model.state_dict().items():
-            if key in filled:
+    for key, t in model.state_dict(keep_vars=True).items():
+        if key in filled:
+            continue
+        src = by_model.get(key)
+        if src is None:
+            if tied and key == "lm_head.weight":
                 continue
-            src = by_model.get(key)
-            if src is None:
-                if tied and key == "lm_head.weight":
-                    continue
-                raise FormatError(f"{ck.folder}: the model needs tensor {key!r}; the checkpoint does not hold it")
-            value = _to_torch(ck.tensor(src))
-            if tuple(value.shape) != tuple(t.shape):
-                raise FormatError(f"{src}: shape {list(value.shape)}; the model expects {list(t.shape)}")
-            t.copy_(value.to(dtype))
-            consumed.add(src)
+            raise FormatError(f"{ck.folder}: the model needs tensor {key!r}; the checkpoint does not hold it")
+        value = _to_torch(ck.tensor(src))
+        if tuple(value.shape) != tuple(t.shape):
+            raise FormatError(f"{src}: shape {list(value.shape)}; the model expects {list(t.shape)}")
+        _assign(model, key, value.to(t.dtype if t.is_floating_point() else value.dtype))
+        consumed.add(src)
     if tied:
-        model.tie_weights()
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
     unused = sorted(set(by_model.values()) - consumed)
     if unused:
         raise FormatError(f"{ck.folder}: checkpoint tensor(s) used by no module of the model: {', '.join(unused[:5])}"
                           + (" ..." if len(unused) > 5 else ""))
+    _materialize_buffers(model)
+
+
+def _materialize_buffers(model: nn.Module) -> None:
+    """Non-persistent buffers a meta skeleton left without storage (rotary inv_freq): the module is
+    built again on the CPU from the config; any other tensor still on meta is an error."""
+    for name, mod in list(model.named_modules()):
+        if any(b is not None and b.is_meta for b in mod._buffers.values()):
+            if any(True for _ in mod.parameters(recurse=False)):
+                raise FormatError(f"module {name!r} has buffers the checkpoint cannot supply")
+            _set(model, name, type(mod)(config=model.config))
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise FormatError(f"model tensor(s) neither in the checkpoint nor computable: {', '.join(left[:5])}")
 
 
 def _quantized_tensor_names(ck: Checkpoint) -> set[str]:
@@ -170,7 +200,7 @@ def _quantized_tensor_names(ck: Checkpoint) -> set[str]:
 def load_quantized_model(folder, *, backend: str = "auto", dtype: torch.dtype = torch.float32):
     """(model with QuantLinear / QuantExperts, {layer name: its QuantLinear})."""
     ck = open_ckpt(folder)
-    model = _skeleton(ck.folder, dtype)
+    model = _skeleton(ck.folder, dtype, meta=True)
     modules = _replace_quantized(model, ck, backend)
     _load_plain(model, ck, _quantized_tensor_names(ck), dtype)
     return model, modules
