@@ -169,10 +169,29 @@ def cache_stats() -> dict:
             "hits": _CACHE.hits, "misses": _CACHE.misses, "uncached": _CACHE.uncached}
 
 
-def _prepared_bytes(backend, case) -> int:
-    """What a prepared layer holds: the emulator backend keeps the dequantized fp32 weight [N, K]; a kernel
-    backend its own repacked weights (counted as fp32 too: an upper bound for every packed layout)."""
-    return 4 * case.N * case.K
+def _nbytes(obj, seen=None) -> int:
+    """Bytes of every array / tensor reachable from ``obj`` (dicts, lists, tuples, dataclass-free)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, torch.Tensor):
+        return int(obj.untyped_storage().nbytes())
+    if isinstance(obj, dict):
+        return sum(_nbytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v, seen) for v in obj)
+    return 0
+
+
+def _prepared_bytes(backend, prepared) -> int:
+    """What a prepared layer holds: every array of the kernel's prepared data (its repacked weights; the
+    canonical tensors it keeps are counted although they share the module's storage: an upper bound),
+    plus, for the emulator backend, the dequantized fp32 weight [N, K] it caches at the first run."""
+    case = prepared.case
+    return _nbytes(prepared.data) + (4 * case.N * case.K if backend.name == "emulator" else 0)
 
 
 # --------------------------------------------------------------------------------------------- selection
@@ -291,7 +310,7 @@ def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: 
         if b.name == "emulator":  # one backend instance per cached layer: it holds that layer's fp32 weight
             b = create(b.label)
         prepared = (b, b.prepare(case, tensors))
-        _CACHE.put(key, prepared, _prepared_bytes(b, case))
+        _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
     kernel, prep = prepared
     bias = layer_bias(src, info)
     extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
