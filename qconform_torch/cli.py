@@ -31,7 +31,6 @@ def cmd_model(args) -> int:
     if args.cache_mb < 0:
         raise ValueError(f"--cache-mb must be >= 0, got {args.cache_mb}")
     op.set_cache_budget(args.cache_mb)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model, modules = load_quantized_model(args.checkpoint, backend=args.backend)
     tokens = parse_tokens(args.tokens, int(model.config.vocab_size))
     try:
@@ -56,10 +55,48 @@ def cmd_model(args) -> int:
         for line in lines:
             print(f"  {name}: {line}")
     st = op.cache_stats()
+    ok = True
+    if args.check:
+        ok = _check(args, logits, tokens)
     print(f"cache: budget {st['budget_bytes'] / 2**20:g} MiB, peak {st['peak_bytes'] / 2**20:.2f} MiB, "
           f"{st['hits']} hits, {st['misses']} misses, {st['uncached']} layer(s) too large to cache; "
           f"peak RSS {_peak_rss_mib():.0f} MiB")
-    return 0
+    return 0 if ok else 1
+
+
+def _check(args, logits, tokens) -> bool:
+    """--check: the run's logits against the canonical reference forward (--backend emulator) under the
+    model-level rule of docs/fallback.md#comparing-logits (SQNR floor; argmax agreement for A16)."""
+    from emulator.checkpoint import Checkpoint
+    from emulator.layers import declared_activation
+
+    from .model import forward_logits, load_quantized_model
+
+    act_quantized = any(declared_activation(l) != "a16" for l in Checkpoint(args.checkpoint).layers()
+                        if len(l.shape) == 2)
+    floor = SQNR_FLOOR_DB["act-quantized" if act_quantized else "a16"]
+    if args.backend == "emulator":
+        print("check: --backend emulator is the reference itself; nothing to compare")
+        return True
+    ref, _ = forward_logits(load_quantized_model(args.checkpoint, backend="emulator")[0], tokens)
+    db = sqnr_db(logits.numpy(), ref.numpy())
+    argmax_ok = act_quantized or bool((logits.argmax(dim=1) == ref.argmax(dim=1)).all())
+    ok = db >= floor and argmax_ok
+    print(f"check: SQNR vs the reference forward {db:.1f} dB (floor {floor:g} dB for "
+          f"{'activation-quantized' if act_quantized else '16-bit-activation'} checkpoints)"
+          + ("" if act_quantized else f"; argmax {'agrees' if argmax_ok else 'DIFFERS'}")
+          + f": {'within' if ok else 'OUTSIDE'} the model-level rule")
+    return ok
+
+
+#: docs/fallback.md#comparing-logits
+SQNR_FLOOR_DB = {"a16": 80.0, "act-quantized": 30.0}
+
+
+def sqnr_db(y, ref) -> float:
+    y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    err = float(((y64 - r64) ** 2).sum())
+    return float("inf") if err == 0 else float(10 * np.log10(float((r64 ** 2).sum()) / err))
 
 
 def add_parser(sub) -> None:
@@ -72,5 +109,7 @@ def add_parser(sub) -> None:
     s.add_argument("--cache-mb", type=float, default=256, help="bound of the fp32 / prepared-kernel cache (MiB)")
     s.add_argument("--layers", action="store_true", help="also write every quantized layer's input x.NAME and "
                                                          "output y.NAME")
+    s.add_argument("--check", action="store_true", help="also run the reference forward and apply the model-level "
+                                                       "rule (SQNR floor, docs/fallback.md); exit 1 outside it")
     s.add_argument("-o", "--output", required=True)
     s.set_defaults(fn=cmd_model)

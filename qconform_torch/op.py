@@ -26,6 +26,7 @@ is prepared, run and dropped, so no full fp32 copy of a model is ever held.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import threading
@@ -103,8 +104,6 @@ def _expert_slice(info: LayerInfo, weights: list[torch.Tensor], expert: int) -> 
     if not 0 <= expert < E:
         raise ValueError(f"quant_linear: {info.name}: expert {expert} out of range [0, {E})")
     sliced = [w[expert:expert + 1] for w in weights]
-    import dataclasses
-
     return dataclasses.replace(info, shape=(1, *info.shape[1:])), sliced
 
 

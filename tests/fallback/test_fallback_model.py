@@ -44,7 +44,7 @@ MODELS = {
 
 #: docs/fallback.md#comparing-logits: emulator logits vs the float64 dense forward (A16 checkpoints)
 REL_BOUND_F64 = 2.0 ** -16
-#: docs/fallback.md#comparing-logits: model-level SQNR floors (dB)
+#: docs/fallback.md#comparing-logits: model-level SQNR floors (dB), stated there (not read from the code)
 SQNR_FLOOR = {"a16": 80.0, "int8": 30.0}
 
 
@@ -115,6 +115,18 @@ def test_auto_within_model_level_rule(name, emulator_runs, tmp_path):
     auto = _run(tmp_path, ckpt, "auto")["logits"]
     assert sqnr_db(auto, ref) >= SQNR_FLOOR[act], (name, sqnr_db(auto, ref))
     assert np.array_equal(np.argmax(auto, axis=1), np.argmax(ref, axis=1)) or act != "a16"
+
+
+def test_check_flag_applies_the_rule(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o.safetensors"
+    assert qconform(["model", str(MOE), "--tokens", "1,5,9", "--check", "-o", str(out)]) == 0
+    assert "within the model-level rule" in capsys.readouterr().out
+    # a backend whose numbers are off must fail the check: raise the floor above any finite SQNR
+    from qconform_torch import cli as model_cli
+
+    monkeypatch.setitem(model_cli.SQNR_FLOOR_DB, "a16", 1e9)
+    assert qconform(["model", str(MOE), "--tokens", "1,5,9", "--check", "-o", str(out)]) == 1
+    assert "OUTSIDE the model-level rule" in capsys.readouterr().out
 
 
 def test_dense_reference_is_not_the_module_path():
