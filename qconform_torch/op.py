@@ -20,7 +20,9 @@ int8 weights) always run the reference, with that reason logged. Each layer's ch
 
 Memory: prepared kernels (for the emulator backend: the layer's dequantized fp32 weight) are kept
 in one LRU cache bounded by ``set_cache_budget`` bytes (``--cache-mb``); a layer that does not fit
-is prepared, run and dropped, so no full fp32 copy of a model is ever held.
+is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of at
+most the budget straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
+model is ever held.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
 from emulator.tensorfile import Tensor
+
+from .blocked import blocked_fast_linear
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB"]
@@ -166,6 +170,11 @@ def set_cache_budget(mb: float) -> None:
 def cache_stats() -> dict:
     return {"budget_bytes": _CACHE.budget, "used_bytes": _CACHE.used, "peak_bytes": _CACHE.peak,
             "hits": _CACHE.hits, "misses": _CACHE.misses, "uncached": _CACHE.uncached}
+
+
+def _prepared_bytes_estimate(case) -> int:
+    """The emulator backend's cached fp32 weight [N, K] (what a cache entry of it would hold)."""
+    return 4 * case.N * case.K
 
 
 def _nbytes(obj, seen=None) -> int:
@@ -302,6 +311,13 @@ def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: 
         _log_choice(spec, info.name, f"{info.format} -> emulator reference (no backend can take it: {e})")
         return _reference(src, info, x32, dtype)
     b = _backend_for(backend, case, info.name, spec)
+    bias = layer_bias(src, info)
+    if b.name == "emulator" and not b.params and _prepared_bytes_estimate(case) > _CACHE.budget and b._fast(case):
+        # does not fit the cache: dequantize row blocks of at most the budget straight into the sgemm
+        y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
+        if y is not None:
+            _CACHE.uncached += 1
+            return y
     key = (spec, b.label, repr(case))
     prepared = _CACHE.get(key)
     if prepared is None:
@@ -311,7 +327,6 @@ def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: 
         prepared = (b, b.prepare(case, tensors))
         _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
     kernel, prep = prepared
-    bias = layer_bias(src, info)
     extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
     try:
         return np.asarray(kernel.run(prep, x32, **extra), dtype=np.float32)

@@ -138,3 +138,55 @@ def test_bad_x_is_one_clear_error(synthetic):
         torch.ops.qconform.quant_linear(torch.zeros(2, 64), m.weights(), m._spec, "emulator")
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         m(torch.zeros(2, 128, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("scheme", ["gptq-w4g32-sym-v1", "gptq-w4g32-asym-v2", "gptq-w8g128-sym-v1", "awq-w4g32",
+                                    "ct-w4a16-g32-sym", "ct-w4a16-channel-sym", "ct-mxfp4-w4a16"])
+def test_blocked_dequant_equals_whole_layer(scheme, synthetic):
+    """Row blocks of the packed tensors dequantize to exactly the same rows of the whole layer's weight,
+    and the blocked fast path stays within fp32 accumulation of the cached (whole-weight) fast path."""
+    from backends.registry import create
+    from emulator.declaration import declared_weight
+    from emulator.layer_cases import case_tensors, layer_case
+    from emulator.layers import layer_bias
+    from qconform_torch.blocked import blocked_fast_linear, row_slicer
+
+    ck = Checkpoint(synthetic / scheme)
+    info = ck.layers()[0]
+    case = layer_case(info, 3, "float32", "a16")
+    tensors = case_tensors(ck, info, case)
+    emu = create("emulator")
+    whole = declared_weight(case, tensors, emu.computed(case))
+    mult, take = row_slicer(case, tensors)
+    import dataclasses
+
+    for n0, n1 in ((0, 8), (8, 24), (24, case.N)):
+        sub = dataclasses.replace(case, N=n1 - n0)
+        np.testing.assert_array_equal(declared_weight(sub, take(n0, n1), emu.computed(sub)), whole[n0:n1])
+    x = np.random.default_rng(0).standard_normal((3, case.K)).astype(np.float32)
+    bias = layer_bias(ck, info)
+    y_blk = blocked_fast_linear(emu, case, tensors, x, bias, budget_bytes=8 * 4 * case.K)  # 8-row blocks
+    y_cached = emu.run(emu.prepare(case, tensors), x, **({} if bias is None else {"bias": np.float32(bias)}))
+    mag = np.abs(x.astype(np.float64)) @ np.abs(whole.astype(np.float64)).T + (0 if bias is None else np.abs(bias))
+    assert np.all(np.abs(y_blk.astype(np.float64) - y_cached) <= 2 * (case.K + 2) * 2.0 ** -24 * mag)
+
+
+def test_op_uses_blocks_when_the_layer_does_not_fit(synthetic):
+    from qconform_torch import op
+
+    ck = Checkpoint(synthetic / "gptq-w8g128-sym-v1")  # every CPU kernel declines it: the emulator backend
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
+    x = _x(4, info.shape[-1], torch.float32)
+    try:
+        op.set_cache_budget(0)
+        y0 = m(x)
+        assert op.cache_stats()["uncached"] >= 1 and op.cache_stats()["peak_bytes"] == 0
+        op.set_cache_budget(256)
+        y1 = m(x)
+        assert op.cache_stats()["peak_bytes"] >= 4 * info.shape[0] * info.shape[1]  # the fp32 weight, cached
+    finally:
+        op.set_cache_budget(op.DEFAULT_CACHE_MB)
+    ref = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")(x).double()
+    for y in (y0, y1):  # both within fp32 accumulation of the canonical reference
+        assert float((y.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
