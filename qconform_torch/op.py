@@ -261,19 +261,25 @@ def _backend_for(spec: str, case, name: str, layer: str):
 
 # --------------------------------------------------------------------------------------------- compute
 
-_VALIDATED: set = set()
+def _identity(weights: list[torch.Tensor]) -> tuple:
+    """Which tensors, storages and versions (in-place writes bump ``_version``) a layer's weights are."""
+    return tuple((id(w), w.data_ptr(), w._version, tuple(w.shape), str(w.dtype)) for w in weights)
 
 
 def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor]) -> None:
     """Every tensor checked as ``qconform dequant`` does (NaN scales, E8M0 0xFF, bias, shapes) before a
-    kernel sees it; once per set of weight storages and versions."""
-    key = (spec, tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights))
-    if key in _VALIDATED:
+    kernel sees it; once per set of weight tensors and versions."""
+    key = (spec, _identity(weights))
+    # the mark lives on the first tensor object itself: it dies with it, so a freed tensor's address
+    # reused by another can never inherit its validation
+    seen = getattr(weights[0], "_qconform_validated", None) if weights else None
+    if seen is not None and key in seen:
         return
     dequantize_layer(src, info)
-    if len(_VALIDATED) > 100_000:
-        _VALIDATED.clear()
-    _VALIDATED.add(key)
+    if weights:
+        if seen is None:
+            seen = weights[0]._qconform_validated = set()
+        seen.add(key)
 
 
 def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
@@ -318,15 +324,17 @@ def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: 
         if y is not None:
             _CACHE.uncached += 1
             return y
-    key = (spec, b.label, repr(case))
+    # the weights' identity is part of the key and the entry holds them: two checkpoints with identically
+    # described layers never share an entry, and a cached entry's addresses cannot be reused meanwhile
+    key = (spec, b.label, repr(case), _identity(weights))
     prepared = _CACHE.get(key)
     if prepared is None:
         tensors = case_tensors(src, info, case)
         if b.name == "emulator":  # one backend instance per cached layer: it holds that layer's fp32 weight
             b = create(b.label)
-        prepared = (b, b.prepare(case, tensors))
+        prepared = (b, b.prepare(case, tensors), list(weights))
         _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
-    kernel, prep = prepared
+    kernel, prep, _ = prepared
     extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
     try:
         return np.asarray(kernel.run(prep, x32, **extra), dtype=np.float32)

@@ -190,3 +190,22 @@ def test_op_uses_blocks_when_the_layer_does_not_fit(synthetic):
     ref = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")(x).double()
     for y in (y0, y1):  # both within fp32 accumulation of the canonical reference
         assert float((y.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_same_layer_description_other_weights_never_share_a_cache_entry(synthetic, tmp_path):
+    """Two checkpoints whose layer has the same name, format and shape but other values: each module
+    computes with its own weights (the cache is keyed by the tensors too)."""
+    write_checkpoint(tmp_path / "other", "gptq-w4g32-sym-v1", seed=7, bias=True)
+    a = QuantLinear.from_checkpoint(Checkpoint(synthetic / "gptq-w4g32-sym-v1"), "model.layers.0.mlp.down_proj",
+                                    backend="auto")
+    b = QuantLinear.from_checkpoint(Checkpoint(tmp_path / "other"), "model.layers.0.mlp.down_proj", backend="auto")
+    assert a._spec == b._spec
+    x = _x(2, 128, torch.float32)
+    ya, yb = a(x), b(x)
+    ra = QuantLinear.from_checkpoint(Checkpoint(synthetic / "gptq-w4g32-sym-v1"), "model.layers.0.mlp.down_proj",
+                                     backend="emulator")(x)
+    rb = QuantLinear.from_checkpoint(Checkpoint(tmp_path / "other"), "model.layers.0.mlp.down_proj",
+                                     backend="emulator")(x)
+    assert not torch.equal(ra, rb)
+    assert float((ya - ra).abs().max()) <= 1e-5 * float(ra.abs().max())
+    assert float((yb - rb).abs().max()) <= 1e-5 * float(rb.abs().max())
