@@ -70,6 +70,18 @@ class QuantLinear(nn.Module):
         tensors = {role: _to_torch(t) for role, t in ck.layer_tensors(info).items()}
         return cls(info, tensors, backend=backend, expert=expert)
 
+    @classmethod
+    def stacked_from_checkpoint(cls, ckpt, layer_name: str, *, backend: str = "auto") -> nn.ModuleList:
+        """Every expert of a stacked [E, N, K] layer (gpt-oss blocks) as a ModuleList of QuantLinear; the
+        experts share the layer's packed tensors (one copy), each dequantizes only its own blocks."""
+        ck = open_ckpt(ckpt)
+        info = ck.layer(layer_name)
+        if len(info.shape) != 3:
+            raise ValueError(f"{info.name}: shape {list(info.shape)} is not a stacked [E, N, K] layer")
+        dequantize_layer(ck, info)
+        tensors = {role: _to_torch(t) for role, t in ck.layer_tensors(info).items()}
+        return nn.ModuleList(cls(info, tensors, backend=backend, expert=e) for e in range(info.shape[0]))
+
     def weights(self) -> list[torch.Tensor]:
         return [getattr(self, "q_" + r) for r in self._roles]
 

@@ -88,6 +88,10 @@ def test_stacked_experts_one_expert_at_a_time(synthetic):
         y = QuantLinear.from_checkpoint(ck, info.name, backend="emulator", expert=e)(x)
         np.testing.assert_array_equal(y.numpy(), (x.double().numpy() @ w[e].T).astype(np.float32))
     assert not np.array_equal(w[0], w[1])  # the two experts differ: the index is not ignored
+    experts = QuantLinear.stacked_from_checkpoint(ck, info.name, backend="emulator")
+    assert len(experts) == info.shape[0]
+    for e, m in enumerate(experts):
+        np.testing.assert_array_equal(m(x).numpy(), (x.double().numpy() @ w[e].T).astype(np.float32))
     with pytest.raises(ValueError, match="need expert"):
         QuantLinear.from_checkpoint(ck, info.name)
 
