@@ -284,6 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands import add_commands
 
     add_commands(sub)
+
+    from qconform_torch.cli import add_parser as add_model  # `qconform model` (docs/fallback.md)
+
+    add_model(sub)
     return p
 
 

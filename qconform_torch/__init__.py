@@ -1,0 +1,19 @@
+"""qconform's emulator fallback as something a PyTorch model can call.
+
+Semantics: docs/fallback.md.
+
+- ``torch.ops.qconform.quant_linear`` (qconform_torch/op.py): one quantized linear layer, run by the
+  dispatcher's choice for its case on this host (backends/registry.py ``select``) or by the canonical
+  reference (emulator/layers.py ``linear_layer``);
+- ``QuantLinear`` / ``QuantExperts`` (qconform_torch/module.py): ``torch.nn.Module`` wrappers built
+  from a checkpoint layer;
+- ``qconform model`` (qconform_torch/model.py): a whole HF-style quantized checkpoint's forward pass.
+
+Layering: emulator <- backends <- qconform_torch <- conformance (the CLI wires ``qconform model`` in);
+nothing here is imported by emulator/ or backends/, and emulator/ stays NumPy-only.
+"""
+
+from .op import quant_linear  # noqa: F401  (registers torch.ops.qconform.quant_linear)
+from .module import QuantExperts, QuantLinear  # noqa: F401
+
+__all__ = ["quant_linear", "QuantLinear", "QuantExperts"]

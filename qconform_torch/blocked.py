@@ -1,0 +1,81 @@
+"""The emulator backend's fast path without a full fp32 weight: dequantize row blocks into one buffer.
+
+Semantics: docs/fallback.md#memory.
+
+For a layer whose fp32 weight does not fit the cache budget, y = x @ W^T is computed over blocks of
+output rows: each block's packed tensors are sliced (every format stores output rows along one axis,
+packed ``F`` to a word along N for some tensors), dequantized by the emulator's own dequantizer into
+a buffer of at most the budget, and multiplied (fp32 sgemm) into its columns of y. Dequantization is
+elementwise, so a block's weight equals the same rows of the whole layer's (tested); the products are
+the emulator backend's declared fp32 accumulation. Formats / layouts it does not slice (asymmetric
+compressed-tensors zero points, act-order ct, N not a multiple of the packing) return None: the
+caller then runs the whole-layer path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from emulator.declaration import declared_weight
+from emulator.numerics.floats import round_float32_array
+
+__all__ = ["row_slicer", "blocked_fast_linear"]
+
+
+def row_slicer(case, tensors: dict):
+    """(rows a block must be a multiple of, slice(n0, n1) -> tensors of rows n0:n1), or None."""
+    fmt = case.weight_format
+    if fmt == "gptq":
+        pf = 32 // case.bits
+
+        def s(n0, n1):
+            t = dict(tensors)
+            t["qweight"] = tensors["qweight"][:, n0:n1]
+            t["qzeros"] = tensors["qzeros"][:, n0 // pf:n1 // pf]
+            t["scales"] = tensors["scales"][:, n0:n1]
+            return t
+        return (pf, s) if case.N % pf == 0 else None
+    if fmt == "awq":
+        def s(n0, n1):
+            return {**tensors, "qweight": tensors["qweight"][:, n0 // 8:n1 // 8],
+                    "qzeros": tensors["qzeros"][:, n0 // 8:n1 // 8], "scales": tensors["scales"][:, n0:n1]}
+        return (8, s) if case.N % 8 == 0 else None
+    if fmt == "ct-pack-quantized":
+        if tensors.get("weight_zero_point") is not None:
+            return None
+
+        def s(n0, n1):
+            return {**tensors, "weight_packed": tensors["weight_packed"][n0:n1],
+                    "weight_scale": tensors["weight_scale"][n0:n1],
+                    "weight_shape": np.asarray([n1 - n0, case.K], np.asarray(tensors["weight_shape"]).dtype)}
+        return (1, s)
+    if fmt == "ct-mxfp4":
+        def s(n0, n1):
+            return {**tensors, "weight_packed": tensors["weight_packed"][n0:n1],
+                    "weight_scale": tensors["weight_scale"][n0:n1]}
+        return (1, s)
+    return None
+
+
+def blocked_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias, budget_bytes: int):
+    """y (float32 holding values of the case's output dtype) by row blocks of at most ``budget_bytes``
+    of fp32 weight; None where the layout is not sliced here."""
+    sl = row_slicer(case, tensors)
+    if sl is None:
+        return None
+    mult, take = sl
+    rows = max(mult, (budget_bytes // (4 * case.K)) // mult * mult)
+    rows = min(rows, case.N)
+    decl = backend.computed(case)
+    buf = np.empty((rows, case.K), np.float32)
+    y = np.empty((x32.shape[0], case.N), np.float32)
+    for n0 in range(0, case.N, rows):
+        n1 = min(case.N, n0 + rows)
+        sub = dataclasses.replace(case, N=n1 - n0)
+        w = declared_weight(sub, take(n0, n1), decl, out=buf[:n1 - n0])
+        np.matmul(x32, w.T, out=y[:, n0:n1])
+    if bias is not None:
+        y += np.asarray(bias, np.float32)
+    return round_float32_array(y, case.output_dtype)

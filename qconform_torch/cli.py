@@ -1,0 +1,115 @@
+"""``qconform model``: one forward pass of a quantized checkpoint (wired into conformance/cli.py).
+
+Semantics: docs/fallback.md#whole-model-runs.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import numpy as np
+
+__all__ = ["add_parser"]
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def cmd_model(args) -> int:
+    import torch
+
+    from backends.registry import create
+    from emulator.tensorfile import save_tensors
+
+    from . import op
+    from .model import forward_logits, load_quantized_model, parse_tokens
+
+    if args.backend not in ("auto", "emulator"):
+        create(args.backend)  # an unknown name or parameter: exit 2 now, not in the middle of the forward pass
+    if args.cache_mb < 0:
+        raise ValueError(f"--cache-mb must be >= 0, got {args.cache_mb}")
+    op.set_cache_budget(args.cache_mb)
+    model, modules = load_quantized_model(args.checkpoint, backend=args.backend)
+    tokens = parse_tokens(args.tokens, int(model.config.vocab_size))
+    try:
+        logits, seen = forward_logits(model, tokens, capture=modules if args.layers else None)
+    except RuntimeError as e:  # a named backend that cannot run a layer: not the input's fault, no result
+        print(f"qconform model: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    if not torch.isfinite(logits).all():
+        print("qconform model: the forward pass produced non-finite logits; nothing written", file=sys.stderr)
+        return 1
+    out = {"logits": np.ascontiguousarray(logits.numpy(), dtype=np.float32)}
+    for name, calls in sorted(seen.items()):
+        for i, (x, y) in enumerate(calls):
+            tag = name if len(calls) == 1 else f"{name}#{i}"
+            out[f"x.{tag}"] = np.ascontiguousarray(x.numpy(), np.float32)
+            out[f"y.{tag}"] = np.ascontiguousarray(y.numpy(), np.float32)
+    save_tensors(args.output, out, metadata={"producer": "qconform model", "checkpoint": str(args.checkpoint),
+                                             "backend": args.backend, "tokens": ",".join(map(str, tokens))})
+    print(f"{args.checkpoint}: logits {list(logits.shape)} float32 -> {args.output}"
+          + (f" (+ {len(seen)} quantized layers' x and y)" if args.layers else ""))
+    for name, lines in sorted(op.selections().items()):
+        for line in lines:
+            print(f"  {name}: {line}")
+    st = op.cache_stats()
+    ok = True
+    if args.check:
+        ok = _check(args, logits, tokens)
+    print(f"cache: budget {st['budget_bytes'] / 2**20:g} MiB, peak {st['peak_bytes'] / 2**20:.2f} MiB, "
+          f"{st['hits']} hits, {st['misses']} misses, {st['uncached']} layer(s) too large to cache; "
+          f"peak RSS {_peak_rss_mib():.0f} MiB")
+    return 0 if ok else 1
+
+
+def _check(args, logits, tokens) -> bool:
+    """--check: the run's logits against the canonical reference forward (--backend emulator) under the
+    model-level rule of docs/fallback.md#comparing-logits (SQNR floor; argmax agreement for A16)."""
+    from emulator.checkpoint import Checkpoint
+    from emulator.layers import declared_activation
+
+    from .model import forward_logits, load_quantized_model
+
+    act_quantized = any(declared_activation(l) != "a16" for l in Checkpoint(args.checkpoint).layers()
+                        if len(l.shape) == 2)
+    floor = SQNR_FLOOR_DB["act-quantized" if act_quantized else "a16"]
+    if args.backend == "emulator":
+        print("check: --backend emulator is the reference itself; nothing to compare")
+        return True
+    ref, _ = forward_logits(load_quantized_model(args.checkpoint, backend="emulator")[0], tokens)
+    db = sqnr_db(logits.numpy(), ref.numpy())
+    argmax_ok = act_quantized or bool((logits.argmax(dim=1) == ref.argmax(dim=1)).all())
+    ok = db >= floor and argmax_ok
+    print(f"check: SQNR vs the reference forward {db:.1f} dB (floor {floor:g} dB for "
+          f"{'activation-quantized' if act_quantized else '16-bit-activation'} checkpoints)"
+          + ("" if act_quantized else f"; argmax {'agrees' if argmax_ok else 'DIFFERS'}")
+          + f": {'within' if ok else 'OUTSIDE'} the model-level rule")
+    return ok
+
+
+#: docs/fallback.md#comparing-logits
+SQNR_FLOOR_DB = {"a16": 80.0, "act-quantized": 30.0}
+
+
+def sqnr_db(y, ref) -> float:
+    y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    err = float(((y64 - r64) ** 2).sum())
+    return float("inf") if err == 0 else float(10 * np.log10(float((r64 ** 2).sum()) / err))
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("model", help="one forward pass of a quantized HF checkpoint through qconform's op "
+                                     "(logits [T, vocab] as safetensors tensor 'logits')")
+    s.add_argument("checkpoint")
+    s.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 1,2,3")
+    s.add_argument("--backend", default="auto", metavar="auto|emulator|NAME",
+                   help="auto: the dispatcher's choice per layer; emulator: the canonical reference forward")
+    s.add_argument("--cache-mb", type=float, default=256, help="bound of the fp32 / prepared-kernel cache (MiB)")
+    s.add_argument("--layers", action="store_true", help="also write every quantized layer's input x.NAME and "
+                                                         "output y.NAME")
+    s.add_argument("--check", action="store_true", help="also run the reference forward and apply the model-level "
+                                                       "rule (SQNR floor, docs/fallback.md); exit 1 outside it")
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(fn=cmd_model)

@@ -1,0 +1,362 @@
+"""``torch.ops.qconform.quant_linear``: one quantized checkpoint layer as a PyTorch custom op.
+
+Semantics: docs/fallback.md#the-op.
+
+    y = torch.ops.qconform.quant_linear(x, weights, layer, backend)
+
+- ``x``: [M, K] float32 / float16 / bfloat16 activations; ``y``: [M, N] in x's dtype;
+- ``weights``: the layer's checkpoint tensors as stored (packed codes, scales, zeros, g_idx, bias), in
+  the order of ``roles(info)``;
+- ``layer``: ``layer_spec(info, expert)``, the layer's ``LayerInfo`` as JSON (and, for stacked
+  experts, which expert);
+- ``backend``: ``"emulator"`` (the canonical reference: emulator/layers.py ``linear_layer``, equal
+  to ``qconform linear`` bit for bit), ``"auto"`` (the dispatcher's choice for the layer's Case on
+  this host, backends/registry.py ``select``: the highest-priority available backend that declares
+  no semantic deviation and has no known defect, else the emulator backend) or a backend name.
+
+Layers a Case cannot describe (GPTQModel packed-add v1 zeros, gpt-oss stacked experts, asymmetric
+int8 weights) always run the reference, with that reason logged. Each layer's choice is logged once
+(logger ``qconform.fallback``) with the reason each other backend was skipped.
+
+Memory: prepared kernels (for the emulator backend: the layer's dequantized fp32 weight) are kept
+in one LRU cache bounded by ``set_cache_budget`` bytes (``--cache-mb``); a layer that does not fit
+is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of at
+most the budget straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
+model is ever held.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import threading
+
+import numpy as np
+import torch
+
+from backends.registry import create, registered, select
+from emulator import linear as lin
+from emulator.checkpoint import LayerInfo
+from emulator.errors import UnsupportedFormatError
+from emulator.layer_cases import case_tensors, layer_case
+from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
+from emulator.tensorfile import Tensor
+
+from .blocked import blocked_fast_linear
+
+__all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
+           "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB"]
+
+log = logging.getLogger("qconform.fallback")
+
+#: torch dtype -> safetensors dtype name (what the emulator's readers expect)
+_ST = {torch.int32: "I32", torch.int64: "I64", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+       torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
+_ACT = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+DEFAULT_CACHE_MB = 256
+
+
+def roles(info: LayerInfo) -> list[str]:
+    """The order of ``weights``: the layer's tensor roles, sorted."""
+    return sorted(info.tensors)
+
+
+def layer_spec(info: LayerInfo, expert: int | None = None) -> str:
+    return json.dumps({"info": info.to_json(), "expert": expert}, sort_keys=True)
+
+
+def parse_spec(spec: str) -> tuple[LayerInfo, int | None]:
+    try:
+        d = json.loads(spec)
+        info = LayerInfo(**{**d["info"], "shape": tuple(d["info"]["shape"])})
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"quant_linear: layer is not a layer_spec() string ({type(e).__name__}: {e})") from None
+    return info, d.get("expert")
+
+
+def to_numpy_tensor(t: torch.Tensor) -> Tensor:
+    """A torch tensor as the emulator's ``Tensor`` (NumPy data + safetensors dtype name); no copy but bf16."""
+    if t.dtype not in _ST:
+        raise ValueError(f"quant_linear: tensor dtype {t.dtype} is not one a checkpoint stores")
+    t = t.detach().contiguous()
+    data = t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()  # bf16 -> fp32 is exact
+    return Tensor(data, _ST[t.dtype])
+
+
+class _LayerTensors:
+    """The part of ``emulator.checkpoint.Checkpoint`` the layer functions read, over in-memory tensors."""
+
+    def __init__(self, info: LayerInfo, weights: list[torch.Tensor]):
+        r = roles(info)
+        if len(weights) != len(r):
+            raise ValueError(f"quant_linear: {info.name}: expected {len(r)} weight tensors ({', '.join(r)}), "
+                             f"got {len(weights)}")
+        self._by_name = {info.tensors[role]: to_numpy_tensor(w) for role, w in zip(r, weights)}
+
+    def tensor(self, name: str, *, layer: str | None = None) -> Tensor:
+        return self._by_name[name]
+
+    def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:
+        return {role: self._by_name[name] for role, name in info.tensors.items()}
+
+
+def _expert_slice(info: LayerInfo, weights: list[torch.Tensor], expert: int) -> tuple[LayerInfo, list[torch.Tensor]]:
+    """One expert of a stacked [E, N, K] layer as a [1, N, K] layer (only its blocks are ever dequantized)."""
+    E = info.shape[0]
+    if not 0 <= expert < E:
+        raise ValueError(f"quant_linear: {info.name}: expert {expert} out of range [0, {E})")
+    sliced = [w[expert:expert + 1] for w in weights]
+    return dataclasses.replace(info, shape=(1, *info.shape[1:])), sliced
+
+
+# --------------------------------------------------------------------------------------------- cache
+
+
+class _PreparedCache:
+    """LRU of prepared kernels, bounded in bytes (the fp32 cache budget of docs/fallback.md#memory)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self.peak = 0
+        self.hits = self.misses = self.uncached = 0
+        self._d: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+                self.hits += 1
+            else:
+                self.misses += 1
+            return None if v is None else v[0]
+
+    def put(self, key, value, nbytes: int) -> bool:
+        with self._lock:
+            if nbytes > self.budget:
+                self.uncached += 1
+                return False
+            while self._d and self.used + nbytes > self.budget:
+                _, (_, n) = self._d.popitem(last=False)
+                self.used -= n
+            self._d[key] = (value, nbytes)
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def clear(self):
+        with self._lock:
+            self._d.clear()
+            self.used = 0
+
+
+_CACHE = _PreparedCache(DEFAULT_CACHE_MB << 20)
+
+
+def set_cache_budget(mb: float) -> None:
+    """Bound every fp32 / prepared-kernel cache of the op to ``mb`` MiB (0: nothing is cached)."""
+    if mb < 0:
+        raise ValueError(f"cache budget must be >= 0 MiB, got {mb}")
+    _CACHE.clear()
+    _CACHE.budget = int(mb * (1 << 20))
+    _CACHE.peak = 0
+    _CACHE.hits = _CACHE.misses = _CACHE.uncached = 0
+
+
+def cache_stats() -> dict:
+    return {"budget_bytes": _CACHE.budget, "used_bytes": _CACHE.used, "peak_bytes": _CACHE.peak,
+            "hits": _CACHE.hits, "misses": _CACHE.misses, "uncached": _CACHE.uncached}
+
+
+def _prepared_bytes_estimate(case) -> int:
+    """The emulator backend's cached fp32 weight [N, K] (what a cache entry of it would hold)."""
+    return 4 * case.N * case.K
+
+
+def _nbytes(obj, seen=None) -> int:
+    """Bytes of every array / tensor reachable from ``obj`` (dicts, lists, tuples, dataclass-free)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, torch.Tensor):
+        return int(obj.untyped_storage().nbytes())
+    if isinstance(obj, dict):
+        return sum(_nbytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v, seen) for v in obj)
+    return 0
+
+
+def _prepared_bytes(backend, prepared) -> int:
+    """What a prepared layer holds: every array of the kernel's prepared data (its repacked weights; the
+    canonical tensors it keeps are counted although they share the module's storage: an upper bound),
+    plus, for the emulator backend, the dequantized fp32 weight [N, K] it caches at the first run."""
+    case = prepared.case
+    return _nbytes(prepared.data) + (4 * case.N * case.K if backend.name == "emulator" else 0)
+
+
+# --------------------------------------------------------------------------------------------- selection
+
+#: layer spec -> the choice lines logged for it so far (one line per layer and choice)
+_SELECTIONS: dict[str, list[str]] = {}
+_SELECT_CACHE: dict[str, object] = {}
+_NAMED: dict[str, object] = {}
+#: repr(case) -> {backend name: why it failed when run}: the dispatcher is asked again without them
+_FAILED: dict[str, dict[str, str]] = {}
+
+
+def selections() -> dict[str, list[str]]:
+    """What each layer ran on so far: layer name -> the choice lines logged for it."""
+    out: dict[str, list[str]] = {}
+    for spec, lines in _SELECTIONS.items():
+        out.setdefault(parse_spec(spec)[0].name, []).extend(l for l in lines if l not in out.get(spec, []))
+    return out
+
+
+def selection_lines(spec: str) -> list[str]:
+    """The choice lines logged for the layer of ``spec`` (a QuantLinear's ``_spec``)."""
+    return list(_SELECTIONS.get(spec, []))
+
+
+def _log_choice(spec: str, name: str, line: str) -> None:
+    """Once per layer and chosen backend (a new M that keeps the choice logs nothing new)."""
+    seen = _SELECTIONS.setdefault(spec, [])
+    choice = line.split(" (", 1)[0]
+    if not any(l.split(" (", 1)[0] == choice for l in seen):
+        seen.append(line)
+        log.info("%s: %s", name, line)
+
+
+def _backend_for(spec: str, case, name: str, layer: str):
+    if spec == "auto":
+        key = repr(case)
+        sel = _SELECT_CACHE.get(key)
+        failed = _FAILED.get(key, {})
+        if sel is None:
+            cands = [n for n in registered() if n not in failed] if failed else None
+            sel = _SELECT_CACHE[key] = select(case, cands)
+        skipped = "; ".join([f"{n}: {why}" for n, why in sel.skipped]
+                            + [f"{n}: failed when run ({why})" for n, why in failed.items()]) or "none"
+        _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {sel.backend.label} (skipped: {skipped})")
+        return sel.backend
+    b = _NAMED.get(spec)
+    if b is None:
+        b = _NAMED[spec] = create(spec)
+    av = b.availability()
+    if not av.available:
+        raise RuntimeError(f"backend {b.label} is unavailable here: {av.reason}")
+    sup = b.can_implement(case)
+    if not sup.ok:
+        raise RuntimeError(f"backend {b.label} cannot implement {case.describe()}: {sup.reason}")
+    _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {b.label} (named)")
+    return b
+
+
+# --------------------------------------------------------------------------------------------- compute
+
+def _identity(weights: list[torch.Tensor]) -> tuple:
+    """Which tensors, storages and versions (in-place writes bump ``_version``) a layer's weights are."""
+    return tuple((id(w), w.data_ptr(), w._version, tuple(w.shape), str(w.dtype)) for w in weights)
+
+
+def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor]) -> None:
+    """Every tensor checked as ``qconform dequant`` does (NaN scales, E8M0 0xFF, bias, shapes) before a
+    kernel sees it; once per set of weight tensors and versions."""
+    key = (spec, _identity(weights))
+    # the mark lives on the first tensor object itself: it dies with it, so a freed tensor's address
+    # reused by another can never inherit its validation
+    seen = getattr(weights[0], "_qconform_validated", None) if weights else None
+    if seen is not None and key in seen:
+        return
+    dequantize_layer(src, info)
+    if weights:
+        if seen is None:
+            seen = weights[0]._qconform_validated = set()
+        seen.add(key)
+
+
+def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
+    if len(info.shape) == 3:  # one expert, sliced to [1, N, K]
+        w = dequantize_layer(src, info)[0]
+        return lin.linear_w16(x, w, None, out_dtype=dtype).y
+    return linear_layer(src, info, x, out_dtype=dtype).y
+
+
+def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
+    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype."""
+    info, expert = parse_spec(spec)
+    weights_in = weights
+    if x.dim() != 2 or x.shape[1] != info.shape[-1]:
+        raise ValueError(f"quant_linear: {info.name}: x must be [M, K={info.shape[-1]}], got {list(x.shape)}")
+    if x.dtype not in _ACT:
+        raise ValueError(f"quant_linear: {info.name}: x must be float32, float16 or bfloat16, got {x.dtype}")
+    dtype = _ACT[x.dtype]
+    x32 = x.detach().float().contiguous().numpy()
+    if expert is not None:
+        if len(info.shape) != 3:
+            raise ValueError(f"quant_linear: {info.name}: expert {expert} given for a 2-D layer")
+        info, weights = _expert_slice(info, weights, int(expert))
+    elif len(info.shape) != 2:
+        raise ValueError(f"quant_linear: {info.name}: stacked experts {list(info.shape)} need an expert index")
+    src = _LayerTensors(info, weights)
+    if backend == "emulator":
+        return _reference(src, info, x32, dtype)
+    _validate_once(spec, info, src, weights)
+    try:
+        case = layer_case(info, int(x.shape[0]), dtype, declared_activation(info))
+    except UnsupportedFormatError as e:
+        if backend != "auto":
+            raise RuntimeError(f"backend {backend} cannot run {info.name}: {e}") from None
+        _log_choice(spec, info.name, f"{info.format} -> emulator reference (no backend can take it: {e})")
+        return _reference(src, info, x32, dtype)
+    b = _backend_for(backend, case, info.name, spec)
+    bias = layer_bias(src, info)
+    if b.name == "emulator" and not b.params and _prepared_bytes_estimate(case) > _CACHE.budget and b._fast(case):
+        # does not fit the cache: dequantize row blocks of at most the budget straight into the sgemm
+        y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
+        if y is not None:
+            _CACHE.uncached += 1
+            return y
+    # the weights' identity is part of the key and the entry holds them: two checkpoints with identically
+    # described layers never share an entry, and a cached entry's addresses cannot be reused meanwhile
+    key = (spec, b.label, repr(case), _identity(weights))
+    prepared = _CACHE.get(key)
+    if prepared is None:
+        tensors = case_tensors(src, info, case)
+        if b.name == "emulator":  # one backend instance per cached layer: it holds that layer's fp32 weight
+            b = create(b.label)
+        prepared = (b, b.prepare(case, tensors), list(weights))
+        _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
+    kernel, prep, _ = prepared
+    extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
+    try:
+        return np.asarray(kernel.run(prep, x32, **extra), dtype=np.float32)
+    except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
+        if backend != "auto" or kernel.name == "emulator":
+            raise
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        _FAILED.setdefault(repr(case), {})[kernel.name] = why
+        _SELECT_CACHE.pop(repr(case), None)
+        log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, kernel.label, why)
+        return run_layer(x, weights_in, spec, backend)
+
+
+@torch.library.custom_op("qconform::quant_linear", mutates_args=(), device_types="cpu")
+def quant_linear(x: torch.Tensor, weights: list[torch.Tensor], layer: str, backend: str) -> torch.Tensor:
+    """One quantized layer: y [M, N] (x's dtype) = x [M, K] through the layer's weights (module docstring)."""
+    y = run_layer(x, weights, layer, backend)
+    return torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32)).to(x.dtype)
+
+
+@quant_linear.register_fake
+def _quant_linear_fake(x, weights, layer, backend):
+    info, _ = parse_spec(layer)
+    return x.new_empty((x.shape[0], info.shape[-2]))
+
