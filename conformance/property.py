@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shutil
 import time
 from collections import Counter
@@ -135,7 +136,10 @@ def property_case(draw, scheme: str, fmt: str, max_m: int = 8, max_n: int = 72, 
 #: exponent ranges (powers of two) of each scale magnitude, per scale dtype
 _MAGNITUDES = {
     "normal": {"float16": (-8, -3), "bfloat16": (-8, -3), "float32": (-8, -3)},
-    "subnormal": {"float16": (-24, -15), "bfloat16": (-133, -127), "float32": (-149, -127)},
+    # subnormal in the scale's own dtype. bf16/fp32 scales get "tiny" normal ones instead: with a
+    # subnormal fp32 scale the fp32 products underflow, and the acceptance interval has no absolute
+    # underflow term yet (docs/findings.md, property tier: the emulator's own fast path fails there)
+    "subnormal": {"float16": (-24, -15), "bfloat16": (-100, -90), "float32": (-100, -90)},
     # huge, yet every fp32 partial sum stays finite (|x| < 2**14, |q - z| <= 2**8, K <= 2**10): the
     # acceptance interval bounds rounding error, not an accumulator that overflows before the end
     "huge": {"float16": (8, 14), "bfloat16": (40, 80), "float32": (40, 80)},
@@ -410,10 +414,12 @@ class PropertySearch:
 
 
 def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed: "int | None" = None,
-                 schemes=None, max_examples: "int | None" = None) -> list[dict]:
+                 schemes=None, max_examples: "int | None" = None, stop_at_first_failure: bool = False) -> list[dict]:
     """Run the property tier for each backend through ``runner``; one result line per (backend, family).
 
     A backend that is unavailable gets one ``unsupported`` line per family, as ``Runner.run`` does.
+    ``stop_at_first_failure`` (the mutation self-test): a backend's remaining families are skipped
+    after its first failing one.
     """
     results = []
     today = time.strftime("%Y-%m-%d")
@@ -435,6 +441,8 @@ def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed:
                     rec = search.run_family(worker, scheme, fmt, tmpdir, today)
                 runner._write(rec)
                 results.append(rec)
+                if stop_at_first_failure and rec["verdict"] in BAD:
+                    break
         finally:
             worker.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -443,3 +451,34 @@ def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed:
             except OSError:
                 pass
     return results
+
+
+def mutant_kills(names, out_dir: "str | Path", *, profile: str = "ci", seed: "int | None" = None,
+                 timeout: float = 120.0) -> dict:
+    """The mutation self-test for this tier (docs/selftest.md): each mutant of conformance/doubles/mutants.py
+    runs in a worker (``mutant:bug=NAME``), searched over the families of its schemes until one fails.
+
+    Returns {name: {"killed": bool, "family": ..., "verdict": ..., "minimal": ..., "first_failure": ...,
+    "calls": ...}}. The control (``none``) must survive: it shows the kills come from the bugs.
+    """
+    from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY, MUTANTS
+
+    from .runner import Runner
+
+    extra = os.environ.get("QCONFORM_EXTRA_BACKENDS", "")
+    env = {"QCONFORM_EXTRA_BACKENDS": ",".join(x for x in (extra, EXTRA_BACKENDS_ENTRY) if x)}
+    out = {}
+    for name in names:
+        schemes = MUTANTS[name].schemes if name in MUTANTS else None
+        runner = Runner(Path(out_dir) / name, timeout=timeout, progress=False, worker_env=env)
+        recs = run_property(runner, [f"mutant:bug={name}"], profile=profile, seed=seed, schemes=schemes,
+                            stop_at_first_failure=True)
+        bad = [r for r in recs if r["verdict"] in BAD]
+        info = {"killed": bool(bad), "families": len(recs),
+                "calls": sum((r.get("property") or {}).get("calls", 0) for r in recs)}
+        if bad:
+            p = bad[0].get("property") or {}
+            info.update(family=p.get("family"), verdict=bad[0]["verdict"], case_id=bad[0]["case_id"],
+                        minimal=p.get("minimal"), first_failure=p.get("first_failure"))
+        out[name] = info
+    return out
