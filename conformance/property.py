@@ -294,6 +294,29 @@ class _Failure(Exception):
     """Raised inside the search for a non-pass verdict no waiver covers: Hypothesis shrinks it."""
 
 
+_FAILURE_TYPES: dict = {}
+
+
+def failure_signature(rec: dict) -> str:
+    """What kind of failure a record is: the verdict, and for a crash the exception or signal named
+    first in its reason. Each signature is searched and shrunk on its own (one minimal example each),
+    so a crash that is easy to hit does not hide a wrong answer of the same family."""
+    verdict = rec["verdict"]
+    if verdict == "crash":
+        head = str(rec.get("reason") or "").split(":")[0].strip()
+        return f"crash-{head.split()[0] if head else 'unknown'}"[:60]
+    if verdict == "fail" and str(rec.get("reason", "")).startswith("malformed"):
+        return "fail-malformed"
+    return verdict
+
+
+def _failure_type(signature: str) -> type:
+    """One exception class per signature: Hypothesis tells bugs apart by the exception's type."""
+    if signature not in _FAILURE_TYPES:
+        _FAILURE_TYPES[signature] = type(f"PropertyFailure[{signature}]", (_Failure,), {})
+    return _FAILURE_TYPES[signature]
+
+
 # -- the search ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class PropertySearch:
@@ -305,6 +328,8 @@ class PropertySearch:
     profile: str = "ci"
     seed: "int | None" = None
     max_examples: "int | None" = None
+    #: optional predicate on a drawn Case: False rejects it (the self-test: only cases a mutant's bug lives in)
+    case_filter: object = None
 
     def __post_init__(self):
         if self.profile not in PROPERTY_PROFILES:
@@ -318,15 +343,19 @@ class PropertySearch:
     def database(self) -> DirectoryBasedExampleDatabase:
         return DirectoryBasedExampleDatabase(str(Path(self.runner.out_dir) / "hypothesis"))
 
-    def run_family(self, worker, scheme: str, fmt: str, tmpdir: Path, today: str) -> dict:
+    def run_family(self, worker, scheme: str, fmt: str, tmpdir: Path, today: str) -> list[dict]:
+        """The family's result lines: one per failure signature found (its shrunk example), else one
+        line for the whole search (pass-kind, or unsupported when no example was judged)."""
         runner, label = self.runner, self.label
         lim = self.limits
-        st_ = {"calls": 0, "judged": 0, "unsupported": 0, "waived": 0, "verdicts": Counter(), "first": None,
-               "last": None, "refusals": Counter()}
+        st_ = {"calls": 0, "judged": 0, "unsupported": 0, "waived": 0, "verdicts": Counter(), "found": {},
+               "refusals": Counter()}
 
         def judge_example(data) -> None:
             st_["calls"] += 1
             case = data.draw(property_case(scheme, fmt, lim["max_m"], lim["max_n"], lim["max_k"]), label="case")
+            if self.case_filter is not None and not self.case_filter(case):
+                reject()
             plan = worker.request({"op": "plan", "spec": CaseSpec(case, PROPERTY_TIER, GENERATOR, 0).to_json()},
                                   timeout=runner.timeout)
             if plan.get("ok") and not plan.get("supported"):
@@ -342,16 +371,16 @@ class PropertySearch:
                 st_["waived"] += 1
             if rec["verdict"] in BAD:
                 ex = {"spec": spec, "inp": inp, "rec": rec}
-                if st_["first"] is None:
-                    st_["first"] = ex
-                st_["last"] = ex
-                raise _Failure(rec["verdict"])
+                sig = failure_signature(rec)
+                found = st_["found"].setdefault(sig, {"first": ex})
+                found["last"] = ex
+                raise _failure_type(sig)(sig)
             if rec["verdict"] not in ("unsupported", "mistrusted", "waived"):
                 st_["judged"] += 1
 
         test = given(st.data())(judge_example)
         test = hyp_settings(max_examples=lim["examples"], database=self.database(), deadline=None,
-                            derandomize=False, report_multiple_bugs=False, print_blob=False,
+                            derandomize=False, report_multiple_bugs=True, print_blob=False,
                             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
                             suppress_health_check=list(HealthCheck))(test)
         test = hyp_seed(self.seed)(test)
@@ -360,12 +389,14 @@ class PropertySearch:
         outcome = "passed"
         try:
             test()
-        except _Failure:
+        except (_Failure, ExceptionGroup) as e:
             outcome = "failed"
+            if isinstance(e, ExceptionGroup) and not all(isinstance(x, _Failure) for x in e.exceptions):
+                raise
         except Unsatisfiable:
             outcome = "unsatisfiable"
         except Exception as e:  # noqa: BLE001 - Hypothesis's Flaky (a failure that did not repeat) and the like
-            if st_["last"] is None:
+            if not st_["found"]:
                 raise
             outcome = f"flaky ({type(e).__name__})"
         seconds = time.perf_counter() - t0
@@ -374,27 +405,28 @@ class PropertySearch:
                 "unsupported": st_["unsupported"], "waived": st_["waived"], "verdicts": dict(st_["verdicts"]),
                 "database": str(Path(runner.out_dir) / "hypothesis"), "search_s": round(seconds, 2),
                 "outcome": outcome}
-        if st_["last"] is not None:
-            return self._minimal_record(worker, tmpdir, today, st_, info)
+        if st_["found"]:
+            return [self._minimal_record(worker, tmpdir, today, found, dict(info, signature=sig))
+                    for sig, found in st_["found"].items()]
         family_spec = f"{PROPERTY_TIER}/{scheme}/{fmt}/search/seed{self.seed}"
         if st_["judged"] == 0:
             why = (f"no example of {scheme}/{fmt} was judged ({st_['unsupported']} refused, "
                    f"{st_['waived']} waived, verdicts {dict(st_['verdicts'])})")
             if st_["refusals"]:
                 why += "; refusal: " + st_["refusals"].most_common(1)[0][0]
-            return self._family_record(family_spec, scheme, fmt, "unsupported", why, info, seconds)
+            return [self._family_record(family_spec, scheme, fmt, "unsupported", why, info, seconds)]
         worst = next((v for v in ("pass-sqnr", "quality-warning", "pass-with-tie-flips") if st_["verdicts"][v]), "pass")
-        return self._family_record(family_spec, scheme, fmt, worst,
+        return [self._family_record(family_spec, scheme, fmt, worst,
                                    f"{st_['judged']} Hypothesis example(s) of {scheme}/{fmt} judged, none failed "
                                    f"(seed {self.seed}, {st_['unsupported']} refused, {st_['waived']} waived)",
-                                   info, seconds)
+                                   info, seconds)]
 
     def _family_record(self, case_id, scheme, fmt, verdict, reason, info, seconds) -> dict:
         return {"kind": "result", "backend": self.label, "case_id": case_id, "tier": PROPERTY_TIER,
                 "scheme": scheme, "weight_format": fmt, "generator": GENERATOR, "verdict": verdict,
                 "reason": reason, "property": info, "seconds": seconds}
 
-    def _minimal_record(self, worker, tmpdir, today, st_, info) -> dict:
+    def _minimal_record(self, worker, tmpdir, today, st_: dict, info) -> dict:
         """The shrunk example, judged once more with its replay bundle written (a failure that does not
         repeat is reported as such, with the failing record kept)."""
         last, first = st_["last"], st_["first"]
@@ -414,7 +446,8 @@ class PropertySearch:
 
 
 def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed: "int | None" = None,
-                 schemes=None, max_examples: "int | None" = None, stop_at_first_failure: bool = False) -> list[dict]:
+                 schemes=None, max_examples: "int | None" = None, stop_at_first_failure: bool = False,
+                 case_filter=None) -> list[dict]:
     """Run the property tier for each backend through ``runner``; one result line per (backend, family).
 
     A backend that is unavailable gets one ``unsupported`` line per family, as ``Runner.run`` does.
@@ -426,7 +459,7 @@ def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed:
     for bspec in backend_specs:
         hello = runner.hello(bspec)
         label = hello.get("label", bspec)
-        search = PropertySearch(runner, bspec, label, profile, seed, max_examples)
+        search = PropertySearch(runner, bspec, label, profile, seed, max_examples, case_filter)
         worker = runner._worker(bspec)
         tmpdir = Path(runner.out_dir) / ".work" / f"property-{label}".replace("/", "_").replace(":", "_")
         tmpdir.mkdir(parents=True, exist_ok=True)
@@ -434,14 +467,15 @@ def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed:
             for scheme, fmt in families(schemes):
                 if not hello.get("ok") or not hello.get("available"):
                     reason = hello.get("reason") or hello.get("error") or "unavailable"
-                    rec = search._family_record(f"{PROPERTY_TIER}/{scheme}/{fmt}/search/seed{search.seed}", scheme,
-                                                fmt, "unsupported", f"backend unavailable: {reason}",
-                                                {"family": f"{scheme}/{fmt}", "seed": search.seed}, 0.0)
+                    recs = [search._family_record(f"{PROPERTY_TIER}/{scheme}/{fmt}/search/seed{search.seed}", scheme,
+                                                  fmt, "unsupported", f"backend unavailable: {reason}",
+                                                  {"family": f"{scheme}/{fmt}", "seed": search.seed}, 0.0)]
                 else:
-                    rec = search.run_family(worker, scheme, fmt, tmpdir, today)
-                runner._write(rec)
-                results.append(rec)
-                if stop_at_first_failure and rec["verdict"] in BAD:
+                    recs = search.run_family(worker, scheme, fmt, tmpdir, today)
+                for rec in recs:
+                    runner._write(rec)
+                    results.append(rec)
+                if stop_at_first_failure and any(r["verdict"] in BAD for r in recs):
                     break
         finally:
             worker.close()
@@ -472,7 +506,8 @@ def mutant_kills(names, out_dir: "str | Path", *, profile: str = "ci", seed: "in
         schemes = MUTANTS[name].schemes if name in MUTANTS else None
         runner = Runner(Path(out_dir) / name, timeout=timeout, progress=False, worker_env=env)
         recs = run_property(runner, [f"mutant:bug={name}"], profile=profile, seed=seed, schemes=schemes,
-                            stop_at_first_failure=True)
+                            stop_at_first_failure=True,
+                            case_filter=_mutant_filter(MUTANTS.get(name)))
         bad = [r for r in recs if r["verdict"] in BAD]
         info = {"killed": bool(bad), "families": len(recs),
                 "calls": sum((r.get("property") or {}).get("calls", 0) for r in recs)}
@@ -482,3 +517,12 @@ def mutant_kills(names, out_dir: "str | Path", *, profile: str = "ci", seed: "in
                         minimal=p.get("minimal"), first_failure=p.get("first_failure"))
         out[name] = info
     return out
+
+
+def _mutant_filter(mutant):
+    """The cases a mutant's bug lives in. Its int8 stage is a symmetric quantizer (the seeded suite's
+    W8A8 is symmetric), so asymmetric-activation cases are left out for mutants that replace it: they
+    would be killed by the symmetry, not by their bug."""
+    if mutant is None:
+        return None
+    return lambda c: mutant.applies(c) and (c.act_symmetric or mutant.int8 is None)
