@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, reject, seed as hyp_seed, settings as hyp_settings
+from hypothesis import HealthCheck, Phase, given, reject, settings as hyp_settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Unsatisfiable
@@ -369,6 +369,7 @@ class PropertySearch:
             st_["verdicts"][rec["verdict"]] += 1
             if rec["verdict"] == "waived":
                 st_["waived"] += 1
+                st_["waived_rec"] = rec
             if rec["verdict"] in BAD:
                 ex = {"spec": spec, "inp": inp, "rec": rec}
                 sig = failure_signature(rec)
@@ -383,7 +384,9 @@ class PropertySearch:
                             derandomize=False, report_multiple_bugs=True, print_blob=False,
                             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
                             suppress_health_check=list(HealthCheck))(test)
-        test = hyp_seed(self.seed)(test)
+        # what hypothesis.seed() does, less its side effect of switching the example database off: the
+        # database in OUT/hypothesis is what makes a rerun start from the known failures
+        test._hypothesis_internal_use_seed = self.seed
         test._hypothesis_internal_database_key = f"qconform-property/{label}/{scheme}/{fmt}".encode()
         t0 = time.perf_counter()
         outcome = "passed"
@@ -416,10 +419,15 @@ class PropertySearch:
                 why += "; refusal: " + st_["refusals"].most_common(1)[0][0]
             return [self._family_record(family_spec, scheme, fmt, "unsupported", why, info, seconds)]
         worst = next((v for v in ("pass-sqnr", "quality-warning", "pass-with-tie-flips") if st_["verdicts"][v]), "pass")
-        return [self._family_record(family_spec, scheme, fmt, worst,
-                                   f"{st_['judged']} Hypothesis example(s) of {scheme}/{fmt} judged, none failed "
-                                   f"(seed {self.seed}, {st_['unsupported']} refused, {st_['waived']} waived)",
-                                   info, seconds)]
+        reason = (f"{st_['judged']} Hypothesis example(s) of {scheme}/{fmt} judged, none failed "
+                  f"(seed {self.seed}, {st_['unsupported']} refused, {st_['waived']} waived)")
+        rec = self._family_record(family_spec, scheme, fmt, worst, reason, info, seconds)
+        if st_["waived"]:  # a known defect was hit: the family is reported waived, never plain pass
+            rec.update(verdict="waived", waived_verdict=st_["waived_rec"].get("waived_verdict"),
+                       waiver=st_["waived_rec"].get("waiver"),
+                       reason=f"{st_['waived']} example(s) failed and were waived "
+                              f"({st_['waived_rec'].get('waiver', {}).get('issue')}); {reason}")
+        return [rec]
 
     def _family_record(self, case_id, scheme, fmt, verdict, reason, info, seconds) -> dict:
         return {"kind": "result", "backend": self.label, "case_id": case_id, "tier": PROPERTY_TIER,
