@@ -305,8 +305,16 @@ def failure_signature(rec: dict) -> str:
     if verdict == "crash":
         head = str(rec.get("reason") or "").split(":")[0].strip()
         return f"crash-{head.split()[0] if head else 'unknown'}"[:60]
-    if verdict == "fail" and str(rec.get("reason", "")).startswith("malformed"):
-        return "fail-malformed"
+    if verdict == "fail":
+        reason = str(rec.get("reason", ""))
+        if reason.startswith("malformed"):
+            return "fail-malformed"
+        worst = (rec.get("metrics") or {}).get("worst_element") or {}
+        if "NaN or infinite" in reason or not np.isfinite(worst.get("expected", 0.0)):
+            return "fail-nonfinite"  # where the reference is NaN or infinite: the NaN/Inf policy
+        if "SQNR" in reason:  # opaque arithmetic below its declared floor
+            return "fail-sqnr"
+        return "fail-interval"
     return verdict
 
 
