@@ -297,7 +297,7 @@ class _Failure(Exception):
 _FAILURE_TYPES: dict = {}
 
 
-def failure_signature(rec: dict) -> str:
+def failure_signature(rec: dict, inp: "CaseInputs | None" = None) -> str:
     """What kind of failure a record is: the verdict, and for a crash the exception or signal named
     first in its reason. Each signature is searched and shrunk on its own (one minimal example each),
     so a crash that is easy to hit does not hide a wrong answer of the same family."""
@@ -310,8 +310,11 @@ def failure_signature(rec: dict) -> str:
         if reason.startswith("malformed"):
             return "fail-malformed"
         worst = (rec.get("metrics") or {}).get("worst_element") or {}
-        if "NaN or infinite" in reason or not np.isfinite(worst.get("expected", 0.0)):
-            return "fail-nonfinite"  # where the reference is NaN or infinite: the NaN/Inf policy
+        if "NaN or infinite" in reason or not all(np.isfinite(worst.get(k, 0.0)) for k in ("expected", "lo", "hi")):
+            # where the reference is NaN or infinite: from NaN/Inf inputs (the NaN/Inf policy), or overflow
+            if inp is not None and not all(np.isfinite(a).all() for a in (inp.x, inp.bias) if a is not None):
+                return "fail-nonfinite-input"
+            return "fail-overflow"
         if "SQNR" in reason:  # opaque arithmetic below its declared floor
             return "fail-sqnr"
         return "fail-interval"
@@ -380,7 +383,7 @@ class PropertySearch:
                 st_["waived_rec"] = rec
             if rec["verdict"] in BAD:
                 ex = {"spec": spec, "inp": inp, "rec": rec}
-                sig = failure_signature(rec)
+                sig = failure_signature(rec, inp)
                 found = st_["found"].setdefault(sig, {"first": ex})
                 found["last"] = ex
                 raise _failure_type(sig)(sig)
