@@ -39,7 +39,7 @@ from emulator.numerics.e2m1 import E2M1_VALUES
 from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, ct_tensor_dict, make_inputs  # noqa: F401 (ct_tensor_dict: re-used by int_weight_tensors)
-from .generators import int_weight_tensors, scales_array
+from .generators import generate, int_weight_tensors, scales_array
 from .specs import CaseSpec
 
 __all__ = ["PROPERTY_TIER", "PROPERTY_PROFILES", "families", "property_case", "property_inputs",
@@ -51,7 +51,7 @@ GENERATOR = "property"
 #: profile -> examples per family and shape limits (M, N, K at most)
 PROPERTY_PROFILES = {
     "smoke": {"examples": 4, "max_m": 4, "max_n": 40, "max_k": 128},
-    "ci": {"examples": 12, "max_m": 8, "max_n": 72, "max_k": 256},
+    "ci": {"examples": 20, "max_m": 8, "max_n": 72, "max_k": 256},
     "certification": {"examples": 40, "max_m": 16, "max_n": 136, "max_k": 512},
     "nightly": {"examples": 150, "max_m": 33, "max_n": 264, "max_k": 1024},
 }
@@ -176,9 +176,9 @@ def _activations(draw, case: Case, rng, choices: dict) -> np.ndarray:
     kinds = ["small-int", "gaussian", "heavy-tailed", "outlier-channels"]
     acts = case.spec.activations
     if acts == "int8":
-        kinds.append("int8-ties")
+        kinds += ["int8-ties", "int8-recip"]
     if acts == "mxfp4":
-        kinds.append("e2m1-ties")
+        kinds += ["e2m1-ties", "mx-boundaries", "mx-tiny-blocks"]
     kind = choices["x"] = draw(st.sampled_from(kinds), label="x_distribution")
     e = choices["x_exponent"] = draw(st.integers(-6, 4), label="x_exponent")
     if kind == "small-int":
@@ -194,6 +194,11 @@ def _activations(draw, case: Case, rng, choices: dict) -> np.ndarray:
     elif kind == "int8-ties":  # amax 127: every quotient x / (amax / 127) is k + 0.5 exactly
         x = rng.integers(-126, 126, (M, K)) + 0.5
         x[:, 0] = 127.0
+    elif kind in ("int8-recip", "mx-boundaries", "mx-tiny-blocks"):
+        # the edge tier's constructions as distributions: rows where x / scale and reciprocal forms round
+        # apart; MX blocks on the scale-rule boundaries; MX blocks far below any epsilon
+        x = generate(case, kind, int(rng.integers(0, 2 ** 31))).x.astype(np.float64)
+        e = choices["x_exponent"] = 0  # their magnitudes are the point: not rescaled
     else:  # e2m1-ties: blocks with amax 6 (scale 1 under every rule) and elements on E2M1 midpoints
         mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
         x = rng.choice(mids, (M, K)) * rng.choice([-1.0, 1.0], (M, K))
@@ -249,6 +254,11 @@ def property_inputs(draw, case: Case) -> CaseInputs:
         G = K // case.group
         if case.sym:
             z = np.full((G, N), 1 << (case.bits - 1))
+            if fmt == "gptq" and case.scheme != "w4a16-moe":
+                # a sym checkpoint whose stored qzeros are not the midpoint: canonical readers use them
+                choices["sym_qzeros"] = draw(st.sampled_from(["midpoint", "not-midpoint"]), label="sym_qzeros")
+                if choices["sym_qzeros"] == "not-midpoint":
+                    z[0, :] = (1 << (case.bits - 1)) - 1
         else:  # GPTQ v1 cannot store a zero point 0 canonically (the edge tier covers that field)
             z = _codes(draw, rng, 1 if case.zero_convention == "v1" else 0, maxq, (G, N), "zero", choices)
         s = draw(_scales((G, N), case.scale_dtype, rng, choices))
