@@ -126,3 +126,19 @@ def test_pytest_plugin_property_tier(tmp_path):
                                  f"--qconform-out={tmp_path / 'bad'}"], cwd=tmp_path, env=e, capture_output=True,
                          text=True, timeout=600)
     assert bad.returncode == 1 and "minimal example: w8a16/" in bad.stdout and "qconform replay" in bad.stdout
+
+
+def test_emulator_fast_w8a8_quantizes_asymmetric_activations_as_azp():
+    """The property tier's first find (docs/findings.md, new finding 1): a constant row under the
+    canonical azp rule (max = min) gives codes 0, so the output is 0; the fast path used to quantize
+    it symmetrically and return x * w * s = -0.3671875."""
+    import numpy as np
+
+    from backends.base import Case
+    from backends.registry import create
+
+    case = Case("w8a8", "ct-int-quantized", 1, 1, 1, group_size=-1, sym=False, act_dtype="bfloat16")
+    b = create("emulator")
+    tensors = {"weight": np.array([[89]], np.int8), "weight_scale": np.array([[2.0 ** -5]], np.float32)}
+    y = b.run(b.prepare(case, tensors), np.array([[-0.1318359375]], np.float32))
+    assert float(np.asarray(y)[0, 0]) == 0.0
