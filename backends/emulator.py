@@ -126,9 +126,10 @@ class EmulatorBackend(Backend):
         return self._cache[key]
 
     def _fast_w8a8(self, case: Case) -> bool:
-        # canonical int8 activations only: any named activation variant takes the exact path
+        # canonical symmetric int8 activations only: any named activation variant, and asymmetric (azp)
+        # activations, take the exact path (this path quantizes symmetrically)
         return (self.path == "fast" and case.scheme == "w8a8" and case.weight_format == "ct-int-quantized"
-                and not self._variants and not self._fields)
+                and case.act_symmetric and not self._variants and not self._fields)
 
     def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         case = prepared.case

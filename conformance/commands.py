@@ -102,8 +102,14 @@ def _selection(args):
     """(backend specs, tiers, specs) of a run, every name checked before anything runs."""
     from .selection import check_backends, check_selection
 
+    from .property import PROPERTY_TIER
+
     tiers = tuple(args.tier) if args.tier else TIERS
-    check_selection(schemes=args.scheme, tiers=tiers, profile=args.profile)
+    # the property tier (conformance/property.py) is a search, not a case list: named, never a default
+    seeded = tuple(t for t in tiers if t != PROPERTY_TIER)
+    check_selection(schemes=args.scheme, tiers=seeded, profile=args.profile)
+    if getattr(args, "seed", None) is not None and PROPERTY_TIER not in tiers:
+        raise ValueError(f"--seed applies to --tier {PROPERTY_TIER} only (the other tiers' seeds follow the profile)")
     if args.backend:
         check_backends(args.backend)  # unknown names and parameters: exit 2 here, not 'unsupported' later
         backends = list(args.backend)
@@ -112,11 +118,13 @@ def _selection(args):
         backends = available_backends(skipped)
         for name, why in skipped:
             print(f"not run (unavailable here): {name}: {why}")
-    specs = case_list(schemes=args.scheme or None, tiers=tiers, profile=args.profile)
+    specs = case_list(schemes=args.scheme or None, tiers=seeded, profile=args.profile) if seeded else []
     sh = parse_shard(args.shard)
     if sh:
+        if PROPERTY_TIER in tiers:
+            raise ValueError(f"--shard does not apply to --tier {PROPERTY_TIER} (a search, not a case list)")
         specs = shard(specs, *sh)
-    if not specs:
+    if not specs and PROPERTY_TIER not in tiers:
         raise ValueError(f"the selection has no cases (schemes {', '.join(args.scheme or ['all'])}, tiers "
                          f"{', '.join(tiers)}, profile {args.profile}{', shard ' + args.shard if args.shard else ''})")
     return backends, tiers, specs
@@ -128,7 +136,10 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     from . import console
     from .report import load_source, summarize_sources, write_reports
 
+    from .property import PROPERTY_TIER, families, run_property
+
     backends, tiers, specs = _selection(args)
+    prop_families = families(args.scheme or None) if PROPERTY_TIER in tiers else []
     out = Path(args.out)
     case_hash = list_hash(specs)
     if out.exists():
@@ -136,7 +147,7 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     elif args.resume:
         raise ValueError(f"--resume: {out} does not exist (drop --resume to start a run)")
     waivers = load_waivers(args.waivers)
-    n_todo = len(specs) * len(backends)
+    n_todo = (len(specs) + len(prop_families)) * len(backends)
     if args.resume:
         ids = {s.case_id for s in specs}
         n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
@@ -149,16 +160,23 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
               "case_count": len(specs), "case_list_sha256": case_hash, "environment": environment(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "waivers": [w.__dict__ for w in waivers]}
+    if prop_families:
+        header["property_seed"] = getattr(args, "seed", None)
     if unavailable:
         header["unavailable"] = dict(unavailable)
-    print(f"qconform run: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
+    print(f"qconform run: {len(specs)} case(s)"
+          + (f" + {len(prop_families)} property search(es)" if prop_families else "")
+          + f" x {len(backends)} backend(s) [{', '.join(backends)}], "
           f"profile {args.profile}, results -> {runner.results_path}" + (" (resumed)" if args.resume else ""))
     sys.stdout.flush()
     t0 = time.perf_counter()
     results = runner.run(backends, specs, resume=args.resume, header=header)
+    if prop_families:
+        results += run_property(runner, backends, profile=args.profile, seed=getattr(args, "seed", None),
+                                schemes=args.scheme or None)
     wall = time.perf_counter() - t0
     src = load_source(out)
-    ids = {s.case_id for s in specs}
+    ids = {s.case_id for s in specs} | {r["case_id"] for r in results if r.get("tier") == PROPERTY_TIER}
     src["results"] = [r for r in src["results"] if r["case_id"] in ids]  # this invocation's cases only
     summary = summarize_sources([src], base=out)
     print()
@@ -295,8 +313,11 @@ def add_commands(sub) -> None:
     s.add_argument("--backend", action="append", help="backend spec name[:key=value,...]; repeatable "
                                                       "(default: every available backend)")
     s.add_argument("--scheme", action="append", help="restrict to a scheme; repeatable")
-    s.add_argument("--tier", action="append", help=f"restrict to a tier ({', '.join(TIERS)}); repeatable")
+    s.add_argument("--tier", action="append", help=f"restrict to a tier ({', '.join(TIERS)}, or property: "
+                   "Hypothesis searches, never run by default); repeatable")
     s.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    s.add_argument("--seed", type=int, help="--tier property: the Hypothesis seed (default: 0, nightly: the time; "
+                   "docs/conformance.md#property-tier)")
     s.add_argument("--out", default="qconform-out")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes per backend")
     s.add_argument("--shard", help="i/n: run shard i of n of the case list")

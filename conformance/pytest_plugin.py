@@ -5,6 +5,10 @@ Semantics: docs/conformance.md#pytest.
     pytest --qconform-backend=emulator [--qconform-scheme=w4a16] [--qconform-profile=ci]
            [--qconform-tier=edge] [--qconform-out=DIR] -n auto
 
+``--qconform-tier=property`` (never a default) adds one item per (scheme, format) family: a
+Hypothesis search (conformance/property.py) that fails with the shrunk minimal example;
+``--qconform-seed`` fixes its seed.
+
 Without ``--qconform-backend`` the plugin adds nothing. With it, pytest collects *only* the
 conformance cases (not the repository's own tests), so the command runs as is in a vendor's
 repository. Every backend, scheme, tier and profile named is checked before collection: an
@@ -38,6 +42,7 @@ def pytest_addoption(parser):
     g.addoption("--qconform-out", default=None, help="folder for results JSONL and replay bundles")
     g.addoption("--qconform-timeout", type=float, default=120.0, help="seconds per case")
     g.addoption("--qconform-waivers", default=None, help="waivers TOML")
+    g.addoption("--qconform-seed", type=int, default=None, help="--qconform-tier=property: the Hypothesis seed")
 
 
 class QconformItem(pytest.Item):
@@ -102,6 +107,65 @@ class QconformFailure(Exception):
     pass
 
 
+class PropertyItem(pytest.Item):
+    """One property-tier search (conformance/property.py) of one (scheme, format) family on one backend:
+    fails with the shrunk minimal example of each failure it found, skips when no example was judged."""
+
+    def __init__(self, *, backend: str, scheme: str, fmt: str, **kw):
+        super().__init__(**kw)
+        self.backend, self.scheme, self.fmt = backend, scheme, fmt
+        self.add_marker(pytest.mark.qconform)
+
+    def runtest(self):
+        import time
+
+        from .property import PropertySearch
+        from .runner import BAD, Runner, WorkerProcess, load_waivers
+
+        self.user_properties.append(("qconform_backend", self.backend))
+        cfg = self.config
+        out = _out_dir(cfg)
+        wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        runner = Runner(Path(out), timeout=cfg.getoption("--qconform-timeout"), progress=False,
+                        waivers=load_waivers(cfg.getoption("--qconform-waivers")))
+        runner.results_path = Path(out) / f"results-{wid}.jsonl"
+        worker = _WORKERS.get(self.backend)
+        if worker is None:
+            worker = _WORKERS[self.backend] = WorkerProcess(self.backend)
+        hello = worker.request({"op": "hello"}, timeout=runner.timeout)
+        if not hello.get("available"):
+            raise QconformFailure(f"{self.backend} unavailable: {hello.get('reason') or hello.get('error')}")
+        label = hello.get("label", self.backend)
+        search = PropertySearch(runner, self.backend, label, cfg.getoption("--qconform-profile"),
+                                cfg.getoption("--qconform-seed"))
+        tmp = Path(tempfile.mkdtemp(prefix="qconform-property-"))
+        recs = search.run_family(worker, self.scheme, self.fmt, tmp, time.strftime("%Y-%m-%d"))
+        for rec in recs:
+            runner._write(rec)
+        bad = [r for r in recs if r["verdict"] in BAD]
+        verdict = bad[0]["verdict"] if bad else recs[0]["verdict"]
+        self.user_properties.append(("verdict", verdict))
+        if bad:
+            lines = []
+            for r in bad:
+                m = (r.get("property") or {}).get("minimal") or {}
+                lines.append(f"{r['verdict']}: {r['reason']}\n  minimal example: {m.get('case')} "
+                             f"(scale dtype {m.get('scale_dtype')}, {m.get('choices')})")
+                if r.get("bundle"):
+                    lines.append(f"  reproduce (in {out}): qconform replay bundles/{Path(r['bundle']).name}")
+            raise QconformFailure("\n".join(lines))
+        if verdict == "unsupported":
+            pytest.skip(f"unsupported: {recs[0]['reason']}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, QconformFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.backend} property/{self.scheme}/{self.fmt}"
+
+
 class UnavailableItem(pytest.Item):
     """One failing item for a backend that cannot run here: no case of it is certified."""
 
@@ -130,12 +194,15 @@ class UnavailableItem(pytest.Item):
 
 class QconformCollector(pytest.Collector):
     def collect(self):
+        from .property import PROPERTY_TIER, families
         from .suite import TIERS, case_list
 
         cfg = self.config
         tiers = tuple(cfg.getoption("--qconform-tier")) or TIERS
-        specs = case_list(schemes=cfg.getoption("--qconform-scheme") or None, tiers=tiers,
-                          profile=cfg.getoption("--qconform-profile"))
+        seeded = tuple(t for t in tiers if t != PROPERTY_TIER)
+        schemes = cfg.getoption("--qconform-scheme") or None
+        specs = case_list(schemes=schemes, tiers=seeded, profile=cfg.getoption("--qconform-profile")) if seeded else []
+        fams = families(schemes) if PROPERTY_TIER in tiers else []
         for backend in cfg.getoption("--qconform-backend"):
             why = _UNAVAILABLE.get(backend)
             if why is not None:
@@ -143,6 +210,9 @@ class QconformCollector(pytest.Collector):
                 continue
             for spec in specs:
                 yield QconformItem.from_parent(self, name=f"{backend}::{spec.case_id}", backend=backend, spec=spec)
+            for scheme, fmt in fams:
+                yield PropertyItem.from_parent(self, name=f"{backend}::property/{scheme}/{fmt}", backend=backend,
+                                               scheme=scheme, fmt=fmt)
 
 
 _UNAVAILABLE: dict = {}  # backend spec -> why it cannot run here (found once, in pytest_configure)
@@ -162,7 +232,9 @@ def pytest_configure(config):
         return
     from .selection import check_backends, check_selection
 
-    tiers = config.getoption("--qconform-tier") or None
+    from .property import PROPERTY_TIER
+
+    tiers = [t for t in config.getoption("--qconform-tier") or () if t != PROPERTY_TIER] or None
     try:
         check_selection(schemes=config.getoption("--qconform-scheme") or None, tiers=tiers,
                         profile=config.getoption("--qconform-profile"))

@@ -452,7 +452,11 @@ class Runner:
         return self._record(label, spec, verdict, reason, evidence=evidence, seconds=time.perf_counter() - t0,
                             **extra)
 
-    def _run_one(self, worker: WorkerProcess, label: str, spec: CaseSpec, tmpdir: Path) -> dict:
+    def _run_one(self, worker: WorkerProcess, label: str, spec: CaseSpec, tmpdir: Path, *, inp=None,
+                 write_bundle: bool = True) -> dict:
+        """Plan, run and judge one case. ``inp`` (the property tier, conformance/property.py): inputs drawn
+        in this process, sent to the worker as a bundle file instead of regenerated there from the spec;
+        ``write_bundle=False``: no replay bundle for a failure (the caller writes one for the example it keeps)."""
         t0 = time.perf_counter()
         plan = worker.request({"op": "plan", "spec": spec.to_json()}, timeout=self.timeout)
         if not plan.get("ok"):
@@ -465,11 +469,17 @@ class Runner:
         ypath = tmpdir / "y.safetensors"
         if ypath.exists():
             ypath.unlink()
-        reply = worker.request({"op": "run", "spec": spec.to_json(), "out": str(ypath)}, timeout=self.timeout)
-        inp = spec.inputs()
+        request = {"op": "run", "spec": spec.to_json(), "out": str(ypath)}
+        if inp is None:
+            inp = spec.inputs()
+        else:
+            request["bundle"] = str(save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(), backend=label,
+                                                declared=None, verdict="", reason="inputs"))
+        reply = worker.request(request, timeout=self.timeout)
         if not reply.get("ok"):
             rec = self._failed_request(label, spec, reply, "", t0, declared)
-            rec["bundle"] = str(self._bundle(label, spec, inp, declared, rec["verdict"], rec["reason"], None, None))
+            if write_bundle:
+                rec["bundle"] = str(self._bundle(label, spec, inp, declared, rec["verdict"], rec["reason"], None, None))
             return rec
         from emulator.tensorfile import load_tensors
 
@@ -487,7 +497,7 @@ class Runner:
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
                            seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"),
                            **assess(spec.case, declared, inp, y))
-        if verdict == "fail":
+        if verdict == "fail" and write_bundle:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:
             self.on_output(label, spec, inp, declared, iv, y, rec, evidence)

@@ -413,7 +413,7 @@ class MutantBackend(EmulatorBackend):
     def _acts(self, case: Case, x32: np.ndarray) -> np.ndarray:
         m = self.mutant
         if case.scheme == "w4a8":
-            q, s = (m.int8 or int8_emulator(a8.CANONICAL_SYM))(case, x32)
+            q, s = (m.int8 or int8_emulator(_canonical_int8(case)))(case, x32)
             return q * s
         if case.scheme == "w4a4-mxfp4":
             return (m.mx or (lambda c, v: mx_qdq(v)))(case, x32)
@@ -423,10 +423,15 @@ class MutantBackend(EmulatorBackend):
     def _w8a8(self, case: Case, t: dict, x32: np.ndarray) -> np.ndarray:
         """Integer codes times both scales, as the exact reference: (q_x - zp) @ q_w^T * (s_x s_w)."""
         m = self.mutant
-        q, s = (m.int8 or int8_emulator(a8.CANONICAL_SYM))(case, x32)
+        q, s = (m.int8 or int8_emulator(_canonical_int8(case)))(case, x32)
         wq = np.asarray(t["weight"]).astype(np.float64)
         ws = as_f64(t["weight_scale"]).reshape(1, -1)
         return (q @ wq.T) * (s * ws)
+
+
+def _canonical_int8(case: Case) -> "a8.Int8ActVariant":
+    """The canonical activation quantizer of the case: symmetric, or azp for asymmetric W8A8."""
+    return a8.CANONICAL_SYM if case.act_symmetric else a8.CANONICAL_ASYM
 
 
 def _moe(case: Case, t: dict, x32: np.ndarray, logits, knobs: dict) -> np.ndarray:
