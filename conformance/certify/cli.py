@@ -36,8 +36,23 @@ def cmd_certify(args) -> int:
         print(f"certification: NOT CERTIFIED (no judged case for {', '.join(res.no_judged_case)}; "
               f"{res.n_bad} failing of {res.n_results})")
     else:
-        print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results})")
+        from ..summary import headline as run_headline
+
+        summary = _bundle_summary(res.path)
+        head = run_headline(summary) if summary else "?"
+        print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results}; {head}, "
+              f"level {summary.get('level') if summary else '?'})")
     return 0 if res.ok else 1
+
+
+def _bundle_summary(folder) -> dict | None:
+    """The bundle's summary.json (its headline and level), None where it cannot be read."""
+    import json
+
+    try:
+        return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def cmd_verify_bundle(args) -> int:

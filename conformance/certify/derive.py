@@ -18,7 +18,7 @@ __all__ = ["BAD", "JUDGED", "latest_results", "backend_lines", "run_headers", "d
 
 BAD = ("fail", "crash", "timeout")
 #: verdicts that come from comparing an output with its interval: a certification needs at least one per backend
-JUDGED = ("pass", "pass-with-tie-flips", "quality-warning", "mistrusted", "fail")
+JUDGED = ("pass", "pass-with-tie-flips", "quality-warning", "mistrusted", "pass-sqnr", "fail")
 
 
 def json_bytes(obj) -> bytes:
@@ -84,10 +84,13 @@ def environment_record(headers: list[dict], blines: dict) -> dict:
 
 
 def verdict_summary(latest: dict, labels: list[str], blines: dict) -> dict:
+    from ..levels import run_level
+
     """bundle.json's derived fields: verdict counts, unavailable backends, judged cases per backend, ok.
 
-    ``ok`` (certified): every backend available, at least one judged case per backend, and no fail,
-    crash or timeout after waivers. A backend that refused or could not run every case certifies nothing.
+    ``ok`` (certified): every backend available, at least one judged case per backend, no fail, crash or
+    timeout after waivers, and no unwaived semantic deviation. A backend that refused or could not run every
+    case certifies nothing. ``level``: the farthest conformance level of the judged declarations.
     """
     counts = Counter(r["verdict"] for r in latest.values())
     n_bad = sum(counts.get(v, 0) for v in BAD)
@@ -96,9 +99,14 @@ def verdict_summary(latest: dict, labels: list[str], blines: dict) -> dict:
     judged = {b: sum(1 for (rb, _), r in latest.items() if rb == b
                      and (r.get("waived_verdict") or r["verdict"]) in JUDGED) for b in labels}
     unjudged = sorted(b for b, n in judged.items() if n == 0)
+    # judged cases whose declaration is a semantic deviation no waiver accepts (docs/conformance.md#levels)
+    semantic = sum(1 for r in latest.values() if r.get("level") == "semantic" and r["verdict"] != "unsupported"
+                   and not r.get("deviation_waiver"))
+    levels = [r.get("level") for r in latest.values() if r.get("level") and r["verdict"] != "unsupported"]
     return {"verdicts": dict(sorted(counts.items())), "n_results": len(latest), "n_bad": n_bad,
             "unavailable": unavailable, "judged_cases": judged, "no_judged_case": unjudged,
-            "ok": n_bad == 0 and not unavailable and not unjudged and bool(labels)}
+            "semantic_deviations": semantic, "level": run_level(levels),
+            "ok": n_bad == 0 and semantic == 0 and not unavailable and not unjudged and bool(labels)}
 
 
 def reports(lines: list[dict], meta: dict, title: str) -> dict[str, bytes]:

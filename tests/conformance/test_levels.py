@@ -94,3 +94,15 @@ def test_a_variant_waiver_accepts_the_deviation_but_no_failure(tmp_path, capsys)
     bad.write_text(waivers.read_text().replace("v1_literal", "v1_literl"))
     assert main(["run", "--backend", "emulator", "--out", str(tmp_path / "x"), "--waivers", str(bad), *SMALL]) == 2
     assert "v1_literl" in capsys.readouterr().err
+
+
+def test_certifying_a_semantic_deviation_fails(tmp_path, capsys):
+    """A certificate is never PASS for a declaration computing other numbers than the checkpoint defines."""
+    out = tmp_path / "cert"
+    rc = main(["certify", "--backend", "emulator:zero_read=v1_literal", "--scheme", "w4a16", "--profile", "smoke",
+               "--out", str(out), "-j", "1"])
+    text = capsys.readouterr().out
+    assert rc == 1 and "certification: FAIL" in text and "NOT CONFORMANT, level semantic" in text
+    bundle = json.loads((out / "bundle.json").read_text())
+    assert bundle["semantic_deviations"] > 0 and bundle["ok"] is False and bundle["level"] == "semantic"
+    assert main(["verify-bundle", str(out)]) == 0  # the bundle is consistent: it says FAIL, and verifies

@@ -96,6 +96,7 @@ def test_opaque_certification_bundle_verifies(doubles, tmp_path, capsys):
     out = tmp_path / "cert"
     rc = main(["certify", "--backend", "noisy-opaque:snr_db=60", "--out", str(out), "--profile", "smoke",
                "--scheme", "w8a8", "-j", "1"])
-    capsys.readouterr()
+    text = capsys.readouterr().out
     assert (out / "MANIFEST.json").exists(), rc
+    assert rc == 0 and "ACCURATE TO DECLARED SQNR FLOORS" in text and "level opaque" in text, text
     assert main(["verify-bundle", str(out)]) == 0, capsys.readouterr()
