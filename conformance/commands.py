@@ -107,6 +107,9 @@ def _selection(args):
     tiers = tuple(args.tier) if args.tier else TIERS
     # the property tier (conformance/property.py) is a search, not a case list: named, never a default
     seeded = tuple(t for t in tiers if t != PROPERTY_TIER)
+    from .selection import check_names
+
+    check_names("tier", tiers, TIERS + (PROPERTY_TIER,))  # the error lists the property tier too
     check_selection(schemes=args.scheme, tiers=seeded, profile=args.profile)
     if getattr(args, "seed", None) is not None and PROPERTY_TIER not in tiers:
         raise ValueError(f"--seed applies to --tier {PROPERTY_TIER} only (the other tiers' seeds follow the profile)")
