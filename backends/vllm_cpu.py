@@ -181,6 +181,13 @@ def _probe(lib_choice: str) -> dict:
                        "fused_experts_cpu")
            if hasattr(torch.ops._C, n)}
     amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: "amx_tile" in flags)())
+    if amx:
+        # Linux hands AMX tile state to a process only after arch_prctl(ARCH_REQ_XCOMP_PERM); vLLM's kernels
+        # (csrc/cpu/micro_gemm/cpu_micro_gemm_amx.hpp) assume the engine process already holds it, as a vLLM
+        # worker does once torch's oneDNN AMX kernels have run. A fresh process must ask first, or the first
+        # `tilezero` is SIGILL (measured here: cpu_gemm_wna16 with isa "amx").
+        init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+        amx = bool(init()) if init is not None else amx
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
            if f in flags]
     return {"ok": True, "reason": f"loaded {path}", "version": version, "torch": torch, "amx": amx,
@@ -391,6 +398,14 @@ class VllmCpuBackend(Backend):
             return False
         st = self._state()
         return bool(st.get("ok")) and st.get("lib") in ("AVX512", "AVX2")
+
+    def known_defect(self, case: Case) -> str | None:
+        """docs/backends/vllm-cpu.md, finding 5: fused_experts_cpu reuses w13's group size for w2, so channel-wise
+        MoE scales with I != K read the wrong w2 scales."""
+        if case.scheme == "w4a16-moe" and case.channelwise and case.N != case.K:
+            return ("fused_experts_cpu reuses w13's group size for w2: channel-wise MoE scales with I != K read the "
+                    "wrong w2 scales (csrc/cpu/sgl-kernels/moe_int4.cpp)")
+        return None
 
     def declared(self, case: Case) -> Declared:
         act = case.act_dtype
