@@ -13,7 +13,18 @@ Layering: emulator <- backends <- qconform_torch <- conformance (the CLI wires `
 nothing here is imported by emulator/ or backends/, and emulator/ stays NumPy-only.
 """
 
-from .op import quant_linear  # noqa: F401  (registers torch.ops.qconform.quant_linear)
-from .module import QuantExperts, QuantLinear  # noqa: F401
-
 __all__ = ["quant_linear", "QuantLinear", "QuantExperts"]
+
+
+def __getattr__(name: str):
+    """Lazy: ``qconform`` builds its parser through qconform_torch.cli without importing torch (a plain
+    ``pip install .`` has none); the op is registered when the op or a module is first asked for."""
+    if name == "quant_linear":
+        from .op import quant_linear
+
+        return quant_linear
+    if name in ("QuantLinear", "QuantExperts"):
+        from . import module
+
+        return getattr(module, name)
+    raise AttributeError(f"module 'qconform_torch' has no attribute {name!r}")

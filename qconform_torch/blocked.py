@@ -21,7 +21,12 @@ import numpy as np
 from emulator.declaration import declared_weight
 from emulator.numerics.floats import round_float32_array
 
-__all__ = ["row_slicer", "blocked_fast_linear"]
+__all__ = ["row_slicer", "blocked_fast_linear", "MIN_BLOCK_BYTES"]
+
+#: the smallest block of fp32 weight rows (a transient working buffer, not a cache): many small sgemms
+#: alternating with the dequantizer's thread pool measured several times slower on the 2-core host
+#: than 16 MiB blocks (docs/performance.md#fallback)
+MIN_BLOCK_BYTES = 16 << 20
 
 
 def row_slicer(case, tensors: dict):
@@ -60,22 +65,26 @@ def row_slicer(case, tensors: dict):
 
 
 def blocked_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias, budget_bytes: int):
-    """y (float32 holding values of the case's output dtype) by row blocks of at most ``budget_bytes``
-    of fp32 weight; None where the layout is not sliced here."""
+    """y (float32 holding values of the case's output dtype) by row blocks of max(``budget_bytes``,
+    MIN_BLOCK_BYTES) of fp32 weight; None where the layout is not sliced here."""
     sl = row_slicer(case, tensors)
     if sl is None:
         return None
     mult, take = sl
-    rows = max(mult, (budget_bytes // (4 * case.K)) // mult * mult)
+    rows = max(mult, (max(budget_bytes, MIN_BLOCK_BYTES) // (4 * case.K)) // mult * mult)
     rows = min(rows, case.N)
     decl = backend.computed(case)
     buf = np.empty((rows, case.K), np.float32)
-    y = np.empty((x32.shape[0], case.N), np.float32)
+    # y^T by row blocks: each block's output is a contiguous slice (NumPy's matmul leaves BLAS for a
+    # strided ``out``, e.g. a column block of y)
+    xt = np.ascontiguousarray(x32.T)
+    yt = np.empty((case.N, x32.shape[0]), np.float32)
     for n0 in range(0, case.N, rows):
         n1 = min(case.N, n0 + rows)
         sub = dataclasses.replace(case, N=n1 - n0)
         w = declared_weight(sub, take(n0, n1), decl, out=buf[:n1 - n0])
-        np.matmul(x32, w.T, out=y[:, n0:n1])
+        np.matmul(w, xt, out=yt[n0:n1])
+    y = np.ascontiguousarray(yt.T)
     if bias is not None:
         y += np.asarray(bias, np.float32)
     return round_float32_array(y, case.output_dtype)

@@ -20,8 +20,8 @@ int8 weights) always run the reference, with that reason logged. Each layer's ch
 
 Memory: prepared kernels (for the emulator backend: the layer's dequantized fp32 weight) are kept
 in one LRU cache bounded by ``set_cache_budget`` bytes (``--cache-mb``); a layer that does not fit
-is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of at
-most the budget straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
+is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of
+max(budget, 16 MiB) straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
 model is ever held.
 """
 
@@ -319,7 +319,7 @@ def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: 
     b = _backend_for(backend, case, info.name, spec)
     bias = layer_bias(src, info)
     if b.name == "emulator" and not b.params and _prepared_bytes_estimate(case) > _CACHE.budget and b._fast(case):
-        # does not fit the cache: dequantize row blocks of at most the budget straight into the sgemm
+        # does not fit the cache: dequantize row blocks (max(budget, 16 MiB)) straight into the sgemm
         y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
         if y is not None:
             _CACHE.uncached += 1

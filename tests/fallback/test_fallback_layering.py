@@ -40,3 +40,16 @@ def test_lower_layers_never_import_qconform_torch_and_emulator_has_no_torch():
             if pkg == "emulator" and "torch" in imps:
                 bad.append(f"{p.relative_to(ROOT)} imports torch")
     assert not bad, bad
+
+
+def test_qconform_parser_does_not_import_torch():
+    """`pip install .` has no torch: every other command must still start (qconform model imports it lazily)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, conformance.cli as c; c.build_parser(); "
+            "print('torch' in sys.modules, 'qconform_torch.op' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert r.stdout.split() == ["False", "False"]

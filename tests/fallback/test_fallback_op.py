@@ -169,7 +169,14 @@ def test_blocked_dequant_equals_whole_layer(scheme, synthetic):
         np.testing.assert_array_equal(declared_weight(sub, take(n0, n1), emu.computed(sub)), whole[n0:n1])
     x = np.random.default_rng(0).standard_normal((3, case.K)).astype(np.float32)
     bias = layer_bias(ck, info)
-    y_blk = blocked_fast_linear(emu, case, tensors, x, bias, budget_bytes=8 * 4 * case.K)  # 8-row blocks
+    import qconform_torch.blocked as blocked_mod
+
+    old = blocked_mod.MIN_BLOCK_BYTES
+    blocked_mod.MIN_BLOCK_BYTES = 0
+    try:
+        y_blk = blocked_fast_linear(emu, case, tensors, x, bias, budget_bytes=8 * 4 * case.K)  # 8-row blocks
+    finally:
+        blocked_mod.MIN_BLOCK_BYTES = old
     y_cached = emu.run(emu.prepare(case, tensors), x, **({} if bias is None else {"bias": np.float32(bias)}))
     mag = np.abs(x.astype(np.float64)) @ np.abs(whole.astype(np.float64)).T + (0 if bias is None else np.abs(bias))
     assert np.all(np.abs(y_blk.astype(np.float64) - y_cached) <= 2 * (case.K + 2) * 2.0 ** -24 * mag)
