@@ -13,7 +13,7 @@ Layering: emulator <- backends <- qconform_torch <- conformance (the CLI wires `
 nothing here is imported by emulator/ or backends/, and emulator/ stays NumPy-only.
 """
 
-__all__ = ["quant_linear", "QuantLinear", "QuantExperts"]
+__all__ = ["quant_linear", "QuantLinear", "QuantExperts"]  # noqa: F822 - provided lazily by __getattr__ below
 
 
 def __getattr__(name: str):
