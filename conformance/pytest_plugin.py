@@ -93,6 +93,10 @@ class QconformItem(pytest.Item):
             if rec.get("bundle"):
                 msg += f"\n  reproduce (in {out}): qconform replay bundles/{Path(rec['bundle']).name}"
             raise QconformFailure(msg)
+        if rec.get("level") == "semantic" and not rec.get("deviation_waiver"):
+            devs = ", ".join(d["variant"] for d in rec.get("deviations") or [] if d["level"] == "semantic")
+            raise QconformFailure(f"semantic deviation: the backend declares {devs}, other numbers than the checkpoint "
+                                  "defines (docs/conformance.md#levels); NOT CONFORMANT unless a waiver names it")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, QconformFailure):

@@ -134,3 +134,12 @@ def test_plugin_refuses_to_overwrite_a_certification_bundle(tmp_path):
     r = _pytest(tmp_path, "--qconform-backend=emulator", f"--qconform-out={out}")
     assert r.returncode == 4 and "holds a sealed certification bundle" in r.stderr
     assert (out / "report.md").read_text() == "sealed"
+
+
+def test_plugin_semantic_deviation_is_not_green(tmp_path):
+    """Items pass only inside their interval *and* without an unwaived semantic deviation (docs/conformance.md#levels)."""
+    out = tmp_path / "out"
+    r = _pytest(tmp_path, "--qconform-backend=emulator:zero_read=v1_literal", "--qconform-profile=smoke",
+                "--qconform-scheme=w4a16", "--qconform-tier=exact", f"--qconform-out={out}", "-k", "asym and v1")
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "semantic deviation" in r.stdout and "zero_read=v1_literal" in r.stdout
