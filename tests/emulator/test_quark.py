@@ -353,3 +353,12 @@ def test_pattern_matching_work_is_bounded(capsys, tmp_path):
     rc, _, err = cli(capsys, "inspect", folder)
     one_line_error(rc, err, "inspect", "steps")
     assert time.perf_counter() - t < 30
+
+
+def test_static_int8_activations_are_refused_by_name(capsys, tmp_path):
+    def static(qc):
+        qc["global_quant_config"]["input_tensors"].update(is_dynamic=False, qscheme="per_tensor")
+    folder = _variant(tmp_path, "quark-int8-w8a8", static)
+    rc, _, err = cli(capsys, "linear", folder, "--layer", "model.layers.0.mlp.down_proj", "-i", _x_path(tmp_path),
+                     "-o", tmp_path / "y.safetensors")
+    one_line_error(rc, err, "linear", "static int8")
