@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .detect import _bias, _short
 from .errors import FormatError, UnsupportedFormatError, require
 from .layer_info import LayerInfo
 
@@ -32,6 +31,17 @@ __all__ = ["detect_quark_layers", "dequantize_quark_int", "quark_int_weights", "
 #: pack_method "reorder" uses [0, 2, 4, 6, 1, 3, 5, 7], "order" the identity)
 ORDER_REORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 ORDER_ORDER = tuple(range(8))
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _bias(ckpt, prefix: str, tensors: dict) -> dict:
+    if ckpt.has(prefix + ".bias"):
+        tensors["bias"] = prefix + ".bias"
+    return tensors
+
 
 _INT_DTYPES = {"int4": (4, True), "uint4": (4, False), "int8": (8, True)}
 MAX_PATTERN = 1024
