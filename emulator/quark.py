@@ -250,6 +250,9 @@ def _layer(ckpt, name: str, cfg: dict, reorder: bool) -> LayerInfo:
     dtype = _field(spec, "dtype", (str,), name, "")
     qscheme = _field(spec, "qscheme", (str,), name, "")
     _check_common(spec, name, "weight")
+    for role in ("bias", "output_tensors"):  # they change the layer's numbers; no format here defines them
+        if cfg.get(role) is not None:
+            raise UnsupportedFormatError(f"{name}: Quark {role} quantization is not defined")
     act = _activation(cfg, name)
     sym = _field(spec, "symmetric", (bool,), name, None)
     tensors = {"weight": name + ".weight", "weight_scale": name + ".weight_scale"}

@@ -206,6 +206,8 @@ def _wspec(qc):
     (lambda qc: qc["export"].update(pack_method="zigzag"), ["pack_method", "zigzag"]),
     (lambda qc: qc.update(layer_type_quant_config={"Conv2d": qc["global_quant_config"]}), ["Conv2d"]),
     (lambda qc: qc.update(kv_cache_quant_config={"*v_proj": {}}), ["kv_cache_quant_config"]),
+    (lambda qc: qc["global_quant_config"].update(bias=_wspec(qc)), ["bias quantization"]),
+    (lambda qc: qc["global_quant_config"].update(output_tensors=_wspec(qc)), ["output_tensors quantization"]),
     (lambda qc: qc.update(exclude=["model.layers.0.mlp.up_proj"]), ["up_proj", "exclude"]),
 ])
 def test_unsupported_quark_schemes_are_one_named_line(capsys, tmp_path, edit, needles):
