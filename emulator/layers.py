@@ -226,6 +226,10 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
     scheme = act or _declared_act(info)
     if act is None and scheme == "int8" and info.format == "quark-int":
         # Quark's dynamic int8 observer: scale = amax / 127.5 ((qmax - qmin) / 2), no emulator variant
+        if not (info.activation or {}).get("dynamic"):
+            raise UnsupportedFormatError(
+                f"{info.name}: Quark static int8 input_tensors (a stored input scale) are not defined; run with "
+                "--act a16 or --act int8 (dynamic, canonical amax / 127)")
         raise UnsupportedFormatError(
             f"{info.name}: Quark dynamic int8 input_tensors (scale = amax / 127.5, quantization/observer/observer.py) "
             "are not an emulator variant; run with --act a16 or --act int8 (canonical amax / 127)")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .detect import _bias, _short
 from .errors import FormatError, UnsupportedFormatError, require
 from .layer_info import LayerInfo
 
@@ -33,13 +32,44 @@ __all__ = ["detect_quark_layers", "dequantize_quark_int", "quark_int_weights", "
 ORDER_REORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 ORDER_ORDER = tuple(range(8))
 
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _bias(ckpt, prefix: str, tensors: dict) -> dict:
+    if ckpt.has(prefix + ".bias"):
+        tensors["bias"] = prefix + ".bias"
+    return tensors
+
+
 _INT_DTYPES = {"int4": (4, True), "uint4": (4, False), "int8": (8, True)}
 MAX_PATTERN = 1024
+#: pattern-matching steps (pattern tokens x name characters) one checkpoint may spend: a few seconds
+#: of Python at most, far above real configs (a handful of globs; full names compare in O(1))
+MAX_MATCH_WORK = 20_000_000
 
 
-def glob_match(pattern: str, name: str) -> bool:
+class MatchWork:
+    """The matching budget of one checkpoint's detection (docs/checkpoints.md, Limits)."""
+
+    def __init__(self, where: str, limit: int = MAX_MATCH_WORK):
+        self.where, self.left = where, limit
+
+    def spend(self, steps: int) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise UnsupportedFormatError(f"{self.where}: matching the exclude / layer_quant_config patterns against "
+                                         f"the layer names needs more than {MAX_MATCH_WORK} steps")
+
+
+def glob_match(pattern: str, name: str, work: MatchWork | None = None) -> bool:
     """``fnmatch.fnmatchcase`` semantics (``*``, ``?``, ``[seq]``, ``[!seq]``) in O(len(p) * len(n))
     time, whatever the pattern (Quark matches exclude / layer_quant_config keys with fnmatch)."""
+    if not any(c in pattern for c in "*?["):
+        return pattern == name
+    if work is not None:
+        work.spend((len(pattern) + 1) * (len(name) + 1))
     toks = []
     i = 0
     while i < len(pattern):
@@ -60,17 +90,16 @@ def glob_match(pattern: str, name: str) -> bool:
             neg = body.startswith("!")
             if neg:
                 body = body[1:]
-            chars = set()
+            ranges = []  # (lo, hi) code points: a range is never expanded
             k = 0
             while k < len(body):
                 if k + 2 < len(body) and body[k + 1] == "-":
-                    lo, hi = ord(body[k]), ord(body[k + 2])
-                    chars.update(chr(x) for x in range(lo, hi + 1) if hi - lo < 65536)
+                    ranges.append((ord(body[k]), ord(body[k + 2])))
                     k += 3
                 else:
-                    chars.add(body[k])
+                    ranges.append((ord(body[k]), ord(body[k])))
                     k += 1
-            toks.append(("set", (neg, frozenset(chars))))
+            toks.append(("set", (neg, tuple(ranges))))
             i = j + 1
         elif c == "*":
             if not toks or toks[-1] != ("star", None):
@@ -93,7 +122,7 @@ def glob_match(pattern: str, name: str) -> bool:
                 if reach[j]:
                     ch = name[j]
                     ok = (kind == "any" or (kind == "lit" and ch == arg)
-                          or (kind == "set" and ((ch in arg[1]) != arg[0])))
+                          or (kind == "set" and (any(lo <= ord(ch) <= hi for lo, hi in arg[1]) != arg[0])))
                     nxt[j + 1] = ok
         reach = nxt
     return reach[-1]
@@ -127,19 +156,19 @@ def _patterns(qc: dict, key: str, where: str) -> list:
     return v
 
 
-def layer_config(qc: dict, name: str, where: str) -> dict | None:
+def layer_config(qc: dict, name: str, where: str, work: MatchWork | None = None) -> dict | None:
     """The QLayerConfig Quark applies to linear ``name`` (None: excluded or not quantized)."""
-    if any(p == name or glob_match(p, name) for p in _patterns(qc, "exclude", where)):
+    if any(glob_match(p, name, work) for p in _patterns(qc, "exclude", where)):
         return None
     lqc = _obj(qc.get("layer_quant_config"), "layer_quant_config", where)
     for pat, body in lqc.items():
         if len(pat) > MAX_PATTERN:
             raise UnsupportedFormatError(f"{where}: layer_quant_config key longer than {MAX_PATTERN} characters")
-        if pat == name or glob_match(pat, name):
+        if glob_match(pat, name, work):
             return _obj(body, f"layer_quant_config[{_short(pat)}]", where)
     ltq = _obj(qc.get("layer_type_quant_config"), "layer_type_quant_config", where)
     for tname, body in ltq.items():
-        if tname not in ("Linear", "torch.nn.Linear", "nn.Linear"):
+        if tname != "Linear":  # Quark writes the class __name__ (QConfig.to_dict)
             # the checkpoint holds no module types: only Linear (every exported layer) is known
             raise UnsupportedFormatError(f"{where}: layer_type_quant_config[{_short(tname)}] is not defined "
                                          "(qconform reads Linear only)")
@@ -221,6 +250,9 @@ def _layer(ckpt, name: str, cfg: dict, reorder: bool) -> LayerInfo:
     dtype = _field(spec, "dtype", (str,), name, "")
     qscheme = _field(spec, "qscheme", (str,), name, "")
     _check_common(spec, name, "weight")
+    for role in ("bias", "output_tensors"):  # they change the layer's numbers; no format here defines them
+        if cfg.get(role) is not None:
+            raise UnsupportedFormatError(f"{name}: Quark {role} quantization is not defined")
     act = _activation(cfg, name)
     sym = _field(spec, "symmetric", (bool,), name, None)
     tensors = {"weight": name + ".weight", "weight_scale": name + ".weight_scale"}
@@ -299,8 +331,9 @@ def detect_quark_layers(ckpt, qc: dict, budget=None) -> list[LayerInfo]:
                 names.add(n[: -len(tail)])
         if n.endswith(".weight") and ckpt.tensor_info(n)[0] in ("I32", "I8", "U8"):
             names.add(n[: -len(".weight")])
+    work = MatchWork(where)
     for name in sorted(names):
-        cfg = layer_config(qc, name, where)
+        cfg = layer_config(qc, name, where, work)
         if cfg is None:
             raise FormatError("quantized tensors present but quantization_config exclude names this layer",
                               layer=name)

@@ -206,6 +206,8 @@ def _wspec(qc):
     (lambda qc: qc["export"].update(pack_method="zigzag"), ["pack_method", "zigzag"]),
     (lambda qc: qc.update(layer_type_quant_config={"Conv2d": qc["global_quant_config"]}), ["Conv2d"]),
     (lambda qc: qc.update(kv_cache_quant_config={"*v_proj": {}}), ["kv_cache_quant_config"]),
+    (lambda qc: qc["global_quant_config"].update(bias=_wspec(qc)), ["bias quantization"]),
+    (lambda qc: qc["global_quant_config"].update(output_tensors=_wspec(qc)), ["output_tensors quantization"]),
     (lambda qc: qc.update(exclude=["model.layers.0.mlp.up_proj"]), ["up_proj", "exclude"]),
 ])
 def test_unsupported_quark_schemes_are_one_named_line(capsys, tmp_path, edit, needles):
@@ -271,9 +273,10 @@ def test_wrong_zero_point_shape_is_named(capsys, tmp_path):
 
 @pytest.mark.parametrize("pattern", ["*", "*k_proj", "model.layers.?.mlp.*", "*[qk]_proj", "*[!q]_proj",
                                      "model.layers.0.mlp.down_proj", "*.mlp.*_proj", "[", "*[a-c]*", "a*b*c*d*e",
-                                     "model.layers.0.self_attn.*proj*", "**proj", "*.layers.[0-9].*"])
+                                     "model.layers.0.self_attn.*proj*", "**proj", "*.layers.[0-9].*", "*[z-a]*", "*[]]*",
+                                     "*[!]]*", "[a-]*", "*[\x00-\U0010ffff]*", "*[-a]", "a[", "*[!"])
 def test_glob_match_is_fnmatchcase(pattern):
-    names = [_name(s) for s in ALL] + ["lm_head", "", "abcde", "a[b", "model.layers.10.mlp.up_proj"]
+    names = [_name(s) for s in ALL] + ["lm_head", "", "abcde", "a[b", "model.layers.10.mlp.up_proj", "x]y", "a-", "-a"]
     for n in names:
         assert glob_match(pattern, n) == fnmatch.fnmatchcase(n, pattern), (pattern, n)
 
@@ -340,3 +343,24 @@ def test_quark_int8_activation_is_not_the_canonical_variant():
     s = np.maximum(amax / np.float32(127.5), np.finfo(np.float32).eps).astype(np.float32)
     q = np.clip(np.rint(x * (np.float32(1) / s)), -128, 127).astype(np.float32)
     np.testing.assert_array_equal(q * s, xq)
+
+
+def test_pattern_matching_work_is_bounded(capsys, tmp_path):
+    """A config with thousands of long glob patterns is refused in bounded time, not matched for minutes."""
+    import time
+
+    pats = ["*" + "a*" * 400 + "zz" + str(i) for i in range(2000)]
+    folder = _variant(tmp_path, "quark-uint4-g32-asym-order", lambda qc: qc.update(exclude=pats))
+    t = time.perf_counter()
+    rc, _, err = cli(capsys, "inspect", folder)
+    one_line_error(rc, err, "inspect", "steps")
+    assert time.perf_counter() - t < 30
+
+
+def test_static_int8_activations_are_refused_by_name(capsys, tmp_path):
+    def static(qc):
+        qc["global_quant_config"]["input_tensors"].update(is_dynamic=False, qscheme="per_tensor")
+    folder = _variant(tmp_path, "quark-int8-w8a8", static)
+    rc, _, err = cli(capsys, "linear", folder, "--layer", "model.layers.0.mlp.down_proj", "-i", _x_path(tmp_path),
+                     "-o", tmp_path / "y.safetensors")
+    one_line_error(rc, err, "linear", "static int8")
