@@ -164,8 +164,19 @@ def _cmd_linear(args) -> int:
     amb = int(res.y_ambiguous.sum())
     print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}" + (f" ({amb} element(s) within the float64 "
                                                                          "bound of a rounding boundary)" if amb else ""))
-    print(f"activations: {act}; variants: {_named(decl)}")
+    print(f"activations: {act}; variants: {_named(decl)}{_checkpoint_declared(info, act)}")
     return EXIT_OK
+
+
+def _checkpoint_declared(info, act: str) -> str:
+    """'; the checkpoint declares mx_scale_rule=even' where the checkpoint names its own activation rule."""
+    from emulator.declaration import MX_VARIANT_FIELDS
+    from emulator.layers import checkpoint_activation_variants
+
+    fields = checkpoint_activation_variants(info) if act == "mxfp4" else {}
+    key_of = {f: k for k, f in MX_VARIANT_FIELDS.items()}
+    named = [f"{key_of.get(f, f)}={v}" for f, v in fields.items()]
+    return f" (the checkpoint declares {', '.join(named)})" if named else ""
 
 
 def _check_activation_variants(decl, act: str) -> None:

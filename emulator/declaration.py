@@ -144,12 +144,13 @@ def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:
 
 
 # -- typed variants of each stage ---------------------------------------------------------------------
-_INT8_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "act_scale_dtype": "scale_dtype",
+INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "act_scale_dtype": "scale_dtype",
                 "zero_row": "zero_row", "eps": "eps", "nan_to_int": "nan_to_int", "qmin": "qmin", "qmax": "qmax",
                 "act_symmetric": "symmetric", "uint8_zp128": "uint8_zp128", "act_scale_formula": "scale_formula",
                 "act_granularity": "granularity", "act_scheme": "scheme", "azp_before_rounding": "azp_before_rounding",
                 "act_dequant_scale_dtype": "dequant_scale_dtype"}
-_MX_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
+#: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
+MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
               "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign"}
 
 
@@ -160,7 +161,7 @@ def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVari
     checkpoints define asymmetric activations.
     """
     kw = {}
-    for key, field in _INT8_FIELDS.items():
+    for key, field in INT8_VARIANT_FIELDS.items():
         if key in declared.variants:
             v = declared.variants[key]
             kw[field] = None if (key == "act_dequant_scale_dtype" and v == "same") else v
@@ -171,7 +172,7 @@ def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVari
 
 def mx_variant(declared: Declared) -> mxfp4.MxVariant:
     """The MXFP4 activation quantizer a declaration names."""
-    return mxfp4.MxVariant(**{f: declared.variants[k] for k, f in _MX_FIELDS.items() if k in declared.variants})
+    return mxfp4.MxVariant(**{f: declared.variants[k] for k, f in MX_VARIANT_FIELDS.items() if k in declared.variants})
 
 
 def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant:

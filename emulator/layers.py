@@ -332,6 +332,14 @@ def _too_wide(info: LayerInfo):
                       layer=info.name, tensor="weight_zero_point")
 
 
+def checkpoint_activation_variants(info: LayerInfo) -> dict:
+    """The activation-quantizer fields a checkpoint itself declares (Quark's scale_calculation_mode and the like),
+    as MxVariant field -> value; empty for formats whose activations follow the canonical rule."""
+    if info.format == "quark-mxfp4" and info.activation:
+        return {k: getattr(v, "value", v) for k, v in quark.mx_variant_fields(info.activation, info.name).items()}
+    return {}
+
+
 def declared_activation(info: LayerInfo) -> str:
     """The activation scheme a layer's checkpoint declares: "a16", "int8" or "mxfp4"."""
     return _declared_act(info)

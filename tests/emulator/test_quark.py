@@ -364,3 +364,19 @@ def test_static_int8_activations_are_refused_by_name(capsys, tmp_path):
     rc, _, err = cli(capsys, "linear", folder, "--layer", "model.layers.0.mlp.down_proj", "-i", _x_path(tmp_path),
                      "-o", tmp_path / "y.safetensors")
     one_line_error(rc, err, "linear", "static int8")
+
+
+def test_linear_names_the_activation_rule_the_checkpoint_declares(tmp_path, capsys):
+    """A Quark W4A4 layer's MXFP4 activations follow its own scale_calculation_mode ('even'): `linear` says so."""
+    import ml_dtypes
+
+    from conformance.cli import main
+    from emulator.tensorfile import Tensor, save_tensors
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "toolkit_checkpoints" / "quark" / "quark-mxfp4-w4a4"
+    x = np.random.default_rng(2).standard_normal((2, 128)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    save_tensors(tmp_path / "x.safetensors", {"x": Tensor(x, "BF16")})
+    rc = main(["linear", str(folder), "--layer", "model.layers.0.mlp.down_proj", "-i", str(tmp_path / "x.safetensors"),
+               "-o", str(tmp_path / "y.safetensors")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "activations: mxfp4" in out and "the checkpoint declares mx_scale_rule=even" in out
