@@ -424,7 +424,9 @@ def _s8_outcome(c: Case, params: dict, seed: int = 0) -> None:
         return
     failure = r.get("error") or r["died"]
     assert "amx_int8" in HOST.flags, f"woqgemm_s8 failed on a host without AMX-INT8: {c.describe()}: {failure}"
-    assert "not supported" in failure, (c.describe(), failure)
+    # the Xbyak error itself, or std::terminate when it is thrown on an OpenMP worker thread (under load the
+    # abort can report "terminate called recursively" before the message is printed)
+    assert "not supported" in failure or "terminate called" in failure, (c.describe(), failure)
     pytest.xfail(f"{S8_AMX_DEFECT} (host has amx_int8): {c.describe()}: {failure[:160]}")
 
 
