@@ -381,7 +381,8 @@ class PropertySearch:
         runner, label = self.runner, self.label
         lim = self.limits
         st_ = {"calls": 0, "judged": 0, "unsupported": 0, "waived": 0, "verdicts": Counter(), "found": {},
-               "refusals": Counter()}
+               "refusals": Counter(), "levels": [], "deviations": {}, "semantic_unwaived": 0,
+               "deviation_waiver": None}
 
         def judge_example(data) -> None:
             st_["calls"] += 1
@@ -399,6 +400,15 @@ class PropertySearch:
             rec = runner._run_one(worker, label, spec, tmpdir, inp=inp, write_bundle=False)
             rec = runner._apply_waiver(label, spec, rec, today)
             st_["verdicts"][rec["verdict"]] += 1
+            if rec.get("level") and rec["verdict"] != "unsupported":  # the family's level: its farthest example's
+                st_["levels"].append(rec["level"])
+                for d in rec.get("deviations") or []:
+                    st_["deviations"][d["variant"]] = d["level"]
+                if rec["level"] == "semantic":
+                    if rec.get("deviation_waiver"):
+                        st_["deviation_waiver"] = rec["deviation_waiver"]
+                    else:
+                        st_["semantic_unwaived"] += 1
             if rec["verdict"] == "waived":
                 st_["waived"] += 1
                 st_["waived_rec"] = rec
@@ -453,7 +463,7 @@ class PropertySearch:
         worst = next((v for v in ("pass-sqnr", "quality-warning", "pass-with-tie-flips") if st_["verdicts"][v]), "pass")
         reason = (f"{st_['judged']} Hypothesis example(s) of {scheme}/{fmt} judged, none failed "
                   f"(seed {self.seed}, {st_['unsupported']} refused, {st_['waived']} waived)")
-        rec = self._family_record(family_spec, scheme, fmt, worst, reason, info, seconds)
+        rec = self._family_record(family_spec, scheme, fmt, worst, reason, info, seconds, st_)
         if st_["waived"]:  # a known defect was hit: the family is reported waived, never plain pass
             rec.update(verdict="waived", waived_verdict=st_["waived_rec"].get("waived_verdict"),
                        waiver=st_["waived_rec"].get("waiver"),
@@ -461,10 +471,20 @@ class PropertySearch:
                               f"({st_['waived_rec'].get('waiver', {}).get('issue')}); {reason}")
         return [rec]
 
-    def _family_record(self, case_id, scheme, fmt, verdict, reason, info, seconds) -> dict:
-        return {"kind": "result", "backend": self.label, "case_id": case_id, "tier": PROPERTY_TIER,
-                "scheme": scheme, "weight_format": fmt, "generator": GENERATOR, "verdict": verdict,
-                "reason": reason, "property": info, "seconds": seconds}
+    def _family_record(self, case_id, scheme, fmt, verdict, reason, info, seconds, st_=None) -> dict:
+        rec = {"kind": "result", "backend": self.label, "case_id": case_id, "tier": PROPERTY_TIER,
+               "scheme": scheme, "weight_format": fmt, "generator": GENERATOR, "verdict": verdict,
+               "reason": reason, "property": info, "seconds": seconds}
+        if st_ is not None and st_["levels"]:
+            # the family's conformance level (docs/conformance.md#levels): the farthest of its judged examples;
+            # a semantic deviation counts as accepted only when a waiver accepted it on every such example
+            from .levels import run_level
+
+            rec["level"] = run_level(st_["levels"])
+            rec["deviations"] = [{"variant": v, "level": lv} for v, lv in sorted(st_["deviations"].items())]
+            if rec["level"] == "semantic" and not st_["semantic_unwaived"] and st_["deviation_waiver"]:
+                rec["deviation_waiver"] = st_["deviation_waiver"]
+        return rec
 
     def _minimal_record(self, worker, tmpdir, today, st_: dict, info) -> dict:
         """The shrunk example, judged once more with its replay bundle written (a failure that does not

@@ -142,3 +142,23 @@ def test_emulator_fast_w8a8_quantizes_asymmetric_activations_as_azp():
     tensors = {"weight": np.array([[89]], np.int8), "weight_scale": np.array([[2.0 ** -5]], np.float32)}
     y = b.run(b.prepare(case, tensors), np.array([[-0.1318359375]], np.float32))
     assert float(np.asarray(y)[0, 0]) == 0.0
+
+
+def test_property_family_records_carry_the_level(tmp_path, capsys):
+    """A family of rounding-level declarations is never called CONFORMANT (docs/conformance.md#levels)."""
+    import json
+
+    from conformance.cli import main
+
+    out = tmp_path / "rhaz"
+    rc = main(["run", "--tier", "property", "--backend", "emulator:act_rounding=rhaz", "--scheme", "w8a8",
+               "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    s = json.loads((out / "summary.json").read_text())
+    assert rc == 0, text[-2000:]
+    assert s["level"] == "rounding" and s["headline"] == "CONFORMANT WITH DECLARED VARIANTS", s["headline"]
+    out2 = tmp_path / "v1"
+    rc2 = main(["run", "--tier", "property", "--backend", "emulator:zero_read=v1_literal", "--scheme", "w4a16",
+                "--out", str(out2), "--no-progress"])
+    s2 = json.loads((out2 / "summary.json").read_text())
+    assert rc2 == 1 and s2["headline"] == "NOT CONFORMANT" and s2["semantic_deviations"], capsys.readouterr().out[-2000:]
