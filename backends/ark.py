@@ -296,6 +296,10 @@ class ArkBackend(Backend):
         if s == "w8a8":
             if fmt != "ct-int-quantized":
                 return no("W8A8 here is woqgemm_s8 with compressed-tensors int-quantized int8 weights only")
+            if not case.act_symmetric:
+                # found by the property tier (docs/findings.md): run anyway it gives wrong answers (M=1 N=1 K=2)
+                return no("woqgemm_s8 quantizes activations symmetrically (DnnlWrapper::dyn_quant_s8): an asymmetric "
+                          "(azp) W8A8 checkpoint has no ARK path")
             return self._engine_route(case)
         if s == "w4a16":
             if case.bits != 4:

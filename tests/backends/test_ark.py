@@ -603,3 +603,12 @@ def test_mxfp4_quant_reference_rule():
     np.testing.assert_array_equal(got, np.where(codes == 8, 0, codes))  # ARK canonicalises -0 to code 0
     with pytest.raises(ValueError):
         ark.mxfp4_quant_reference(torch.full((1, 32), float("nan"), dtype=torch.bfloat16))
+
+
+def test_asymmetric_w8a8_is_refused_even_with_route_all(monkeypatch):
+    """woqgemm_s8 has no zero point for activations: an azp W8A8 checkpoint is refused by name, not run into
+    wrong answers (the property tier's finding, docs/findings.md)."""
+    monkeypatch.setattr(ark_mod, "host_cpu", lambda: AMD)
+    r = ArkBackend(route="all").can_implement(_case("w8a8", "ct-int-quantized", M=3, bits=8, sym=False))
+    assert not r.ok and "symmetrically" in r.reason
+    assert ArkBackend(route="all").can_implement(_case("w8a8", "ct-int-quantized", M=3, bits=8)).ok
