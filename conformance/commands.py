@@ -26,6 +26,8 @@ def available_backends(skipped: list | None = None) -> list[str]:
 
     out = []
     for name in registered():
+        if name == "auto":  # the dispatcher runs other backends: named explicitly (--backend auto), never a default
+            continue
         try:
             av = create(name).availability()
         except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the others
@@ -102,7 +104,7 @@ def _selection(args):
     """(backend specs, tiers, specs) of a run, every name checked before anything runs."""
     from .selection import check_backends, check_selection
 
-    from .property import PROPERTY_TIER
+    from .specs import PROPERTY_TIER
 
     tiers = tuple(args.tier) if args.tier else TIERS
     # the property tier (conformance/property.py) is a search, not a case list: named, never a default
@@ -139,10 +141,18 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     from . import console
     from .report import load_source, summarize_sources, write_reports
 
-    from .property import PROPERTY_TIER, families, run_property
+    from .specs import PROPERTY_TIER
 
     backends, tiers, specs = _selection(args)
-    prop_families = families(args.scheme or None) if PROPERTY_TIER in tiers else []
+    prop_families = []
+    if PROPERTY_TIER in tiers:  # Hypothesis is needed only here (a plain `pip install .` runs without it)
+        try:
+            from .property import families, run_property
+        except ModuleNotFoundError as e:
+            if e.name != "hypothesis":
+                raise
+            raise ValueError("--tier property needs Hypothesis: pip install 'qconform[test]' (or hypothesis)") from None
+        prop_families = families(args.scheme or None)
     out = Path(args.out)
     case_hash = list_hash(specs)
     if out.exists():

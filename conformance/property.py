@@ -39,7 +39,7 @@ from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, ct_tensor_dict, make_inputs  # noqa: F401 (ct_tensor_dict: re-used by int_weight_tensors)
 from .generators import generate, int_weight_tensors, scales_array
-from .specs import CaseSpec
+from .specs import PROPERTY_TIER, CaseSpec
 
 #: Hypothesis reports several distinct failures as an ExceptionGroup (Python 3.11+; on 3.10 its
 #: backport's class, when installed, else nothing to catch)
@@ -54,7 +54,6 @@ except NameError:  # pragma: no cover - Python 3.10
 __all__ = ["PROPERTY_TIER", "PROPERTY_PROFILES", "families", "property_case", "property_inputs",
            "PropertySearch", "run_property"]
 
-PROPERTY_TIER = "property"
 GENERATOR = "property"
 
 #: profile -> examples per family and shape limits (M, N, K at most)

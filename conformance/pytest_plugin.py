@@ -198,7 +198,7 @@ class UnavailableItem(pytest.Item):
 
 class QconformCollector(pytest.Collector):
     def collect(self):
-        from .property import PROPERTY_TIER, families
+        from .specs import PROPERTY_TIER
         from .suite import TIERS, case_list
 
         cfg = self.config
@@ -206,7 +206,11 @@ class QconformCollector(pytest.Collector):
         seeded = tuple(t for t in tiers if t != PROPERTY_TIER)
         schemes = cfg.getoption("--qconform-scheme") or None
         specs = case_list(schemes=schemes, tiers=seeded, profile=cfg.getoption("--qconform-profile")) if seeded else []
-        fams = families(schemes) if PROPERTY_TIER in tiers else []
+        fams = []
+        if PROPERTY_TIER in tiers:  # Hypothesis only for the property tier
+            from .property import families
+
+            fams = families(schemes)
         for backend in cfg.getoption("--qconform-backend"):
             why = _UNAVAILABLE.get(backend)
             if why is not None:
@@ -235,8 +239,7 @@ def pytest_configure(config):
     if not backends:
         return
     from .selection import check_backends, check_selection
-
-    from .property import PROPERTY_TIER
+    from .specs import PROPERTY_TIER
 
     tiers = [t for t in config.getoption("--qconform-tier") or () if t != PROPERTY_TIER] or None
     try:

@@ -15,9 +15,11 @@ from backends.base import Case
 
 from .generators import generate
 
-__all__ = ["TIERS", "PROFILES", "CaseSpec", "GOLDEN_DIR", "MANIFEST", "golden_dir", "golden_inputs"]
+__all__ = ["TIERS", "PROPERTY_TIER", "PROFILES", "CaseSpec", "GOLDEN_DIR", "MANIFEST", "golden_dir", "golden_inputs"]
 
 TIERS = ("exact", "edge", "random", "golden")
+#: the Hypothesis tier (conformance/property.py): a search, not a case list; never a default tier
+PROPERTY_TIER = "property"
 
 #: profile -> knobs. ci: derandomised, bounded, reproducible. nightly: fresh seeds, more shapes and seeds.
 PROFILES = {

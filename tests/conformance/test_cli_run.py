@@ -135,6 +135,23 @@ def test_default_backends_name_the_ones_left_out(doubles):
     names = available_backends(skipped)
     assert "emulator" in names and "declines" in names and "absent" not in names
     assert ("absent", "test double: its device is not installed") in skipped
+    assert "auto" not in names  # the dispatcher is named explicitly, never a default backend
+
+
+def test_a_plain_install_runs_without_hypothesis_or_torch(tmp_path):
+    """`pip install .` brings numpy and ml_dtypes only: the default tiers must not import Hypothesis or torch,
+    and the property tier says what it needs (one line, exit 2)."""
+    code = ("import sys; sys.modules['hypothesis'] = None; sys.modules['torch'] = None; "
+            "from conformance.cli import main; sys.exit(main(sys.argv[1:]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-c", code, "run", "--backend", "emulator", "--scheme", "w8a8", "--profile", "smoke",
+            "--no-progress"]
+    r = subprocess.run(base + ["--tier", "exact", "--out", str(tmp_path / "a")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    r = subprocess.run(base + ["--tier", "property", "--out", str(tmp_path / "b")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 2 and "needs Hypothesis" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 # -- a run's summary is that run -----------------------------------------------------------------------
