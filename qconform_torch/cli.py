@@ -17,7 +17,20 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _require(module: str) -> None:
+    """One line naming what is missing (a plain `pip install .` has neither torch nor transformers)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"qconform model needs {module}: pip install 'qconform[test]' (torch==2.13.0, "
+                         "transformers==5.24.0)") from None
+
+
 def cmd_model(args) -> int:
+    _require("torch")
+    _require("transformers")
     import torch
 
     from backends.registry import create

@@ -152,6 +152,10 @@ def test_a_plain_install_runs_without_hypothesis_or_torch(tmp_path):
     r = subprocess.run(base + ["--tier", "property", "--out", str(tmp_path / "b")], capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 2 and "needs Hypothesis" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    ckpt = ROOT / "tests" / "data" / "toolkit_checkpoints" / "auto-round-w4g32-sym-auto_gptq"
+    r = subprocess.run([sys.executable, "-c", code, "model", str(ckpt), "--tokens", "1,2", "-o",
+                        str(tmp_path / "y.safetensors")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "needs torch" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 # -- a run's summary is that run -----------------------------------------------------------------------
