@@ -45,6 +45,27 @@ def pytest_addoption(parser):
     g.addoption("--qconform-seed", type=int, default=None, help="--qconform-tier=property: the Hypothesis seed")
 
 
+def _session_worker(item):
+    """(out folder, a Runner writing this xdist worker's results file, the backend's shared worker process,
+    its label) for one item; an unavailable backend fails the item."""
+    from .runner import Runner, WorkerProcess, load_waivers
+
+    item.user_properties.append(("qconform_backend", item.backend))
+    cfg = item.config
+    out = _out_dir(cfg)
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    runner = Runner(Path(out), timeout=cfg.getoption("--qconform-timeout"), progress=False,
+                    waivers=load_waivers(cfg.getoption("--qconform-waivers")))
+    runner.results_path = Path(out) / f"results-{wid}.jsonl"
+    worker = _WORKERS.get(item.backend)
+    if worker is None:
+        worker = _WORKERS[item.backend] = WorkerProcess(item.backend)
+    hello = worker.request({"op": "hello"}, timeout=runner.timeout)
+    if not hello.get("available"):
+        raise QconformFailure(f"{item.backend} unavailable: {hello.get('reason') or hello.get('error')}")
+    return out, runner, worker, hello.get("label", item.backend)
+
+
 class QconformItem(pytest.Item):
     def __init__(self, *, backend: str, spec, **kw):
         super().__init__(**kw)
@@ -53,25 +74,10 @@ class QconformItem(pytest.Item):
         self.add_marker(pytest.mark.qconform)
 
     def runtest(self):
-        from .runner import BAD, Runner, load_waivers
+        from .runner import BAD
 
-        self.user_properties.append(("qconform_backend", self.backend))
-        cfg = self.config
-        out = _out_dir(cfg)
-        wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        runner = Runner(Path(out), timeout=cfg.getoption("--qconform-timeout"), progress=False,
-                        waivers=load_waivers(cfg.getoption("--qconform-waivers")))
-        runner.results_path = Path(out) / f"results-{wid}.jsonl"
-        worker = _WORKERS.get(self.backend)
-        if worker is None:
-            from .runner import WorkerProcess
-
-            worker = _WORKERS[self.backend] = WorkerProcess(self.backend)
+        out, runner, worker, label = _session_worker(self)
         tmp = Path(tempfile.mkdtemp(prefix="qconform-item-"))
-        hello = worker.request({"op": "hello"}, timeout=runner.timeout)
-        label = hello.get("label", self.backend)
-        if not hello.get("available"):
-            raise QconformFailure(f"{self.backend} unavailable: {hello.get('reason') or hello.get('error')}")
         rec = runner._run_one(worker, label, self.spec, tmp)
         import time
 
@@ -124,22 +130,10 @@ class PropertyItem(pytest.Item):
         import time
 
         from .property import PropertySearch
-        from .runner import BAD, Runner, WorkerProcess, load_waivers
+        from .runner import BAD
 
-        self.user_properties.append(("qconform_backend", self.backend))
+        out, runner, worker, label = _session_worker(self)
         cfg = self.config
-        out = _out_dir(cfg)
-        wid = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        runner = Runner(Path(out), timeout=cfg.getoption("--qconform-timeout"), progress=False,
-                        waivers=load_waivers(cfg.getoption("--qconform-waivers")))
-        runner.results_path = Path(out) / f"results-{wid}.jsonl"
-        worker = _WORKERS.get(self.backend)
-        if worker is None:
-            worker = _WORKERS[self.backend] = WorkerProcess(self.backend)
-        hello = worker.request({"op": "hello"}, timeout=runner.timeout)
-        if not hello.get("available"):
-            raise QconformFailure(f"{self.backend} unavailable: {hello.get('reason') or hello.get('error')}")
-        label = hello.get("label", self.backend)
         search = PropertySearch(runner, self.backend, label, cfg.getoption("--qconform-profile"),
                                 cfg.getoption("--qconform-seed"))
         tmp = Path(tempfile.mkdtemp(prefix="qconform-property-"))
