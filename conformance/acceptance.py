@@ -50,7 +50,7 @@ from emulator.numerics.rounding import Rounding
 
 from .cases import CaseInputs
 
-__all__ = ["UNIT_ROUNDOFF", "Interval", "declared_interval", "compare", "Comparison", "round_down", "round_up",
+__all__ = ["UNIT_ROUNDOFF", "UNDERFLOW_UNIT", "Interval", "declared_interval", "compare", "Comparison", "round_down", "round_up",
            "ulp_distance",
            # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
            "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
@@ -58,6 +58,14 @@ __all__ = ["UNIT_ROUNDOFF", "Interval", "declared_interval", "compare", "Compari
 #: unit roundoff u = 2**-p of each accumulation dtype (0: exact integer accumulation)
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11, "float16": 2.0 ** -11,
                  "bfloat16": 2.0 ** -8, "int32": 0.0, "exact": 0.0}
+
+
+#: half the smallest subnormal of each accumulation dtype: the most a product that underflows can lose
+#: in absolute terms under round-to-nearest (Higham, *Accuracy and Stability*, §2.1: fl(a*b) = ab(1 + d) + e,
+#: |e| <= this; sums of subnormals are exact, so only the K products and the scale products add an e).
+#: tf32 keeps fp32's exponent range with 10 stored mantissa bits (2**-136 is its smallest subnormal).
+UNDERFLOW_UNIT = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "tf32": 2.0 ** -137, "float16": 2.0 ** -25,
+                  "bfloat16": 2.0 ** -134, "int32": 0.0, "exact": 0.0}
 
 
 def _gamma(n: int, u: float) -> float:
@@ -125,7 +133,9 @@ def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str
         raise ValueError(f"unknown accumulation dtype {declared.accumulate!r}")
     mode = _output_rounding(declared)
     with np.errstate(invalid="ignore", over="ignore"):
-        acc_bound = _gamma(n_terms, u) * mag
+        # relative rounding of every step, plus the absolute loss of each of the n_terms products that
+        # underflow into the subnormal range (docs/findings.md#interval-underflow)
+        acc_bound = _gamma(n_terms, u) * mag + n_terms * UNDERFLOW_UNIT[declared.accumulate]
         if extra is not None:
             acc_bound = acc_bound + extra
         bound = acc_bound + y_bound64

@@ -88,10 +88,12 @@ def make_inputs(case: Case, seed: int = 0) -> CaseInputs:
     if case.spec.activations == "moe":
         E, I = case.E, case.N
         w13 = np.stack([make_weight(2 * I, case.K, seed + 10 + e, group=case.group) for e in range(E)])
-        w2 = np.stack([make_weight(case.K, I, seed + 50 + e, group=min(case.group, I)) for e in range(E)])
+        # w2's input dimension is I: channel-wise stays channel-wise (one group of I), not a group of K
+        g2 = I if case.channelwise else min(case.group, I)
+        w2 = np.stack([make_weight(case.K, I, seed + 50 + e, group=g2) for e in range(E)])
         p = gptq.GptqParams(bits=4, group_size=case.group_size, sym=True)
         t13 = [gptq.quantize_gptq(w13[e], p, scale_dtype=case.scale_dtype) for e in range(E)]
-        p2 = gptq.GptqParams(bits=4, group_size=min(case.group, I), sym=True)
+        p2 = gptq.GptqParams(bits=4, group_size=case.moe_w2_group_size, sym=True)
         t2 = [gptq.quantize_gptq(w2[e], p2, scale_dtype=case.scale_dtype) for e in range(E)]
         tensors = {"w13_qweight": np.stack([t.qweight for t in t13]), "w13_scales": np.stack([t.scales for t in t13]),
                    "w2_qweight": np.stack([t.qweight for t in t2]), "w2_scales": np.stack([t.scales for t in t2])}

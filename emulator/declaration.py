@@ -315,7 +315,7 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
 def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Reference:
     kw = weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
     w13 = emoe.dequantize_gptq_experts(tensors["w13_qweight"], tensors["w13_scales"], group_size=case.group, **kw)
-    w2 = emoe.dequantize_gptq_experts(tensors["w2_qweight"], tensors["w2_scales"], group_size=min(case.group, case.N),
+    w2 = emoe.dequantize_gptq_experts(tensors["w2_qweight"], tensors["w2_scales"], group_size=case.moe_w2_group_size,
                                       **kw)
     w13 = round_weights(w13.astype(np.float64), declared)
     w2 = round_weights(w2.astype(np.float64), declared)

@@ -107,6 +107,12 @@ class Case:
         return self.group_size in (-1, 0)
 
     @property
+    def moe_w2_group_size(self) -> int:
+        """Group size of a MoE block's w2 (input dimension I = N): channel-wise stays one group over I;
+        otherwise the case's group, capped at I (docs/formats/moe.md)."""
+        return -1 if self.channelwise else min(self.group, self.N)
+
+    @property
     def gptq_zero_convention(self) -> str:
         """GPTQ ``zero_convention`` of the checkpoint (``gptq`` = v1, ``gptq_v2``)."""
         return "gptq_v2" if self.zero_convention == "v2" else "gptq"

@@ -443,7 +443,7 @@ def _moe(case: Case, t: dict, x32: np.ndarray, logits, knobs: dict) -> np.ndarra
         # one group_size = K / G13 derived from w13 reused for w2 (in-dim I < K): zero groups, every
         # output block reads the first block's scales
         s2 = s2[:, :, np.arange(s2.shape[2]) % 32]
-    w2 = emoe.dequantize_gptq_experts(t["w2_qweight"], s2, group_size=min(case.group, I)).astype(np.float64)
+    w2 = emoe.dequantize_gptq_experts(t["w2_qweight"], s2, group_size=case.moe_w2_group_size).astype(np.float64)
     r = np.asarray(logits, np.float64)
     z = np.exp(r - r.max(axis=1, keepdims=True))
     p = z / z.sum(axis=1, keepdims=True)

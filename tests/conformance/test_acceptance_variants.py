@@ -177,7 +177,7 @@ def _w4a8_moe_kernel(inp, act):
     case = inp.case
     w13 = emoe.dequantize_gptq_experts(inp.tensors["w13_qweight"], inp.tensors["w13_scales"], group_size=case.group)
     w2 = emoe.dequantize_gptq_experts(inp.tensors["w2_qweight"], inp.tensors["w2_scales"],
-                                      group_size=min(case.group, case.N))
+                                      group_size=case.moe_w2_group_size)
     ids, wts = emoe.route(inp.router_logits, case.top_k)
     v = a8.Int8ActVariant(**AQ)
     xq = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(inp.x, v)).astype(f32)
