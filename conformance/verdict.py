@@ -32,6 +32,12 @@ class Evidence:
     tie: "tuple[np.ndarray, np.ndarray, np.ndarray] | None" = None  # (lo, hi, ties per row) widened by tie flips
 
 
+def _unbounded(iv: Interval) -> int:
+    """Elements whose reference is finite but whose bound is not (Higham's gamma_n is infinite once n*u >= 1)."""
+    with np.errstate(invalid="ignore"):
+        return int((np.isfinite(iv.y_exact) & ~np.isfinite(np.broadcast_to(iv.bound, iv.y_exact.shape))).sum())
+
+
 def degenerate_reference(ref: np.ndarray) -> bool:
     """All zero, constant or non-finite: agreement with such a reference proves nothing."""
     finite = np.isfinite(ref)
@@ -63,6 +69,12 @@ def decide(y, loose: Interval, judged: Interval, *, output_rounding: str = "rne"
                                 "expected": float(judged.y_exact[idx]), "lo": float(judged.lo[idx]),
                                 "hi": float(judged.hi[idx]), "reference": float(judged.y_ref[idx]),
                                 "ulp": ulp_distance(float(y64[idx]), float(judged.y_ref[idx]), judged.out_dtype)}
+    unbounded = _unbounded(judged)
+    if unbounded and y64.shape == judged.y_exact.shape:
+        # an infinite (or NaN) bound accepts every output: such a declaration checks nothing, so it never passes
+        return dict(rec, verdict="fail", reason=(
+            f"the declared arithmetic gives no finite bound for {unbounded} element(s) with a finite reference "
+            "(e.g. 16-bit accumulation over K terms with K*u >= 1): declare arithmetic=opaque with an SQNR floor"))
     if cmp_j.ok:
         if degenerate_reference(judged.y_ref):
             return dict(rec, verdict="mistrusted", reason="reference output is all zero, constant or non-finite")
