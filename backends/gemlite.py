@@ -81,7 +81,7 @@ def gemlite_state() -> dict:
 def read_int_codes(case: Case, tensors: dict):
     """Canonical (q [N, K] unsigned codes, z [K/G, N] zero points, s [K/G, N] float32) in torch (CPU).
 
-    4-bit: ``backends.cuda.read_int4_codes`` (GPTQ v1/v2, AWQ, compressed-tensors). 2/8-bit GPTQ:
+    4-bit: ``backends.cuda.read_int4_codes`` (GPTQ v1/v2, AWQ, compressed-tensors). 8-bit GPTQ:
     the same reading with ``bits`` wide fields (v1 ``z = field + 1``, v2 ``z = field``).
     """
     if case.bits == 4:
@@ -131,11 +131,11 @@ class GemliteBackend(Backend):
             return no(f"gemlite backend reads GPTQ, AWQ and compressed-tensors pack-quantized codes, got {fmt}")
         if case.bits == 4:
             pass
-        elif fmt == "gptq" and case.bits in (2, 8):
+        elif fmt == "gptq" and case.bits == 8:
             pass
         else:
             return no(f"{case.bits}-bit {fmt} codes are not read by the gemlite backend (4-bit any format; "
-                      f"2/8-bit GPTQ)")
+                      f"8-bit GPTQ)")
         if case.act_order:
             return no("act order (g_idx) is not supported: gemlite's GEMM reads contiguous K groups")
         if case.act_dtype not in _ACT_DTYPES:
