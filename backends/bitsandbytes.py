@@ -23,7 +23,8 @@ The path is the one ``bitsandbytes.nn.Linear8bitLt`` / ``MatMul8bitLt`` takes wi
   error, so the fallback is never certified as this kernel.
 
 The scale arithmetic (approximate quotient, the rescaled weight scale, the 1/127**2 constant) is not a
-declared variant: declared ``arithmetic=opaque`` with the nearest variants (``reciprocal=recip_amax``,
+declared variant: declared ``arithmetic=opaque`` with the nearest variants (``reciprocal=recip_scale``, the
+one ``qconform fingerprint`` found consistent on the H100 -- it excluded ``recip_amax`` on one probe --,
 fp32 scales, fp16 output) and an SQNR floor of ``SQNR_FLOOR_DB`` against the canonical reference.
 """
 
@@ -43,7 +44,7 @@ __all__ = ["BitsandbytesBackend", "bnb_state", "SQNR_FLOOR_DB", "colstats_from_s
 #: flipped by the approximate quotient moves a whole output row by s_x s_w w; in a row whose absmax is an outlier
 #: channel (the other codes small) that alone is ~42 dB for M = 1. The floor, as for ARK's opaque int8 cores, is
 #: 30 dB: it catches scale, layout and sign errors; the codes themselves are checked separately on the device
-#: (tests/backends/test_gemlite_bnb.py::test_bnb_codes_are_recip_amax_up_to_near_ties)
+#: (tests/backends/test_gemlite_bnb.py::test_bnb_codes_are_recip_scale_up_to_near_ties)
 SQNR_FLOOR_DB = 30.0
 
 
@@ -123,7 +124,7 @@ class BitsandbytesBackend(Backend):
         if case.scheme != "w8a8":
             raise ValueError(f"bitsandbytes: nothing declared for scheme {case.scheme}")
         return Declared(
-            variants={"act_rounding": "rne", "reciprocal": "recip_amax", "act_scale_dtype": "float32",
+            variants={"act_rounding": "rne", "reciprocal": "recip_scale", "act_scale_dtype": "float32",
                       "zero_row": "zero", "qmin": -128, "qmax": 127},
             weight_dtype="exact", act_compute_dtype=None, accumulate="int32", output="float16",
             notes="codes = rni(x * __fdividef(127, amax_fp16)) (approximate quotient); cuBLASLt int8 -> int32; "

@@ -25,9 +25,12 @@ The kernel is gemlite's ``GEMM`` Triton kernel (``gemlite/triton_kernels/gemm_ke
   not the emulator's ``float_zero`` (measured from the midpoint); ``gemlite:fma_mode=true`` is
   therefore declared ``arithmetic=opaque`` (SQNR floor ``FMA_SQNR_FLOOR_DB``).
 
-The adapter pins the GEMM kernel: gemlite's automatic choice uses split-K kernels for M < 64 whose
-partial sums are rounded to the output dtype and added with atomics (``gemm_splitK_kernels.py``).
-Parameters: ``gemlite:fma_mode=false|true`` (default false).
+By default the adapter pins the GEMM kernel (``gemlite:kernel=gemm``). gemlite's own choice
+(``gemlite:kernel=auto``, ``get_matmul_type``: GEMV_REVSPLITK for M <= 4, GEMM_SPLITK for M < 64, GEMM
+above) uses split-K kernels whose fp32 partial sums are rounded to the output dtype and added with
+atomics (``gemm_splitK_kernels.py``, ``gemv_revsplitK_kernels.py``): declared as accumulation in the
+output dtype, the bound that covers every such order. Parameters: ``gemlite:fma_mode=false|true``
+(default false), ``gemlite:kernel=gemm|auto`` (default gemm).
 """
 
 from __future__ import annotations
@@ -105,9 +108,12 @@ class GemliteBackend(Backend):
 
     def __init__(self, **params: str):
         super().__init__(**params)
-        unknown = set(params) - {"fma_mode"}
+        unknown = set(params) - {"fma_mode", "kernel"}
         if unknown:
-            raise ValueError(f"gemlite: unknown parameter(s) {sorted(unknown)}; known: fma_mode")
+            raise ValueError(f"gemlite: unknown parameter(s) {sorted(unknown)}; known: fma_mode, kernel")
+        self.kernel = params.get("kernel", "gemm").lower()
+        if self.kernel not in ("gemm", "auto"):
+            raise ValueError(f"gemlite: kernel must be gemm or auto, got {params.get('kernel')!r}")
         fm = params.get("fma_mode", "false").lower()
         if fm not in ("true", "false"):
             raise ValueError(f"gemlite: fma_mode must be true or false, got {params.get('fma_mode')!r}")
@@ -163,17 +169,23 @@ class GemliteBackend(Backend):
             raise ValueError(f"gemlite: nothing declared for scheme {case.scheme}")
         dt = case.act_dtype
         variants = {"weight_scale_dtype": dt, "dequant_order": "sub_then_mul"}
-        notes = (f"gemlite gemm_INT_kernel: w = {dt}((q - z) * {dt}(s)) (W_group_mode=3); tl.dot {dt} x {dt} -> fp32 "
-                 f"accumulator; output RNE to {dt}")
+        weight = f"w = {dt}((q - z) * {dt}(s)) (W_group_mode=3)"
+        if self.fma_mode:
+            weight = f"w = fma_{dt}(q, {dt}(s), {dt}(-z * s)) (W_group_mode=4: a float zero from code 0, no declared variant)"
+        if self.kernel == "gemm":
+            acc, gemm = "float32", f"GEMM kernel: tl.dot {dt} x {dt} -> fp32 accumulator; output RNE to {dt}"
+        else:
+            # split-K / GEMV kernels: fp32 partial sums rounded to the output dtype and added with atomics
+            acc, gemm = dt, (f"gemlite's own kernel choice (GEMV_REVSPLITK / GEMM_SPLITK / GEMM by M): fp32 partial "
+                             f"sums rounded to {dt} and added by atomics; bounded as {dt} accumulation")
+        notes = f"gemlite: {weight}; {gemm}"
         if case.bias:
             variants["bias_stage"] = "after_output_rounding"
             notes += "; bias added to the 16-bit output by forward_functional (out += bias)"
         if self.fma_mode:
-            return Declared(variants=variants, weight_dtype=dt, accumulate="float32", output=dt,
-                            notes=notes.replace("(q - z) * ", "fma(q, s, (-z s)) ~ ") + " (fma_mode=true: zero "
-                            "measured from code 0, not a declared variant)",
+            return Declared(variants=variants, weight_dtype=dt, accumulate=acc, output=dt, notes=notes,
                             arithmetic="opaque", sqnr_floor_db=FMA_SQNR_FLOOR_DB)
-        return Declared(variants=variants, weight_dtype=dt, accumulate="float32", output=dt, notes=notes)
+        return Declared(variants=variants, weight_dtype=dt, accumulate=acc, output=dt, notes=notes)
 
     # -- 4. prepare -----------------------------------------------------------------------------
     def prepare(self, case: Case, tensors: dict) -> Prepared:
@@ -209,9 +221,9 @@ class GemliteBackend(Backend):
         bias = inputs.get("bias")
         b = None if bias is None else torch.as_tensor(np.asarray(bias, np.float32)).cuda().to(tdt)
         with torch.no_grad():
-            # gemlite's own entry point (what GemLiteLinearTriton.forward_manual calls), with the bias it adds
-            # to the 16-bit output (out += bias), and the GEMM kernel pinned
-            y = gl.forward_functional(a, b, lin.get_tensor_args(), lin.get_meta_args(),
-                                      gl.core.GEMLITE_MATMUL_TYPES_MAPPING["GEMM"])
+            # gemlite's own entry point (what GemLiteLinearTriton.forward_manual / forward call), with the bias it
+            # adds to the 16-bit output (out += bias); kernel=gemm pins the GEMM kernel, auto (-1) lets gemlite pick
+            kind = gl.core.GEMLITE_MATMUL_TYPES_MAPPING["GEMM"] if self.kernel == "gemm" else -1
+            y = gl.forward_functional(a, b, lin.get_tensor_args(), lin.get_meta_args(), kind)
             torch.cuda.synchronize()
         return y.to(torch.float32).cpu().numpy()

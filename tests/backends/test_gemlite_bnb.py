@@ -42,8 +42,10 @@ def test_gemlite_parameters():
     assert gm.GemliteBackend(fma_mode="true").fma_mode is True
     with pytest.raises(ValueError, match="fma_mode must be true or false"):
         gm.GemliteBackend(fma_mode="yes")
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['kernel'\]"):
+    with pytest.raises(ValueError, match="kernel must be gemm or auto"):
         gm.GemliteBackend(kernel="gemv")
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['split_k'\]"):
+        gm.GemliteBackend(split_k="2")
     with pytest.raises(ValueError, match="it takes none"):
         bb.BitsandbytesBackend(threshold="6")
 
@@ -123,13 +125,15 @@ def test_gemlite_declared():
     assert d.variants["weight_scale_dtype"] == "bfloat16" and d.variants["bias_stage"] == "after_output_rounding"
     assert d.value("dequant_order") == "sub_then_mul"
     o = gm.GemliteBackend(fma_mode="true").declared(_w4("gptq", False, None, 32))
-    assert o.arithmetic == "opaque" and o.sqnr_floor_db == gm.FMA_SQNR_FLOOR_DB
+    assert o.arithmetic == "opaque" and o.sqnr_floor_db == gm.FMA_SQNR_FLOOR_DB and "fma_float16" in o.notes
+    a = gm.GemliteBackend(kernel="auto").declared(_w4("gptq", False, None, 32, act="bfloat16"))
+    assert (a.accumulate, a.arithmetic) == ("bfloat16", "declared")
 
 
 def test_bnb_declared_is_opaque():
     d = bb.BitsandbytesBackend().declared(_w8a8())
     assert d.arithmetic == "opaque" and d.sqnr_floor_db == bb.SQNR_FLOOR_DB
-    assert (d.accumulate, d.output, d.variants["reciprocal"]) == ("int32", "float16", "recip_amax")
+    assert (d.accumulate, d.output, d.variants["reciprocal"]) == ("int32", "float16", "recip_scale")
 
 
 # -- host-side layout -------------------------------------------------------------------------------
@@ -179,6 +183,19 @@ GEMLITE_SMOKE = [
 def test_gemlite_inside_declared_interval(case):
     b = gm.GemliteBackend()
     assert b.can_implement(case).ok
+    for seed in (0, 1):
+        inp = make_inputs(case, seed)
+        y = b.run(b.prepare(case, inp.tensors), inp.x, **({"bias": inp.bias} if inp.bias is not None else {}))
+        c = compare(y, declared_interval(inp, b.declared(case)))
+        assert c.ok, (seed, c.n_out, c.max_ulp)
+
+
+@needs_gemlite
+@pytest.mark.parametrize("case", [_w4("gptq", False, None, 32, M=1), _w4("awq", False, None, 64, M=4, act="bfloat16"),
+                                  _w4("gptq", True, None, 32, M=17, bias=True), _w4("ct-pack-quantized", False, None, 64, M=64)],
+                         ids=str)
+def test_gemlite_auto_kernel_inside_declared_interval(case):
+    b = gm.GemliteBackend(kernel="auto")
     for seed in (0, 1):
         inp = make_inputs(case, seed)
         y = b.run(b.prepare(case, inp.tensors), inp.x, **({"bias": inp.bias} if inp.bias is not None else {}))
@@ -240,10 +257,11 @@ def test_bnb_wrong_weight_scale_is_caught():
 
 
 @needs_bnb
-def test_bnb_codes_are_recip_amax_up_to_near_ties():
-    """The activation codes are rni(x * 127/amax) (reciprocal=recip_amax) except where the approximate
-    quotient (__fdividef, <= 2 ulp) moves x * r across a half-integer: every differing code is one step
-    away and its product lies within 2**-15 (relative) of a half-integer; such codes are rare."""
+def test_bnb_codes_are_recip_scale_up_to_near_ties():
+    """The activation codes are rni(x * fl(1 / fl(amax / 127))) (the declared reciprocal=recip_scale) except
+    where the kernel's approximate quotient (__fdividef(127, amax), <= 2 ulp) moves the product across a
+    half-integer: every differing code is one step away, its product lies within 2**-15 (relative) of a
+    half-integer, and such codes are rare."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((512, 1024)).astype(np.float16)
     x[::7, 3] *= 50  # outlier channel in some rows
@@ -252,7 +270,8 @@ def test_bnb_codes_are_recip_amax_up_to_near_ties():
     q = q.cpu().numpy().astype(np.int64)
     amax = np.abs(x.astype(np.float32)).max(1, keepdims=True)
     np.testing.assert_array_equal(row_stats.cpu().numpy(), amax.ravel())
-    prod = x.astype(np.float32) * (np.float32(127) / amax).astype(np.float32)
+    scale = (amax / np.float32(127)).astype(np.float32)
+    prod = x.astype(np.float32) * (np.float32(1) / scale).astype(np.float32)
     ref = np.rint(prod).astype(np.int64)
     diff = q != ref
     assert np.abs(q - ref).max(initial=0) <= 1
