@@ -66,7 +66,8 @@ def test_library_missing_is_named(monkeypatch):
     monkeypatch.setattr(bb, "cuda_state", lambda: {"ok": True, "reason": "GPU", "capability": (9, 0), "device": "X"})
     monkeypatch.setattr(bb, "_import_bnb", lambda: (_ for _ in ()).throw(ImportError("No module named 'bitsandbytes'")))
     av = bb.BitsandbytesBackend().availability()
-    assert not av.available and av.reason == "bitsandbytes is not importable: ImportError: No module named 'bitsandbytes'"
+    assert not av.available
+    assert av.reason == "bitsandbytes is not importable: ImportError: No module named 'bitsandbytes'"
 
 
 def test_registered():
@@ -163,8 +164,8 @@ def test_read_codes_8bit_gptq_is_canonical(zc, sym):
 def test_bnb_colstats():
     # s = absmax / 127 -> the statistic bitsandbytes divides by 127 again; 127 * s rounded once to fp32
     s = np.array([1.0, 0.5, 2.0 ** -20, 0.1], np.float16)
-    np.testing.assert_array_equal(bb.colstats_from_scale(s), np.float32([127.0, 63.5, 127 * 2.0 ** -20,
-                                                                         np.float32(127) * np.float32(np.float16(0.1))]))
+    expect = np.float32([127.0, 63.5, 127 * 2.0 ** -20, np.float32(127) * np.float32(np.float16(0.1))])
+    np.testing.assert_array_equal(bb.colstats_from_scale(s), expect)
 
 
 # -- on the GPU -------------------------------------------------------------------------------------
@@ -192,8 +193,8 @@ def test_gemlite_inside_declared_interval(case):
 
 @needs_gemlite
 @pytest.mark.parametrize("case", [_w4("gptq", False, None, 32, M=1), _w4("awq", False, None, 64, M=4, act="bfloat16"),
-                                  _w4("gptq", True, None, 32, M=17, bias=True), _w4("ct-pack-quantized", False, None, 64, M=64)],
-                         ids=str)
+                                  _w4("gptq", True, None, 32, M=17, bias=True),
+                                  _w4("ct-pack-quantized", False, None, 64, M=64)], ids=str)
 def test_gemlite_auto_kernel_meets_its_floor(case):
     b = gm.GemliteBackend(kernel="auto")
     d = b.declared(case)
