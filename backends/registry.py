@@ -38,6 +38,8 @@ BUILTIN = {
     "zentorch": "backends.zentorch:ZentorchBackend",
     "vllm-cpu": "backends.vllm_cpu:VllmCpuBackend",
     "cuda": "backends.cuda:CudaBackend",
+    "gemlite": "backends.gemlite:GemliteBackend",
+    "bitsandbytes": "backends.bitsandbytes:BitsandbytesBackend",
     "xpu": "backends.xpu:XpuBackend",
     "auto": "backends.auto:AutoBackend",
 }
