@@ -24,6 +24,7 @@ import numpy as np
 
 from emulator import __version__ as emulator_version
 from emulator.declaration import declared_output, declared_weight
+from emulator.formats.fast_matmul import matmul_rows
 from emulator.linear import ExactIntMatmul
 from emulator.numerics.floats import round_float32_array, round_float64_array
 from emulator.variants import FIELD_AXES, VARIANT_AXES, VariantError, axis
@@ -138,7 +139,9 @@ class EmulatorBackend(Backend):
         bias = inputs.get("bias")
         if self._fast(case):
             w = self._weight(prepared)  # float32, exact dequantized values
-            y = np.asarray(x, dtype=np.float32) @ w.T  # one sgemm: fp32 accumulation, as declared
+            # fp32 BLAS by row blocks, as declared; the same blocks and calls as the uncached path
+            # (qconform_torch/blocked.py), so both give the same bits
+            y = matmul_rows(np.asarray(x, dtype=np.float32), w)
             if bias is not None:
                 y += np.asarray(bias, dtype=np.float32)
             return round_float32_array(y, case.output_dtype)
