@@ -125,3 +125,29 @@ def test_fallback_backend_w8a8_equals_the_reference_above_one_chunk():
     assert emu._fast_w8a8(case)
     assert ref.acc[1, 4] == 127 * (2175 * 127 + 126) and ref.acc[1, 4] % 2 == 1
     np.testing.assert_array_equal(y, ref.y)
+
+
+def test_one_row_activations_stay_on_blas(monkeypatch):
+    """M = 1: the chunks' activation slices must be unit-stride [L, 1] arrays (else NumPy's matmul
+    leaves BLAS: tens of ms instead of tens of us); checked on the array ExactIntMatmul builds."""
+    seen = []
+    real = np.matmul
+
+    def spy(a, b, *args, **kw):
+        seen.append(b.strides)
+        return real(a, b, *args, **kw)
+
+    mm = ExactIntMatmul(np.full((4, 2500), -128, np.int8), a_max=128)  # K not a multiple of L=1024: per-chunk calls
+    monkeypatch.setattr(np, "matmul", spy)
+    mm(np.ones((1, 2500), np.float32))
+    assert len(seen) == 3 and all(st == (4, 4) for st in seen)
+
+
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 17])
+def test_whole_chunks_against_the_oracle(M):
+    """K = 3 chunks exactly, extreme codes so every chunk sum is near 2**24."""
+    rng = np.random.default_rng(M)
+    K = 3072
+    a = rng.choice(np.array([-128, 127, -127], np.int16), (M, K))
+    w = rng.choice(np.array([-128, 127, 1], np.int16), (6, K)).astype(np.int8)
+    np.testing.assert_array_equal(ExactIntMatmul(w, a_max=128)(a.astype(np.float32)), _oracle(a, w).astype(np.float64))
