@@ -25,7 +25,8 @@ on the same data, so results are comparable across machines:
 - suite throughput: cases/s per backend on the smoke profile.
 - the host's load average with each timing (shared hosts: a load above the core count means contention).
 
-``--quick`` (under a minute): the fallback per format and W8A8 at M in {1, 16}, nothing else.
+``--quick`` (under a minute on an idle 2-core host): the fallback per format and W8A8 at M in {1, 16},
+nothing else. ``--fallback-only``: the same at M in {1, 16, 256} (docs/performance.md#fallback).
 - peak RSS of each benchmark (each runs in its own process).
 """
 
@@ -339,19 +340,19 @@ def _isolated(fn_name, *args) -> dict:
     return rec
 
 
-def run(quick: bool = False, suite: bool = True) -> list[dict]:
+def run(quick: bool = False, suite: bool = True, fallback_only: bool = False) -> list[dict]:
     n = k = 4096
-    repeat = 3 if quick else 7
+    repeat = 3 if quick else (5 if fallback_only else 7)
     results = []
     ms = (1, 16) if quick else (1, 16, 256)
     for fmt in ("gptq", "ct", "mxfp4"):  # the fallback per format: cached, uncached, dense, native, floor
         results.append(_isolated("bench_fallback", fmt, ms, n, k, repeat, True))
         _print(results[-1])
-    for scheme in (("w8a8",) if quick else ("w4a16", "w8a8", "mxfp4")):
+    for scheme in (("w8a8",) if quick or fallback_only else ("w4a16", "w8a8", "mxfp4")):
         for m in ms:
-            results.append(_isolated("bench_linear", scheme, m, n, k, repeat, not quick))
+            results.append(_isolated("bench_linear", scheme, m, n, k, repeat, not (quick or fallback_only)))
             _print(results[-1])
-    if quick:
+    if quick or fallback_only:
         return results
     for fmt in ("gptq", "awq", "ct", "mxfp4"):
         results.append(_isolated("bench_dequant", fmt, n, k, repeat))
@@ -408,6 +409,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--no-suite", action="store_true")
+    ap.add_argument("--fallback-only", action="store_true")
     args = ap.parse_args(argv)
     return _main(args)
 
@@ -423,7 +425,9 @@ def _main(args) -> int:
     except ImportError:
         pass
     print(f"qconform bench  {info}")
-    results = run(quick=args.quick, suite=not args.no_suite)
+    info["load_at_start"] = _load()
+    results = run(quick=args.quick, suite=not args.no_suite, fallback_only=getattr(args, "fallback_only", False))
+    info["load_at_end"] = _load()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"info": info, "results": results}, f, indent=1)
@@ -436,6 +440,8 @@ def register(sub) -> None:
     s.add_argument("--quick", action="store_true")
     s.add_argument("--json")
     s.add_argument("--no-suite", action="store_true")
+    s.add_argument("--fallback-only", action="store_true",
+                   help="only the fallback rows (per format, M in {1, 16, 256}) and W8A8's accumulator")
     s.set_defaults(fn=_main)
 
 

@@ -1,15 +1,20 @@
-"""The emulator backend's fast path without a full fp32 weight: dequantize row blocks into one buffer.
+"""The emulator backend's fast path without a full fp32 weight.
 
-Semantics: docs/fallback.md#memory.
+Semantics: docs/fallback.md#memory; speed: docs/performance.md#fallback.
 
-For a layer whose fp32 weight does not fit the cache budget, y = x @ W^T is computed over blocks of
-output rows: each block's packed tensors are sliced (every format stores output rows along one axis,
-packed ``F`` to a word along N for some tensors), dequantized by the emulator's own dequantizer into
-a buffer of at most the budget, and multiplied (fp32 sgemm) into its columns of y. Dequantization is
-elementwise, so a block's weight equals the same rows of the whole layer's (tested); the products are
-the emulator backend's declared fp32 accumulation. Formats / layouts it does not slice (asymmetric
-compressed-tensors zero points, act-order ct, N not a multiple of the packing) return None: the
-caller then runs the whole-layer path.
+``fused_fast_linear`` (GPTQ, AWQ, compressed-tensors pack-quantized, MXFP4): the emulator's own
+dequantizer streams cache-sized row blocks (2 MiB of fp32 a block, one buffer per thread) into a
+``RowsTimesX`` sink, which multiplies each block into its rows of y^T (one fp32 BLAS call) while it is in
+cache (emulator/formats/fast_matmul.py). The emulator backend's cached path multiplies the same row
+blocks of the weight it keeps, so the two return the same bits (tests/fallback/test_fused_fallback.py).
+
+``blocked_fast_linear`` (what the op calls for a layer over its cache budget) takes the fused path, and
+for a format it does not stream, blocks of output rows sliced from the packed tensors (every format stores
+output rows along one axis, packed ``F`` to a word along N for some tensors), each dequantized into a
+buffer of max(budget, 16 MiB) and multiplied; a block's weight equals the same rows of the whole layer's
+(tested), the products are the declared fp32 accumulation. Layouts it does not slice (asymmetric
+compressed-tensors zero points, act-order ct, N not a multiple of the packing) return None: the caller
+then runs the whole-layer path.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from emulator.numerics.floats import round_float32_array
 
 __all__ = ["row_slicer", "blocked_fast_linear", "fused_fast_linear", "MIN_BLOCK_BYTES", "FUSED_FORMATS"]
 
-#: the smallest block of fp32 weight rows (a transient working buffer, not a cache): many small sgemms
-#: alternating with the dequantizer's thread pool measured several times slower on the 2-core host
-#: than 16 MiB blocks (docs/performance.md#fallback)
+#: the smallest block of fp32 weight rows on the sliced path (a transient working buffer, not a cache):
+#: there, each block is dequantized on all cores and then multiplied by a multi-threaded sgemm, and many
+#: small blocks measured several times slower on the 2-core host than 16 MiB ones
 MIN_BLOCK_BYTES = 16 << 20
 
 
