@@ -10,18 +10,23 @@ on the same data, so results are comparable across machines:
   an existing array too, as a reused cache buffer is). Target >= 1/3. Also reported:
   against ``ndarray.fill`` (write-only, faster than any NumPy ufunc output can be written
   here), and both into new arrays (each then pays the kernel's zeroing of fresh pages).
-- fallback linear: the emulator backend's fast path (weights dequantized once and
-  cached) for W4A16, W8A8 and MXFP4, M in {1, 16, 256}, against a dense matmul
-  of the same shape in the precision the declared result needs (fp32 sgemm for
-  W4A16/MXFP4; float64 dgemm for W8A8, whose int32 accumulator needs exact
-  integer sums: 8-bit x 8-bit x 4096 exceeds fp32's 24 bits). Target <= 1.3x.
-  The best native CPU kernel available here is timed on the same shapes.
-- uncached fallback: a fresh emulator backend per call (prepare, dequantize, sgemm) and
-  qconform_torch's row-blocked path (16 MiB blocks dequantized straight into the sgemm: what the
-  op does for a layer that does not fit --cache-mb), each against the cached path.
-  Target <= 3x at M in {1, 16}, <= 1.5x at M = 256; a miss is printed as MISSED.
+- fallback per format (``bench_fallback``; GPTQ int4 g128, compressed-tensors pack-quantized g128,
+  MXFP4; M in {1, 16, 256}): the uncached fallback (qconform_torch's op for a layer over --cache-mb:
+  row blocks dequantized and multiplied while in cache) against the cached path (the fp32 weight
+  kept; target <= 3x at M <= 16, <= 1.5x at M = 256), against dense fp32 BLAS of the same shape,
+  against the best native CPU kernel installed here and against the memory-bandwidth floor of
+  reading the packed weights once (packed bytes / NumPy copy bandwidth on 256 MiB). Every miss is
+  printed as MISSED.
+- fallback linear (``bench_linear``): the cached fast path for W4A16, W8A8 and MXFP4 against a
+  dense matmul in the precision the declared result needs (fp32 sgemm; float64 dgemm for W8A8's
+  exact integer sums). Target <= 1.3x. For W8A8 also its exact accumulator alone (fp32 sgemm over
+  K-chunks, emulator/linear.py) against the float64 dgemm accumulator it replaced: target >= 2x.
 - exact reference: conformance.acceptance.declared_interval per case size.
 - suite throughput: cases/s per backend on the smoke profile.
+- the host's load average with each timing (shared hosts: a load above the core count means contention).
+
+``--quick`` (under a minute on an idle 2-core host): the fallback per format and W8A8 at M in {1, 16},
+nothing else. ``--fallback-only``: the same at M in {1, 16, 256} (docs/performance.md#fallback).
 - peak RSS of each benchmark (each runs in its own process).
 """
 
@@ -70,6 +75,51 @@ def _best_pair(fa, fb, repeat: int, min_time: float = 0.0) -> tuple[float, float
         ta, tb = min(ta, t1 - t0), min(tb, t2 - t1)
         n += 1
     return ta, tb
+
+
+def _best_many(fns, repeat: int, min_time: float = 0.0) -> list[float]:
+    """``_best_pair`` for any number of functions: best wall time of each, timed in turn in one loop."""
+    for f in fns:
+        f()
+    best = [float("inf")] * len(fns)
+    t_end = time.perf_counter() + min_time
+    n = 0
+    while n < repeat or time.perf_counter() < t_end:
+        for i, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            best[i] = min(best[i], time.perf_counter() - t0)
+        n += 1
+    return best
+
+
+def _load() -> float:
+    """The host's 1-minute load average (the host is shared: a load above its cores means contention)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return float("nan")
+
+
+NATIVE_CPU = ("ark", "torch-cpu", "vllm-cpu", "zentorch")
+
+
+def _native_times(case, tensors, x, repeat: int, reference) -> dict:
+    """{name: (seconds, reference seconds)} of every native CPU kernel that implements ``case`` here,
+    each timed alternately with ``reference``; errors under ``"errors"``."""
+    from backends.registry import create
+
+    out: dict = {}
+    for name in NATIVE_CPU:
+        try:
+            b = create(name)
+            if not b.availability().available or not b.can_implement(case).ok:
+                continue
+            p = b.prepare(case, tensors)
+            out[name] = _best_pair(lambda: b.run(p, x), reference, max(3, repeat // 2), 0.2)
+        except Exception as e:  # a kernel that fails here is reported by the suite, not the benchmark
+            out.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:200]
+    return out
 
 
 # -- individual benchmarks (each runs in a fresh process) -------------------------------------------
@@ -135,7 +185,21 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
         base = "float32 sgemm"
     t_emu, t_dense = _best_pair(lambda: emu.run(prep, inp.x), lambda: a @ b.T, repeat, 0.4)
     rec = {"bench": "linear", "scheme": scheme, "M": m, "N": n, "K": k, "seconds": t_emu, "baseline": base,
-           "baseline_seconds": t_dense, "ratio_to_dense": t_emu / t_dense, "target": "<= 1.3"}
+           "baseline_seconds": t_dense, "ratio_to_dense": t_emu / t_dense, "target": "<= 1.3",
+           "load": _load()}
+    if scheme == "w8a8":
+        # the exact int32 accumulator alone: float32 sgemm over K-chunks (emulator.linear.ExactIntMatmul)
+        # against the float64 dgemm it replaced, on the same int8 codes (issue #12: faster than a dgemm
+        # and >= 2x faster than the dgemm accumulator)
+        from emulator.linear import ExactIntMatmul
+
+        mm = ExactIntMatmul(b.astype(np.int8), a_max=128)
+        a32 = a.astype(np.float32)
+        if not np.array_equal(mm(a32), a @ b.T):
+            raise AssertionError("the chunked fp32 accumulator differs from the exact dgemm")
+        t_acc, t_dgemm = _best_pair(lambda: mm(a32), lambda: a @ b.T, repeat, 0.4)
+        rec.update({"acc_seconds": t_acc, "acc_dgemm_seconds": t_dgemm, "acc_speedup": t_dgemm / t_acc,
+                    "acc_target": ">= 2 (and > 1: faster than a float64 dgemm)", "acc_missed": t_dgemm / t_acc < 2})
     if native:
         best = None
         for name in ("ark", "torch-cpu", "vllm-cpu", "zentorch"):
@@ -158,46 +222,69 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
     return rec
 
 
-def bench_uncached(fmt: str, m: int, n: int, k: int, repeat: int) -> dict:
-    """The fallback without its fp32 cache (qconform_torch's op when a layer does not fit --cache-mb: a fresh
-    emulator backend prepares, dequantizes and runs the layer on every call) against the cached path (the
-    dequantized weight kept; one sgemm a call). Target (issue #12): <= 3x at M in {1, 16}, <= 1.5x at M = 256."""
+def bench_fallback(fmt: str, ms: tuple, n: int, k: int, repeat: int, native: bool = True) -> dict:
+    """The fallback without its fp32 cache (what qconform_torch's op runs for a layer over --cache-mb:
+    row blocks dequantized and multiplied while in cache, qconform_torch/blocked.py) per M, each timed
+    alternately with: the cached path (the fp32 weight kept; the same row-block BLAS calls), a dense
+    fp32 BLAS product of the same shape (the best of both operand orders), the best native CPU kernel
+    installed here, and the memory-bandwidth floor of reading the packed weights once. Targets (issue
+    #12): uncached <= 3x cached at M <= 16, <= 1.5x at M = 256; a miss is marked."""
+    import dataclasses
+
     from backends.base import Case
     from backends.registry import create
     from conformance.cases import make_inputs
-
-    case = {"gptq": Case("w4a16", "gptq", m, n, k, group_size=128, sym=True, zero_convention="v1",
-                         act_dtype="bfloat16"),
-            "ct": Case("w4a16", "ct-pack-quantized", m, n, k, group_size=128, sym=True, act_dtype="bfloat16"),
-            "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", m, n, k, group_size=32, act_dtype="bfloat16")}[fmt]
-    inp = make_inputs(case, 0)
-    emu = create("emulator")
-    prep = emu.prepare(case, inp.tensors)
-    emu.run(prep, inp.x)
-
-    def uncached():
-        b = create("emulator")
-        return b.run(b.prepare(case, inp.tensors), inp.x)
-
-    if not np.array_equal(uncached(), emu.run(prep, inp.x)):
-        raise AssertionError("uncached and cached fallback paths disagree")
-    t_unc, t_cached = _best_pair(uncached, lambda: emu.run(prep, inp.x), repeat, 0.4)
-    # qconform_torch's path for a layer over the budget (--cache-mb 1): row blocks of MIN_BLOCK_BYTES
     from qconform_torch.blocked import blocked_fast_linear
 
-    x32 = np.asarray(inp.x, np.float32)
-
-    def blocked():
-        return blocked_fast_linear(emu, case, inp.tensors, x32, None, 1 << 20)
-
-    t_blk, t_cached2 = _best_pair(blocked, lambda: emu.run(prep, inp.x), repeat, 0.4)
-    target = 1.5 if m >= 256 else 3.0
-    ratio = t_unc / t_cached
-    return {"bench": "uncached", "format": fmt, "M": m, "N": n, "K": k, "seconds": t_unc,
-            "baseline": "the cached fallback path (fp32 weight kept)", "baseline_seconds": t_cached,
-            "ratio_to_cached": ratio, "target": f"<= {target}", "missed": ratio > target,
-            "blocked_seconds": t_blk, "blocked_ratio_to_cached": t_blk / t_cached2,
-            "blocked_missed": t_blk / t_cached2 > target}
+    mmax = max(ms)
+    case0 = {"gptq": Case("w4a16", "gptq", mmax, n, k, group_size=128, sym=True, zero_convention="v1",
+                          act_dtype="bfloat16"),
+             "ct": Case("w4a16", "ct-pack-quantized", mmax, n, k, group_size=128, sym=True, act_dtype="bfloat16"),
+             "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", mmax, n, k, group_size=32, act_dtype="bfloat16")}[fmt]
+    inp = make_inputs(case0, 0)
+    tensors = inp.tensors
+    packed = sum(np.asarray(t).nbytes for t in tensors.values())
+    # memory bandwidth as a NumPy copy sees it, on 256 MiB (beyond any cache here): bytes copied per second
+    src = np.ones(64 << 20, np.float32)
+    dst = np.zeros_like(src)
+    t_copy = _best(lambda: np.copyto(dst, src), 3)
+    bw = src.nbytes / t_copy
+    del src, dst
+    rng = np.random.default_rng(1)
+    wd = rng.standard_normal((n, k)).astype(np.float32)
+    rows = []
+    for m in ms:
+        case = dataclasses.replace(case0, M=m)
+        x = np.ascontiguousarray(np.asarray(inp.x, np.float32)[:m])
+        emu = create("emulator")
+        prep = emu.prepare(case, tensors)
+        y_cached = emu.run(prep, x)
+        y_unc = blocked_fast_linear(emu, case, tensors, x, None, 0)
+        if not np.array_equal(y_unc, y_cached):
+            raise AssertionError(f"{fmt} M={m}: uncached and cached fallback paths disagree")
+        xd = rng.standard_normal((m, k)).astype(np.float32)
+        xdt = np.empty((k, m), np.float32)
+        xdt[...] = xd.T
+        t_unc, t_cached, t_d1, t_d2 = _best_many(
+            [lambda: blocked_fast_linear(emu, case, tensors, x, None, 0), lambda: emu.run(prep, x),
+             lambda: xd @ wd.T, lambda: wd @ xdt], repeat, 0.3 if repeat < 5 else 0.6)
+        t_dense = min(t_d1, t_d2)
+        target = 1.5 if m >= 256 else 3.0
+        rec = {"M": m, "uncached_seconds": t_unc, "cached_seconds": t_cached, "dense_seconds": t_dense,
+               "uncached_over_cached": t_unc / t_cached, "target": f"<= {target}", "missed": t_unc / t_cached > target,
+               "uncached_over_dense": t_unc / t_dense, "cached_over_dense": t_cached / t_dense,
+               "floor_seconds": packed / bw, "uncached_over_floor": t_unc / (packed / bw), "load": _load()}
+        if native:
+            nat = _native_times(case, tensors, x, repeat, lambda: blocked_fast_linear(emu, case, tensors, x, None, 0))
+            errs = nat.pop("errors", None)
+            if errs:
+                rec["native_errors"] = errs
+            if nat:
+                name, (t_nat, t_ref) = min(nat.items(), key=lambda kv: kv[1][0] / kv[1][1])
+                rec.update({"best_native": name, "uncached_over_best_native": t_ref / t_nat})
+        rows.append(rec)
+    return {"bench": "fallback", "format": fmt, "N": n, "K": k, "packed_bytes": packed, "copy_GBps": bw / 1e9,
+            "dense": "float32 BLAS, best of x @ W^T and W @ x^T (same shapes, random data)", "rows": rows}
 
 
 def bench_reference(scheme: str, m: int, n: int, k: int, repeat: int) -> dict:
@@ -253,21 +340,23 @@ def _isolated(fn_name, *args) -> dict:
     return rec
 
 
-def run(quick: bool = False, suite: bool = True) -> list[dict]:
+def run(quick: bool = False, suite: bool = True, fallback_only: bool = False) -> list[dict]:
     n = k = 4096
-    repeat = 3 if quick else 7
+    repeat = 3 if quick else (5 if fallback_only else 7)
     results = []
+    ms = (1, 16) if quick else (1, 16, 256)
+    for fmt in ("gptq", "ct", "mxfp4"):  # the fallback per format: cached, uncached, dense, native, floor
+        results.append(_isolated("bench_fallback", fmt, ms, n, k, repeat, True))
+        _print(results[-1])
+    for scheme in (("w8a8",) if quick or fallback_only else ("w4a16", "w8a8", "mxfp4")):
+        for m in ms:
+            results.append(_isolated("bench_linear", scheme, m, n, k, repeat, not (quick or fallback_only)))
+            _print(results[-1])
+    if quick or fallback_only:
+        return results
     for fmt in ("gptq", "awq", "ct", "mxfp4"):
         results.append(_isolated("bench_dequant", fmt, n, k, repeat))
         _print(results[-1])
-    for scheme in ("w4a16", "w8a8", "mxfp4"):
-        for m in ((1, 16) if quick else (1, 16, 256)):
-            results.append(_isolated("bench_linear", scheme, m, n, k, repeat, True))
-            _print(results[-1])
-    for fmt in ("gptq",) if quick else ("gptq", "ct", "mxfp4"):
-        for m in ((1, 16) if quick else (1, 16, 256)):
-            results.append(_isolated("bench_uncached", fmt, m, n, k, repeat))
-            _print(results[-1])
     for (m, nn, kk) in ((5, 96, 256), (33, 256, 512), (128, 512, 1024)):
         for scheme in ("w4a16", "w8a8", "w4a4"):
             results.append(_isolated("bench_reference", scheme, m, nn, kk, repeat))
@@ -291,13 +380,23 @@ def _print(r: dict) -> None:
               f"new array vs new array {r['new_array_ratio']:.2f}  {rss}")
     elif b == "linear":
         nat = f"  best native {r['best_native']} x{r['emulator_over_best_native']:.2f}" if r.get("best_native") else ""
+        acc = (f"; accumulator {r['acc_seconds'] * 1e3:.2f} ms vs dgemm {r['acc_dgemm_seconds'] * 1e3:.2f} ms: "
+               f"{r['acc_speedup']:.2f}x faster (target >= 2){'  MISSED' if r['acc_missed'] else ''}"
+               if "acc_seconds" in r else "")
         print(f"linear    {r['scheme']:6s} M={r['M']:<4d} {r['seconds'] * 1e3:8.2f} ms  vs {r['baseline']}: "
-              f"x{r['ratio_to_dense']:.2f} (target <= 1.3){nat}  {rss}")
-    elif b == "uncached":
-        print(f"uncached  {r['format']:6s} M={r['M']:<4d} {r['seconds'] * 1e3:8.2f} ms  vs cached "
-              f"{r['baseline_seconds'] * 1e3:.2f} ms: x{r['ratio_to_cached']:.2f} (target {r['target']})"
-              f"{'  MISSED' if r['missed'] else ''}; row blocks of 16 MiB {r['blocked_seconds'] * 1e3:.2f} ms: "
-              f"x{r['blocked_ratio_to_cached']:.2f}{'  MISSED' if r['blocked_missed'] else ''}  {rss}")
+              f"x{r['ratio_to_dense']:.2f} (target <= 1.3){'  MISSED' if r['ratio_to_dense'] > 1.3 else ''}{nat}{acc}"
+              f"  load {r.get('load')}  {rss}")
+    elif b == "fallback":
+        print(f"fallback  {r['format']:6s} {r['N']}x{r['K']}  packed {r['packed_bytes'] / 2**20:.1f} MiB, "
+              f"copy bandwidth {r['copy_GBps']:.1f} GB/s  {rss}")
+        for x in r["rows"]:
+            nat = (f"; best native {x['best_native']}: uncached x{x['uncached_over_best_native']:.2f} of it"
+                   if x.get("best_native") else "; no native kernel here")
+            print(f"  M={x['M']:<4d} uncached {x['uncached_seconds'] * 1e3:8.2f} ms = x{x['uncached_over_cached']:.2f} "
+                  f"cached {x['cached_seconds'] * 1e3:.2f} ms (target {x['target']}){'  MISSED' if x['missed'] else ''}"
+                  f"; dense fp32 {x['dense_seconds'] * 1e3:.2f} ms: uncached x{x['uncached_over_dense']:.2f}, cached "
+                  f"x{x['cached_over_dense']:.2f}; floor {x['floor_seconds'] * 1e3:.2f} ms: x{x['uncached_over_floor']:.1f}"
+                  f"{nat}; load {x['load']}")
     elif b == "reference":
         print(f"reference {r['scheme']:6s} {r['M']}x{r['N']}x{r['K']}  {r['seconds'] * 1e3:8.2f} ms  {rss}")
     elif b == "suite":
@@ -310,6 +409,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--no-suite", action="store_true")
+    ap.add_argument("--fallback-only", action="store_true")
     args = ap.parse_args(argv)
     return _main(args)
 
@@ -325,7 +425,9 @@ def _main(args) -> int:
     except ImportError:
         pass
     print(f"qconform bench  {info}")
-    results = run(quick=args.quick, suite=not args.no_suite)
+    info["load_at_start"] = _load()
+    results = run(quick=args.quick, suite=not args.no_suite, fallback_only=getattr(args, "fallback_only", False))
+    info["load_at_end"] = _load()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"info": info, "results": results}, f, indent=1)
@@ -338,6 +440,8 @@ def register(sub) -> None:
     s.add_argument("--quick", action="store_true")
     s.add_argument("--json")
     s.add_argument("--no-suite", action="store_true")
+    s.add_argument("--fallback-only", action="store_true",
+                   help="only the fallback rows (per format, M in {1, 16, 256}) and W8A8's accumulator")
     s.set_defaults(fn=_main)
 
 

@@ -12,9 +12,14 @@ are elementwise along rows.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import glob
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 MIN_ELEMENTS = 1 << 20
 #: Bytes of float32 output a block aims at. Smaller blocks fit L2 (1-2 MiB a core) but each
@@ -47,13 +52,17 @@ def block_rows(row_bytes: int, align: int = 1) -> int:
     return max(align, rows // align * align)
 
 
-def for_row_chunks(n_rows: int, n_elements: int, fn, *, row_bytes: int | None = None, align: int = 1) -> None:
+def for_row_chunks(n_rows: int, n_elements: int, fn, *, row_bytes: int | None = None, align: int = 1,
+                   step: int | None = None) -> None:
     """Call ``fn(r0, r1)`` over [0, n_rows) in row blocks, in parallel for large work.
 
     ``row_bytes`` (the output bytes of one row) sizes the blocks to the cache; ``align``
-    makes every block boundary but the last a multiple of it (for layouts that pack rows).
+    makes every block boundary but the last a multiple of it (for layouts that pack rows);
+    ``step`` (a multiple of ``align``) fixes the block height instead. Blocks start at multiples of
+    the step whatever the number of threads.
     """
-    step = block_rows(row_bytes, align) if row_bytes else max(align, ROWS_PER_CHUNK // align * align)
+    if step is None:
+        step = block_rows(row_bytes, align) if row_bytes else max(align, ROWS_PER_CHUNK // align * align)
     threads = _threads()
     if n_elements < MIN_ELEMENTS or threads == 1 or n_rows <= step or getattr(_IN_WORKER, "on", False):
         for r0 in range(0, n_rows, step):
@@ -73,3 +82,59 @@ def for_row_chunks(n_rows: int, n_elements: int, fn, *, row_bytes: int | None = 
             _IN_WORKER.on = False
 
     list(_pool().map(walk, spans))
+
+
+# --- BLAS threads while row blocks call BLAS themselves -------------------------------------------
+#
+# A fused consumer (qconform_torch/blocked.py) multiplies each dequantized block inside the worker
+# thread that formed it. OpenBLAS would then start its own threads for every block's sgemv while the
+# other worker needs the core, and its idle threads spin for a while after each call: on a 2-core host
+# that measured slower than one BLAS thread per worker. Speed only: OpenBLAS splits a GEMM / GEMV
+# between threads by output rows and columns, never along K (the summed axis), so each output element
+# is the same sum either way (the fused path is tested equal to the cached one bit for bit).
+
+_BLAS_LOCK = threading.Lock()
+_BLAS_DEPTH = 0
+_BLAS_SAVED = None
+_BLAS_FNS = None
+
+
+def _blas_thread_fns():
+    """(get, set) of the OpenBLAS bundled with NumPy's wheel, or None (another BLAS, another platform)."""
+    global _BLAS_FNS
+    if _BLAS_FNS is None:
+        fns = ()
+        root = os.path.dirname(os.path.dirname(np.__file__))
+        for path in sorted(glob.glob(os.path.join(root, "numpy.libs", "libscipy_openblas*.so*"))):
+            try:
+                lib = ctypes.CDLL(path)
+                get, put = lib.scipy_openblas_get_num_threads64_, lib.scipy_openblas_set_num_threads64_
+            except (OSError, AttributeError):
+                continue
+            get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+            fns = (get, put)
+            break
+        _BLAS_FNS = fns
+    return _BLAS_FNS or None
+
+
+@contextlib.contextmanager
+def single_threaded_blas():
+    """Within the block: NumPy's OpenBLAS runs each call on the calling thread (no-op where unknown)."""
+    global _BLAS_DEPTH, _BLAS_SAVED
+    fns = _blas_thread_fns() if _threads() > 1 else None
+    if fns is None:
+        yield
+        return
+    with _BLAS_LOCK:
+        if _BLAS_DEPTH == 0:
+            _BLAS_SAVED = fns[0]()
+            fns[1](1)
+        _BLAS_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS_DEPTH -= 1
+            if _BLAS_DEPTH == 0:
+                fns[1](_BLAS_SAVED)

@@ -1,15 +1,20 @@
-"""The emulator backend's fast path without a full fp32 weight: dequantize row blocks into one buffer.
+"""The emulator backend's fast path without a full fp32 weight.
 
-Semantics: docs/fallback.md#memory.
+Semantics: docs/fallback.md#memory; speed: docs/performance.md#fallback.
 
-For a layer whose fp32 weight does not fit the cache budget, y = x @ W^T is computed over blocks of
-output rows: each block's packed tensors are sliced (every format stores output rows along one axis,
-packed ``F`` to a word along N for some tensors), dequantized by the emulator's own dequantizer into
-a buffer of at most the budget, and multiplied (fp32 sgemm) into its columns of y. Dequantization is
-elementwise, so a block's weight equals the same rows of the whole layer's (tested); the products are
-the emulator backend's declared fp32 accumulation. Formats / layouts it does not slice (asymmetric
-compressed-tensors zero points, act-order ct, N not a multiple of the packing) return None: the
-caller then runs the whole-layer path.
+``fused_fast_linear`` (GPTQ, AWQ, compressed-tensors pack-quantized, MXFP4): the emulator's own
+dequantizer streams cache-sized row blocks (2 MiB of fp32 a block, one buffer per thread) into a
+``RowsTimesX`` sink, which multiplies each block into its rows of y^T (one fp32 BLAS call) while it is in
+cache (emulator/formats/fast_matmul.py). The emulator backend's cached path multiplies the same row
+blocks of the weight it keeps, so the two return the same bits (tests/fallback/test_fused_fallback.py).
+
+``blocked_fast_linear`` (what the op calls for a layer over its cache budget) takes the fused path, and
+for a format it does not stream, blocks of output rows sliced from the packed tensors (every format stores
+output rows along one axis, packed ``F`` to a word along N for some tensors), each dequantized into a
+buffer of max(budget, 16 MiB) and multiplied; a block's weight equals the same rows of the whole layer's
+(tested), the products are the declared fp32 accumulation. Layouts it does not slice (asymmetric
+compressed-tensors zero points, act-order ct, N not a multiple of the packing) return None: the caller
+then runs the whole-layer path.
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ import dataclasses
 import numpy as np
 
 from emulator.declaration import declared_weight
+from emulator.formats.fast_matmul import RowsTimesX
+from emulator.parallel import single_threaded_blas
 from emulator.numerics.floats import round_float32_array
 
-__all__ = ["row_slicer", "blocked_fast_linear", "MIN_BLOCK_BYTES"]
+__all__ = ["row_slicer", "blocked_fast_linear", "fused_fast_linear", "MIN_BLOCK_BYTES", "FUSED_FORMATS"]
 
-#: the smallest block of fp32 weight rows (a transient working buffer, not a cache): many small sgemms
-#: alternating with the dequantizer's thread pool measured several times slower on the 2-core host
-#: than 16 MiB blocks (docs/performance.md#fallback)
+#: the smallest block of fp32 weight rows on the sliced path (a transient working buffer, not a cache):
+#: there, each block is dequantized on all cores and then multiplied by a multi-threaded sgemm, and many
+#: small blocks measured several times slower on the 2-core host than 16 MiB ones
 MIN_BLOCK_BYTES = 16 << 20
 
 
@@ -67,6 +74,9 @@ def row_slicer(case, tensors: dict):
 def blocked_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias, budget_bytes: int):
     """y (float32 holding values of the case's output dtype) by row blocks of max(``budget_bytes``,
     MIN_BLOCK_BYTES) of fp32 weight; None where the layout is not sliced here."""
+    y = fused_fast_linear(backend, case, tensors, x32, bias)  # cache-sized blocks straight into BLAS
+    if y is not None:
+        return y
     sl = row_slicer(case, tensors)
     if sl is None:
         return None
@@ -85,6 +95,29 @@ def blocked_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias, bud
         w = declared_weight(sub, take(n0, n1), decl, out=buf[:n1 - n0])
         np.matmul(w, xt, out=yt[n0:n1])
     y = np.ascontiguousarray(yt.T)
+    if bias is not None:
+        y += np.asarray(bias, np.float32)
+    return round_float32_array(y, case.output_dtype)
+
+
+#: formats whose fast dequantizer streams row blocks into a ``RowSink`` (emulator/formats/fast_dequant.py)
+FUSED_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-mxfp4")
+
+
+def fused_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias):
+    """y without any fp32 weight beyond one cache-sized block per thread, or None where the format is
+    not streamed: each row block is dequantized and multiplied into its rows of y^T by the worker thread
+    that formed it, while it is in cache (emulator/formats/fast_matmul.py). Equal bit for bit to the
+    emulator backend's cached path, which multiplies the same row blocks of its kept fp32 weight."""
+    decl = backend.computed(case)
+    if case.weight_format not in FUSED_FORMATS or (case.weight_format == "ct-mxfp4" and decl.weight_dtype != "exact"):
+        return None
+    sink = RowsTimesX(x32, case.N)
+    with single_threaded_blas():  # each worker thread runs its own blocks' BLAS calls
+        got = declared_weight(case, tensors, decl, out=sink)
+    if got is not sink:
+        raise AssertionError(f"fused fallback: the dequantizer of {case.describe()} did not stream its rows")
+    y = sink.result()
     if bias is not None:
         y += np.asarray(bias, np.float32)
     return round_float32_array(y, case.output_dtype)

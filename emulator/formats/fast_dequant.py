@@ -28,6 +28,7 @@ from ..numerics.e8m0 import decode_e8m0
 from ..numerics.floats import round_float32_array
 from ..numerics.rounding import Rounding, as_float64
 from ..parallel import for_row_chunks
+from .fast_matmul import RowSink
 from .int_common import (
     ComputeDtype,
     DequantOrder,
@@ -92,7 +93,12 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
     s = np.asarray(scales)
     n, k = src.shape
     n_groups = s.shape[1]
-    out = np.empty((n, k), dtype=np.float32) if out is None else check_out(out, (n, k))
+    sink = out if isinstance(out, RowSink) else None
+    if sink is not None:
+        if sink.shape != (n, k):
+            raise ValueError(f"out: a row sink of shape {list(sink.shape)} for a weight of shape {[n, k]}")
+    else:
+        out = np.empty((n, k), dtype=np.float32) if out is None else check_out(out, (n, k))
     scalar_zero = np.isscalar(zeros)
     za = zeros if scalar_zero else np.asarray(zeros)
     default = g_idx is None or np.array_equal(g_idx, default_g_idx(k, k // n_groups))
@@ -103,16 +109,24 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
 
     def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
         qb = src.rows(r0, r1)
+        dst = out[r0:r1] if sink is None else sink.buffer(r1 - r0)
         if plan is not None:
-            plan.block(qb, r0, r1, out[r0:r1], gs, g, scratch=src.scratch)
+            plan.block(qb, r0, r1, dst, gs, g, scratch=src.scratch)
         elif default:
             zb = za if scalar_zero else za[r0:r1, :, None]
             dequantize_affine_fast(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
-                                   out=out[r0:r1].reshape(r1 - r0, n_groups, gs), **kw)
+                                   out=dst.reshape(r1 - r0, n_groups, gs), **kw)
         else:
             zb = za if scalar_zero else expand_groups(za[r0:r1], g)
-            dequantize_affine_fast(qb, zb, expand_groups(s[r0:r1], g), out=out[r0:r1], **kw)
+            dequantize_affine_fast(qb, zb, expand_groups(s[r0:r1], g), out=dst, **kw)
+        if sink is not None:
+            sink.deliver(r0, r1, dst)
 
+    if sink is not None:  # the sink's blocks (a multiple of every format's row alignment)
+        if sink.step % src.align:
+            raise ValueError(f"out: row sink blocks of {sink.step} rows; these codes come {src.align} rows at a time")
+        for_row_chunks(n, n * k, rows, step=sink.step)
+        return sink
     for_row_chunks(n, n * k, rows, row_bytes=4 * k, align=src.align)
     return out
 
@@ -271,19 +285,29 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out:
     p2 = p.reshape(-1, p.shape[-1])
     sb2 = sb.reshape(-1, sb.shape[-1])
     shape2 = (p2.shape[0], p2.shape[1] * 2)
-    if out is None:
+    sink = out if isinstance(out, RowSink) else None
+    if sink is not None:
+        if sink.shape != shape2 or len(lead) != 1:
+            raise ValueError(f"out: a row sink of shape {list(sink.shape)} for a weight of shape "
+                             f"{list(lead + (p.shape[-1] * 2,))}")
+    elif out is None:
         out2 = np.empty(shape2, dtype=np.float32)
     else:
         out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
 
     def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
-        v = out2[r0:r1]
+        v = out2[r0:r1] if sink is None else sink.buffer(r1 - r0)
         # mode="wrap" never wraps (a uint8 indexes a 256-entry table); it only skips the
         # per-element bounds check of the default mode, which costs ten times the gather
         np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64), mode="wrap")
         with np.errstate(over="ignore", invalid="ignore"):
             v3 = v.reshape(r1 - r0, -1, MX_BLOCK)
             np.multiply(v3, _E8M0_F32[sb2[r0:r1]][..., None], out=v3)
+        if sink is not None:
+            sink.deliver(r0, r1, v)
 
+    if sink is not None:
+        for_row_chunks(shape2[0], shape2[0] * shape2[1], rows, step=sink.step)
+        return sink
     for_row_chunks(p2.shape[0], out2.size, rows, row_bytes=4 * shape2[1])
     return out2.reshape(lead + (p.shape[-1] * 2,)) if out is None else out
