@@ -101,6 +101,8 @@ def gen_exact(case: Case, seed: int) -> CaseInputs:
     bias = None
     if case.bias:
         bias = _r(rng.integers(-8, 9, N) * 2.0 ** -3, case.act_dtype)
+    if case.spec.quantize_only:
+        return CaseInputs(case, seed, {}, _quantize_exact_acts(case, rng))
     if case.weight_format in ("gptq", "awq", "ct-pack-quantized"):
         q, z, g_idx = _int_codes(case, rng)
         G = K // case.group
@@ -137,6 +139,41 @@ def _int8_exact_acts(case: Case, rng) -> np.ndarray:
     ints = rng.integers(-127, 128, (M, K))
     ints[:, 0] = np.where(rng.random(M) < 0.5, 127, -127)
     return _r(ints * 2.0 ** j, case.act_dtype)
+
+
+def _quantize_exact_acts(case: Case, rng) -> np.ndarray:
+    """Quantize-only cases: inputs every quantizer maps exactly (scale a power of two, integer quotients):
+    symmetric int8 rows of amax 127 * 2**j; asymmetric int8 rows spanning exactly [-128, 127] * 2**j; a
+    uint8 tensor spanning [-a, 255 - a] * 2**j; MX blocks of E2M1 values with amax 6 * 2**s."""
+    M, K = case.M, case.K
+    if case.spec.activations == "mxfp4":
+        return _mx_exact_acts(case, rng)
+    if case.scheme == "q-int8-token" and case.sym:
+        return _int8_exact_acts(case, rng)
+    j = rng.integers(-6, -1, (M, 1))
+    if case.scheme == "q-uint8-tensor":
+        a = int(rng.integers(1, 255))
+        ints = rng.integers(-a, 256 - a, (M, K))
+        ints[0, 0], ints[-1, -1] = -a, 255 - a
+        return _r(ints * 2.0 ** j[0, 0], case.act_dtype)
+    ints = rng.integers(-128, 128, (M, K))
+    ints[:, 0], ints[:, 1] = 127, -128
+    return _r(ints * 2.0 ** j, case.act_dtype)
+
+
+def gen_one_signed(case: Case, seed: int) -> CaseInputs:
+    """Rows (for a per-tensor scheme: the whole tensor) of one sign: all positive, all negative, or
+    positive with one zero. min/max ranges and zero-inclusive ranges (min(0, min x), max(0, max x)) give
+    other scales and zero points here, and only here."""
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    M, K = case.M, case.K
+    x = np.abs(rng.standard_normal((M, K))) + rng.uniform(0.25, 2.0, (M, 1))
+    if case.scheme != "q-uint8-tensor":
+        x[1::3] *= -1.0
+        x[2::3, 0] = 0.0
+    inp.x = _r(x, case.act_dtype)
+    return inp
 
 
 def _mx_exact_acts(case: Case, rng) -> np.ndarray:
@@ -437,11 +474,11 @@ def gen_outlier_channels(case: Case, seed: int) -> CaseInputs:
 #: generator name -> (tier, function, predicate(case) -> bool)
 GENERATORS = {
     "exact": ("exact", gen_exact, lambda c: c.scheme != "w4a16-moe"),
-    "int8-ties": ("edge", gen_int8_ties, lambda c: c.spec.int8_activations),
+    "int8-ties": ("edge", gen_int8_ties, lambda c: c.spec.activations == "int8"),
     "zero-rows": ("edge", gen_zero_rows, lambda c: c.M > 1),
     "nonfinite-acts": ("edge", gen_nonfinite_acts,
                        lambda c: c.spec.activations in ("a16", "mxfp4") and c.M > 3),
-    "mx-boundaries": ("edge", gen_mx_boundaries, lambda c: c.scheme == "w4a4-mxfp4"),
+    "mx-boundaries": ("edge", gen_mx_boundaries, lambda c: c.spec.activations == "mxfp4"),
     "e8m0-extremes": ("edge", gen_e8m0_extremes, lambda c: c.weight_format == "ct-mxfp4"),
     "gptq-zero-fields": ("edge", gen_gptq_zero_fields, lambda c: c.weight_format == "gptq" and not c.sym),
     "sym-nonmidpoint-qzeros": ("edge", gen_sym_nonmidpoint_qzeros,
@@ -450,8 +487,11 @@ GENERATORS = {
     "weight-mantissa": ("edge", gen_weight_mantissa,
                         lambda c: c.spec.activations == "a16" and c.spec.weights in ("int4", "int8")
                         and c.weight_format in ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized")),
-    "int8-recip": ("edge", gen_int8_recip, lambda c: c.spec.int8_activations),
-    "mx-tiny-blocks": ("edge", gen_mx_tiny_blocks, lambda c: c.scheme == "w4a4-mxfp4" and c.act_dtype != "float16"),
+    "int8-recip": ("edge", gen_int8_recip, lambda c: c.spec.activations == "int8"),
+    "mx-tiny-blocks": ("edge", gen_mx_tiny_blocks,
+                       lambda c: c.spec.activations == "mxfp4" and c.act_dtype != "float16"),
+    "one-signed": ("edge", gen_one_signed,
+                   lambda c: c.scheme == "q-uint8-tensor" or (c.scheme == "q-int8-token" and not c.sym)),
     "router-ties": ("edge", gen_router_ties, lambda c: c.scheme == "w4a16-moe" and c.E >= c.top_k + 1),
     "gaussian": ("random", gen_gaussian, lambda c: True),
     "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),

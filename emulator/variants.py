@@ -73,7 +73,8 @@ class Stage(str, enum.Enum):
 
 
 _DTYPES = ("float32", "float16", "bfloat16")
-_ALL = tuple(SCHEMES)
+# the GEMM, epilogue and weight axes belong to the linear schemes; a quantize-only scheme has none
+_ALL = tuple(n for n, s in SCHEMES.items() if not s.quantize_only)
 _INT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.weights in ("int4", "int8"))
 # int8 activations, and the MoE block (its GEMM inputs are int8 under moe_act_quant=int8)
 _INT8_ACT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations in ("int8", "moe"))
