@@ -39,6 +39,9 @@ BUILTIN = {
     "vllm-cpu": "backends.vllm_cpu:VllmCpuBackend",
     "cuda": "backends.cuda:CudaBackend",
     "xpu": "backends.xpu:XpuBackend",
+    "torchao": "backends.torchao_mx:TorchaoMxBackend",
+    "compressed-tensors": "backends.ct_forward:CompressedTensorsBackend",
+    "onnx-reference": "backends.onnx_reference:OnnxReferenceBackend",
     "auto": "backends.auto:AutoBackend",
 }
 
