@@ -303,8 +303,9 @@ AXES: dict[str, Axis] = {a.key: a for a in [
     Axis("eps", "amax clamp under zero_row=eps", Stage.INT8_ACTIVATIONS, canonical=0.0, kind="float",
          schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#zero-rows"),
     Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan)", Stage.INT8_ACTIVATIONS,
-         ("zero", "raise"), "zero", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.nan_to_int",
-         doc=_DOC_ACT + "#zero-rows", source="the emulator raises where NaN means bad input"),
+         ("zero", "low", "raise"), "zero", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.nan_to_int",
+         doc=_DOC_ACT + "#zero-rows", source="the emulator raises where NaN means bad input; ONNX reference "
+                                              "QuantizeLinear (NaN -> int32 min -> clipped: low)"),
     Axis("act_symmetric", "symmetric (amax) or asymmetric (min/max + zero point) activations",
          Stage.INT8_ACTIVATIONS, canonical=True, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
          target="Int8ActVariant.symmetric", doc=_DOC_ACT + "#asymmetric",
