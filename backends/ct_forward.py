@@ -73,8 +73,14 @@ class CompressedTensorsBackend(QuantizeOnlyBackend):
     def declared(self, case: Case) -> Declared:
         v = {}
         if case.scheme == "q-int8-token":
-            # the library computes the scale in the input dtype: a 16-bit scale
-            v["act_scale_dtype"] = case.act_dtype
+            # calculate_qparams: the range always includes 0, the symmetric scale is amax / (255 / 2), every
+            # torch op runs in the input's dtype, a zero scale becomes finfo(dtype).eps, and the asymmetric
+            # zero point is clamped to [-128, 127] before it is rounded
+            v.update(act_range="zero_inclusive", act_arith_dtype="input", zero_row="dtype_eps")
+            if case.sym:
+                v["act_sym_divisor"] = "half_range"
+            else:  # forward_helpers._quantize: scaled = x / scale; scaled += zero_point; then round
+                v.update(azp_clamp=True, azp_before_rounding=True)
         if case.scheme == "q-mxfp4":
             # calculate_qparams -> generate_mx_scales: amax rounded to E2M1's mantissa width, then floor(log2):
             # the EVEN rule; a -0 element comes back as +0 (torch's E2M1 rounding in quantize)

@@ -24,7 +24,7 @@ from .quantize_base import QuantizeOnlyBackend
 
 __all__ = ["TorchaoMxBackend", "SCALE_MODES"]
 
-#: backend parameter scale_mode -> the emulator's mx_scale_rule (the same names)
+#: backend parameter scale_mode -> the emulator's mx_scale_rule (the same names; rceil is declared as rceil_log2f)
 SCALE_MODES = {"floor": "floor", "rceil": "rceil", "even": "even", "ceil": "ceil"}
 
 
@@ -69,6 +69,12 @@ class TorchaoMxBackend(QuantizeOnlyBackend):
 
     def declared(self, case: Case) -> Declared:
         v = {"mx_scale_rule": SCALE_MODES[self.scale_mode]}
+        if self.scale_mode == "rceil":
+            # _to_mx_rceil's eager fallback: ceil of an fp32 torch.log2; exponent 0 divides by 1.0
+            v.update(mx_scale_rule="rceil_log2f", mx_byte0_divisor="one")
+        else:
+            # a block whose byte is 0 (2**-127) is divided by the fp32 scale clamped to 2**-126
+            v["mx_byte0_divisor"] = "min_normal"
         return Declared(variants=v, output=case.output_dtype,
                         notes=f"torchao {_state()[0][1] if _state()[0] else '?'} to_mx scaling_mode={self.scale_mode}")
 
