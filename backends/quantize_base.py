@@ -67,11 +67,13 @@ def e2m1_codes_from_values(v: np.ndarray) -> np.ndarray:
 
 
 def e8m0_bytes_from_scales(s: np.ndarray) -> np.ndarray:
-    """The E8M0 byte of each power-of-two scale a library returns as a float (2**(b - 127) -> b; NaN -> 0xFF).
-    A scale that is not a power of two in [2**-127, 2**127] raises BackendError."""
+    """The E8M0 byte of each power-of-two scale a library returns as a float (2**(b - 127) -> b). NaN and +Inf
+    map to 0xFF: a library that decodes its bytes as ``2.0 ** (b - 127)`` in fp32 (compressed-tensors
+    ``maybe_convert_from_mx_exp``) turns byte 255 into 2**128 = +Inf. Any other scale that is not a power of
+    two in [2**-127, 2**127] raises BackendError."""
     s = np.asarray(s, np.float64)
     out = np.full(s.shape, 0xFF, np.uint8)
-    fin = ~np.isnan(s)
+    fin = ~(np.isnan(s) | (s == np.inf))
     m, e = np.frexp(s[fin])
     good = (m == 0.5) & (e - 1 >= -127) & (e - 1 <= 127)
     if not good.all():
