@@ -150,7 +150,8 @@ INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "
                 "act_granularity": "granularity", "act_scheme": "scheme", "azp_before_rounding": "azp_before_rounding",
                 "act_dequant_scale_dtype": "dequant_scale_dtype", "act_sym_divisor": "sym_divisor",
                 "act_range": "range_rule", "act_arith_dtype": "arith_dtype", "azp_clamp": "azp_clamp",
-                "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow"}
+                "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow",
+                "azp_fused": "azp_fused"}
 #: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
 MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
               "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign",

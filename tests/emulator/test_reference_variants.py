@@ -1,4 +1,5 @@
-"""Named variants of public reference quantizers (issue 13, part 3): hand-derived values.
+"""Named variants of public reference quantizers (issue 13, part 3): hand-derived values, and the edge
+generators ``reference-int8`` / ``reference-mx`` separating every named value from canonical.
 
 What each variant does is derived here by hand from its definition (docs/formats/activations.md#reference-
 implementations, docs/formats/mxfp4.md#reference-implementations); the libraries themselves are the oracles of
@@ -11,7 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from backends.base import Case
+from conformance.generators import generate
 from emulator.activations.int8 import Int8ActVariant, quantize_int8_per_token
+from emulator.declaration import Declared, int8_variant, mx_variant
 from emulator.formats.mxfp4 import MxVariant, quantize_mxfp4
 from emulator.numerics.e8m0 import mx_scale_byte
 
@@ -136,3 +140,58 @@ def test_scale_overflow_nan_at_the_top_of_the_exponent_range(amax, canonical):
         assert s2.tolist() == [[0xFF]] and not c2.any()
     else:
         assert s2.tolist() == s.tolist() and np.array_equal(c2, c)
+
+
+# -- the edge generators separate every named value from canonical ------------------------------------------
+_ASYM = {"act_symmetric": False}
+INT8_SEPARATED = [
+    ({"act_sym_divisor": "half_range"}, {}), ({"act_arith_dtype": "input"}, {}), ({"zero_row": "dtype_eps"}, {}),
+    ({"zero_row": "unit_range"}, {}), ({"act_range": "zero_inclusive"}, _ASYM), ({"azp_clamp": True}, _ASYM),
+    ({"azp_domain": "uint8"}, dict(_ASYM, act_range="zero_inclusive", azp_clamp=True)),
+    ({"int32_saturation": "full"}, _ASYM), ({"azp_overflow": "int_min"}, _ASYM),
+    ({"azp_fused": True}, dict(_ASYM, azp_before_rounding=True, reciprocal="recip_scale")),
+]
+
+
+def _int8_result(variants: dict, case: Case, x):
+    a = quantize_int8_per_token(x, int8_variant(Declared(variants=variants), case))
+    return a.q, a.scale, a.zero_point
+
+
+@pytest.mark.parametrize("named,base", INT8_SEPARATED, ids=[",".join(f"{k}={v}" for k, v in n.items())
+                                                             for n, _ in INT8_SEPARATED])
+def test_reference_int8_generator_separates_each_named_value(named, base):
+    """On the reference-int8 rows, the named value changes codes, scales or zero points (against the same
+    declaration without it), for an fp32 or a bf16 case; act_arith_dtype=input needs a 16-bit case."""
+    separated = []
+    for dtype in ("float32", "bfloat16"):
+        case = Case("w8a8", "ct-int-quantized", 8, 32, 64, group_size=-1, act_dtype=dtype, sym=True)
+        x = np.asarray(generate(case, "reference-int8", 0).x, F)
+        with_v = _int8_result({**base, **named}, case, x)
+        without = _int8_result(base, case, x)
+        separated.append(not all(np.array_equal(a, b) for a, b in zip(with_v, without)))
+    assert any(separated), named
+
+
+MX_SEPARATED = [({"mx_byte0_divisor": "min_normal"}, {}), ({"mx_byte0_divisor": "one"}, {}),
+                ({"mx_scale_rule": "rceil_log2f"}, {"mx_scale_rule": "rceil"}),
+                ({"mx_scale_overflow": "nan"}, {"mx_scale_rule": "even"})]
+
+
+@pytest.mark.parametrize("named,base", MX_SEPARATED, ids=[",".join(f"{k}={v}" for k, v in n.items())
+                                                         for n, _ in MX_SEPARATED])
+def test_reference_mx_generator_separates_each_named_value(named, base):
+    dtypes = ("float32",) if "mx_scale_rule" in named else ("float32", "bfloat16")  # rceil_log2f: fp32 amax only
+    for dtype in dtypes:
+        x = np.asarray(generate(Case("w4a4-mxfp4", "ct-mxfp4", 6, 32, 128, group_size=32, act_dtype=dtype),
+                                "reference-mx", 0).x, F)
+        c1, s1 = quantize_mxfp4(x, mx_variant(Declared(variants={**base, **named})))
+        c0, s0 = quantize_mxfp4(x, mx_variant(Declared(variants=base)))
+        assert not (np.array_equal(c1, c0) and np.array_equal(s1, s0)), (named, dtype)
+
+
+def test_input_arith_dtype_resolves_to_the_case_dtype():
+    d = Declared(variants={"act_arith_dtype": "input"})
+    assert int8_variant(d, Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float16")
+                        ).arith_dtype == "float16"
+    assert int8_variant(d).arith_dtype == "input"  # no case: the quantizer reads the dtype of x
