@@ -512,6 +512,8 @@ class Runner:
 
         observed = load_observed(ypath)
         metrics, expected = judge_quantized(spec.case, inp.x, declared, observed)
+        if metrics.get("first_mismatch"):  # what the reports and the console show as the worst element
+            metrics["worst_element"] = metrics["first_mismatch"]
         verdict = metrics.pop("verdict")
         reason = metrics.pop("reason")
         if expected is None:
