@@ -72,9 +72,8 @@ def quantize_scheme_records(worker, label: str, scheme: str, act_dtype: str, out
                 rec = {"axis": "(definition)", "title": "the scheme's own definition", "status": "ok",
                        "case": case.describe(), "declared_arithmetic": base.to_json(), "declared": "canonical"}
             else:
-                dv = base.variants.get(a.key, case.act_symmetric if a.key == "act_symmetric" else a.canonical)
                 rec = {"axis": a.key, "title": a.title, "status": "ok", "case": case.describe(),
-                       "declared_arithmetic": base.to_json(), "declared": _txt(dv)}
+                       "declared_arithmetic": base.to_json(), "declared": _txt(_declared_value(a, base, case))}
             if crashed:
                 rec["crashed_probes"] = crashed
             if not probes:
@@ -118,6 +117,13 @@ def _run_probes(worker, label, case: Case, out_dir: Path, timeout: float):
             continue  # (a dead worker is restarted by the next request)
         probes.append((pid, inp, load_observed(ypath)))
     return probes, crashed
+
+
+def _declared_value(a, base: Declared, case: Case):
+    """The value the declaration gives axis ``a`` for ``case`` (act_symmetric left silent follows the case)."""
+    if a.key == "act_symmetric" and a.key not in base.variants:
+        return case.act_symmetric
+    return base.value(a.key)
 
 
 def _txt(v) -> str:
@@ -164,7 +170,7 @@ def _decide_axis_typed(a, base: Declared, case: Case, probes) -> dict:
     if len(values) > 1 and len(unseparated) == len(values) * (len(values) - 1) // 2:
         res["status"] = "not-observable"
         res["reason"] = "every value gives the same tensors on every probe"
-    dv = base.value(a.key)
+    dv = _declared_value(a, base, case)
     res["contradiction"] = None
     if dv in excluded:
         res["contradiction"] = (f"declares {a.key}={_txt(dv)}, excluded by probe {', '.join(excluded[dv])}; "

@@ -200,3 +200,25 @@ def test_certification_bundle_recomputes_quantize_verdicts_and_catches_an_edited
 def test_case_ids_and_specs_round_trip():
     for s in case_list(schemes=list(QUANTIZE_SCHEMES), profile="smoke"):
         assert CaseSpec.from_json(json.loads(json.dumps(s.to_json()))).case_id == s.case_id
+
+
+# -- fingerprint -------------------------------------------------------------------------------------------
+def test_fingerprint_of_a_wrong_declaration_names_the_real_value():
+    from conformance.fingerprint import fingerprint
+
+    res = fingerprint("emulator:act_rounding=rhaz,declare=canonical", schemes=["q-int8-token"],
+                      axes=["act_rounding", "reciprocal"])
+    rows = {a["axis"]: a for a in res["schemes"]["q-int8-token"]["axes"]}
+    assert rows["act_rounding"]["consistent"] == ["rhaz"]
+    assert "rne" in rows["act_rounding"]["excluded"]
+    assert any("act_rounding" in c and "declares act_rounding=rne" in c for c in res["contradictions"])
+    assert rows["reciprocal"]["consistent"] == ["divide"] and "contradiction" not in rows["reciprocal"]
+
+
+def test_fingerprint_of_the_emulator_agrees_with_its_declaration_on_every_quantize_scheme():
+    from conformance.fingerprint import fingerprint
+
+    res = fingerprint("emulator", schemes=list(QUANTIZE_SCHEMES))
+    assert res["contradictions"] == []
+    rows = [a for s in res["schemes"].values() for a in s["axes"]]
+    assert rows and all(a["declared"] in a.get("consistent", []) for a in rows if a["status"] == "ok")
