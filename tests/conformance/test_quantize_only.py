@@ -222,3 +222,17 @@ def test_fingerprint_of_the_emulator_agrees_with_its_declaration_on_every_quanti
     assert res["contradictions"] == []
     rows = [a for s in res["schemes"].values() for a in s["axes"]]
     assert rows and all(a["declared"] in a.get("consistent", []) for a in rows if a["status"] == "ok")
+
+
+# -- property tier ---------------------------------------------------------------------------------------------
+def test_property_tier_searches_quantize_schemes_and_shrinks_a_planted_rounding(tmp_path):
+    pytest.importorskip("hypothesis", reason="the property tier needs Hypothesis")
+    from conformance.property import run_property
+
+    r = Runner(tmp_path, progress=False)
+    recs = run_property(r, ["emulator", "emulator:e2m1_rounding=rhaz,declare=canonical"], profile="smoke",
+                        schemes=["q-mxfp4"])
+    by = {x["backend"]: x for x in recs}
+    assert by["emulator"]["verdict"] == "pass"
+    bad = by["emulator:declare=canonical,e2m1_rounding=rhaz"]
+    assert bad["verdict"] == "fail" and "first: codes[" in bad["reason"]
