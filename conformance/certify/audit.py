@@ -109,9 +109,9 @@ def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Pa
         return
     if entry["meta"].get("kind") == "quantize":  # the quantize-only outputs are judged exactly: compare them
         from ..quantized import decide_quantized, load_observed
-        from .verify import _quantized_tensors
+        from .codec import decode_quantized
 
-        obs, _exp = _quantized_tensors(entry)
+        obs, _exp = decode_quantized(entry)
         again = decide_quantized(load_observed(ypath), obs)
         if again["verdict"] not in ("pass", "mistrusted"):
             problems.append(f"{who}: rerun: the quantized output differs from the stored one ({again['reason']})")

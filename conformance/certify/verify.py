@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .codec import decode_case, load_outputs
+from .codec import decode_case, decode_quantized, load_outputs
 from .derive import (JUDGED, backend_lines, declared_table, environment_record, json_bytes, latest_results,
                      report_title, reports, run_headers, verdict_summary, waiver_record)
 from .files import MAX_FILE_BYTES, MAX_PARSED_BYTES, BundleFileError, bad_relpath, hash_file, scan, tail
@@ -507,16 +507,6 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
         _deep_check(rec, d, problems, checked)
 
 
-def _quantized_tensors(entry) -> "tuple[dict, dict]":
-    meta, t = entry["meta"], entry["tensors"]
-    obs = {k: t[f"obs.{k}"] for k in meta.get("observed") or []}
-    exp = {k: t[f"exp.{k}"] for k in meta.get("expected") or []}
-    stray = sorted(set(t) - {f"obs.{k}" for k in obs} - {f"exp.{k}" for k in exp})
-    if stray:
-        raise ValueError(f"tensors {', '.join(stray)} that the case's index does not list")
-    return obs, exp
-
-
 def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, checked: Counter, deep: bool) -> None:
     """A quantize-only case (docs/conformance.md#quantize-only-cases): the verdict, reason and metrics
     recomputed from the stored observed and expected tensors; ``deep``: the expected tensors recomputed
@@ -526,7 +516,7 @@ def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, check
     who = f"{rec['backend']} {rec['case_id']}"
     v = rec.get("verdict")
     try:
-        obs, exp = _quantized_tensors(entry)
+        obs, exp = decode_quantized(entry)
         if not exp:
             raise ValueError("no expected tensors stored")
         got = decide_quantized(obs, exp)
