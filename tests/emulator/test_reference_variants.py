@@ -195,3 +195,27 @@ def test_input_arith_dtype_resolves_to_the_case_dtype():
     assert int8_variant(d, Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float16")
                         ).arith_dtype == "float16"
     assert int8_variant(d).arith_dtype == "input"  # no case: the quantizer reads the dtype of x
+
+
+def test_levels_of_the_reference_declarations():
+    from emulator.reference_quantizers import reference_variants
+    from emulator.variants import Level
+
+    asym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="bfloat16", sym=False)
+    sym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="bfloat16", sym=True)
+    fp32_sym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float32", sym=True)
+    # a clamped zero point moves every code of an all-positive row unless 0 is in the range
+    assert Declared(variants={"azp_clamp": True}).level(asym) is Level.SEMANTIC
+    assert Declared(variants={"azp_clamp": True, "act_range": "zero_inclusive"}).level(asym) is Level.ROUNDING
+    assert Declared(variants={"azp_clamp": True, "azp_overflow": "int_min"}).level(sym) is Level.CANONICAL
+    assert Declared(variants={"act_arith_dtype": "input"}).level(fp32_sym) is Level.CANONICAL
+    assert Declared(variants={"act_arith_dtype": "input"}).level(sym) is Level.ROUNDING
+    assert Declared(variants={"azp_fused": True}).level(asym) is Level.CANONICAL  # nothing to fuse
+    lv = {n: Declared(variants=reference_variants(n)).level(asym) for n in
+          ("compressed-tensors-int8-asym", "onnx-dynamicquantizelinear", "vllm-cuda-int8-azp", "vllm-cpu-int8-azp")}
+    assert lv == {"compressed-tensors-int8-asym": Level.ROUNDING, "onnx-dynamicquantizelinear": Level.SEMANTIC,
+                  "vllm-cuda-int8-azp": Level.ROUNDING, "vllm-cpu-int8-azp": Level.SEMANTIC}
+    assert Declared(variants=reference_variants("compressed-tensors-int8-sym")).level(sym) is Level.ROUNDING
+    mx = Case("w4a4-mxfp4", "ct-mxfp4", 2, 32, 64, group_size=32, act_dtype="bfloat16")
+    assert Declared(variants=reference_variants("torchao-mx-even")).level(mx) is Level.SEMANTIC  # byte-0 blocks
+    assert Declared(variants={"mx_scale_rule": "rceil_log2f"}).level(mx) is Level.ROUNDING
