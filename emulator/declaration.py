@@ -348,7 +348,7 @@ def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Refe
                                       **kw)
     w13 = round_weights(w13.astype(np.float64), declared)
     w2 = round_weights(w2.astype(np.float64), declared)
-    mv = moe_variant(declared)
+    mv = moe_variant(declared, case)  # the case resolves act_arith_dtype=input
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
         mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)
