@@ -348,7 +348,7 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          source="compressed-tensors forward quantize (torch ops in the activation's dtype: bf16 quotients)",
          case_level=_act_arith_level),
     Axis("azp_clamp", "real zero point clamped to the code range before rounding", Stage.INT8_ACTIVATIONS,
-         canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_clamp",
+         canonical=False, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_clamp",
          doc=_DOC_ACT + "#reference-implementations",
          source="compressed-tensors calculate_qparams (clamp to [-128, 127], then round); ONNX DynamicQuantizeLinear "
                 "(saturate to [0, 255])"),

@@ -23,6 +23,7 @@ from emulator.activations.int8 import quantize_int8_per_token
 from emulator.declaration import Declared, int8_variant, mx_variant
 from emulator.formats.mxfp4 import MxVariant, pack_mxfp4_ct, quantize_mxfp4
 from emulator.numerics.e2m1 import E2M1_VALUES
+from emulator.numerics.floats import round_to_dtype
 from emulator.reference_quantizers import REFERENCE_QUANTIZERS, reference_variants
 
 torch = pytest.importorskip("torch")
@@ -71,6 +72,19 @@ def _ct_int8(x: np.ndarray, dtype: str, sym: bool):
     return q.numpy().astype(np.int32), s[0].float().numpy(), zp[0].numpy().astype(np.int32)
 
 
+def _ct_int8_fake(x: np.ndarray, dtype: str, sym: bool) -> np.ndarray:
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
+
+    args = QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True, symmetric=sym)
+    xt = torch.from_numpy(x).to(TORCH_DTYPE[dtype])[None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s, zp = compute_dynamic_scales_and_zp(xt, args, None)
+        return fake_quantize(xt, s, zp, args)[0].float().numpy()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
 def test_compressed_tensors_int8_equals_its_named_variants(dtype, sym):
@@ -84,6 +98,12 @@ def test_compressed_tensors_int8_equals_its_named_variants(dtype, sym):
     x = _int8_inputs(dtype).astype(NP_DTYPE[dtype]).astype(np.float32)
     q, s, zp = _ct_int8(x, dtype, sym)
     assert not _same(_canonical_int8(x, sym), q, s, zp)
+    # fake_quantize (quantize, then (q - zp) * scale in the scale's dtype) is the emulator's codes dequantized
+    # and rounded once to the activation dtype
+    a = _emulate_int8(name, x, dtype, sym)
+    fq = _ct_int8_fake(x, dtype, sym)
+    want = round_to_dtype((a.q.astype(np.float64) - a.zero_point) * a.scale.astype(np.float64), dtype)
+    assert np.array_equal(fq, want.astype(np.float32))
     # the separating rows, one by one: the zero row (scale) and, asymmetric, the positive/negative rows
     c = _canonical_int8(x, sym)
     assert c.scale[0, 0] == 0 and s[0, 0] > 0

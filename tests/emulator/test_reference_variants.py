@@ -195,3 +195,57 @@ def test_input_arith_dtype_resolves_to_the_case_dtype():
     assert int8_variant(d, Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float16")
                         ).arith_dtype == "float16"
     assert int8_variant(d).arith_dtype == "input"  # no case: the quantizer reads the dtype of x
+    from emulator.declaration import moe_variant
+
+    moe = Case("w4a16-moe", "gptq", 3, 32, 64, group_size=32, act_dtype="bfloat16", E=4, top_k=2)
+    d = Declared(variants={"act_arith_dtype": "input", "moe_act_quant": "int8"})
+    assert moe_variant(d, moe).act_quant.arith_dtype == "bfloat16"
+
+
+def test_levels_of_the_reference_declarations():
+    from emulator.reference_quantizers import reference_variants
+    from emulator.variants import Level
+
+    asym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="bfloat16", sym=False)
+    sym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="bfloat16", sym=True)
+    fp32_sym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float32", sym=True)
+    # a clamped zero point moves every code of an all-positive row unless 0 is in the range
+    assert Declared(variants={"azp_clamp": True}).level(asym) is Level.SEMANTIC
+    assert Declared(variants={"azp_clamp": True, "act_range": "zero_inclusive"}).level(asym) is Level.ROUNDING
+    assert Declared(variants={"azp_clamp": True, "azp_overflow": "int_min"}).level(sym) is Level.CANONICAL
+    assert Declared(variants={"act_arith_dtype": "input"}).level(fp32_sym) is Level.CANONICAL
+    assert Declared(variants={"act_arith_dtype": "input"}).level(sym) is Level.ROUNDING
+    assert Declared(variants={"azp_fused": True}).level(asym) is Level.CANONICAL  # nothing to fuse
+    lv = {n: Declared(variants=reference_variants(n)).level(asym) for n in
+          ("compressed-tensors-int8-asym", "onnx-dynamicquantizelinear", "vllm-cuda-int8-azp", "vllm-cpu-int8-azp")}
+    assert lv == {"compressed-tensors-int8-asym": Level.ROUNDING, "onnx-dynamicquantizelinear": Level.SEMANTIC,
+                  "vllm-cuda-int8-azp": Level.ROUNDING, "vllm-cpu-int8-azp": Level.SEMANTIC}
+    assert Declared(variants=reference_variants("compressed-tensors-int8-sym")).level(sym) is Level.ROUNDING
+    mx = Case("w4a4-mxfp4", "ct-mxfp4", 2, 32, 64, group_size=32, act_dtype="bfloat16")
+    assert Declared(variants=reference_variants("torchao-mx-even")).level(mx) is Level.SEMANTIC  # byte-0 blocks
+    assert Declared(variants={"mx_scale_rule": "rceil_log2f"}).level(mx) is Level.ROUNDING
+
+
+def test_cli_linear_resolves_input_arith_dtype_to_the_activation_dtype(tmp_path, capsys):
+    """``qconform linear --variant act_arith_dtype=input`` on bf16 activations computes in bf16 (x is carried as
+    float32 inside the CLI: the variant must not silently fall back to fp32 arithmetic)."""
+    torch = pytest.importorskip("torch")
+    import qc_ckpt_cases as cases
+    import safetensors.torch as stt
+
+    from conformance.cli import main
+
+    folder = tmp_path / "ckpt"
+    cases.write(folder, "ct-w8a8-int8", bias=True)
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy((rng.standard_normal((3, cases.K)) * 3).astype(F)).to(torch.bfloat16)
+    stt.save_file({"x": x}, str(tmp_path / "x.safetensors"))
+    accs = {}
+    for v in ("input", "bfloat16", "float32"):
+        out = tmp_path / f"{v}.safetensors"
+        rc = main(["linear", str(folder), "--layer", cases.LAYER, "-i", str(tmp_path / "x.safetensors"), "-o",
+                   str(out), "--act", "int8", "--variant", f"act_arith_dtype={v}"])
+        assert rc == 0, capsys.readouterr().err
+        accs[v] = stt.load_file(str(out))["acc"].numpy()
+    assert np.array_equal(accs["input"], accs["bfloat16"])
+    assert not np.array_equal(accs["input"], accs["float32"])
