@@ -140,13 +140,21 @@ def _specs():
 def planted(tmp_path_factory):
     import os
 
-    env = dict(os.environ, QCONFORM_EXTRA_BACKENDS=SPEC)
+    # the doubles are registered for this fixture only: the environment is restored, so no other test (the
+    # dispatcher's, in the same xdist worker) ever sees them
+    old = os.environ.get("QCONFORM_EXTRA_BACKENDS")
     os.environ["QCONFORM_EXTRA_BACKENDS"] = SPEC
-    r = Runner(tmp_path_factory.mktemp("q"), progress=False, worker_env=env)
-    names = ["emulator", "qd-nozp", "qd-code", "qd-scale", "qd-nanscale", "qd-int32", "qd-empty"]
-    out = {}
-    for rec in r.run(names, _specs()):
-        out.setdefault(rec["backend"], []).append(rec)
+    try:
+        r = Runner(tmp_path_factory.mktemp("q"), progress=False, worker_env=dict(os.environ))
+        names = ["emulator", "qd-nozp", "qd-code", "qd-scale", "qd-nanscale", "qd-int32", "qd-empty"]
+        out = {}
+        for rec in r.run(names, _specs()):
+            out.setdefault(rec["backend"], []).append(rec)
+    finally:
+        if old is None:
+            os.environ.pop("QCONFORM_EXTRA_BACKENDS", None)
+        else:
+            os.environ["QCONFORM_EXTRA_BACKENDS"] = old
     return out
 
 
@@ -171,14 +179,12 @@ def test_a_missing_zero_point_fails_where_the_scheme_has_one(planted):
 
 
 # -- certification bundles -----------------------------------------------------------------------------
-def test_certification_bundle_recomputes_quantize_verdicts_and_catches_an_edited_code(tmp_path):
-    import os
-
+def test_certification_bundle_recomputes_quantize_verdicts_and_catches_an_edited_code(tmp_path, monkeypatch):
     from conformance.certify import certify, verify_bundle
     from conformance.certify.write import seal
     from emulator.tensorfile import TensorFile, save_tensors
 
-    os.environ["QCONFORM_EXTRA_BACKENDS"] = SPEC
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", SPEC)
     res = certify(["emulator", "qd-code"], tmp_path / "b", profile="smoke", schemes=["q-uint8-tensor"],
                   tiers=("exact", "edge"), log=lambda *a: None)
     assert res.n_results and not res.ok  # qd-code fails
