@@ -75,5 +75,8 @@ class AutoBackend(Backend):
     def run(self, prepared: Prepared, x, **inputs):
         return prepared.data["backend"].run(prepared.data["prepared"], x, **inputs)
 
+    def quantize(self, prepared: Prepared, x):
+        return prepared.data["backend"].quantize(prepared.data["prepared"], x)
+
     def schemes(self) -> list[str]:
         return list(SCHEMES)

@@ -16,6 +16,11 @@ A backend answers, in this order (the order vLLM's kernel selection uses):
 5. ``run(prepared, x)`` — the output, as a NumPy array of the output dtype's
    values (float32 holding fp16/bf16 values is fine).
 
+A quantize-only case (``case.spec.quantize_only``: activations in, codes + scales out, no weights;
+docs/conformance.md#quantize-only-cases) calls ``quantize(prepared, x)`` instead of ``run``. A backend
+that does not override ``quantize`` refuses every such case by name in ``can_implement`` (enforced here,
+for every subclass), so none can pass one silently.
+
 The conformance code talks to backends only through this interface.
 """
 
@@ -115,6 +120,27 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def run(self, prepared: Prepared, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray: ...
+
+    def quantize(self, prepared: Prepared, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Quantize-only cases: {"codes", "scale"[, "zero_point"], "dequantized"} in the dtypes and shapes of
+        emulator/quantize_only.output_contract (docs/conformance.md#quantize-only-cases)."""
+        raise NotImplementedError(f"{self.name} has no activation-quantization entry point")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("can_implement")
+        if own is None or getattr(own, "_quantize_gate", False):
+            return
+
+        def can_implement(self, case, _own=own):
+            if case.spec.quantize_only and type(self).quantize is Backend.quantize:
+                return no(f"{self.name} implements no activation quantization entry point (Backend.quantize): "
+                          f"quantize-only scheme {case.scheme} is not a kernel of this backend")
+            return _own(self, case)
+
+        can_implement._quantize_gate = True
+        can_implement.__doc__ = own.__doc__
+        cls.can_implement = can_implement
 
     def schemes(self) -> list[str]:
         """Schemes this backend can implement for some case (for listings)."""

@@ -27,6 +27,7 @@ from emulator.declaration import declared_output, declared_weight
 from emulator.formats.fast_matmul import matmul_rows
 from emulator.linear import ExactIntMatmul
 from emulator.numerics.floats import round_float32_array, round_float64_array
+from emulator.quantize_only import quantize_reference
 from emulator.variants import FIELD_AXES, VARIANT_AXES, VariantError, axis
 
 from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Support, no, yes
@@ -126,6 +127,10 @@ class EmulatorBackend(Backend):
             self._cache[key] = np.ascontiguousarray(
                 declared_weight(case, prepared.data["tensors"], self.computed(case), out=buf), dtype=np.float32)
         return self._cache[key]
+
+    def quantize(self, prepared: Prepared, x: np.ndarray) -> dict:
+        """Quantize-only cases: the reference of emulator/quantize_only.py under this instance's variants."""
+        return quantize_reference(prepared.case, np.asarray(x), self.computed(prepared.case))
 
     def _fast_w8a8(self, case: Case) -> bool:
         # canonical symmetric int8 activations only: any named activation variant, and asymmetric (azp)

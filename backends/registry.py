@@ -41,6 +41,9 @@ BUILTIN = {
     "gemlite": "backends.gemlite:GemliteBackend",
     "bitsandbytes": "backends.bitsandbytes:BitsandbytesBackend",
     "xpu": "backends.xpu:XpuBackend",
+    "torchao": "backends.torchao_mx:TorchaoMxBackend",
+    "compressed-tensors": "backends.ct_forward:CompressedTensorsBackend",
+    "onnx-reference": "backends.onnx_reference:OnnxReferenceBackend",
     "auto": "backends.auto:AutoBackend",
 }
 

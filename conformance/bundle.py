@@ -34,7 +34,9 @@ def _plain(a):
 
 
 def save_bundle(path: "str | Path", inp: CaseInputs, *, spec: dict, backend: str, declared: dict | None,
-                verdict: str, reason: str, y=None, interval=None) -> Path:
+                verdict: str, reason: str, y=None, interval=None, quantized=None) -> Path:
+    """``quantized``: (observed, expected) tensors of a quantize-only case, stored as ``q_observed.<name>`` and
+    ``q_expected.<name>`` in their own dtypes (docs/conformance.md#quantize-only-cases)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {_T + k: _plain(v) for k, v in inp.tensors.items()}
@@ -50,6 +52,10 @@ def save_bundle(path: "str | Path", inp: CaseInputs, *, spec: dict, backend: str
         tensors["y_exact"] = np.asarray(interval.y_exact, np.float64)
         tensors["lo"] = np.asarray(interval.lo, np.float64)
         tensors["hi"] = np.asarray(interval.hi, np.float64)
+    if quantized is not None:
+        for prefix, group in zip(("q_observed.", "q_expected."), quantized):
+            for k, v in (group or {}).items():
+                tensors[prefix + k] = np.asarray(v)
     scale_dtypes = {k: ("bfloat16" if np.asarray(v).dtype.name == "bfloat16" else str(np.asarray(v).dtype))
                     for k, v in inp.tensors.items()}
     meta = {"qconform_bundle": "1", "spec": json.dumps(spec), "backend": backend,

@@ -84,6 +84,8 @@ def make_inputs(case: Case, seed: int = 0) -> CaseInputs:
     """Seeded inputs for ``case`` (weights with planted degenerate groups, Gaussian activations)."""
     rng = np.random.default_rng(seed)
     x = _round(rng.standard_normal((case.M, case.K)), case.act_dtype)
+    if case.spec.quantize_only:  # activations alone: no weights (docs/conformance.md#quantize-only-cases)
+        return CaseInputs(case, seed, {}, x)
     bias = _round(rng.standard_normal(case.N) * 0.1, case.act_dtype) if case.bias else None
     if case.spec.activations == "moe":
         E, I = case.E, case.N

@@ -248,7 +248,7 @@ def cmd_replay(args) -> int:
         from backends.registry import create
 
         declared = create(want).declared(inp.case)
-    iv = declared_interval(inp, declared)
+    iv = None if inp.case.spec.quantize_only else declared_interval(inp, declared)
     print(f"case: {inp.case.describe()}")
     print(f"recorded: {recorded} -> {meta.get('verdict')}: {meta.get('reason')}")
     print(f"declaration notes: {declared.notes or '(none)'}")
@@ -263,8 +263,15 @@ def cmd_replay(args) -> int:
         return 1
     from emulator.tensorfile import load_tensors
 
-    y = load_tensors(out)["y"].data
-    rec = judge(inp, iv, y, declared)
+    if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
+        from .quantized import judge_quantized, load_observed
+
+        rec, _ = judge_quantized(inp.case, inp.x, declared, load_observed(out))
+        if rec.get("first_mismatch"):
+            rec["worst_element"] = rec["first_mismatch"]
+    else:
+        y = load_tensors(out)["y"].data
+        rec = judge(inp, iv, y, declared)
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")

@@ -267,15 +267,20 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
                 timeout: float = 120.0, max_trials: int = 60, seed: int = 0, worker_env: dict | None = None,
                 log=None) -> dict:
     """Fingerprint ``backend`` (a spec 'name[:k=v,...]'); the result as a JSON-able dict."""
+    from emulator.schemes import QUANTIZE_SCHEMES
+
     for s in schemes or ():
-        if s not in SCHEME_AXES:
-            raise ValueError(f"fingerprint: no probes for scheme {s!r}; known: {', '.join(SCHEME_AXES)}")
+        if s not in SCHEME_AXES and s not in QUANTIZE_SCHEMES:
+            raise ValueError(f"fingerprint: no probes for scheme {s!r}; known: "
+                             f"{', '.join(list(SCHEME_AXES) + list(QUANTIZE_SCHEMES))}")
+    from emulator.variants import VARIANT_AXES
+
     for a in axes or ():
-        if a not in AXES:
+        if a not in AXES and a not in VARIANT_AXES:
             raise ValueError(f"fingerprint: unknown axis {a!r}; known: {', '.join(AXES)}")
     from backends.registry import create
 
-    create(backend)  # an unknown name or parameter is the caller's error (one line, exit 2), not a worker crash
+    listed = create(backend).schemes()  # an unknown name or parameter: the caller's error (one line, exit 2)
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="qconform-fp-")
@@ -293,7 +298,19 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
         if not hello.get("ok") or not hello.get("available"):
             result["status"] = "unavailable"
             return result
-        for scheme in (schemes or list(SCHEME_AXES)):
+        for scheme in (schemes or list(SCHEME_AXES) + [q for q in QUANTIZE_SCHEMES if q in listed]):
+            if scheme in QUANTIZE_SCHEMES:  # exact judgement: conformance/fingerprint_quantize.py
+                from .fingerprint_quantize import quantize_scheme_records
+
+                for key, srec in quantize_scheme_records(prober.worker, prober.label, scheme, act_dtype, out,
+                                                         timeout, axes).items():
+                    for rec in srec["axes"]:
+                        if rec.get("contradiction"):
+                            result["contradictions"].append(f"{key} {rec['axis']}: {rec['contradiction']}")
+                        if log:
+                            log(axis_line(key, rec))
+                    result["schemes"][key] = srec
+                continue
             found: dict = {}
             srec = {"axes": [], "unmodelled_keys": []}
             for name in SCHEME_AXES[scheme]:

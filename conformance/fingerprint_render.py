@@ -31,6 +31,10 @@ def axis_line(scheme: str, a: dict) -> str:
         line += " | not observable"
     if a.get("unseparated"):
         line += " | not separated: " + ", ".join("/".join(p) for p in a["unseparated"][:4])
+    if a.get("crashed_probes"):
+        line += f" | {len(a['crashed_probes'])} probe(s) failed: " + a["crashed_probes"][0][:120]
+    if a.get("unexplained_probes"):
+        line += " | set aside (no value explains them): " + ", ".join(a["unexplained_probes"][:3])
     line += f" | declared: {a.get('declared') or '-'}"
     if a.get("contradiction"):
         line += f"  ** CONTRADICTS DECLARATION: {a['contradiction']}"

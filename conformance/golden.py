@@ -55,6 +55,11 @@ def golden_cases() -> list[Case]:
         Case("w4a16-mxfp4", "ct-mxfp4", M, N, K, group_size=32, act_dtype="bfloat16"),
         Case("w4a4-mxfp4", "ct-mxfp4", M, N, K, group_size=32, act_dtype="bfloat16"),
         Case("w4a16-moe", "gptq", M, 64, K, group_size=32, sym=True, act_dtype="bfloat16", E=4, top_k=2),
+        # quantize-only (docs/conformance.md#quantize-only-cases): activations alone
+        Case("q-int8-token", "none", M, 0, K, group_size=-1, sym=True, act_dtype="bfloat16"),
+        Case("q-int8-token", "none", M, 0, K, group_size=-1, sym=False, act_dtype="float16"),
+        Case("q-uint8-tensor", "none", M, 0, K, group_size=-1, sym=False, act_dtype="float32"),
+        Case("q-mxfp4", "none", M, 0, K, group_size=32, act_dtype="bfloat16"),
     ]
 
 
@@ -94,6 +99,16 @@ def regenerate(folder: "str | Path" = GOLDEN_DIR, *, check_oracles: bool = True)
     for spec in _source_specs():
         inp = spec.inputs()
         decl = Declared(variants={}, accumulate="exact", output=spec.case.output_dtype)
+        if spec.case.spec.quantize_only:  # inputs + the canonical codes, scales, zero points, dequantized values
+            from .quantized import expected_for
+
+            expected = expected_for(spec.case, inp.x, decl)
+            oracle = oracles.cross_check_quantized(inp, expected) if check_oracles else "not checked"
+            name = _name(spec) + ".safetensors"
+            save_bundle(folder / name, inp, spec=spec.to_json(), backend="emulator", declared=decl.to_json(),
+                        verdict="golden", reason="canonical reference", quantized=(None, expected))
+            files[name] = {"sha256": _sha256(folder / name), "spec": spec.to_json(), "oracle": oracle}
+            continue
         iv = declared_interval(inp, decl)
         oracle = oracles.cross_check(inp, iv) if check_oracles else "not checked"
         name = _name(spec) + ".safetensors"

@@ -97,3 +97,38 @@ def cross_check(inp, iv) -> str:
             raise AssertionError(f"{case.describe()}: independent reference disagrees at {np.argwhere(~ok)[0].tolist()}")
         return "independent shift-and-mask / ml_dtypes dequant, float64 matmul"
     return "weights only: independent dequant (activation quantization checked by its own oracle tests)"
+
+
+def cross_check_quantized(inp, expected: dict) -> str:
+    """Quantize-only golden cases: the emulator's reference against independent code where there is some;
+    raise AssertionError on a disagreement, say what was used."""
+    case = inp.case
+    if case.scheme == "q-mxfp4":
+        import ml_dtypes
+
+        # ml_dtypes' own E2M1 decoding of the codes, times 2**(byte - 127), rounded once to the input dtype
+        mag = (expected["codes"] & 7).astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+        sb = expected["scale"].astype(np.float64)
+        scale = np.where(sb == 255, np.nan, 2.0 ** (sb - 127))  # E8M0 byte 0xFF is NaN
+        val = np.where(expected["codes"] & 8, -mag, mag) * np.repeat(scale, 32, axis=1)
+        want = val.astype(ml_dtypes.bfloat16 if case.act_dtype == "bfloat16" else case.act_dtype).astype(np.float32)
+        same = (want == expected["dequantized"]) | (np.isnan(want) & np.isnan(expected["dequantized"]))
+        if not same.all():
+            raise AssertionError(f"{case.describe()}: ml_dtypes E2M1 decode disagrees at {np.argwhere(~same)[0].tolist()}")
+        return "ml_dtypes E2M1 decode of the codes x 2**(byte - 127) reproduces the dequantized values"
+    if case.scheme == "q-uint8-tensor":
+        try:
+            from onnx import helper, TensorProto
+            from onnx.reference import ReferenceEvaluator
+        except ImportError:
+            return "not checked: onnx is not installed"
+        node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(inp.x.shape))],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in
+                               (("y", TensorProto.UINT8), ("s", TensorProto.FLOAT), ("z", TensorProto.UINT8))])
+        y, sc, z = ReferenceEvaluator(helper.make_model(g)).run(None, {"x": inp.x.astype(np.float32)})
+        if not (np.array_equal(y, expected["codes"]) and float(sc) == float(expected["scale"][0])
+                and int(z) == int(expected["zero_point"][0])):
+            raise AssertionError(f"{case.describe()}: the ONNX reference DynamicQuantizeLinear disagrees")
+        return "onnx.reference DynamicQuantizeLinear: codes, scale and zero point identical"
+    return "not checked: the emulator defines it (hand-derived tests in tests/emulator/test_activations_int8.py)"

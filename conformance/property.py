@@ -96,6 +96,14 @@ def property_case(draw, scheme: str, fmt: str, max_m: int = 8, max_n: int = 72, 
     """A valid case of one family. Draws shrink toward M = 1, the smallest N and K, group size 32,
     bf16 activations, symmetric weights, no act order and no bias."""
     m = draw(st.integers(1, max_m), label="M")
+    if SCHEMES[scheme].quantize_only:  # activations alone (docs/conformance.md#quantize-only-cases)
+        act = "float32" if scheme == "q-uint8-tensor" else draw(st.sampled_from(["bfloat16", "float16", "float32"]),
+                                                                 label="act_dtype")
+        if scheme == "q-mxfp4":
+            return Case(scheme, fmt, m, 0, 32 * draw(st.integers(1, max(1, max_k // 32)), label="K/32"),
+                        group_size=32, act_dtype=act)
+        sym = scheme == "q-int8-token" and not draw(st.booleans(), label="asym")
+        return Case(scheme, fmt, m, 0, draw(st.integers(1, max_k), label="K"), group_size=-1, sym=sym, act_dtype=act)
     act = draw(st.sampled_from(["bfloat16", "float16", "float32"]), label="act_dtype")
     if scheme == "w4a16-moe":
         g = draw(st.sampled_from([32, -1]), label="group_size")
@@ -248,6 +256,11 @@ def property_inputs(draw, case: Case) -> CaseInputs:
         bias = round_to_dtype(rng.standard_normal(N) * 0.1, case.act_dtype).astype(np.float32)
     fmt = case.weight_format
     logits = None
+    if case.spec.quantize_only:
+        x = draw(_activations(case, rng, choices))
+        inp = CaseInputs(case, 0, {}, x)
+        inp.choices = choices
+        return inp
     if case.scheme == "w4a16-moe":
         base = make_inputs(case, int(rng.integers(0, 2 ** 31)))
         tensors, logits = base.tensors, base.router_logits

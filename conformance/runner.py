@@ -481,6 +481,8 @@ class Runner:
             if write_bundle:
                 rec["bundle"] = str(self._bundle(label, spec, inp, declared, rec["verdict"], rec["reason"], None, None))
             return rec
+        if spec.case.spec.quantize_only:
+            return self._judge_quantized(label, spec, inp, declared, ypath, reply, t0, write_bundle)
         from emulator.tensorfile import load_tensors
 
         y = load_tensors(ypath)["y"].data
@@ -501,6 +503,33 @@ class Runner:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:
             self.on_output(label, spec, inp, declared, iv, y, rec, evidence)
+        return rec
+
+    def _judge_quantized(self, label, spec, inp, declared, ypath, reply, t0, write_bundle) -> dict:
+        """A quantize-only case (docs/conformance.md#quantize-only-cases): codes, scales, zero points and
+        dequantized values against the emulator's reference, exactly."""
+        from .quantized import assess_quantized, judge_quantized, load_observed
+
+        observed = load_observed(ypath)
+        metrics, expected = judge_quantized(spec.case, inp.x, declared, observed)
+        if metrics.get("first_mismatch"):  # what the reports and the console show as the worst element
+            metrics["worst_element"] = metrics["first_mismatch"]
+        verdict = metrics.pop("verdict")
+        reason = metrics.pop("reason")
+        if expected is None:
+            return self._record(label, spec, verdict, reason, declared=declared.to_json(),
+                                seconds=time.perf_counter() - t0, evidence={"runner": reason})
+        rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
+                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"),
+                           **assess_quantized(spec.case, declared, inp.x, observed))
+        if verdict == "fail" and write_bundle:
+            safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{label}__{spec.case_id}")
+            path = self.out_dir / "bundles" / (safe[:180] + ".safetensors")
+            save_bundle(path, inp, spec=spec.to_json(), backend=label, declared=declared.to_json(), verdict=verdict,
+                        reason=reason, quantized=(observed, expected))
+            rec["bundle"] = str(path)
+        if self.on_output is not None:
+            self.on_output(label, spec, inp, declared, None, observed, rec, expected)
         return rec
 
     def _bundle(self, label, spec, inp, declared, verdict, reason, y, iv) -> Path:

@@ -20,7 +20,7 @@ from backends.base import Case
 from .generators import GENERATORS, generators_for
 from .specs import PROFILES, TIERS, CaseSpec
 
-__all__ = ["TIERS", "PROFILES", "CaseSpec", "scheme_grid", "case_list", "shard", "list_hash", "parse_shard"]
+__all__ = ["TIERS", "PROFILES", "CaseSpec", "scheme_grid", "quantize_grid", "case_list", "shard", "list_hash", "parse_shard"]
 
 def scheme_grid(shapes) -> list[Case]:
     """Every scheme x format x parameter combination, at the given (M, N, K) shapes."""
@@ -70,6 +70,22 @@ def scheme_grid(shapes) -> list[Case]:
     out.append(Case("w8a16", "ct-int-quantized", 4, 64, 40, group_size=-1, scale_dtype="bfloat16"))
     # channel-wise MoE experts with I != K (w13 and w2 have different group sizes)
     out.append(Case("w4a16-moe", "gptq", 5, 64, 128, group_size=-1, sym=True, E=4, top_k=2))
+    return out + quantize_grid(shapes)
+
+
+def quantize_grid(shapes) -> list[Case]:
+    """The quantize-only cases (docs/conformance.md#quantize-only-cases): activations [M, K] alone (N = 0)."""
+    out: list[Case] = []
+    for (M, _N, K) in shapes:
+        out += [
+            Case("q-int8-token", "none", M, 0, K, group_size=-1, sym=True, act_dtype="bfloat16"),
+            Case("q-int8-token", "none", M, 0, K, group_size=-1, sym=False, act_dtype="bfloat16"),
+            Case("q-int8-token", "none", M, 0, K, group_size=-1, sym=True, act_dtype="float16"),
+            Case("q-int8-token", "none", M, 0, K, group_size=-1, sym=False, act_dtype="float32"),
+            Case("q-uint8-tensor", "none", M, 0, K, group_size=-1, sym=False, act_dtype="float32"),
+            Case("q-mxfp4", "none", M, 0, K, group_size=32, act_dtype="bfloat16"),
+            Case("q-mxfp4", "none", M, 0, K, group_size=32, act_dtype="float32"),
+        ]
     return out
 
 

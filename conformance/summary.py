@@ -152,6 +152,8 @@ def describe_worst(we: dict | None) -> str:
     if not we:
         return "no output to compare"
     idx = we.get("index")
+    if "tensor" in we:  # a quantize-only case's first differing element (conformance/quantized.py)
+        return f"{we['tensor']}{list(idx or [])}: observed {_num(we.get('observed'))}, expected {_num(we.get('expected'))}"
     text = (f"{list(idx) if idx is not None else '?'}: observed {_num(we.get('observed'))}, expected "
             f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]")
     if we.get("ulp") is not None:

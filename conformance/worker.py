@@ -16,6 +16,7 @@ Requests:
   {"op": "plan", "spec": {...}}                  -> can_implement + declared
   {"op": "run", "spec": {...}, "out": "y.safetensors"} -> runs, writes tensor "y"
   {"op": "run", "bundle": "case.safetensors", "out": ...}  (inputs from a replay bundle)
+  (a quantize-only case writes its named tensors "q.<name>" instead of "y": docs/conformance.md#quantize-only-cases)
   {"op": "exit"}
 A kernel output that is not a real-valued array (None, a scalar, complex, object) is refused with
 ``{"ok": false, "kind": "malformed", "error": ...}``; a Python exception (MemoryError under the
@@ -85,6 +86,32 @@ def output_problem(y) -> "tuple[object, str | None]":
         return None, f"the kernel's output of dtype {a.dtype} does not convert to float32 ({e})"
 
 
+#: the dtypes a quantize-only output tensor may travel in (the judge then checks the contract's dtype)
+QUANT_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
+
+
+def quantized_problem(out) -> "tuple[dict | None, str | None]":
+    """({name: array}, None) for a quantize-only output that can be stored and judged, else (None, why)."""
+    import numpy as np
+
+    if not isinstance(out, dict):
+        return None, f"the backend returned a {type(out).__name__}, not a dict of named tensors"
+    arrays = {}
+    for k, v in out.items():
+        if not isinstance(k, str) or not k or not all(ch.isalnum() or ch == "_" for ch in k):
+            return None, f"output tensor name {k!r} is not a plain name"
+        if v is None:
+            return None, f"output tensor {k!r} is None"
+        try:
+            a = np.asarray(v)
+        except Exception as e:  # noqa: BLE001 - whatever the backend returned
+            return None, f"output tensor {k!r} is a {type(v).__name__} that is not an array ({e})"
+        if a.dtype.name not in QUANT_DTYPES:
+            return None, f"output tensor {k!r} has dtype {a.dtype}, not one of {', '.join(QUANT_DTYPES)}"
+        arrays[k] = np.ascontiguousarray(a)
+    return arrays, None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", required=True)
@@ -143,6 +170,16 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 prepared = backend.prepare(inp.case, inp.tensors)
                 t1 = time.perf_counter()
+                if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
+                    q, problem = quantized_problem(backend.quantize(prepared, inp.x))
+                    t2 = time.perf_counter()
+                    if problem:
+                        reply({"ok": False, "kind": "malformed", "error": problem})
+                        continue
+                    save_tensors(req["out"], {"q." + k: v for k, v in q.items()},
+                                 metadata={"quantized": "1"})
+                    reply({"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1})
+                    continue
                 y = backend.run(prepared, inp.x, bias=inp.bias, router_logits=inp.router_logits)
                 t2 = time.perf_counter()
                 y, problem = output_problem(y)

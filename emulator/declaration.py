@@ -122,10 +122,22 @@ class Declared:
             v = self.value(key)
             if key == "act_symmetric" and key not in self.variants:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
+            if key in _ASYM_ONLY and self._act_symmetric(case):
+                continue  # no zero point: the axis changes nothing
+            if key == "azp_fused" and not (self.value("azp_before_rounding") and
+                                           self.value("reciprocal") == "recip_scale"):
+                continue  # nothing to fuse
             lvl = a.level_of(v, case, tensors)
+            if key == "azp_clamp" and lvl is Level.SEMANTIC and self.value("act_range") == "zero_inclusive":
+                # with 0 in the range the real zero point lies in [-128, 127] up to rounding: the clamp only
+                # trims that rounding (under the row's own min/max it moves every code: semantic)
+                lvl = Level.ROUNDING
             if lvl is not Level.CANONICAL:
                 out.append(Deviation(key, v, lvl))
         return out
+
+    def _act_symmetric(self, case: Case) -> bool:
+        return bool(self.variants["act_symmetric"]) if "act_symmetric" in self.variants else case.act_symmetric
 
     def level(self, case: Case, tensors: dict | None = None) -> Level:
         """The farthest level of this declaration's values for ``case`` (and its ``tensors``)."""
@@ -138,6 +150,10 @@ class Declared:
         return d
 
 
+#: int8-activation axes that change nothing for symmetric activations (they act on the zero point or the min/max)
+_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range")
+
+
 def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:
     """The checkpoint's own semantics for ``case`` (the reference every level is measured against)."""
     return Declared(variants={}, accumulate=accumulate, output=case.output_dtype)
@@ -148,10 +164,14 @@ INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "
                 "zero_row": "zero_row", "eps": "eps", "nan_to_int": "nan_to_int", "qmin": "qmin", "qmax": "qmax",
                 "act_symmetric": "symmetric", "uint8_zp128": "uint8_zp128", "act_scale_formula": "scale_formula",
                 "act_granularity": "granularity", "act_scheme": "scheme", "azp_before_rounding": "azp_before_rounding",
-                "act_dequant_scale_dtype": "dequant_scale_dtype"}
+                "act_dequant_scale_dtype": "dequant_scale_dtype", "act_sym_divisor": "sym_divisor",
+                "act_range": "range_rule", "act_arith_dtype": "arith_dtype", "azp_clamp": "azp_clamp",
+                "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow",
+                "azp_fused": "azp_fused"}
 #: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
 MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
-              "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign"}
+              "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign",
+              "mx_byte0_divisor": "byte0_divisor", "mx_scale_overflow": "scale_overflow"}
 
 
 def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVariant:
@@ -167,6 +187,8 @@ def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVari
             kw[field] = None if (key == "act_dequant_scale_dtype" and v == "same") else v
     if "symmetric" not in kw and case is not None:
         kw["symmetric"] = case.act_symmetric
+    if kw.get("arith_dtype") == "input" and case is not None:
+        kw["arith_dtype"] = case.act_dtype  # the reference quantizes float32 copies: the case names the dtype
     return a8.Int8ActVariant(**kw)
 
 
@@ -185,7 +207,14 @@ def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant
         tie_lower_index_first=v("moe_tie_order") != "higher_index_first",
         intermediate_dtype=None if inter == "activation" else inter,
         gate_up_dtype=None if gate_up_dtype == "exact" else gate_up_dtype,
-        act_quant=int8_variant(declared) if v("moe_act_quant") == "int8" else None)
+        act_quant=_moe_act_quant(declared, case) if v("moe_act_quant") == "int8" else None)
+
+
+def _moe_act_quant(declared: Declared, case: Case | None) -> a8.Int8ActVariant:
+    q = int8_variant(declared)  # symmetric unless declared: the MoE GEMM inputs have no checkpoint scheme
+    if q.arith_dtype == "input" and case is not None:
+        q = dataclasses.replace(q, arith_dtype=case.act_dtype)
+    return q
 
 
 def weight_kwargs(declared: Declared) -> dict:
@@ -319,7 +348,7 @@ def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Refe
                                       **kw)
     w13 = round_weights(w13.astype(np.float64), declared)
     w2 = round_weights(w2.astype(np.float64), declared)
-    mv = moe_variant(declared)
+    mv = moe_variant(declared, case)  # the case resolves act_arith_dtype=input
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
         mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)

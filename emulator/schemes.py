@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Scheme", "SCHEMES", "WEIGHT_FORMATS", "DEFAULT_SCALE_DTYPE", "ACT_DTYPES", "Case", "scheme"]
+__all__ = ["Scheme", "SCHEMES", "QUANTIZE_SCHEMES", "WEIGHT_FORMATS", "DEFAULT_SCALE_DTYPE", "ACT_DTYPES", "Case", "scheme"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,14 +20,20 @@ class Scheme:
     """One scheme: the kind of its weights and of its activations, and the formats that carry it."""
 
     name: str
-    weights: str  # int4 | int8 | mxfp4
-    activations: str  # a16 | int8 | mxfp4 | moe (16-bit activations through a fused MoE block)
+    weights: str  # int4 | int8 | mxfp4 | none (a quantize-only scheme: activations alone)
+    activations: str  # a16 | int8 | uint8 | mxfp4 | moe (16-bit activations through a fused MoE block)
     formats: tuple[str, ...]
     title: str
 
     @property
     def int8_activations(self) -> bool:
-        return self.activations == "int8"
+        return self.activations == "int8" and not self.quantize_only
+
+    @property
+    def quantize_only(self) -> bool:
+        """An activation quantizer alone: input -> codes, scales (+ zero points), judged bit-exactly
+        (docs/conformance.md#quantize-only-cases), no weights and no matmul."""
+        return self.weights == "none"
 
 
 _ALL_SCHEMES = (
@@ -39,12 +45,21 @@ _ALL_SCHEMES = (
     Scheme("w4a16-mxfp4", "mxfp4", "a16", ("ct-mxfp4",), "MXFP4 weights, 16-bit activations"),
     Scheme("w4a4-mxfp4", "mxfp4", "mxfp4", ("ct-mxfp4",), "MXFP4 weights and MXFP4-quantized activations"),
     Scheme("w4a16-moe", "int4", "moe", ("gptq",), "GPTQ symmetric int4 experts of a fused MoE block"),
+    # quantize-only schemes (docs/conformance.md#quantize-only-cases): weight format "none"
+    Scheme("q-int8-token", "none", "int8", ("none",),
+           "dynamic per-token int8 activation quantization alone (sym: amax/127; asym: min/max + zero point)"),
+    Scheme("q-uint8-tensor", "none", "uint8", ("none",),
+           "dynamic per-tensor uint8 activation quantization alone (ONNX DynamicQuantizeLinear)"),
+    Scheme("q-mxfp4", "none", "mxfp4", ("none",),
+           "MXFP4 activation quantization alone (OCP MX: blocks of 32, E8M0 scales, E2M1 codes)"),
 )
 
 #: scheme name -> Scheme, in the order the suite lists them
 SCHEMES: dict[str, Scheme] = {s.name: s for s in _ALL_SCHEMES}
 
-WEIGHT_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized", "ct-mxfp4")
+WEIGHT_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-int-quantized", "ct-mxfp4", "none")
+#: the schemes that quantize activations alone (no weights, no matmul)
+QUANTIZE_SCHEMES = tuple(s.name for s in _ALL_SCHEMES if s.quantize_only)
 ACT_DTYPES = ("float32", "float16", "bfloat16")
 #: checkpoint scale dtype of a Case that names none (every other format: float16)
 DEFAULT_SCALE_DTYPE = {"ct-int-quantized": "float32"}
@@ -89,6 +104,9 @@ class Case:
             raise ValueError(f"unknown weight format {self.weight_format!r}; known: {', '.join(WEIGHT_FORMATS)}")
         if self.act_dtype not in ACT_DTYPES:
             raise ValueError(f"act_dtype must be float32, float16 or bfloat16, got {self.act_dtype!r}")
+        if (self.weight_format == "none") != self.spec.quantize_only:
+            raise ValueError(f"weight format 'none' belongs to the quantize-only schemes "
+                             f"({', '.join(QUANTIZE_SCHEMES)}); scheme {self.scheme!r} with {self.weight_format!r}")
 
     @property
     def spec(self) -> Scheme:
@@ -121,8 +139,8 @@ class Case:
     def act_symmetric(self) -> bool:
         """Whether the checkpoint's dynamic int8 activations are symmetric: W8A8 cases carry it in
         ``sym`` (their int8 weights are always symmetric); every other int8-activation scheme
-        defines symmetric activations."""
-        return bool(self.sym) if self.scheme == "w8a8" else True
+        defines symmetric activations. The quantize-only ``q-int8-token`` carries it in ``sym`` too."""
+        return bool(self.sym) if self.scheme in ("w8a8", "q-int8-token") else True
 
     def describe(self) -> str:
         extra = f" E={self.E} top_k={self.top_k}" if self.E else ""

@@ -107,6 +107,15 @@ def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Pa
     if entry is None:
         problems.append(f"{who}: rerun: produced an output; the bundle records {raw} without one")
         return
+    if entry["meta"].get("kind") == "quantize":  # the quantize-only outputs are judged exactly: compare them
+        from ..quantized import decide_quantized, load_observed
+        from .codec import decode_quantized
+
+        obs, _exp = decode_quantized(entry)
+        again = decide_quantized(load_observed(ypath), obs)
+        if again["verdict"] not in ("pass", "mistrusted"):
+            problems.append(f"{who}: rerun: the quantized output differs from the stored one ({again['reason']})")
+        return
     y2 = np.asarray(load_tensors(ypath)["y"].data, np.float64)
     d = decode_case(entry["tensors"], entry["meta"])
     if deterministic:

@@ -15,7 +15,7 @@ from emulator.errors import QconformError
 
 from .identity import OUTPUTS_FORMAT
 
-__all__ = ["encode_case", "decode_case", "load_outputs", "pack_outputs", "safe_label", "case_key"]
+__all__ = ["encode_case", "decode_case", "load_outputs", "pack_outputs", "safe_label", "case_key", "decode_quantized"]
 
 _WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32}
 
@@ -359,3 +359,15 @@ def load_outputs(path: "str | Path") -> tuple[str, dict]:
             raise QconformError(f"{path}: tensors for case #{n} that the index does not list")
     return tf.metadata.get("backend", ""), out
 
+
+
+def decode_quantized(entry: dict) -> "tuple[dict, dict]":
+    """(observed, expected) tensors of one quantize-only case of an outputs file (``load_outputs``):
+    ``obs.<name>`` and ``exp.<name>`` as the index entry lists them; a tensor it does not list is an error."""
+    meta, t = entry["meta"], entry["tensors"]
+    obs = {k: t[f"obs.{k}"] for k in meta.get("observed") or []}
+    exp = {k: t[f"exp.{k}"] for k in meta.get("expected") or []}
+    stray = sorted(set(t) - {f"obs.{k}" for k in obs} - {f"exp.{k}" for k in exp})
+    if stray:
+        raise ValueError(f"tensors {', '.join(stray)} that the case's index does not list")
+    return obs, exp

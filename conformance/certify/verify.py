@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .codec import decode_case, load_outputs
+from .codec import decode_case, decode_quantized, load_outputs
 from .derive import (JUDGED, backend_lines, declared_table, environment_record, json_bytes, latest_results,
                      report_title, reports, run_headers, verdict_summary, waiver_record)
 from .files import MAX_FILE_BYTES, MAX_PARSED_BYTES, BundleFileError, bad_relpath, hash_file, scan, tail
@@ -469,6 +469,9 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
         problems.append(f"{who}: verdict {v} but an output is stored")
         return
     meta = entry["meta"]
+    if meta.get("kind") == "quantize":
+        _check_quantized(rec, entry, bp, waivers, dates, problems, checked, deep)
+        return
     try:
         d = decode_case(entry["tensors"], meta)
         got = offline_verdict(d, meta, rec.get("declared"))
@@ -502,6 +505,62 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
     checked["recomputed"] += 1
     if deep:
         _deep_check(rec, d, problems, checked)
+
+
+def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, checked: Counter, deep: bool) -> None:
+    """A quantize-only case (docs/conformance.md#quantize-only-cases): the verdict, reason and metrics
+    recomputed from the stored observed and expected tensors; ``deep``: the expected tensors recomputed
+    from the case id and the declaration."""
+    from ..quantized import decide_quantized
+
+    who = f"{rec['backend']} {rec['case_id']}"
+    v = rec.get("verdict")
+    try:
+        obs, exp = decode_quantized(entry)
+        if not exp:
+            raise ValueError("no expected tensors stored")
+        got = decide_quantized(obs, exp)
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"{who}: stored quantized outputs unreadable ({type(e).__name__}: {e})")
+        return
+    if got["verdict"] in BAD and not bp:
+        problems.append(f"{who}: {got['verdict']} without a replay bundle")
+    expected = _expected_verdict(got["verdict"], rec, waivers, dates)
+    if v not in expected:
+        problems.append(f"{who}: recorded verdict {v}, the stored tensors give {' or '.join(sorted(expected))}")
+        return
+    rr = str(rec.get("reason") or "")
+    if rr != got["reason"] and not (rec.get("waiver_expired") and rr.startswith(got["reason"] + " (waiver ")):
+        problems.append(f"{who}: reason {rec.get('reason')!r}, recomputed {got['reason']!r}")
+    m = rec.get("metrics") or {}
+    for k in ("exact_match", "n_outside", "mismatch", "first_mismatch"):
+        if k not in m:
+            problems.append(f"{who}: metric {k} missing")
+        elif json.dumps(m[k], sort_keys=True) != json.dumps(got[k], sort_keys=True):
+            problems.append(f"{who}: metric {k} recorded {m[k]!r}, recomputed {got[k]!r}")
+    checked["recomputed"] += 1
+    if not deep:
+        return
+    from backends.base import Declared
+    from emulator.quantize_only import quantize_reference
+
+    from ..suite import CaseSpec
+
+    spec = CaseSpec.from_json(rec["spec"])
+    if spec.case_id != rec["case_id"]:
+        problems.append(f"{who}: the recorded spec gives case id {spec.case_id}")
+        return
+    try:
+        inp = spec.inputs()
+        with np.errstate(all="ignore"):
+            again = quantize_reference(spec.case, np.asarray(inp.x, np.float32), Declared(**rec["declared"]))
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"{who}: deep: cannot rebuild the case ({type(e).__name__}: {e})")
+        return
+    if list(again) != list(exp) or decide_quantized(again, exp)["verdict"] not in ("pass", "mistrusted"):
+        problems.append(f"{who}: deep: stored expected tensors differ from the reference recomputed here")
+        return
+    checked["deep"] += 1
 
 
 def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:

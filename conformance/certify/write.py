@@ -39,6 +39,9 @@ class Stager:
 
         from ..runner import reference_declaration, rounded_interval
 
+        if spec.case.spec.quantize_only:  # y: the observed tensors, evidence: the expected ones
+            self._quantized(label, spec, y, evidence)
+            return
         jiv = rounded_interval(iv, reference_declaration(spec.case, declared))
         # the intervals the verdict used beyond the declared one (recorded before waivers are applied)
         alt = evidence.alt if evidence is not None and rec["verdict"] == "fail" else None
@@ -48,6 +51,19 @@ class Stager:
                                     tie=tie, alt=alt)
         d = self.folder / safe_label(label)
         d.mkdir(parents=True, exist_ok=True)
+        save_tensors(d / f"{case_key(spec.case_id)}.safetensors", tensors,
+                     metadata={"case_id": spec.case_id, "backend": label, "meta": json.dumps(meta)})
+
+
+    def _quantized(self, label, spec, observed: dict, expected: dict) -> None:
+        """A quantize-only case: the observed and expected tensors as they are (docs/certification.md)."""
+        from emulator.tensorfile import save_tensors
+
+        tensors = {f"obs.{k}": v for k, v in observed.items()}
+        tensors.update({f"exp.{k}": v for k, v in expected.items()})
+        d = self.folder / safe_label(label)
+        d.mkdir(parents=True, exist_ok=True)
+        meta = {"kind": "quantize", "observed": sorted(observed), "expected": list(expected)}
         save_tensors(d / f"{case_key(spec.case_id)}.safetensors", tensors,
                      metadata={"case_id": spec.case_id, "backend": label, "meta": json.dumps(meta)})
 

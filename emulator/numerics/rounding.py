@@ -60,11 +60,14 @@ class NanToInt(str, enum.Enum):
     """What a saturating float -> integer conversion does with NaN.
 
     ZERO is the behaviour of PTX ``cvt.rni.sat.s8.f32`` (NaN -> 0) and of the
-    AVX-512 path after a clamp; RAISE makes NaN an error (the emulator's
+    AVX-512 path after a clamp; LOW gives the lowest code of the range (a NumPy or C cast of NaN to int32
+    yields INT32_MIN on x86 before the clamp: the ONNX reference evaluator's QuantizeLinear,
+    ``np.rint(x).astype(np.int32)`` then ``np.clip``); RAISE makes NaN an error (the emulator's
     choice where a NaN can only come from malformed input).
     """
 
     ZERO = "zero"
+    LOW = "low"
     RAISE = "raise"
 
 
@@ -190,6 +193,6 @@ def quantize_to_int(
     if np.any(isnan):
         if nan is NanToInt.RAISE:
             raise ValueError(f"{what}: NaN cannot be quantized to an integer ({int(isnan.sum())} NaN element(s))")
-        r = np.where(isnan, 0.0, r)
+        r = np.where(isnan, float(lo) if nan is NanToInt.LOW else 0.0, r)
     r = np.clip(r, lo, hi)
     return r.astype(np.int32)

@@ -13,7 +13,8 @@ def test_committed_golden_files_verify():
     specs = golden.golden_specs()
     assert len(specs) >= 40
     schemes = {s.case.scheme for s in specs}
-    assert schemes == {"w4a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "w4a16-moe"}
+    assert schemes == {"w4a16", "w8a8", "w4a8", "w4a16-mxfp4", "w4a4-mxfp4", "w4a16-moe", "q-int8-token",
+                       "q-uint8-tensor", "q-mxfp4"}
 
 
 def test_regenerate_reproduces_every_byte(tmp_path):
@@ -59,8 +60,17 @@ def test_emulator_reproduces_golden_outputs():
     from backends.base import Declared
     from conformance.acceptance import declared_interval
 
+    from conformance.quantized import decide_quantized, expected_for
+    from emulator.tensorfile import load_tensors
+
     for spec in golden.golden_specs():
         inp = golden.golden_inputs(spec)
+        if spec.case.spec.quantize_only:  # stored codes, scales, zero points, dequantized values
+            t = load_tensors(golden.GOLDEN_DIR / (spec.generator + ".safetensors"))
+            stored = {k[len("q_expected."):]: v.data for k, v in t.items() if k.startswith("q_expected.")}
+            now = expected_for(spec.case, inp.x, Declared(variants={}))
+            assert stored and decide_quantized(now, stored)["exact_match"], spec.generator
+            continue
         exp = golden.golden_expected(spec)
         iv = declared_interval(inp, Declared(variants={}, accumulate="exact", output=spec.case.output_dtype))
         np.testing.assert_array_equal(iv.y_ref, exp["y_ref"], err_msg=spec.generator)
