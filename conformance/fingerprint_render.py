@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .fingerprint_axes import SCHEME_AXES
 
-__all__ = ["axis_line", "format_text", "markdown_tables"]
+__all__ = ["axis_line", "vocabulary_line", "format_text", "markdown_tables"]
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -25,6 +25,8 @@ def axis_line(scheme: str, a: dict) -> str:
         cons = f"{a['bracket']} (consistent: {cons})"
     exc = "; ".join(f"{v} [{', '.join(p) or '-'}]" for v, p in a.get("excluded", {}).items())
     line = f"{head} consistent: {cons}"
+    if a.get("identified") and len(a.get("consistent", [])) > 1:
+        line += f" (identified: {a['identified']}, {a.get('identified_by', '')})"
     if exc:
         line += f" | excluded: {exc}"
     if a["status"] == "not-observable":
@@ -46,6 +48,9 @@ def format_text(result: dict) -> str:
     for scheme, s in result["schemes"].items():
         for a in s["axes"]:
             lines.append(axis_line(scheme, a))
+        voc = result.get("vocabulary", {}).get(scheme)
+        if voc:
+            lines.append(vocabulary_line(scheme, voc))
         if s.get("unmodelled_keys"):
             lines.append(f"  {scheme:12s} declared keys the emulator does not model: {', '.join(s['unmodelled_keys'])}")
     if result["contradictions"]:
@@ -54,6 +59,21 @@ def format_text(result: dict) -> str:
     else:
         lines.append("no contradiction with the declared arithmetic")
     return "\n".join(lines)
+
+
+def vocabulary_line(scheme: str, voc: dict) -> str:
+    """Every vocabulary key of the scheme: its identified value, or why there is none."""
+    ident = [f"{k}={r['values'][0]}" for k, r in voc.items() if r["status"] == "identified"]
+    amb = [f"{k}={'|'.join(r['values'])}" for k, r in voc.items() if r["status"] == "ambiguous"]
+    rest: dict = {}
+    for k, r in voc.items():
+        if r["status"] not in ("identified", "ambiguous"):
+            rest.setdefault(r["status"], []).append(k)
+    parts = [f"identified {', '.join(ident) or '-'}"]
+    if amb:
+        parts.append(f"ambiguous {', '.join(amb)}")
+    parts += [f"{st} {', '.join(ks)}" for st, ks in rest.items()]
+    return f"  {scheme:12s} vocabulary: " + "; ".join(parts)
 
 
 # -- tables (docs/fingerprints.md) -------------------------------------------------------------------
