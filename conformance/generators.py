@@ -15,7 +15,9 @@ it runs on from the case id alone and a replay bundle can be re-derived.
   NaN/Inf activations, E8M0 bytes 0x00/0xFE/0xFF, GPTQ qzeros fields 0x0/0xF,
   full-mantissa weight scales, router-logit ties at the top-k boundary;
   act-order permutations, K = group size, N not a multiple of 64, M = 1,
-  square scale matrices and K not a multiple of 16 are case parameters.
+  square scale matrices and K not a multiple of 16 are case parameters;
+  ``reference-int8`` and ``reference-mx`` separate the named variants of public reference quantizers
+  (emulator/reference_quantizers.py) from the canonical ones.
 - **random**: seeded draws from realistic distributions (Gaussian, heavy-tailed
   with outlier channels as in LLM activations); conformance/strategies.py has
   the same as composable Hypothesis strategies.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from backends.base import Case
+from emulator.activations.int8 import Int8ActVariant, quantize_int8_per_token
 from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4
 from emulator.numerics.e2m1 import E2M1_VALUES
 from emulator.numerics.floats import round_to_dtype
@@ -397,6 +400,83 @@ def gen_mx_tiny_blocks(case: Case, seed: int) -> CaseInputs:
     return inp
 
 
+def _uint8_domain_row(K: int, seed: int) -> np.ndarray:
+    """An fp32 row [min, 1 + min, ...] whose zero point differs between the int8 domain
+    (round(fl32(-128 - min / s))) and the uint8 domain (round(-min / s)): min / s lies just past a
+    half-integer by less than half an fp32 ulp of 128, so only the int8 form rounds it onto the tie."""
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    base = dict(symmetric=False, range_rule="zero_inclusive", azp_clamp=True)
+    for _ in range(4000):
+        t = (int(rng.integers(0, 120)) + 0.5 + int(rng.integers(1, 40)) * 2.0 ** -21) / 255.0
+        lo = -f32(t)
+        row = np.concatenate([[lo, f32(1) + lo], rng.uniform(float(lo), float(f32(1) + lo), K - 2)]).astype(f32)
+        a = quantize_int8_per_token(row[None, :], Int8ActVariant(**base))
+        b = quantize_int8_per_token(row[None, :], Int8ActVariant(**base, azp_domain="uint8"))
+        if a.zero_point[0, 0] != b.zero_point[0, 0]:
+            return row
+    raise AssertionError("no uint8-domain row found")  # the search is deterministic: this never happens
+
+
+def gen_reference_int8(case: Case, seed: int) -> CaseInputs:
+    """Rows that separate the int8 activation quantizers of public reference implementations from the
+    canonical one (docs/formats/activations.md#reference-implementations):
+
+    - row 0 all zero: the zero-scale rules (canonical scale 0; compressed-tensors dtype epsilon; ONNX 1/255);
+    - row 1 all positive and row 2 all negative: the zero-inclusive range (0 always in range) and the
+      clamped zero point (an unclamped int8-domain zero point lies below -128 or above 127 there);
+    - row 3, fp32 cases: [-2, -2 + 2**-23]: -min / scale = 255 * 2**24 overflows int32, so the zero point
+      saturates (canonical) or is stored as INT32_MIN (x86), and the quotient saturates at -(2**31 - 1)
+      (canonical) or -2**31 (vLLM CUDA), giving codes 0 or -1; 16-bit cases: a constant negative row;
+    - row 4: a row whose zero point differs between the int8 and the uint8 (ONNX) domain;
+    - every row: the symmetric divisor 127.5 and quotients rounded to a 16-bit activation dtype change
+      the scale and most codes; the other rows are Gaussian.
+    """
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    K = case.K
+    x = inp.x.astype(np.float64).copy()
+    x[0] = 0.0
+    x[1] = np.abs(rng.standard_normal(K)) * 4 + 0.25
+    x[2] = -(np.abs(rng.standard_normal(K)) * 4 + 0.25)
+    if case.act_dtype == "float32":
+        x[3] = np.where(np.arange(K) % 2 == 0, -2.0, -2.0 + 2.0 ** -23)
+    else:
+        x[3] = -1.5
+    x[4] = _uint8_domain_row(K, seed)
+    inp.x = _r(x, case.act_dtype)
+    return inp
+
+
+def gen_reference_mx(case: Case, seed: int) -> CaseInputs:
+    """MX activation blocks that separate the reference quantizers of docs/formats/mxfp4.md#reference-
+    implementations from the canonical one:
+
+    - row 0, block 0: amax 2**-125 with elements 2**-125 * {1, -1/4, 3/4, ...}: scale byte 0 under every
+      rule; torchao divides it by 2**-126 (FLOOR/EVEN/CEIL) or by 1 (RCEIL) instead of 2**-127;
+    - row 1, block 0: amax 1.875 * 2**127: EVEN rounds it to Inf, which compressed-tensors turns into the
+      scale 2**128 (byte 0xFF, a NaN block); canonical EVEN clamps to byte 253;
+    - row 2, block 0, fp32 cases: amax = 6 * 2**k * (1 + 2**-22), 8 <= k < 20: amax / 6 lies just above 2**k, where
+      RCEIL takes 2**(k+1) and its fp32-log2 form 2**k (16-bit dtypes cannot hold such an amax);
+    - the other blocks are Gaussian.
+    """
+    inp = _base(case, seed)
+    rng = np.random.default_rng(seed)
+    x = inp.x.astype(np.float64).copy()
+    grid = np.array([1.0, -0.25, 0.75, -0.5, 0.375, 0.125, -1.0, 0.0625])
+    x[0, :32] = rng.choice(grid, 32) * 2.0 ** -125
+    x[0, 0] = 2.0 ** -125
+    x[1, :32] = rng.standard_normal(32) * 2.0 ** 126
+    x[1, 0] = 1.875 * 2.0 ** 127
+    if case.act_dtype == "float32":
+        k = int(rng.integers(8, 20))  # |k| >= 8: 2**-22 / ln 2 is below half an fp32 ulp of k
+        amax = 6.0 * 2.0 ** k * (1 + 2.0 ** -22)
+        x[2, :32] = np.clip(rng.standard_normal(32) * amax / 2, -amax, amax)
+        x[2, 0] = -amax
+    inp.x = _r(x, case.act_dtype)
+    return inp
+
+
 def gen_router_ties(case: Case, seed: int) -> CaseInputs:
     """Router logits with an exact tie across the top-k boundary in every row.
 
@@ -453,6 +533,10 @@ GENERATORS = {
     "int8-recip": ("edge", gen_int8_recip, lambda c: c.spec.int8_activations),
     "mx-tiny-blocks": ("edge", gen_mx_tiny_blocks, lambda c: c.scheme == "w4a4-mxfp4" and c.act_dtype != "float16"),
     "router-ties": ("edge", gen_router_ties, lambda c: c.scheme == "w4a16-moe" and c.E >= c.top_k + 1),
+    "reference-int8": ("edge", gen_reference_int8, lambda c: c.spec.int8_activations and c.M >= 5
+                       and c.scheme != "w4a16-moe"),
+    "reference-mx": ("edge", gen_reference_mx, lambda c: c.scheme == "w4a4-mxfp4" and c.M >= 3
+                     and c.act_dtype != "float16"),
     "gaussian": ("random", gen_gaussian, lambda c: True),
     "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),
 }

@@ -148,10 +148,13 @@ INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "
                 "zero_row": "zero_row", "eps": "eps", "nan_to_int": "nan_to_int", "qmin": "qmin", "qmax": "qmax",
                 "act_symmetric": "symmetric", "uint8_zp128": "uint8_zp128", "act_scale_formula": "scale_formula",
                 "act_granularity": "granularity", "act_scheme": "scheme", "azp_before_rounding": "azp_before_rounding",
-                "act_dequant_scale_dtype": "dequant_scale_dtype"}
+                "act_dequant_scale_dtype": "dequant_scale_dtype", "act_sym_divisor": "sym_divisor",
+                "act_range": "range_rule", "act_arith_dtype": "arith_dtype", "azp_clamp": "azp_clamp",
+                "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow"}
 #: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
 MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
-              "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign"}
+              "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign",
+              "mx_byte0_divisor": "byte0_divisor", "mx_scale_overflow": "scale_overflow"}
 
 
 def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVariant:
@@ -167,6 +170,8 @@ def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVari
             kw[field] = None if (key == "act_dequant_scale_dtype" and v == "same") else v
     if "symmetric" not in kw and case is not None:
         kw["symmetric"] = case.act_symmetric
+    if kw.get("arith_dtype") == "input" and case is not None:
+        kw["arith_dtype"] = case.act_dtype  # the reference quantizes float32 copies: the case names the dtype
     return a8.Int8ActVariant(**kw)
 
 
@@ -185,7 +190,14 @@ def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant
         tie_lower_index_first=v("moe_tie_order") != "higher_index_first",
         intermediate_dtype=None if inter == "activation" else inter,
         gate_up_dtype=None if gate_up_dtype == "exact" else gate_up_dtype,
-        act_quant=int8_variant(declared) if v("moe_act_quant") == "int8" else None)
+        act_quant=_moe_act_quant(declared, case) if v("moe_act_quant") == "int8" else None)
+
+
+def _moe_act_quant(declared: Declared, case: Case | None) -> a8.Int8ActVariant:
+    q = int8_variant(declared)  # symmetric unless declared: the MoE GEMM inputs have no checkpoint scheme
+    if q.arith_dtype == "input" and case is not None:
+        q = dataclasses.replace(q, arith_dtype=case.act_dtype)
+    return q
 
 
 def weight_kwargs(declared: Declared) -> dict:

@@ -210,6 +210,12 @@ def _output_level(value, case, tensors=None) -> Level:
     return Level.CANONICAL if value in ("case", "float32", case.output_dtype) else Level.ROUNDING
 
 
+def _act_arith_level(value, case, tensors=None) -> Level:
+    # arithmetic in the activation's own dtype is fp32 arithmetic for an fp32 case
+    resolved = case.act_dtype if value == "input" else value
+    return Level.CANONICAL if resolved == "float32" else Level.ROUNDING
+
+
 def _act_compute_level(value, case, tensors=None) -> Level:
     # rounding activations to their own dtype, or to float32 (which holds every 16-bit value), changes nothing
     return Level.CANONICAL if value in ("none", "float32", case.act_dtype) else Level.ROUNDING
@@ -296,9 +302,12 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          source="symmetric [-127, 127] ranges (vLLM CUDA/Triton)"),
     Axis("qmax", "upper int8 clamp", Stage.INT8_ACTIVATIONS, canonical=127, kind="int", bounds=(-127, 127),
          schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmax", doc=_DOC_ACT + "#saturation"),
-    Axis("zero_row", "zero-row / amax-eps rule", Stage.INT8_ACTIVATIONS, ("zero", "eps", "nan"), "zero",
+    Axis("zero_row", "zero-row / amax-eps rule", Stage.INT8_ACTIVATIONS,
+         ("zero", "eps", "nan", "dtype_eps", "unit_range"), "zero",
          schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.zero_row", doc=_DOC_ACT + "#zero-rows",
-         source="Triton 1e-10, XPU 1e-5, SGL CPU 1e-7, torchao eps clamps; x86 oneDNN (no guard)"),
+         source="Triton 1e-10, XPU 1e-5, SGL CPU 1e-7, torchao eps clamps; x86 oneDNN (no guard); compressed-tensors "
+                "calculate_qparams (dtype_eps: a zero scale becomes finfo(dtype).eps); ONNX reference "
+                "DynamicQuantizeLinear (unit_range: scale 1/255 when max == min)"),
     Axis("eps", "amax clamp under zero_row=eps", Stage.INT8_ACTIVATIONS, canonical=0.0, kind="float",
          schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#zero-rows"),
     Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan)", Stage.INT8_ACTIVATIONS,
@@ -321,11 +330,54 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          source="KleidiAI kai_lhs_quant_pack_qai8dxp_f32; torch _dyn_quant_matmul_4bit"),
     Axis("azp_before_rounding", "zero point added before the integer rounding", Stage.INT8_ACTIVATIONS,
          canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_before_rounding",
-         doc=_DOC_ACT + "#asymmetric", source="vLLM csrc/cpu/dnnl_kernels.cpp dynamic_scaled_int8_quant_impl"),
+         doc=_DOC_ACT + "#asymmetric", source="vLLM csrc/cpu/dnnl_kernels.cpp dynamic_scaled_int8_quant_impl; "
+                                              "compressed-tensors forward _quantize (x / scale + zero_point)"),
+    Axis("act_sym_divisor", "divisor of the symmetric scale amax / D", Stage.INT8_ACTIVATIONS,
+         ("qmax", "half_range"), "qmax", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.sym_divisor",
+         doc=_DOC_ACT + "#reference-implementations",
+         source="compressed-tensors calculate_qparams (half_range: amax / (255 / 2) = amax / 127.5)"),
+    Axis("act_range", "range the asymmetric scale and zero point come from", Stage.INT8_ACTIVATIONS,
+         ("minmax", "zero_inclusive"), "minmax", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.range_rule",
+         doc=_DOC_ACT + "#reference-implementations",
+         source="compressed-tensors calculate_qparams, ONNX DynamicQuantizeLinear (min(min, 0), max(max, 0))"),
+    Axis("act_arith_dtype", "dtype the scale, zero point and quotients are computed in", Stage.INT8_ACTIVATIONS,
+         ("float32", "input", "bfloat16", "float16"), "float32", schemes=_INT8_ACT_SCHEMES,
+         target="Int8ActVariant.arith_dtype", doc=_DOC_ACT + "#reference-implementations",
+         source="compressed-tensors forward quantize (torch ops in the activation's dtype: bf16 quotients)",
+         case_level=_act_arith_level),
+    Axis("azp_clamp", "real zero point clamped to the code range before rounding", Stage.INT8_ACTIVATIONS,
+         canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_clamp",
+         doc=_DOC_ACT + "#reference-implementations",
+         source="compressed-tensors calculate_qparams (clamp to [-128, 127], then round); ONNX DynamicQuantizeLinear "
+                "(saturate to [0, 255])"),
+    Axis("azp_domain", "integer domain the zero point is formed in", Stage.INT8_ACTIVATIONS, ("int8", "uint8"),
+         "int8", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_domain",
+         doc=_DOC_ACT + "#reference-implementations", source="ONNX DynamicQuantizeLinear (uint8: zp = round(-min / scale))"),
+    Axis("int32_saturation", "range of saturating float -> int32 conversions", Stage.INT8_ACTIVATIONS,
+         ("symmetric", "full"), "symmetric", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.int32_saturation",
+         doc=_DOC_ACT + "#reference-implementations",
+         source="vLLM csrc/quantization/compressed_tensors/int8_quant_kernels.cu float_to_int32_rn "
+                "(full: cvt.rni.sat.s32.f32 down to -2**31)"),
+    Axis("azp_overflow", "what a zero point outside int32 is stored as", Stage.INT8_ACTIVATIONS,
+         ("saturate", "int_min"), "saturate", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
+         target="Int8ActVariant.azp_overflow", doc=_DOC_ACT + "#reference-implementations",
+         source="vLLM csrc/cpu/dnnl_kernels.cpp (int_min: the implicit float -> int32 store, x86 cvttss2si)"),
     # -- MXFP4 activations -------------------------------------------------------------------------------
-    Axis("mx_scale_rule", "MX shared-scale rule", Stage.MX_ACTIVATIONS, ("floor", "even", "rceil", "ceil"), "floor",
+    Axis("mx_scale_rule", "MX shared-scale rule", Stage.MX_ACTIVATIONS,
+         ("floor", "even", "rceil", "ceil", "rceil_log2f"), "floor",
          schemes=_MX_ACT_SCHEMES, target="MxVariant.scale_rule", doc=_DOC_MX + "#scale-rules",
-         source="OCP MX v1.0 §6.3 (floor); torchao ScaleCalculationMode (even, rceil, ceil)"),
+         source="OCP MX v1.0 §6.3 (floor); torchao ScaleCalculationMode (even, rceil, ceil); torchao 0.18 "
+                "_to_mx_rceil eager fallback (rceil_log2f: ceil of an fp32 torch.log2)"),
+    Axis("mx_byte0_divisor", "what the elements of a scale-byte-0 block are divided by", Stage.MX_ACTIVATIONS,
+         ("byte", "min_normal", "one"), "byte", Level.SEMANTIC, schemes=_MX_ACT_SCHEMES,
+         target="MxVariant.byte0_divisor", doc=_DOC_MX + "#reference-implementations",
+         source="torchao 0.18 to_mx (min_normal: fp32 scale clamped to 2**-126 for FLOOR/EVEN/CEIL; one: RCEIL "
+                "reciprocal 1.0 for exponent 0)"),
+    Axis("mx_scale_overflow", "scale of a block whose rounded amax overflows fp32", Stage.MX_ACTIVATIONS,
+         ("clamp", "nan"), "clamp", Level.SEMANTIC, schemes=_MX_ACT_SCHEMES, target="MxVariant.scale_overflow",
+         doc=_DOC_MX + "#reference-implementations",
+         source="compressed-tensors 0.20 dynamic MXFP4 activations (nan: EVEN rounding of amax >= 1.75 * 2**127 "
+                "gives the scale 2**128, byte 0xFF)"),
     Axis("e2m1_rounding", "E2M1 element rounding (ties)", Stage.MX_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
          "rne", schemes=_MX_ACT_SCHEMES, target="MxVariant.element_rounding", doc=_DOC_MX + "#element-rounding",
          source="vllm-xpu-kernels mxfp4_quant.h (ties toward zero)"),

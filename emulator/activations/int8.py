@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..numerics.floats import round_to_dtype
-from ..numerics.rounding import NanToInt, Rounding, as_float64, quantize_to_int
+from ..numerics.rounding import NanToInt, Rounding, as_float64, quantize_to_int, round_to_integer
 
 __all__ = [
     "Reciprocal",
@@ -40,6 +40,11 @@ __all__ = [
     "ScaleFormula",
     "Granularity",
     "Int8Scheme",
+    "SymDivisor",
+    "RangeRule",
+    "AzpDomain",
+    "Int32Saturation",
+    "AzpOverflow",
     "Int8ActVariant",
     "CANONICAL_SYM",
     "CANONICAL_ASYM",
@@ -68,11 +73,19 @@ class ZeroRowRule(str, enum.Enum):
     - ZERO: scale 0, codes 0 (canonical; vLLM CUDA guards 1/0)
     - EPS: amax is clamped to ``eps`` first (Triton 1e-10, XPU 1e-5, SGL CPU 1e-7, torchao eps)
     - NAN: no guard: 0/0 -> NaN codes, converted by the kernel's NaN rule (x86 oneDNN path)
+    - DTYPE_EPS: a scale that comes out 0 is replaced by the machine epsilon of the dtype it is computed
+      in (2**-23 fp32, 2**-7 bf16, 2**-10 fp16) *after* the zero point was formed from the zero scale
+      (compressed-tensors ``calculate_qparams``: ``torch.where(scales == 0, eps, scales)``; its zero
+      point of an all-zero row is then NaN, stored as 0)
+    - UNIT_RANGE: a range (amax, or max - min) of exactly 0 is replaced by 1 before the division
+      (ONNX reference ``DynamicQuantizeLinear``: scale 1/255 when max == min)
     """
 
     ZERO = "zero"
     EPS = "eps"
     NAN = "nan"
+    DTYPE_EPS = "dtype_eps"
+    UNIT_RANGE = "unit_range"
 
 
 class ScaleFormula(str, enum.Enum):
@@ -98,6 +111,70 @@ class Granularity(str, enum.Enum):
 
     PER_TOKEN = "per_token"
     PER_TENSOR = "per_tensor"
+
+
+class SymDivisor(str, enum.Enum):
+    """The divisor D of the symmetric scale ``amax / D``.
+
+    - QMAX: 127, the largest code (canonical; vLLM, ONNX's symmetric use, torchao)
+    - HALF_RANGE: (qmax - qmin) / 2 = 127.5 (compressed-tensors ``calculate_qparams``: the scale is
+      ``max(|min|, |max|) / (bit_range / 2)`` with bit_range = 255), so the largest quotient is 127.5
+      and saturates to 127
+    """
+
+    QMAX = "qmax"
+    HALF_RANGE = "half_range"
+
+
+class RangeRule(str, enum.Enum):
+    """Which range the asymmetric scale and zero point are formed from.
+
+    - MINMAX: the row's own min and max (canonical; vLLM ``dynamic_scaled_int8_azp_quant``)
+    - ZERO_INCLUSIVE: min(min, 0) and max(max, 0), so 0 is always exactly representable
+      (compressed-tensors ``calculate_qparams``, ONNX ``DynamicQuantizeLinear``, KleidiAI qa8dx)
+    """
+
+    MINMAX = "minmax"
+    ZERO_INCLUSIVE = "zero_inclusive"
+
+
+class AzpDomain(str, enum.Enum):
+    """In which integer domain the asymmetric zero point is formed.
+
+    - INT8: azp = RNE(fl(-128 - fl(min / scale))) (canonical; vLLM, compressed-tensors)
+    - UINT8: zp = RNE(-fl(min / scale)) in [0, 255], azp = zp - 128 (ONNX ``DynamicQuantizeLinear``);
+      differs from INT8 where the subtraction of 128 rounds (|min / scale| not a multiple of the
+      spacing of fp32 numbers near 128) onto or off a tie
+    """
+
+    INT8 = "int8"
+    UINT8 = "uint8"
+
+
+class Int32Saturation(str, enum.Enum):
+    """The range a saturating float -> int32 conversion clamps to (the quotient, and the zero point).
+
+    - SYMMETRIC: [-(2**31 - 1), 2**31 - 1] (canonical)
+    - FULL: [-2**31, 2**31 - 1], the whole int32 range (vLLM CUDA ``float_to_int32_rn``:
+      ``cvt.rni.sat.s32.f32``; its ROCm branch saturates to ``numeric_limits<int32_t>::min()``)
+    """
+
+    SYMMETRIC = "symmetric"
+    FULL = "full"
+
+
+class AzpOverflow(str, enum.Enum):
+    """What an asymmetric zero point outside int32 (or NaN) is stored as.
+
+    - SATURATE: clamped to the ``Int32Saturation`` range, NaN by ``nan_to_int`` (canonical; CUDA
+      float -> int conversions saturate)
+    - INT_MIN: -2**31 for every out-of-range or NaN value, the x86 "integer indefinite" of
+      ``cvttss2si`` (vLLM CPU ``dnnl_kernels.cpp``: ``azp[i] = azp_val`` converts the float implicitly).
+      The codes are unaffected: that kernel adds the float zero point before rounding.
+    """
+
+    SATURATE = "saturate"
+    INT_MIN = "int_min"
 
 
 class Int8Scheme(str, enum.Enum):
@@ -161,6 +238,13 @@ class Int8ActVariant:
     azp_before_rounding: bool = False
     scheme: Int8Scheme = Int8Scheme.MINMAX
     dequant_scale_dtype: str | None = None  # the scale that dequantizes is rounded (RNE) to this dtype; the quotient keeps the scale_dtype one
+    sym_divisor: SymDivisor = SymDivisor.QMAX
+    range_rule: RangeRule = RangeRule.MINMAX
+    arith_dtype: str = "float32"  # float32 | bfloat16 | float16 | input (the dtype of x as passed)
+    azp_clamp: bool = False  # the real zero point is clamped to [qmin, qmax] (of its domain) before rounding
+    azp_domain: AzpDomain = AzpDomain.INT8
+    int32_saturation: Int32Saturation = Int32Saturation.SYMMETRIC
+    azp_overflow: AzpOverflow = AzpOverflow.SATURATE
 
     def __post_init__(self):
         object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
@@ -170,6 +254,13 @@ class Int8ActVariant:
         object.__setattr__(self, "scale_formula", ScaleFormula(self.scale_formula))
         object.__setattr__(self, "granularity", Granularity(self.granularity))
         object.__setattr__(self, "scheme", Int8Scheme(self.scheme))
+        object.__setattr__(self, "sym_divisor", SymDivisor(self.sym_divisor))
+        object.__setattr__(self, "range_rule", RangeRule(self.range_rule))
+        object.__setattr__(self, "azp_domain", AzpDomain(self.azp_domain))
+        object.__setattr__(self, "int32_saturation", Int32Saturation(self.int32_saturation))
+        object.__setattr__(self, "azp_overflow", AzpOverflow(self.azp_overflow))
+        if self.arith_dtype not in ("float32", "bfloat16", "float16", "input"):
+            raise ValueError(f"arith_dtype must be float32, bfloat16, float16 or input, got {self.arith_dtype!r}")
         if self.scale_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"scale_dtype must be float32, bfloat16 or float16, got {self.scale_dtype!r}")
         if self.dequant_scale_dtype not in (None, "float32", "bfloat16", "float16"):
@@ -182,7 +273,10 @@ class Int8ActVariant:
         if self.scheme is Int8Scheme.KAI_QA8DX:
             fixed = {"reciprocal": Reciprocal.DIVIDE, "scale_formula": ScaleFormula.DIVIDE,
                      "granularity": Granularity.PER_TOKEN, "zero_row": ZeroRowRule.ZERO, "qmin": -128, "qmax": 127,
-                     "scale_dtype": "float32", "azp_before_rounding": False, "dequant_scale_dtype": None}
+                     "scale_dtype": "float32", "azp_before_rounding": False, "dequant_scale_dtype": None,
+                     "sym_divisor": SymDivisor.QMAX, "range_rule": RangeRule.MINMAX, "arith_dtype": "float32",
+                     "azp_clamp": False, "azp_domain": AzpDomain.INT8, "int32_saturation": Int32Saturation.SYMMETRIC,
+                     "azp_overflow": AzpOverflow.SATURATE}
             bad = [k for k, val in fixed.items() if getattr(self, k) != val]
             if bad:
                 raise ValueError(f"scheme kai_qa8dx fixes its range, multiplier, scale and zero point; "
@@ -245,28 +339,57 @@ def _check_input(x) -> np.ndarray:
     return x32
 
 
-def _divide(x32: np.ndarray, scale32: np.ndarray, amax32: np.ndarray, v: Int8ActVariant) -> np.ndarray:
+_EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+_INT32_MAX = 2**31 - 1
+
+
+def _rounder(dtype: str):
+    """``rnd(a)``: float64 values rounded (RNE) to ``dtype``, as float64. An operation computed exactly (or in
+    float64) and rounded once is the correctly rounded ``dtype`` operation: float64 keeps 53 >= 2p + 2 bits
+    for p = 24, 11, 8, so the double rounding is innocuous (torch's CPU 16-bit arithmetic, which computes in
+    fp32 and rounds to the 16-bit dtype, gives the same values for the same reason)."""
+    if dtype == "float32":
+        return lambda a: np.asarray(a, np.float64).astype(np.float32).astype(np.float64)
+    return lambda a: round_to_dtype(np.asarray(a, np.float64), dtype)
+
+
+def _arith_dtype(x, v: Int8ActVariant) -> str:
+    if v.arith_dtype != "input":
+        return v.arith_dtype
+    name = np.asarray(x).dtype.name
+    return name if name in ("float16", "bfloat16") else "float32"
+
+
+def _divide(x: np.ndarray, scale: np.ndarray, rng: np.ndarray, divisor: float, v: Int8ActVariant, rnd) -> np.ndarray:
+    """The quotient x / scale in the arithmetic dtype, in the form ``v.reciprocal`` names (float64 values)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if v.reciprocal is Reciprocal.DIVIDE:
-            return (x32 / scale32).astype(np.float32)
+            return rnd(x / scale)
         if v.reciprocal is Reciprocal.RECIP_AMAX:
-            inv = (np.float32(127.0) / amax32).astype(np.float32)
-            return (x32 * inv).astype(np.float32)
-        inv = (np.float32(1.0) / scale32).astype(np.float32)
-        return (x32 * inv).astype(np.float32)
+            return rnd(x * rnd(divisor / rng))
+        return rnd(x * rnd(1.0 / scale))
+
+
+def _to_int32(a: np.ndarray, v: Int8ActVariant, what: str) -> np.ndarray:
+    """Round (``v.rounding``) and convert to int32 by the declared saturation and overflow rules; int64 out."""
+    lo = -(2**31) if v.int32_saturation is Int32Saturation.FULL else -_INT32_MAX
+    return quantize_to_int(a, lo, _INT32_MAX, v.rounding, nan=v.nan_to_int, what=what).astype(np.int64)
 
 
 def quantize_int8_per_token(x, variant: Int8ActVariant = CANONICAL_SYM) -> Int8Activations:
     """Quantize x [M, K] to int8, one scale per row (or per tensor: ``variant.granularity``).
 
     See the module docstring; ``scale`` and ``zero_point`` are always [M, 1] (a per-tensor scale is
-    repeated on every row).
+    repeated on every row). ``arith_dtype="input"`` computes in the dtype of ``x`` (float16 or
+    ml_dtypes bfloat16 arrays; any other dtype counts as float32).
     """
     x32 = _check_input(x)
     if np.any(np.isnan(x32)):
         raise FormatError("NaN in activations: per-token int8 quantization is undefined for NaN input", tensor="x")
     if variant.scheme is Int8Scheme.KAI_QA8DX:
         return _quantize_kai_qa8dx(x32, variant)
+    if variant.arith_dtype == "input":
+        variant = dataclasses.replace(variant, arith_dtype=_arith_dtype(x, variant))
     if variant.symmetric:
         return _quantize_sym(x32, variant)
     return _quantize_asym(x32, variant)
@@ -280,26 +403,44 @@ def _reduce(v: np.ndarray, fn, variant: Int8ActVariant) -> np.ndarray:
     return r.astype(np.float32)
 
 
-def _scale(rng32: np.ndarray, divisor: float, v: Int8ActVariant) -> np.ndarray:
-    """scale = fl32(R / D) (DIVIDE) or fl32(R * fl32(1 / D)) (RECIP_MUL), then rounded to ``scale_dtype``."""
-    with np.errstate(over="ignore"):
+def _scale(rng: np.ndarray, divisor: float, v: Int8ActVariant, rnd) -> np.ndarray:
+    """scale = fl(R / D) (DIVIDE) or fl(R * fl(1 / D)) (RECIP_MUL) in the arithmetic dtype, then rounded to
+    ``scale_dtype``; float64 values."""
+    with np.errstate(over="ignore", invalid="ignore"):
         if v.scale_formula is ScaleFormula.DIVIDE:
-            scale = (rng32 / np.float32(divisor)).astype(np.float32)
+            scale = rnd(rng / divisor)
         else:
-            scale = (rng32 * (np.float32(1.0) / np.float32(divisor)).astype(np.float32)).astype(np.float32)
-    return _as_f32(scale.astype(np.float64), v.scale_dtype)
+            scale = rnd(rng * rnd(1.0 / divisor))
+    return _as_f32(scale, v.scale_dtype).astype(np.float64)
+
+
+def _guard_range(rng: np.ndarray, v: Int8ActVariant) -> np.ndarray:
+    if v.zero_row is ZeroRowRule.EPS:
+        rng = np.maximum(rng, np.float64(np.float32(v.eps)))
+    elif v.zero_row is ZeroRowRule.UNIT_RANGE:
+        rng = np.where(rng == 0, 1.0, rng)
+    return rng
+
+
+def _eps_scale(scale: np.ndarray, v: Int8ActVariant) -> np.ndarray:
+    """ZeroRowRule.DTYPE_EPS: a zero scale becomes the arithmetic dtype's machine epsilon."""
+    if v.zero_row is ZeroRowRule.DTYPE_EPS:
+        return np.where(scale == 0, _EPS[v.arith_dtype], scale)
+    return scale
 
 
 def _dequant_scale(scale: np.ndarray, v: Int8ActVariant) -> np.ndarray:
+    scale = scale.astype(np.float32)
     return scale if v.dequant_scale_dtype is None else _as_f32(scale.astype(np.float64), v.dequant_scale_dtype)
 
 
 def _quantize_sym(x32: np.ndarray, v: Int8ActVariant) -> Int8Activations:
-    amax = _reduce(np.abs(x32), np.max, v)
-    if v.zero_row is ZeroRowRule.EPS:
-        amax = np.maximum(amax, np.float32(v.eps)).astype(np.float32)
-    scale = _scale(amax, 127.0, v)
-    quotient = _divide(x32, scale, amax, v)
+    rnd = _rounder(v.arith_dtype)
+    x = x32.astype(np.float64)
+    amax = _guard_range(_reduce(np.abs(x32), np.max, v).astype(np.float64), v)
+    divisor = 127.0 if v.sym_divisor is SymDivisor.QMAX else (v.qmax - v.qmin) / 2.0
+    scale = _eps_scale(_scale(amax, divisor, v, rnd), v)
+    quotient = _divide(x, scale, amax, divisor, v, rnd).astype(np.float32)
     zero_rows = (amax == 0)[:, 0]
     if v.zero_row is ZeroRowRule.ZERO:
         quotient[zero_rows] = 0.0
@@ -309,35 +450,56 @@ def _quantize_sym(x32: np.ndarray, v: Int8ActVariant) -> Int8Activations:
     return Int8Activations(q=q, scale=_dequant_scale(scale, v), zero_point=zp, quotient=quotient, tie=tie)
 
 
+def _zero_point(xmin: np.ndarray, scale: np.ndarray, v: Int8ActVariant, rnd) -> tuple[np.ndarray, np.ndarray]:
+    """(the rounded real zero point, float64; the stored int32 zero point, int64), int8 domain."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        min_q = rnd(xmin / scale)
+        if v.azp_domain is AzpDomain.UINT8:
+            real, lo, hi, shift = -min_q, 0.0, 255.0, 128
+        else:
+            real, lo, hi, shift = rnd(-128.0 - min_q), float(v.qmin), float(v.qmax), 0
+    if v.azp_clamp:
+        real = np.where(np.isnan(real), real, np.clip(real, lo, hi))  # a clamp keeps NaN (torch.clamp, std::clamp)
+    if v.zero_row is ZeroRowRule.ZERO:
+        real = np.where(scale == 0, float(shift), real)  # max == min: the canonical zero point is 0
+    rounded = round_to_integer(real, Rounding.RNE)  # nearbyint / torch.round / np.rint
+    stored = _to_int32(rounded, dataclasses.replace(v, rounding=Rounding.RNE), "azp")
+    if v.azp_overflow is AzpOverflow.INT_MIN:
+        with np.errstate(invalid="ignore"):
+            outside = ~((rounded >= -(2.0**31)) & (rounded <= _INT32_MAX))  # NaN too
+        stored = np.where(outside, -(2**31), stored)
+    return rounded - shift, stored - shift
+
+
 def _quantize_asym(x32: np.ndarray, v: Int8ActVariant) -> Int8Activations:
-    xmax = _reduce(x32, np.max, v)
-    xmin = _reduce(x32, np.min, v)
-    with np.errstate(over="ignore"):
-        span = (xmax - xmin).astype(np.float32)
-    if v.zero_row is ZeroRowRule.EPS:
-        span = np.maximum(span, np.float32(v.eps)).astype(np.float32)
-    scale = _scale(span, 255.0, v)
+    rnd = _rounder(v.arith_dtype)
+    x = x32.astype(np.float64)
+    xmax = _reduce(x32, np.max, v).astype(np.float64)
+    xmin = _reduce(x32, np.min, v).astype(np.float64)
+    if v.range_rule is RangeRule.ZERO_INCLUSIVE:
+        xmax, xmin = np.maximum(xmax, 0.0), np.minimum(xmin, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = _guard_range(rnd(xmax - xmin), v)
+    scale = _scale(span, 255.0, v, rnd)
     degenerate = (scale == 0)[:, 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        min_q = (xmin / scale).astype(np.float32)
-    azp_real = (np.float32(-128.0) - min_q).astype(np.float32)
+    azp_float, azp = _zero_point(xmin, scale, v, rnd)
+    scale = _eps_scale(scale, v)
+    quotient = _divide(x, scale, xmax, 255.0, v, rnd)
     if v.zero_row is ZeroRowRule.ZERO:
-        azp_real[degenerate] = 0.0
-    azp = quantize_to_int(azp_real, -(2**31) + 1, 2**31 - 1, Rounding.RNE, nan=v.nan_to_int, what="azp")
-    quotient = _divide(x32, scale, xmax, v)
-    if v.zero_row is ZeroRowRule.ZERO:
-        # max == min: every element equals min; the canonical codes are -128 + 0 with scale 0.
+        # max == min: every element equals min; the canonical codes are 0 + 0 with scale 0.
         quotient[degenerate] = 0.0
     if v.azp_before_rounding:
-        # the fp32 sum fl32(x / scale + azp) is what gets rounded (azp is an integer below 2**24: exact)
+        # the sum fl(x / scale + azp) is what gets rounded; the kernels add the zero point as a float, before
+        # its conversion to the stored int32 (the same number wherever it fits)
         with np.errstate(invalid="ignore", over="ignore"):
-            shifted = (quotient + azp.astype(np.float32)).astype(np.float32)
-        r = quantize_to_int(shifted, -(2**31) + 1, 2**31 - 1, v.rounding, nan=v.nan_to_int, what="x / scale + azp")
-        q = np.clip(r.astype(np.int64), v.qmin, v.qmax).astype(np.int32)
+            shifted = rnd(quotient + azp_float).astype(np.float32)
+        r = _to_int32(shifted, v, "x / scale + azp")
+        q = np.clip(r, v.qmin, v.qmax).astype(np.int32)
         return Int8Activations(q=q, scale=_dequant_scale(scale, v), zero_point=azp.astype(np.int32),
                                quotient=shifted, tie=_is_tie(shifted))
-    r = quantize_to_int(quotient, -(2**31) + 1, 2**31 - 1, v.rounding, nan=v.nan_to_int, what="x / scale")
-    q = np.clip(r.astype(np.int64) + azp, v.qmin, v.qmax).astype(np.int32)
+    quotient = quotient.astype(np.float32)
+    r = _to_int32(quotient, v, "x / scale")
+    q = np.clip(r + azp, v.qmin, v.qmax).astype(np.int32)
     return Int8Activations(q=q, scale=_dequant_scale(scale, v), zero_point=azp.astype(np.int32), quotient=quotient,
                            tie=_is_tie(quotient))
 

@@ -29,6 +29,7 @@ Two checkpoint layouts carry the same codes and bytes:
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from ..numerics.e8m0 import (
     E8M0_NAN,
     MxScaleRule,
     NanBlockRule,
+    ScaleOverflow,
     ZeroBlockRule,
     decode_e8m0,
     mx_scale_byte,
@@ -56,6 +58,7 @@ from .int_common import default_g_idx, expand_groups
 __all__ = [
     "BLOCK",
     "MxVariant",
+    "Byte0Divisor",
     "CANONICAL",
     "block_amax",
     "quantize_mxfp4",
@@ -73,6 +76,24 @@ __all__ = [
 BLOCK = 32
 
 
+class Byte0Divisor(str, enum.Enum):
+    """What the elements of a block whose scale byte is 0 are divided by (the byte stays 0 = 2**-127).
+
+    - BYTE: 2**-127, the value of the byte (canonical: the codes decode with the byte they are stored with)
+    - MIN_NORMAL: 2**-126 (torchao 0.18 ``to_mx`` FLOOR / EVEN / CEIL: ``torch.clamp(scale_fp32,
+      min=F32_MIN_NORMAL)`` after the byte was formed), so the codes hold half the values the byte says
+    - ONE: 1 (torchao 0.18 ``_to_mx_rceil``: the reciprocal is 1.0 where the exponent is 0), so every
+      element of such a block rounds to +-0
+    """
+
+    BYTE = "byte"
+    MIN_NORMAL = "min_normal"
+    ONE = "one"
+
+
+_BYTE0_EXPONENT = {Byte0Divisor.BYTE: -127, Byte0Divisor.MIN_NORMAL: -126, Byte0Divisor.ONE: 0}
+
+
 @dataclasses.dataclass(frozen=True)
 class MxVariant:
     """Every choice in MXFP4 quantization that real implementations make differently.
@@ -86,6 +107,8 @@ class MxVariant:
     zero_block: ZeroBlockRule = ZeroBlockRule.MIN
     nan_block: NanBlockRule = NanBlockRule.SCALE_NAN
     element_zero_sign: E2M1ZeroSign = E2M1ZeroSign.KEEP
+    byte0_divisor: Byte0Divisor = Byte0Divisor.BYTE
+    scale_overflow: ScaleOverflow = ScaleOverflow.CLAMP
 
     def __post_init__(self):
         object.__setattr__(self, "scale_rule", MxScaleRule(self.scale_rule))
@@ -94,6 +117,8 @@ class MxVariant:
         object.__setattr__(self, "zero_block", ZeroBlockRule(self.zero_block))
         object.__setattr__(self, "nan_block", NanBlockRule(self.nan_block))
         object.__setattr__(self, "element_zero_sign", E2M1ZeroSign(self.element_zero_sign))
+        object.__setattr__(self, "byte0_divisor", Byte0Divisor(self.byte0_divisor))
+        object.__setattr__(self, "scale_overflow", ScaleOverflow(self.scale_overflow))
 
     def describe(self) -> dict:
         return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
@@ -132,9 +157,10 @@ def quantize_mxfp4(x, variant: MxVariant = CANONICAL, *, what: str = "x") -> tup
     x32 = _as_float32_exact(x, what)
     xb = _blocks(x32, what)
     amax = block_amax(xb, variant.nan_block)
-    scale = mx_scale_byte(amax, variant.scale_rule, zero_block=variant.zero_block)
+    scale = mx_scale_byte(amax, variant.scale_rule, zero_block=variant.zero_block, overflow=variant.scale_overflow)
     # x / 2**s is exact in float64 (power-of-two scaling, far from float64's limits).
     s = np.where(scale == E8M0_NAN, 0, scale.astype(np.int64) - 127)
+    s = np.where(scale == 0, _BYTE0_EXPONENT[variant.byte0_divisor], s)
     y = np.ldexp(xb.astype(np.float64), -s[..., None])
     codes = encode_e2m1(y, variant.element_rounding, variant.element_nan, variant.element_zero_sign)
     # A 0xFF block decodes to NaN whatever its elements hold: canonically they are code 0

@@ -19,7 +19,12 @@ EVEN        FLOOR of amax rounded to 1 mantissa AMD Quark, llm-compressor, vLLM'
             bit (bump iff mantissa >= 1.75)     reference (reference_mxfp4.py)
 RCEIL       ceil(log2(amax / 6))                triton_kernels ROUND_UP, torchao RCEIL, cuDNN
 CEIL        ceil(log2 amax) - 2                 torchao CEIL, FBGEMM MX4 default
+RCEIL_LOG2F ceil(fl32(log2(fl32(amax / 6))))    torchao 0.18 ``_to_mx_rceil`` eager fallback
 ==========  ==================================  ===========================================
+
+RCEIL_LOG2F differs from RCEIL where amax / 6 lies just above a power of two 2**k with |k| >= 4: the fp32
+log2 of 2**k * (1 + 2**-23) rounds to the integer k, so the scale is 2**k instead of 2**(k+1) and the
+block's largest elements saturate at 6.
 
 The "- 2" is emax of E2M1 (its largest power of two is 4).
 """
@@ -34,6 +39,7 @@ __all__ = [
     "E8M0_NAN",
     "E8M0_BIAS",
     "MxScaleRule",
+    "ScaleOverflow",
     "ZeroBlockRule",
     "NanBlockRule",
     "decode_e8m0",
@@ -52,6 +58,22 @@ class MxScaleRule(str, enum.Enum):
     EVEN = "even"
     RCEIL = "rceil"
     CEIL = "ceil"
+    RCEIL_LOG2F = "rceil_log2f"
+
+
+class ScaleOverflow(str, enum.Enum):
+    """What happens when a rule's rounding of amax overflows fp32 (EVEN on amax >= 1.75 * 2**127).
+
+    - CLAMP: the exponent is clamped to 127 like any other: EVEN gives byte 253 there (canonical)
+    - NAN: the rounded amax is Inf, its log2 is Inf and the scale is 2**128, which is the E8M0 NaN byte
+      0xFF: the block decodes to NaN (compressed-tensors 0.20 ``generate_mx_scales`` on dynamic MXFP4
+      activations: ``round_to_power_2`` carries into the fp32 exponent field 255, ``127 + log2(Inf) - 2``
+      is clamped to 255 by ``round_to_quantized_type_dtype(uint8)``, and the float scale 2**128 = Inf
+      quantizes every element to 0 and fake-quantizes it to NaN)
+    """
+
+    CLAMP = "clamp"
+    NAN = "nan"
 
 
 class ZeroBlockRule(str, enum.Enum):
@@ -146,7 +168,23 @@ def _rule_exponent(amax32: np.ndarray, rule: MxScaleRule) -> np.ndarray:
         # fp32 subnormal descale: byte 0 is 2**-127 = mantissa 0x400000; only values above it round to 1.
         up_sub = (dm > 0x400000).astype(np.int64)
         return np.where(normal, up_normal, up_sub) - E8M0_BIAS
+    if rule is MxScaleRule.RCEIL_LOG2F:
+        # torchao: ceil(log2(descale)) with torch.log2 on fp32; a correctly rounded fp32 log2 (float64 log2 rounded
+        # once) gives the same ceiling on every fp32 input tested against torch (tests/emulator/test_reference_variants.py)
+        descale = (amax32 / np.float32(6.0)).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            log2 = np.log2(descale.astype(np.float64)).astype(np.float32).astype(np.float64)
+        s = np.ceil(log2)
+        return np.where(np.isfinite(s), s, -(2 * E8M0_BIAS)).astype(np.int64)  # descale 0: log2 -Inf, clamped below
     raise ValueError(f"unknown MX scale rule {rule!r}")
+
+
+def _rounded_amax_overflows(amax32: np.ndarray, rule: MxScaleRule) -> np.ndarray:
+    """Whether the rule rounds the (finite) amax to Inf: only EVEN can, for amax >= 1.75 * 2**127."""
+    if rule is not MxScaleRule.EVEN:
+        return np.zeros(amax32.shape, bool)
+    bumped = (amax32.view(np.uint32).astype(np.uint64) + np.uint64(1 << 21)) & np.uint64(0x7F800000)
+    return bumped == np.uint64(0x7F800000)
 
 
 def mx_scale_byte(
@@ -154,6 +192,7 @@ def mx_scale_byte(
     rule: MxScaleRule | str = MxScaleRule.FLOOR,
     *,
     zero_block: ZeroBlockRule | str = ZeroBlockRule.MIN,
+    overflow: ScaleOverflow | str = ScaleOverflow.CLAMP,
 ) -> np.ndarray:
     """E8M0 scale byte for each block amax (float32 magnitudes; NaN/Inf -> 0xFF).
 
@@ -180,5 +219,7 @@ def mx_scale_byte(
     byte = np.where(a == 0, _ZERO_BLOCK_BYTE[zero_block], byte)
     if zero_block is ZeroBlockRule.EPS_1E10_FLOOR:
         byte = np.maximum(byte, EPS_1E10_BYTE)
+    if ScaleOverflow(overflow) is ScaleOverflow.NAN:
+        byte = np.where(_rounded_amax_overflows(safe, rule), 0xFF, byte)
     byte = np.where(finite, byte, 0xFF)
     return byte.astype(np.uint8)

@@ -352,7 +352,8 @@ def test_nan_block_field():
 def test_variant_describe_and_parse():
     v = MxVariant(scale_rule="even", element_rounding="RHAZ", zero_block="half")
     assert v.describe() == {"scale_rule": "even", "element_rounding": "rhaz", "element_nan": "zero",
-                            "zero_block": "half", "nan_block": "scale_nan", "element_zero_sign": "keep"}
+                            "zero_block": "half", "nan_block": "scale_nan", "element_zero_sign": "keep",
+                            "byte0_divisor": "byte", "scale_overflow": "clamp"}
     assert CANONICAL == MxVariant()
     with pytest.raises(ValueError):
         MxVariant(scale_rule="round")
