@@ -103,6 +103,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
     Axis("zero_row", "zero-row / amax-eps rule", "int8", _ZERO_ROW_VALUES,
          depends=("act_rounding", "act_scale_dtype", "reciprocal"), modes=("tiny", "zero"),
          note="an all-zero row gives 0 under 'zero' and 'nan' alike; only eps clamps show, on rows with amax < eps"),
+    Axis("zero_range", "zero-range rule on asymmetric rows", "int8-asym",
+         _vals("zero_row", ("zero", "dtype_eps", "unit_range")), modes=("constant", "gen:reference-int8"),
+         depends=("act_rounding",),
+         note="a zero range (max == min) keeps scale 0, becomes the dtype's epsilon, or 1 (scale 1/255): constant "
+              "rows of an asymmetric activation show it; a symmetric all-zero row gives 0 under all three"),
     Axis("qmin", "int8 clamp range", "int8", (("[-128,127]", {"qmin": -128}), ("[-127,127]", {"qmin": -127})),
          depends=("act_rounding", "act_scale_dtype", "reciprocal", "zero_row"), modes=("subnormal", "random"),
          act="float32",
@@ -110,8 +115,11 @@ AXES: dict[str, Axis] = {a.name: a for a in [
               "subnormal amax, in float32 activations where the backend takes them (a float32 scale of a "
               "16-bit amax never underflows)"),
     # MXFP4 activations (W4A4)
-    Axis("mx_scale_rule", "MX shared-scale rule", "mx", _vals("mx_scale_rule", ("floor", "even", "rceil", "ceil")),
-         nuisance=("e2m1_rounding",), modes=("boundary",)),
+    Axis("mx_scale_rule", "MX shared-scale rule", "mx",
+         _vals("mx_scale_rule", ("floor", "even", "rceil", "ceil", "rceil_log2f")),
+         nuisance=("e2m1_rounding",), modes=("boundary",),
+         note="rceil_log2f differs from rceil only on float32 amax just above 6 * 2^k, which 16-bit activations "
+              "cannot hold"),
     Axis("e2m1_rounding", "E2M1 tie rule", "mx", _vals("e2m1_rounding", ("rne", "rhaz", "rtz", "rhtz")),
          depends=("mx_scale_rule",), modes=("boundary",)),
     Axis("mx_nan", "NaN rule (block scale / element code)", "mx", _MX_NAN_VALUES,
@@ -155,7 +163,7 @@ _check_probe_axes()
 #: the hand-written axes probed per scheme, in order (later axes are conditioned on earlier ones via
 #: ``depends``); derive_axes appends an axis for every vocabulary key none of them decides
 _HAND_SCHEME_AXES = {
-    "w8a8": ("act_rounding", "act_scale_dtype", "reciprocal", "zero_row", "qmin"),
+    "w8a8": ("act_rounding", "act_scale_dtype", "reciprocal", "zero_row", "qmin", "zero_range"),
     "w4a8": ("act_rounding", "act_scale_dtype", "reciprocal", "zero_row", "qmin"),
     "w4a16": ("gptq_sym_qzeros", "gptq_v1_zero", "weight_scale_dtype", "dequant", "accumulate"),
     "w4a16-mxfp4": ("accumulate",),
@@ -200,6 +208,22 @@ TUNING: dict[str, dict] = {
     "act_scheme": dict(modes=("random",)),
     "e2m1_zero_sign": dict(modes=("boundary",), note="the codes of +0 and -0 add the same 0"),
     "moe_tie_order": dict(modes=("tie",)),
+    # reference quantizers (emulator/reference_quantizers.py): the suite's reference-int8 / reference-mx edge
+    # inputs (conformance/generators.py) separate them; the asymmetric ones on W8A8 with an activation zero point
+    "act_sym_divisor": dict(modes=("random", "gen:reference-int8")),
+    "act_arith_dtype": dict(modes=("gen:reference-int8", "random")),
+    "act_range": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8", "random")),
+    "azp_clamp": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",)),
+    "int32_saturation": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",), act="float32",
+                             note="only a zero point beyond int32 (float32 rows [-2, -2 + 2^-23]) reaches it"),
+    "azp_overflow": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",), act="float32",
+                         note="only a zero point beyond int32 (float32 rows [-2, -2 + 2^-23]) reaches it"),
+    "mx_byte0_divisor": dict(modes=("tiny",), note="acts on blocks whose scale byte is 0 (amax below 2^-124)"),
+    "mx_scale_overflow": dict(modes=("huge",), context={"mx_scale_rule": "even"},
+                              requires=("mx_scale_rule", ("even",), "acts only where EVEN rounds amax past the "
+                                                                    "largest scale (amax >= 1.75 * 2^127)")),
+    "azp_domain": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",), act="float32",
+                       note="the int8 and uint8 zero points differ on float32 rows only"),
     "moe_intermediate_dtype": dict(act="float32", note="a 16-bit output hides most intermediate roundings: probed "
                                                        "with float32 activations where the backend takes them"),
     "moe_gate_up_dtype": dict(act="float32", note="a 16-bit output hides most intermediate roundings: probed "
@@ -295,23 +319,26 @@ AXES, SCHEME_AXES = derive_axes()
 
 
 def coinciding_values(axis: Axis, case: Case, declared=None) -> dict:
-    """{value: why it computes the same numbers as another value on this case} (by construction);
+    """{value: (the value it computes the same numbers as on this case, why)} (by construction);
     ``declared``: the declaration the axis's values are applied to."""
     out = {}
     act_scale = (declared.variants.get("act_scale_dtype") if declared is not None else None) or "float32"
     for name, ov in axis.values:
         if axis.name == "dequant" and (case.sym or case.weight_format == "ct-mxfp4") and "float_zero" in name:
-            out[name] = "symmetric weights: the float zero point (8 - z)·s is 0, as in sub_then_mul"
+            out[name] = (name.split("/")[0] + "/sub_then_mul",
+                         "symmetric weights: the float zero point (8 - z)·s is 0, as in sub_then_mul")
         elif axis.name == "weight_scale_dtype" and name == case.scale_dtype:
-            out[name] = f"the checkpoint's scales are {case.scale_dtype} already"
+            out[name] = ("checkpoint", f"the checkpoint's scales are {case.scale_dtype} already")
         elif ov.get("act_compute_dtype") in ("float32", case.act_dtype):
-            out[name] = f"{case.act_dtype} activations are unchanged by rounding to {ov['act_compute_dtype']} (as none)"
+            out[name] = ("none", f"{case.act_dtype} activations are unchanged by rounding to {ov['act_compute_dtype']}")
         elif ov.get("output") == case.output_dtype:
-            out[name] = f"the case's output dtype is {case.output_dtype} (as case)"
+            out[name] = ("case", f"the case's output dtype is {case.output_dtype}")
         elif ov.get("act_dequant_scale_dtype") == act_scale:
-            out[name] = f"the activation scale is {act_scale} already (as same)"
+            out[name] = ("same", f"the activation scale is {act_scale} already")
+        elif ov.get("act_arith_dtype") == case.act_dtype:
+            out[name] = ("input", f"the activations are {case.act_dtype}")
         elif ov.get("moe_intermediate_dtype") == case.act_dtype:
-            out[name] = f"the activation dtype is {case.act_dtype} (as activation)"
+            out[name] = ("activation", f"the activation dtype is {case.act_dtype}")
     return out
 
 

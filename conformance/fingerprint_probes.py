@@ -159,6 +159,15 @@ def _mx_row(rng, case: Case, mode: str) -> np.ndarray:
     if mode == "zero":
         row[0:32] = 0.0
         row[1:32:3] = -0.0
+    if mode in ("tiny", "huge"):  # one block at the ends of the scale range, the rest zero
+        row[:] = 0.0
+        if mode == "tiny":  # amax 2^-125 .. 2^-128: scale byte 0, whose divisor rules differ
+            row[0:32] = rng.choice(_E2M1_POS, 32) / 6.0 * 2.0 ** -int(rng.integers(125, 129))
+            row[0] = 2.0 ** -125 if rng.random() < 0.5 else 1.5 * 2.0 ** -126
+        else:  # amax 1.875 * 2^127: EVEN rounds it past the largest scale
+            row[0:32] = rng.choice(_E2M1_POS, 32) / 6.0 * 2.0 ** 127
+            row[0] = 1.875 * 2.0 ** 127
+        row[0:32] *= np.where(rng.random(32) < 0.5, -1.0, 1.0)
     return _r(row, dt)
 
 
@@ -325,10 +334,17 @@ def trial_fn(axis: Axis, case: Case, seed: int):
 
     def trial(t: int) -> CaseInputs:
         mode = modes[t % len(modes)]
+        if mode.startswith("gen:"):  # an edge generator of the suite built to separate these variants
+            from .generators import GENERATORS
+
+            inp = GENERATORS[mode[4:]][1](case, int(rng.integers(0, 1 << 30)))
+            return dataclasses.replace(inp, bias=_bias(rng, case), weight_fp=None)
         if axis.probe in ("int8", "int8-asym"):
             rows = []
             for _ in range(case.M):
                 r = _int8_row(rng, case, "random" if mode in ("wide", "bias") else mode)
+                if axis.probe == "int8-asym" and mode == "constant" and rng.random() < 0.6:  # max == min
+                    r = np.full_like(r, float(_r(rng.choice([-1.0, 1.0]) * 2.0 ** rng.uniform(-12, 8), case.act_dtype)))
                 rows.append(_skew(rng, r, case.act_dtype) if axis.probe == "int8-asym" and rng.random() < 0.7 else r)
             x = np.stack(rows)
             if mode == "wide":

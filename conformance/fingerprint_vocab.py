@@ -33,11 +33,12 @@ SAME_NUMBERS: dict[tuple, tuple] = {
     ("act_compute_dtype", "float32"): ("none", "float32 holds every 16-bit activation unchanged"),
     ("act_compute_dtype", "bfloat16"): ("none", "the probes' activations are bfloat16 already"),
     ("act_dequant_scale_dtype", "float32"): ("same", "the activation scale is float32 already"),
-    ("moe_intermediate_dtype", "bfloat16"): ("activation", "the probes' activations are bfloat16"),
     ("accumulate", "tf32"): ("float16", "the same unit roundoff (2^-11) bounds both: the bracket cannot tell them"),
     ("accumulate", "exact"): ("float64", "no accumulation error shows on the probes under either"),
     ("accumulate", "int32"): ("float64", "int32 accumulation of integer products is exact"),
     ("weight_dtype", "exact"): ("float32", "int and MX weights are formed exactly in float32"),
+    ("mx_scale_rule", "rceil_log2f"): ("rceil", "they differ only on float32 amax just above 6 * 2^k, which the "
+                                                "bfloat16 probes cannot hold"),
     ("zero_dtype", "float32"): ("weight", "with float32 weights (where a zero dtype shows) float32 is the weight dtype"),
 }
 
