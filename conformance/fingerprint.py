@@ -217,9 +217,11 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
         probes, need = accumulate_probes(case), np.zeros((len(hyps), len(hyps)), bool)
     else:
         few_rows = axis.probe in ("int8", "int8-asym", "mx") and case.M < 8  # fewer candidates per input: try more inputs
+        # (a derived axis's inputs come from a few targeted modes: it gives up sooner)
+        patience = (96 if few_rows else 24) // (2 if axis.derived else 1)
         probes, need = search_separating_inputs(hyps, trial_fn(axis, case, seed), max_trials * (4 if few_rows else 1),
-                               patience=96 if few_rows else 24,
-                               min_trials=(48 if few_rows else 16) if axis.probe.startswith("int8") else 8)
+                               patience=patience,
+                               min_trials=min(patience, (48 if few_rows else 16) if axis.probe.startswith("int8") else 8))
     if not probes:
         res.update(status="not-observable", reason="no probe input separates any two values" +
                    (f" ({axis.note})" if axis.note else ""), consistent=list(res["values"]), excluded={},

@@ -403,7 +403,7 @@ def rows_options(probe: str) -> tuple:
     if probe in ("int8", "int8-asym", "mx"):
         return (8, 1, 17)
     if probe == "moe":
-        return (8, 1)
+        return (4, 1)
     if probe == "accumulate":
         return (12, 1)
     return (4, 1)

@@ -112,13 +112,18 @@ def missing_probes() -> list[str]:
     return lines
 
 
+#: keys that act only under another key's value: a probe value leaving them unset (None) says nothing of them
+CONDITIONAL = {"eps": "acts only under zero_row=eps", "e2m1_nan": "acts only under mx_nan_block=ignore",
+               "zero_dtype": "acts only under dequant_order=float_zero"}
+
+
 def _project(rec: dict, key: str) -> list:
     """The values of ``key`` among a probe axis record's consistent values."""
     ovs = dict(rec.get("value_overrides", []))
     out = []
     for label in rec.get("consistent", []):
         ov = ovs.get(label, {})
-        if key in ov:
+        if key in ov and not (ov[key] is None and key in CONDITIONAL):
             v = value_label(ov[key] if ov[key] is not None else VOCABULARY[key].canonical)
             if v not in out:
                 out.append(v)
@@ -161,8 +166,12 @@ def vocabulary_summary(result: dict) -> dict:
             ident = rec.get("identified")
             if ident is not None:
                 ov = dict(rec.get("value_overrides", [])).get(ident, {})
-                if key in ov:
+                if key in ov and not (ov[key] is None and key in CONDITIONAL):
                     vals = [value_label(ov[key] if ov[key] is not None else VOCABULARY[key].canonical)]
+            if not vals and st == "ok" and key in CONDITIONAL:
+                rows[key] = {"status": "not-applicable", "values": [], "probe": rec["axis"],
+                             "reason": CONDITIONAL[key] + " (not found here)"}
+                continue
             status = "identified" if len(vals) == 1 else ("not-observable" if st == "not-observable" else "ambiguous")
             reason = rec.get("identified_by", "") if status == "identified" else (rec.get("reason") or AXES[rec["axis"]].note
                                                                                   if rec["axis"] in AXES else "")
