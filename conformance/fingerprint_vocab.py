@@ -178,3 +178,32 @@ def vocabulary_summary(result: dict) -> dict:
             rows[key] = {"status": status, "values": vals, "probe": rec["axis"], "reason": reason}
         out[scheme] = rows
     return out
+
+
+def markdown_coverage() -> str:
+    """docs/fingerprints.md#every-vocabulary-axis: per vocabulary key, the probe axes (per scheme) that decide
+    it and the values no linear output tells apart, derived from the definitions above."""
+    lines = ["| key | decided by (schemes) | values that coincide with another |", "| --- | --- | --- |"]
+    cov = coverage()
+    for key in VOCABULARY:
+        if key in DECLARATION_ONLY:
+            lines.append(f"| `{key}` | not probed: {DECLARATION_ONLY[key]} | |")
+            continue
+        by: dict = {}
+        for hits in cov[key].values():
+            for s, n, _ in hits:
+                by.setdefault(n, [])
+                if s not in by[n]:
+                    by[n].append(s)
+        where = "; ".join(f"`{n}` ({', '.join(ss)})" for n, ss in by.items())
+        groups: dict = {}
+        for (k, v), (w, why) in SAME_NUMBERS.items():
+            if k == key:
+                groups.setdefault((value_label(w), why), []).append(value_label(v))
+        same = "; ".join(f"{', '.join(vs)} ~ {w}: {why}" for (w, why), vs in groups.items())
+        lines.append(f"| `{key}` | {where} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m conformance.fingerprint_vocab: the generated table of docs/fingerprints.md
+    print(markdown_coverage(), end="")

@@ -46,6 +46,19 @@ def test_every_vocabulary_axis_and_value_has_a_probe():
     assert not problems, "fingerprint probes missing:\n" + "\n".join(problems)
 
 
+def test_docs_table_is_generated_from_the_definitions():
+    from pathlib import Path
+
+    from conformance.fingerprint_vocab import markdown_coverage
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "fingerprints.md").read_text(encoding="utf-8")
+    body = text.split("<!-- BEGIN GENERATED: python -m conformance.fingerprint_vocab -->\n", 1)[1]
+    assert body.split("<!-- END GENERATED -->")[0] == markdown_coverage(), \
+        "docs/fingerprints.md is stale: regenerate its table with `python -m conformance.fingerprint_vocab`"
+    for key in VOCABULARY:
+        assert f"`{key}`" in body
+
+
 def test_declaration_only_axes_are_not_computations():
     # an axis may be left unprobed only as a claim about the declaration: a Declared field that no
     # backend parameter selects (the emulator computes every variant it accepts)
