@@ -174,6 +174,8 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
         cons = f["consistent"]
         if len(cons) == 1 or axis.derived:
             pick = f.get("identified") or (f.get("declared") if f.get("declared") in cons else cons[0])
+            if dep == "accumulate":  # the bracket: the finest precision whose bound the output respects
+                pick = min(cons, key=_PREC_ORDER.index) if set(cons) <= set(_PREC_ORDER) else pick
             fixed[dep] = (pick, ovs[pick])
         else:
             ranged[dep] = [(v, ovs[v]) for v in cons]

@@ -294,8 +294,9 @@ def derive_axes() -> tuple[dict, dict]:
     ``key`` on the first family, ``key@family`` on others)."""
     axes = dict(AXES)
     covered = {k for ax in AXES.values() for k in ax.keys}
-    # conditioned on the hand-written axes a scheme found (the accumulation bracket is nested: not a condition)
-    hand = tuple(n for n in AXES if n != "accumulate")
+    # conditioned on the hand-written axes a scheme found (the accumulation bracket at its finest consistent
+    # precision: a kernel outside the declared accumulation bound is judged on every other axis with its own)
+    hand = tuple(AXES)
     per_scheme = {s: list(v) for s, v in _HAND_SCHEME_AXES.items()}
     for key, va in VOCABULARY.items():
         if key in covered or key in DECLARATION_ONLY:

@@ -132,7 +132,8 @@ def _project(rec: dict, key: str) -> list:
 
 def vocabulary_summary(result: dict) -> dict:
     """{scheme: {key: {"status", "values", "probe", "reason"}}} for every vocabulary key that applies to the
-    scheme: ``identified`` (one value), ``ambiguous`` (several consistent), ``not-observable``,
+    scheme: ``identified`` (one value), ``ambiguous`` (several consistent), ``inconsistent`` (none is: the
+    output also differs on another axis), ``not-observable``,
     ``not-applicable`` / ``unsupported`` / ``crash`` (with the probe's reason), ``declaration`` (not
     an output property), ``not-probed`` (the key is probed on another scheme only)."""
     out = {}
@@ -171,6 +172,10 @@ def vocabulary_summary(result: dict) -> dict:
             if not vals and st == "ok" and key in CONDITIONAL:
                 rows[key] = {"status": "not-applicable", "values": [], "probe": rec["axis"],
                              "reason": CONDITIONAL[key] + " (not found here)"}
+                continue
+            if not vals and st == "ok":
+                rows[key] = {"status": "inconsistent", "values": [], "probe": rec["axis"],
+                             "reason": rec.get("note", "no value is consistent")}
                 continue
             status = "identified" if len(vals) == 1 else ("not-observable" if st == "not-observable" else "ambiguous")
             reason = rec.get("identified_by", "") if status == "identified" else (rec.get("reason") or AXES[rec["axis"]].note
