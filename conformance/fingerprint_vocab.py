@@ -138,6 +138,8 @@ def vocabulary_summary(result: dict) -> dict:
     an output property), ``not-probed`` (the key is probed on another scheme only)."""
     out = {}
     for scheme, srec in result.get("schemes", {}).items():
+        if scheme not in SCHEME_AXES:
+            continue  # (records of other probe kinds, e.g. quantize-only schemes, carry their own view)
         recs = {a["axis"]: a for a in srec.get("axes", [])}
         rows = {}
         for key, va in VOCABULARY.items():
