@@ -15,6 +15,7 @@ exit with status 2; no traceback unless ``--debug``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -136,6 +137,8 @@ def _cmd_linear(args) -> int:
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
     decl, int8_variant, mx_variant, direct = _linear_variants(args.variant)
+    if int8_variant.arith_dtype == "input":  # x travels as float32 here: name its own dtype
+        int8_variant = dataclasses.replace(int8_variant, arith_dtype=dtype)
     if args.backend:
         return _linear_backend(args, ck, info, x, dtype, decl)
     act = args.act or declared_activation(info)

@@ -122,10 +122,22 @@ class Declared:
             v = self.value(key)
             if key == "act_symmetric" and key not in self.variants:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
+            if key in _ASYM_ONLY and self._act_symmetric(case):
+                continue  # no zero point: the axis changes nothing
+            if key == "azp_fused" and not (self.value("azp_before_rounding") and
+                                           self.value("reciprocal") == "recip_scale"):
+                continue  # nothing to fuse
             lvl = a.level_of(v, case, tensors)
+            if key == "azp_clamp" and lvl is Level.SEMANTIC and self.value("act_range") == "zero_inclusive":
+                # with 0 in the range the real zero point lies in [-128, 127] up to rounding: the clamp only
+                # trims that rounding (under the row's own min/max it moves every code: semantic)
+                lvl = Level.ROUNDING
             if lvl is not Level.CANONICAL:
                 out.append(Deviation(key, v, lvl))
         return out
+
+    def _act_symmetric(self, case: Case) -> bool:
+        return bool(self.variants["act_symmetric"]) if "act_symmetric" in self.variants else case.act_symmetric
 
     def level(self, case: Case, tensors: dict | None = None) -> Level:
         """The farthest level of this declaration's values for ``case`` (and its ``tensors``)."""
@@ -136,6 +148,10 @@ class Declared:
         if self.arithmetic == "declared":  # the default: omitted, so records and golden files written before the
             del d["arithmetic"], d["sqnr_floor_db"]  # opaque fields existed keep their bytes
         return d
+
+
+#: int8-activation axes that change nothing for symmetric activations (they act on the zero point or the min/max)
+_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range")
 
 
 def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:
@@ -150,7 +166,8 @@ INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "
                 "act_granularity": "granularity", "act_scheme": "scheme", "azp_before_rounding": "azp_before_rounding",
                 "act_dequant_scale_dtype": "dequant_scale_dtype", "act_sym_divisor": "sym_divisor",
                 "act_range": "range_rule", "act_arith_dtype": "arith_dtype", "azp_clamp": "azp_clamp",
-                "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow"}
+                "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow",
+                "azp_fused": "azp_fused"}
 #: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
 MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
               "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign",
@@ -331,7 +348,7 @@ def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Refe
                                       **kw)
     w13 = round_weights(w13.astype(np.float64), declared)
     w2 = round_weights(w2.astype(np.float64), declared)
-    mv = moe_variant(declared)
+    mv = moe_variant(declared, case)  # the case resolves act_arith_dtype=input
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
         mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)

@@ -346,7 +346,7 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          source="compressed-tensors forward quantize (torch ops in the activation's dtype: bf16 quotients)",
          case_level=_act_arith_level),
     Axis("azp_clamp", "real zero point clamped to the code range before rounding", Stage.INT8_ACTIVATIONS,
-         canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_clamp",
+         canonical=False, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_clamp",
          doc=_DOC_ACT + "#reference-implementations",
          source="compressed-tensors calculate_qparams (clamp to [-128, 127], then round); ONNX DynamicQuantizeLinear "
                 "(saturate to [0, 255])"),
@@ -358,6 +358,10 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          doc=_DOC_ACT + "#reference-implementations",
          source="vLLM csrc/quantization/compressed_tensors/int8_quant_kernels.cu float_to_int32_rn "
                 "(full: cvt.rni.sat.s32.f32 down to -2**31)"),
+    Axis("azp_fused", "x * inv + azp rounded once (FMA) under azp_before_rounding", Stage.INT8_ACTIVATIONS,
+         canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_fused",
+         doc=_DOC_ACT + "#reference-implementations",
+         source="vLLM csrc/cpu/dnnl_kernels.cpp (measured: the compiled x * inv_scale + azp is one FMA)"),
     Axis("azp_overflow", "what a zero point outside int32 is stored as", Stage.INT8_ACTIVATIONS,
          ("saturate", "int_min"), "saturate", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
          target="Int8ActVariant.azp_overflow", doc=_DOC_ACT + "#reference-implementations",

@@ -221,6 +221,14 @@ class Int8ActVariant:
     path, ``csrc/cpu/dnnl_kernels.cpp::dynamic_scaled_int8_quant_impl`` with azp), instead of the
     canonical ``sat(round(fl32(x / scale)) + azp)``. The two differ where the quotient is a tie and azp
     is odd, and where the fp32 addition itself rounds.
+
+    ``azp_fused`` (with ``azp_before_rounding`` and ``reciprocal=recip_scale``; no effect otherwise): the
+    product and the zero point are rounded once, ``fl32(x * inv + azp)``, as a fused multiply-add does
+    (measured on vLLM 0.32 CPU ``dynamic_scaled_int8_quant``: the compiled ``x * inv_scale + azp`` is
+    contracted; tests/emulator/test_reference_libraries.py).
+
+    The fields after ``dequant_scale_dtype`` name what public reference quantizers do
+    (emulator/reference_quantizers.py, docs/formats/activations.md#reference-implementations).
     """
 
     symmetric: bool = True
@@ -245,6 +253,7 @@ class Int8ActVariant:
     azp_domain: AzpDomain = AzpDomain.INT8
     int32_saturation: Int32Saturation = Int32Saturation.SYMMETRIC
     azp_overflow: AzpOverflow = AzpOverflow.SATURATE
+    azp_fused: bool = False  # azp_before_rounding with a reciprocal: fl(x * inv + azp) rounded once (an FMA)
 
     def __post_init__(self):
         object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
@@ -276,7 +285,7 @@ class Int8ActVariant:
                      "scale_dtype": "float32", "azp_before_rounding": False, "dequant_scale_dtype": None,
                      "sym_divisor": SymDivisor.QMAX, "range_rule": RangeRule.MINMAX, "arith_dtype": "float32",
                      "azp_clamp": False, "azp_domain": AzpDomain.INT8, "int32_saturation": Int32Saturation.SYMMETRIC,
-                     "azp_overflow": AzpOverflow.SATURATE}
+                     "azp_overflow": AzpOverflow.SATURATE, "azp_fused": False}
             bad = [k for k, val in fixed.items() if getattr(self, k) != val]
             if bad:
                 raise ValueError(f"scheme kai_qa8dx fixes its range, multiplier, scale and zero point; "
@@ -491,8 +500,16 @@ def _quantize_asym(x32: np.ndarray, v: Int8ActVariant) -> Int8Activations:
     if v.azp_before_rounding:
         # the sum fl(x / scale + azp) is what gets rounded; the kernels add the zero point as a float, before
         # its conversion to the stored int32 (the same number wherever it fits)
-        with np.errstate(invalid="ignore", over="ignore"):
-            shifted = rnd(quotient + azp_float).astype(np.float32)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if v.azp_fused and v.reciprocal is Reciprocal.RECIP_SCALE:
+                # one rounding of x * inv + azp: the product of two fp32 values is exact in float64 and so is
+                # its sum with an integer below 2**33 (49 significant bits at most)
+                inv = rnd(1.0 / scale)
+                shifted = rnd(x * inv + azp_float).astype(np.float32)
+                if v.zero_row is ZeroRowRule.ZERO:
+                    shifted[degenerate] = azp_float[degenerate].astype(np.float32)  # quotient 0, as below
+            else:
+                shifted = rnd(quotient + azp_float).astype(np.float32)
         r = _to_int32(shifted, v, "x / scale + azp")
         q = np.clip(r, v.qmin, v.qmax).astype(np.int32)
         return Int8Activations(q=q, scale=_dequant_scale(scale, v), zero_point=azp.astype(np.int32),

