@@ -216,6 +216,11 @@ TUNING: dict[str, dict] = {
     "azp_clamp": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",)),
     "int32_saturation": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",), act="float32",
                              note="only a zero point beyond int32 (float32 rows [-2, -2 + 2^-23]) reaches it"),
+    "azp_fused": dict(probe="int8-asym", schemes=("w8a8",), modes=("random", "odd"),
+                      context={"azp_before_rounding": True, "reciprocal": "recip_scale"},
+                      requires=("azp_before_rounding", ("true",), "acts only where the zero point is added before "
+                                                                  "the rounding to x * (1/s) (azp_before_rounding, "
+                                                                  "reciprocal=recip_scale)")),
     "azp_overflow": dict(probe="int8-asym", schemes=("w8a8",), modes=("gen:reference-int8",), act="float32",
                          note="only a zero point beyond int32 (float32 rows [-2, -2 + 2^-23]) reaches it"),
     "mx_byte0_divisor": dict(modes=("tiny",), note="acts on blocks whose scale byte is 0 (amax below 2^-124)"),
