@@ -311,7 +311,8 @@ def test_declared_mx_variant_differs_from_canonical():
     """The XPU activation quantizer differs from canonical MXFP4 exactly where its source says it does."""
     v = _xpu_variant()
     assert v.describe() == {"scale_rule": "rceil", "element_rounding": "rhtz", "element_nan": "saturate_positive",
-                            "zero_block": "eps_1e10_floor", "nan_block": "ignore", "element_zero_sign": "positive"}
+                            "zero_block": "eps_1e10_floor", "nan_block": "ignore", "element_zero_sign": "positive",
+                            "byte0_divisor": "byte", "scale_overflow": "clamp"}  # no byte-0 block; RCEIL cannot overflow
     x = np.zeros((6, 32), np.float32)
     x[0, :8] = [6, 0.75, 1.75, 3.5, 5, 2.5, 0.25, 1.25]  # scale 1 under both rules: ties only
     x[1, 0] = 1.6  # FLOOR: 2**(0-2) -> byte 125; RCEIL: 2**ceil(log2(1.6/6)) = 2**-1 -> byte 126
