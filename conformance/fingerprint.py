@@ -53,11 +53,14 @@ from backends.base import Case, Declared
 from .acceptance import compare, declared_interval
 from .bundle import save_bundle
 from .cases import CaseInputs
-from .fingerprint_axes import AXES, SCHEME_AXES, Axis, candidate_cases, known_keys, rows_options, values_for_case
+from .fingerprint_axes import (AXES, SCHEME_AXES, Axis, candidate_cases, coinciding_values, known_keys,
+                               rows_options, values_for_case)
 from .fingerprint_axes import DEFAULTS as _DEFAULTS  # noqa: F401 - the old name (test_variant_vocabulary reads it)
 from .fingerprint_probes import accumulate_probes, trial_fn, with_rows
 from .fingerprint_render import axis_line, format_text, markdown_tables
-from .fingerprint_search import declared_value, hypotheses, hypothesis_intervals, search_separating_inputs
+from .fingerprint_vocab import vocabulary_summary
+from .fingerprint_search import (Raises, declared_value, hypotheses, hypothesis_intervals, identify,
+                                 search_separating_inputs)
 from .runner import WorkerProcess
 from .suite import CaseSpec
 
@@ -79,6 +82,7 @@ class _Prober:
         self._plans: dict = {}
         self.label = backend
         self.hello: dict = {}
+        self.last_kind: str | None = None  # the worker's failure kind of the last run (error, crash, ...)
 
     def start(self) -> dict:
         self.hello = self.worker.request({"op": "hello"}, timeout=self.timeout)
@@ -105,7 +109,9 @@ class _Prober:
         r = self.worker.request({"op": "run", "bundle": str(path.resolve()), "out": str(ypath.resolve())},
                                 timeout=self.timeout)
         if not r.get("ok"):
+            self.last_kind = r.get("kind")
             return None, str(path), f"{r.get('kind')}: {r.get('error', '')}"[:500]
+        self.last_kind = None
         from emulator.tensorfile import load_tensors
 
         return load_tensors(ypath)["y"].data, str(path), ""
@@ -117,7 +123,8 @@ class _Prober:
 def _pick_case(prober: _Prober, scheme: str, axis: Axis, act: str):
     """(case with the row count to use, declared, reasons) for the first candidate the backend implements."""
     reasons = []
-    for cand in candidate_cases(scheme, axis.probe, act):
+    acts = ([axis.act] if axis.act and axis.act != act else []) + [act]
+    for cand in (c for a in acts for c in candidate_cases(scheme, axis.probe, a, axis.bias)):
         for M in rows_options(axis.probe):
             case = with_rows(cand, M)
             p = prober.plan(case)
@@ -143,18 +150,35 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     if base.variants.get("weight_scale_dtype") == case.scale_dtype:  # reading scales in their own dtype
         base = dataclasses.replace(base, variants={k: v for k, v in base.variants.items() if k != "weight_scale_dtype"})
     res["declared_arithmetic"] = base.to_json()
-    axis = values_for_case(axis, case)
+    # an axis that acts only under a value an earlier axis of this scheme excluded is not applicable
+    if axis.requires:
+        dep, wanted, why = axis.requires
+        f = found.get(dep)
+        if f and f.get("consistent") and not any(v.startswith(w) for v in f["consistent"] for w in wanted):
+            res.update(status="not-applicable", consistent=[], excluded={}, unseparated=[],
+                       reason=f"{why}; {dep} found {', '.join(f['consistent'])}")
+            return res
+    coincide = coinciding_values(axis, case, base)
+    if coincide:
+        res["coincide"] = coincide
+    axis = values_for_case(axis, case, base)
     # conditioning: earlier axes fixed where their probes were decisive, ranged over where ambiguous
+    # (a derived axis takes an ambiguous earlier axis at its identified, else declared, else first consistent
+    # value: ranging over values that differ elsewhere than its probes only multiplies the hypotheses)
     fixed, ranged = {}, {}
     for dep in axis.depends:
         f = found.get(dep)
         if not f or not f.get("consistent"):
             continue
         ovs = dict(f["value_overrides"])
-        if len(f["consistent"]) == 1:
-            fixed[dep] = (f["consistent"][0], ovs[f["consistent"][0]])
+        cons = f["consistent"]
+        if len(cons) == 1 or axis.derived:
+            pick = f.get("identified") or (f.get("declared") if f.get("declared") in cons else cons[0])
+            if dep == "accumulate":  # the bracket: the finest precision whose bound the output respects
+                pick = min(cons, key=_PREC_ORDER.index) if set(cons) <= set(_PREC_ORDER) else pick
+            fixed[dep] = (pick, ovs[pick])
         else:
-            ranged[dep] = [(v, ovs[v]) for v in f["consistent"]]
+            ranged[dep] = [(v, ovs[v]) for v in cons]
     for nu in axis.nuisance:
         if nu not in ranged and nu not in fixed:
             ranged[nu] = list(values_for_case(AXES[nu], case).values)
@@ -163,13 +187,16 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     hyps, values = hypotheses(axis, base, fixed, ranged)
     res["values"] = [v for v, _ in values]
     res["value_overrides"] = [(v, ov) for v, ov in values]
-    dv = declared_value(axis, base)
+    dv = declared_value(axis, base if "act_symmetric" in base.variants or "act_symmetric" not in axis.keys else
+                        dataclasses.replace(base, variants={**base.variants, "act_symmetric": case.act_symmetric}))
     if dv is None and len(values) > len(axis.values):
         dv = values[-1][0]
     res["declared"] = dv
     # hypotheses the emulator cannot evaluate under this declaration (e.g. a variant that the declared
     # scheme fixes) are not candidates: report them apart, never as excluded by a probe
-    first = accumulate_probes(case)[0] if axis.probe == "accumulate" else trial_fn(axis, case, seed)(0)
+    # (judged on a benign input: one without the NaNs or zero rows a value may refuse, see Raises)
+    benign = dataclasses.replace(axis, modes=("boundary",) if axis.probe == "mx" else ("random",))
+    first = accumulate_probes(case)[0] if axis.probe == "accumulate" else trial_fn(benign, case, seed)(0)
     errors = {}
     for h in hyps:
         try:
@@ -191,10 +218,12 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     if axis.probe == "accumulate":
         probes, need = accumulate_probes(case), np.zeros((len(hyps), len(hyps)), bool)
     else:
-        few_rows = axis.probe in ("int8", "mx") and case.M < 8  # fewer candidates per input: try more inputs
+        few_rows = axis.probe in ("int8", "int8-asym", "mx") and case.M < 8  # fewer candidates per input: try more inputs
+        # (a derived axis's inputs come from a few targeted modes: it gives up sooner)
+        patience = (96 if few_rows else 24) // (2 if axis.derived else 1)
         probes, need = search_separating_inputs(hyps, trial_fn(axis, case, seed), max_trials * (4 if few_rows else 1),
-                               patience=96 if few_rows else 24,
-                               min_trials=(48 if few_rows else 16) if axis.probe == "int8" else 8)
+                               patience=patience,
+                               min_trials=min(patience, (48 if few_rows else 16) if axis.probe.startswith("int8") else 8))
     if not probes:
         res.update(status="not-observable", reason="no probe input separates any two values" +
                    (f" ({axis.note})" if axis.note else ""), consistent=list(res["values"]), excluded={},
@@ -204,17 +233,26 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     inside = np.ones(len(hyps), bool)
     excluded_by: dict[int, str] = {}
     res["probes"] = []
+    probe_ivs, outputs = [], []
     for i, inp in enumerate(probes):
         pid = f"{scheme}/{axis.name}/p{i + 1}"
         y, bundle, err = prober.run(inp, pid, f"fingerprint probe {pid}")
         res["probes"].append({"id": pid, "bundle": bundle, "M": inp.case.M, "error": err or None})
-        if y is None:
+        ivs = hypothesis_intervals(inp, hyps)
+        probe_ivs.append(ivs)
+        outputs.append(y)
+        # an error reply is an answer where some hypothesis predicts one (the backend refused the input)
+        refused = y is None and prober.last_kind == "error" and any(isinstance(iv, Raises) for iv in ivs)
+        if y is None and not refused:
             res.update(status="crash", reason=f"probe {pid}: {err}")
             return res
-        for h, iv in enumerate(hypothesis_intervals(inp, hyps)):
+        for h, iv in enumerate(ivs):
             if not inside[h]:
                 continue
-            ok = iv is not None and compare(y, iv).ok
+            if refused or isinstance(iv, Raises):
+                ok = refused and isinstance(iv, Raises)
+            else:
+                ok = iv is not None and compare(y, iv).ok
             if not ok:
                 inside[h] = False
                 excluded_by[h] = pid
@@ -228,6 +266,10 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
             excluded[v] = sorted({excluded_by[h] for h in idx if h in excluded_by})
     res["consistent"] = consistent
     res["excluded"] = excluded
+    if axis.probe != "accumulate":  # (the accumulation bracket reports nesting itself)
+        ident, how = identify([h for h in range(len(hyps)) if inside[h]], hyps, probe_ivs, outputs)
+        if ident is not None:
+            res["identified"], res["identified_by"] = ident, how
     # pairs of consistent values that no probe input found could separate (ambiguity of the method,
     # as opposed to values the kernel's output cannot tell apart because of other axes' ambiguity)
     res["unseparated"] = sorted({tuple(sorted((hyps[i].value, hyps[j].value)))
@@ -335,6 +377,7 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
                 srec["status"] = "unsupported"
             result["schemes"][scheme] = srec
         result["status"] = "ok"
+        result["vocabulary"] = vocabulary_summary(result)
         return result
     finally:
         prober.close()

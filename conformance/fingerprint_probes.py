@@ -12,7 +12,7 @@ import numpy as np
 from backends.base import Case
 from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
 
-from .cases import CaseInputs
+from .cases import CaseInputs, make_inputs
 from .fingerprint_axes import Axis
 from .generators import int_weight_tensors, scales_array
 
@@ -159,6 +159,15 @@ def _mx_row(rng, case: Case, mode: str) -> np.ndarray:
     if mode == "zero":
         row[0:32] = 0.0
         row[1:32:3] = -0.0
+    if mode in ("tiny", "huge"):  # one block at the ends of the scale range, the rest zero
+        row[:] = 0.0
+        if mode == "tiny":  # amax 2^-125 .. 2^-128: scale byte 0, whose divisor rules differ
+            row[0:32] = rng.choice(_E2M1_POS, 32) / 6.0 * 2.0 ** -int(rng.integers(125, 129))
+            row[0] = 2.0 ** -125 if rng.random() < 0.5 else 1.5 * 2.0 ** -126
+        else:  # amax 1.875 * 2^127: EVEN rounds it past the largest scale
+            row[0:32] = rng.choice(_E2M1_POS, 32) / 6.0 * 2.0 ** 127
+            row[0] = 1.875 * 2.0 ** 127
+        row[0:32] *= np.where(rng.random(32) < 0.5, -1.0, 1.0)
     return _r(row, dt)
 
 
@@ -271,6 +280,53 @@ def _accumulate_tensors(case: Case) -> dict:
     return _int_codes_tensors(case, np.full((N, K), 9), z, s)
 
 
+def _bias(rng, case: Case):
+    """A bias of act-dtype values of mixed magnitude (None when the case has none)."""
+    if not case.bias:
+        return None
+    b = rng.standard_normal(case.N) * 2.0 ** rng.integers(-6, 3, case.N)
+    return _r(b, case.act_dtype).astype(np.float32)
+
+
+def _skew(rng, row: np.ndarray, dt: str) -> np.ndarray:
+    """An asymmetric row: the negative side shrunk by a random factor (a non-zero activation zero point)."""
+    f = float(rng.choice([0.0, 0.125, 0.3, 0.5]))
+    return _r(np.where(row < 0, row * f, row), dt)
+
+
+def _wide(rng, x: np.ndarray, dt: str) -> np.ndarray:
+    """Rows scaled by 2^-30 .. 2^17 (whole rows, so the output shows them): outside a narrower dtype's
+    range or below its normals."""
+    return _r(x * 2.0 ** rng.integers(-30, 18, (x.shape[0], 1)), dt)
+
+
+def _moe_inputs(rng, case: Case, mode: str, t: int) -> CaseInputs:
+    """The suite's seeded MoE inputs; 'tie': router rows with exact ties across the top-k boundary."""
+    inp = make_inputs(case, int(rng.integers(0, 1 << 30)))
+    logits = inp.router_logits.copy()
+    x = inp.x
+    if mode == "tie":
+        E = case.E
+        for m in range(case.M):
+            v = float(rng.choice([0.5, 1.0, 2.0]))
+            row = rng.standard_normal(E).astype(np.float32) - 4.0
+            tied = rng.choice(E, min(E, case.top_k + 1), replace=False)
+            row[tied] = v  # top_k + 1 experts share the top logit: which one drops out is the tie rule
+            logits[m] = row
+    if mode == "wide":
+        x = _wide(rng, x, case.act_dtype).astype(np.float32)
+    return dataclasses.replace(inp, x=x, router_logits=logits, bias=_bias(rng, case), weight_fp=None)
+
+
+def _generic_inputs(rng, case: Case, mode: str) -> CaseInputs:
+    """The suite's seeded inputs (conformance.cases.make_inputs), reshaped by ``mode``."""
+    inp = make_inputs(case, int(rng.integers(0, 1 << 30)))
+    x = inp.x
+    if mode == "wide":
+        x = _wide(rng, x, case.act_dtype).astype(np.float32)
+    return dataclasses.replace(inp, x=x, bias=_bias(rng, case), weight_fp=None)
+
+
 # -- a probe family's candidate inputs, by trial number ------------------------------------------
 def trial_fn(axis: Axis, case: Case, seed: int):
     rng = np.random.default_rng(seed)
@@ -278,13 +334,32 @@ def trial_fn(axis: Axis, case: Case, seed: int):
 
     def trial(t: int) -> CaseInputs:
         mode = modes[t % len(modes)]
-        if axis.probe == "int8":
-            x = np.stack([_int8_row(rng, case, mode) for _ in range(case.M)])
+        if mode.startswith("gen:"):  # an edge generator of the suite built to separate these variants
+            from .generators import GENERATORS
+
+            inp = GENERATORS[mode[4:]][1](case, int(rng.integers(0, 1 << 30)))
+            return dataclasses.replace(inp, bias=_bias(rng, case), weight_fp=None)
+        if axis.probe in ("int8", "int8-asym"):
+            rows = []
+            for _ in range(case.M):
+                r = _int8_row(rng, case, "random" if mode in ("wide", "bias") else mode)
+                if axis.probe == "int8-asym" and mode == "constant" and rng.random() < 0.6:  # max == min
+                    r = np.full_like(r, float(_r(rng.choice([-1.0, 1.0]) * 2.0 ** rng.uniform(-12, 8), case.act_dtype)))
+                rows.append(_skew(rng, r, case.act_dtype) if axis.probe == "int8-asym" and rng.random() < 0.7 else r)
+            x = np.stack(rows)
+            if mode == "wide":
+                x = _wide(rng, x, case.act_dtype)
             return CaseInputs(case, 0, _diag_int_tensors(case, anchor=True), _r(x, case.act_dtype).astype(np.float32),
-                              None)
+                              _bias(rng, case))
         if axis.probe == "mx":
             x = np.stack([_mx_row(rng, case, mode) for _ in range(case.M)])
-            return CaseInputs(case, 0, _diag_int_tensors(case), x.astype(np.float32), None)
+            if mode == "wide":
+                x = _wide(rng, x, case.act_dtype)
+            return CaseInputs(case, 0, _diag_int_tensors(case), x.astype(np.float32), _bias(rng, case))
+        if axis.probe == "moe":
+            return _moe_inputs(rng, case, mode, t)
+        if axis.probe == "generic":
+            return _generic_inputs(rng, case, mode)
         if axis.probe in ("gptq-sym", "gptq-v1"):
             return _gptq_zero_inputs(rng, case, axis.probe)
         if axis.probe == "dequant":
