@@ -186,3 +186,15 @@ def test_block_working_set_within_budget(scheme, tmp_path):
     blocked = peak(lambda: exact_by_rows(src, info, x, "float32", 1 * MiB))
     assert whole > 8 * N * K  # (int8 paths keep int8 codes: > 8 bytes per element; A16 ~65)
     assert blocked <= 1 * MiB + MiB // 2, f"{blocked / MiB:.2f} MiB"
+
+
+@pytest.mark.parametrize("scheme", ["gptq-w4g32-asym-v2-actorder", "ct-w8a8-int8", "ct-mxfp4-w4a4", "gptoss-mxfp4"])
+def test_opcheck_on_the_blocked_exact_path(scheme, synthetic, tiny_blocks):
+    ck = Checkpoint(synthetic / scheme)
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator", expert=1 if len(info.shape) == 3 else None)
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((6, info.shape[-1])).astype(np.float32))
+    before = op.cache_stats()["exact_blocked"]
+    res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m._spec, "emulator"))
+    assert res and all(v == "SUCCESS" for v in res.values()), res
+    assert op.cache_stats()["exact_blocked"] > before
