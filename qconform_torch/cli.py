@@ -1,6 +1,6 @@
 """``qconform model``: one forward pass of a quantized checkpoint (wired into conformance/cli.py).
 
-Semantics: docs/fallback.md#whole-model-runs.
+Semantics: docs/fallback.md#run-a-model.
 """
 
 from __future__ import annotations

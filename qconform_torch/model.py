@@ -1,6 +1,6 @@
 """Whole-model reference runs: ``qconform model CKPT --tokens 1,2,3 [--backend ...] -o OUT.safetensors``.
 
-Semantics: docs/fallback.md#whole-model-runs.
+Semantics: docs/fallback.md#run-a-model.
 
 The model skeleton comes from the checkpoint's ``config.json`` through transformers (its
 ``quantization_config`` removed: no quantizer integration is used, none of them runs without GPU

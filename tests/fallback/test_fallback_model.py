@@ -1,4 +1,4 @@
-"""``qconform model``: whole-model forward passes (docs/fallback.md#whole-model-runs).
+"""``qconform model``: whole-model forward passes (docs/fallback.md#run-a-model).
 
 - dense Llama checkpoints written by auto-round, GPTQModel and llm-compressor, a tiny Mixtral with GPTQ
   experts (tests/fallback/make_moe_checkpoint.py) and a tiny gpt-oss with stacked MXFP4 experts
