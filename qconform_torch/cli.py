@@ -77,7 +77,8 @@ def cmd_model(args) -> int:
     if st["exact_calls"]:
         print(f"exact path: {st['exact_calls']} layer call(s), {st['exact_blocked']} by row blocks of at most "
               f"max(--cache-mb, 1 MiB) working set; {st['exact_ambiguous']} element(s) within the float64 bound of "
-              "a rounding boundary (the only ones where blocks may differ from `qconform linear`)")
+              "a rounding boundary in a block (with those `qconform linear` reports, the only ones where blocks may "
+              "differ from it)")
     return 0 if ok else 1
 
 

@@ -14,10 +14,10 @@ once), so a block's exact values and bounds are those of the same elements of th
 The one thing that is not per element is float64 evaluation order: the BLAS dgemm of a block may round a
 sum differently from the dgemm of the whole layer (measured: tens of percent of the float64 sums of a
 random 512-row layer differ in their last bits between the two). Both are within the rigorous bound of
-the exact sum, so the rounded outputs differ only where that bound straddles a rounding boundary of the
-output dtype: exactly the elements ``qconform linear`` reports as undecided by the float64 bound
-(``y_ambiguous``). ``exact_by_rows`` counts them (``ambiguous``); at every other element the result is
-``qconform linear``'s bit for bit.
+the exact sum, so the rounded outputs can differ only where a bound straddles a rounding boundary of
+the output dtype (``y_ambiguous``: in the whole layer's evaluation, which ``qconform linear`` reports,
+or in the block's, which ``exact_by_rows`` counts as ``ambiguous``); at every other element the result
+is ``qconform linear``'s bit for bit (both equal the exact sum rounded once).
 
 Layouts not sliced here (Quark int, unknown tensor roles, a tensor whose row axis has another length
 than the layer's N, N not a multiple of the packing) take the whole-layer path, which also reports any
