@@ -223,8 +223,9 @@ _FAILED: dict[str, dict[str, str]] = {}
 def selections() -> dict[str, list[str]]:
     """What each layer ran on so far: layer name -> the choice lines logged for it."""
     out: dict[str, list[str]] = {}
-    for spec, lines in _SELECTIONS.items():
-        out.setdefault(parse_spec(spec)[0].name, []).extend(l for l in lines if l not in out.get(spec, []))
+    for spec, lines in _SELECTIONS.items():  # the experts of a stacked layer share its name: one line each
+        seen = out.setdefault(parse_spec(spec)[0].name, [])
+        seen.extend(l for l in lines if l not in seen)
     return out
 
 
