@@ -152,8 +152,9 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
     """(y as float32 holding values of ``dtype``, stats) of the canonical reference, computed by row blocks
     whose working set stays within max(``budget_bytes``, MIN_BLOCK_BYTES) where the layout allows.
 
-    stats: ``blocks`` (1: the whole layer), ``rows`` per block, ``ambiguous`` (elements whose float64 bound
-    straddles a rounding boundary: the only ones where blocks may differ from the whole layer)."""
+    stats: ``blocks`` (1: the whole layer), ``rows`` per block, ``ambiguous`` / ``ambiguous_at`` (how many
+    and which (m, n) elements' float64 bound straddles a rounding boundary in their block: with those the
+    whole layer reports, the only ones where blocks may differ from it)."""
     N, K = int(info.shape[-2]), int(info.shape[-1])
     M = int(x32.shape[0])
     tensors = src.layer_tensors(info)
@@ -161,23 +162,25 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
     rows = N if sl is None else block_rows(N, K, M, budget_bytes, sl[0])
     if rows >= N:
         res = reference(src, info, x32, dtype)
-        return np.asarray(res.y, np.float32), {"blocks": 1, "rows": N, "ambiguous": int(res.y_ambiguous.sum())}
+        at = [(int(m), int(n)) for m, n in np.argwhere(res.y_ambiguous)]
+        return np.asarray(res.y, np.float32), {"blocks": 1, "rows": N, "ambiguous": len(at), "ambiguous_at": at}
     take = sl[1]
     y = np.empty((M, N), np.float32)
-    ambiguous = 0
+    at: list[tuple[int, int]] = []
     try:
         for n0 in range(0, N, rows):
             n1 = min(N, n0 + rows)
             sub, by_role = take(n0, n1)
             res = reference(BlockTensors(sub, by_role), sub, x32, dtype)
             y[:, n0:n1] = res.y
-            ambiguous += int(res.y_ambiguous.sum())
+            if res.y_ambiguous.any():
+                at += [(int(m), int(n) + n0) for m, n in np.argwhere(res.y_ambiguous)]
             del res
     except FormatError:
         # a bad tensor: the whole-layer reference reports it as `qconform dequant` does (whole-layer indices)
         reference(src, info, x32, dtype)
         raise
-    return y, {"blocks": -(-N // rows), "rows": rows, "ambiguous": ambiguous}
+    return y, {"blocks": -(-N // rows), "rows": rows, "ambiguous": len(at), "ambiguous_at": at}
 
 
 def validate_by_rows(src, info: LayerInfo, budget_bytes: int) -> None:
