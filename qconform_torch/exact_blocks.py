@@ -142,7 +142,8 @@ def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str) -> lin.LinearRe
 
 
 def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
-    """Output rows per block: the reference's working set of a block within max(budget, MIN_BLOCK_BYTES)."""
+    """Output rows per block: the reference's working set of a block within max(budget, MIN_BLOCK_BYTES), but
+    at least ``mult`` rows (one packing unit; rows are never split along K)."""
     per_row = BYTES_PER_WEIGHT * K + BYTES_PER_OUTPUT * max(M, 1)
     rows = max(budget_bytes, MIN_BLOCK_BYTES) // per_row // mult * mult
     return min(N, max(mult, rows))
