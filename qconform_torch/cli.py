@@ -1,6 +1,6 @@
 """``qconform model``: one forward pass of a quantized checkpoint (wired into conformance/cli.py).
 
-Semantics: docs/fallback.md#whole-model-runs.
+Semantics: docs/fallback.md#run-a-model.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ def cmd_model(args) -> int:
     print(f"cache: budget {st['budget_bytes'] / 2**20:g} MiB, peak {st['peak_bytes'] / 2**20:.2f} MiB, "
           f"{st['hits']} hits, {st['misses']} misses, {st['uncached']} layer(s) too large to cache; "
           f"peak RSS {_peak_rss_mib():.0f} MiB")
+    if st["exact_calls"]:
+        print(f"exact path: {st['exact_calls']} layer call(s), {st['exact_blocked']} by row blocks of at most "
+              f"max(--cache-mb, 1 MiB) working set; {st['exact_ambiguous']} element(s) within the float64 bound of "
+              "a rounding boundary in a block (with those `qconform linear` reports, the only ones where blocks may "
+              "differ from it)")
     return 0 if ok else 1
 
 

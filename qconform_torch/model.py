@@ -1,11 +1,13 @@
 """Whole-model reference runs: ``qconform model CKPT --tokens 1,2,3 [--backend ...] -o OUT.safetensors``.
 
-Semantics: docs/fallback.md#whole-model-runs.
+Semantics: docs/fallback.md#run-a-model.
 
 The model skeleton comes from the checkpoint's ``config.json`` through transformers (its
 ``quantization_config`` removed: no quantizer integration is used, none of them runs without GPU
 libraries). Every quantized linear is replaced by a ``QuantLinear`` and every Mixtral / Qwen-MoE
-style block of quantized experts by a ``QuantExperts``; every other tensor (embeddings, norms,
+style block of quantized experts by a ``QuantExperts`` and every gpt-oss block of stacked MXFP4 experts
+(``experts.gate_up_proj`` / ``experts.down_proj``, ``*_blocks`` / ``*_scales``) by a ``QuantGptOssExperts``;
+every other tensor (embeddings, norms,
 router, lm_head) is loaded from the checkpoint, and a model tensor the checkpoint does not hold is an
 error, never a random weight. One forward pass on the token ids gives ``logits`` [T, vocab] float32.
 
@@ -27,9 +29,9 @@ from emulator.checkpoint import Checkpoint, LayerInfo
 from emulator.errors import FormatError, UnsupportedFormatError
 from emulator.layers import dequantize_layer
 
-from .module import QuantExperts, QuantLinear, _to_torch, open_ckpt
+from .module import QuantExperts, QuantGptOssExperts, QuantLinear, _to_torch, open_ckpt
 
-__all__ = ["load_quantized_model", "dense_reference_model", "forward_logits", "expert_groups"]
+__all__ = ["load_quantized_model", "dense_reference_model", "forward_logits", "expert_groups", "stacked_groups"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -37,6 +39,8 @@ log = logging.getLogger("qconform.fallback")
 #: ``block_sparse_moe``; transformers 5 names it ``mlp``)
 ALIASES = (("block_sparse_moe.", "mlp."),)
 _EXPERT = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)$")
+#: a stacked [E, N, K] expert layer of a gpt-oss block (transformers' GptOssExperts parameter names)
+_STACKED = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<proj>gate_up_proj|down_proj)$")
 _ROLE = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
 
 
@@ -57,6 +61,39 @@ def expert_groups(layers: list[LayerInfo]) -> tuple[dict[str, dict[int, dict[str
         else:
             rest.append(info)
     return groups, rest
+
+
+def stacked_groups(layers: list[LayerInfo]) -> tuple[dict[str, dict[str, LayerInfo]], list[LayerInfo]]:
+    """(gpt-oss expert block prefix -> gate_up_proj / down_proj -> its stacked [E, N, K] layer, the other layers)."""
+    groups: dict = {}
+    rest = []
+    for info in layers:
+        m = _STACKED.match(info.name)
+        if m and len(info.shape) == 3:
+            groups.setdefault(m["prefix"], {})[m["proj"]] = info
+        else:
+            rest.append(info)
+    return groups, rest
+
+
+def _gptoss_experts_module(model, prefix: str, parts: dict[str, LayerInfo]):
+    """The model's gpt-oss experts module of a block, checked against the checkpoint's stacked layers."""
+    mod = _get(model, _alias(prefix + ".experts"), prefix)
+    missing = {"gate_up_proj", "down_proj"} - set(parts)
+    if missing:
+        raise FormatError(f"{prefix}.experts: the checkpoint has no quantized {', '.join(sorted(missing))} "
+                          "(a gpt-oss expert block needs both)")
+    if not all(hasattr(mod, a) for a in ("_apply_gate", "alpha", "limit", "gate_up_proj_bias", "down_proj_bias")):
+        raise UnsupportedFormatError(f"{prefix}.experts: stacked experts {list(parts['gate_up_proj'].shape)} in a "
+                                     f"{type(mod).__name__}; whole-model runs wire stacked experts into gpt-oss "
+                                     "expert blocks only (transformers' GptOssExperts)")
+    for proj, info in parts.items():
+        want = tuple(getattr(mod, proj).shape)  # transformers holds W^T: [E, K, N]
+        E, N, K = info.shape
+        if want != (E, K, N):
+            raise FormatError(f"{info.name}: checkpoint shape {list(info.shape)} ([E, N, K]) does not match the "
+                              f"model's {proj} {list(want)} ([E, K, N])")
+    return mod
 
 
 def _skeleton(folder, dtype: torch.dtype, *, meta: bool = False):
@@ -114,13 +151,15 @@ def _experts_module(model, prefix: str, experts: dict, what: str):
 
 
 def _replace_quantized(model, ck: Checkpoint, backend: str) -> dict[str, nn.Module]:
-    groups, rest = expert_groups(ck.layers())
+    stacked, rest = stacked_groups(ck.layers())
+    groups, rest = expert_groups(rest)
     modules: dict[str, nn.Module] = {}
     for info in rest:
         if len(info.shape) != 2:
-            raise UnsupportedFormatError(f"{info.name}: stacked experts {list(info.shape)} ({info.format}) are not "
-                                         "wired into whole-model runs; QuantLinear.from_checkpoint(..., expert=e) "
-                                         "runs each expert")
+            raise UnsupportedFormatError(f"{info.name}: stacked experts {list(info.shape)} ({info.format}) outside "
+                                         "a gpt-oss expert block (...experts.gate_up_proj / down_proj) are not wired "
+                                         "into whole-model runs; QuantLinear.from_checkpoint(..., expert=e) runs "
+                                         "each expert")
         path = _alias(info.name)
         old = _get(model, path, info.name)
         if not isinstance(old, nn.Linear) or (old.out_features, old.in_features) != tuple(info.shape):
@@ -140,6 +179,16 @@ def _replace_quantized(model, ck: Checkpoint, backend: str) -> dict[str, nn.Modu
                 lists[r].append(q)
                 modules[experts[e][r].name] = q
         _set(model, _alias(prefix + ".experts"), QuantExperts(lists["gate"], lists["up"], lists["down"], old.act_fn))
+    for prefix, parts in stacked.items():
+        old = _gptoss_experts_module(model, prefix, parts)
+        per = {}
+        for proj, info in parts.items():
+            per[proj] = list(QuantLinear.stacked_from_checkpoint(ck, info.name, backend=backend))
+            for e, q in enumerate(per[proj]):
+                modules[f"{info.name}[{e}]"] = q
+        new = QuantGptOssExperts(per["gate_up_proj"], per["down_proj"], alpha=float(old.alpha),
+                                 limit=float(old.limit), apply_gate=type(old)._apply_gate)
+        _set(model, _alias(prefix + ".experts"), new)
     return modules
 
 
@@ -211,9 +260,16 @@ def dense_reference_model(folder, *, dtype: torch.dtype = torch.float64):
     ``nn.Linear`` / fused-expert weights of ``dtype``: the dense reference forward."""
     ck = open_ckpt(folder)
     model = _skeleton(ck.folder, dtype)
-    groups, rest = expert_groups(ck.layers())
+    stacked, rest = stacked_groups(ck.layers())
+    groups, rest = expert_groups(rest)
     filled = set()
     with torch.no_grad():
+        for prefix, parts in stacked.items():  # gpt-oss: transformers' own GptOssExperts, in ``dtype``
+            mod = _gptoss_experts_module(model, prefix, parts)
+            for proj, info in parts.items():
+                w = torch.from_numpy(dequantize_layer(ck, info).astype(np.float64)).transpose(1, 2)
+                getattr(mod, proj).copy_(w)
+                filled.add(_alias(info.name))
         for info in rest:
             if len(info.shape) != 2:
                 raise UnsupportedFormatError(f"{info.name}: stacked experts are not wired into whole-model runs")

@@ -10,6 +10,9 @@ Semantics: docs/fallback.md#the-module.
 - ``QuantExperts``: a Mixtral / Qwen-MoE style expert block whose experts are quantized linears
   (gate, up, down per expert), with the ``forward(hidden, top_k_index, top_k_weights)`` of
   transformers' fused experts modules.
+- ``QuantGptOssExperts``: a gpt-oss expert block (stacked MXFP4 ``gate_up_proj`` / ``down_proj``, expert
+  biases, clamped SwiGLU), with the ``forward(hidden, router_indices, routing_weights)`` of transformers'
+  ``GptOssExperts``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from emulator.layers import dequantize_layer
 
 from .op import layer_spec, roles
 
-__all__ = ["QuantLinear", "QuantExperts", "open_ckpt"]
+__all__ = ["QuantLinear", "QuantExperts", "QuantGptOssExperts", "open_ckpt"]
 
 _TORCH = {"F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "I64": torch.int64,
           "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
@@ -124,4 +127,54 @@ class QuantExperts(nn.Module):
             h = self.act_fn(self.gate[e](h)) * self.up[e](h)
             h = self.down[e](h) * top_k_weights[token_idx, top_k_pos, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
+        return out
+
+
+class QuantGptOssExperts(nn.Module):
+    """gpt-oss experts with quantized stacked weights: transformers 5.24.0 ``GptOssExperts`` (models/gpt_oss/
+    modeling_gpt_oss.py, the eager ``forward``) with each ``x @ W[e]`` replaced by a ``QuantLinear``.
+
+    The semantics, each as transformers' eager code has it (docs/fallback.md#gpt-oss-experts):
+
+    - experts in ascending index order, each over the (top-k slot, token) pairs routed to it in
+      ``torch.where`` order (slot-major), its output added with ``index_add_`` into a zero tensor of
+      the hidden dtype;
+    - ``gate_up = gate_up_proj(x) + gate_up_proj_bias[e]``: the linear rounded once to x's dtype (the
+      op's reference), then the bias added in x's dtype;
+    - the activation is transformers' own ``GptOssExperts._apply_gate`` (called, not copied):
+      interleaved gate/up (gate = even columns, up = odd), gate clamped above at ``limit`` (7.0), up
+      clamped to [-limit, limit], ``glu = gate * sigmoid(alpha * gate)`` (alpha 1.702),
+      ``(up + 1) * glu``;
+    - ``out = down_proj(act) + down_proj_bias[e]``, then times the token's routing weight.
+
+    Routing (top-k of the router logits, softmax over the k chosen logits) stays in transformers'
+    ``GptOssTopKRouter``, which is not quantized.
+    """
+
+    def __init__(self, gate_up: list[QuantLinear], down: list[QuantLinear], *, alpha: float, limit: float,
+                 apply_gate):
+        super().__init__()
+        if len(gate_up) != len(down) or not gate_up:
+            raise ValueError(f"QuantGptOssExperts: gate_up/down lists differ in length ({len(gate_up)}/{len(down)})")
+        self.num_experts = len(gate_up)
+        self.gate_up = nn.ModuleList(gate_up)
+        self.down = nn.ModuleList(down)
+        two_i, h = gate_up[0].out_features, down[0].out_features
+        # filled from the checkpoint (the model's own tensor names) by qconform_torch/model.py
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(self.num_experts, two_i, device="meta"), requires_grad=False)
+        self.down_proj_bias = nn.Parameter(torch.empty(self.num_experts, h, device="meta"), requires_grad=False)
+        self.alpha = alpha
+        self.limit = limit
+        self._apply_gate_fn = apply_gate
+
+    def forward(self, hidden_states: torch.Tensor, router_indices=None, routing_weights=None) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        for e in range(self.num_experts):
+            top_k_pos, token_idx = torch.where((router_indices == e).T)
+            if token_idx.numel() == 0:
+                continue
+            h = self.gate_up[e](hidden_states[token_idx]) + self.gate_up_proj_bias[e]
+            h = self._apply_gate_fn(self, h)
+            h = self.down[e](h) + self.down_proj_bias[e]
+            out.index_add_(0, token_idx, (h * routing_weights[token_idx, top_k_pos, None]).to(out.dtype))
         return out

@@ -18,7 +18,9 @@ Layers a Case cannot describe (GPTQModel packed-add v1 zeros, gpt-oss stacked ex
 int8 weights) always run the reference, with that reason logged. Each layer's choice is logged once
 (logger ``qconform.fallback``) with the reason each other backend was skipped.
 
-Memory: prepared kernels (for the emulator backend: the layer's dequantized fp32 weight) are kept
+Memory: the canonical reference (``"emulator"``, and layers no kernel can take) runs by row blocks whose
+working set stays within max(budget, 1 MiB) (qconform_torch/exact_blocks.py); prepared kernels (for
+the emulator backend: the layer's dequantized fp32 weight) are kept
 in one LRU cache bounded by ``set_cache_budget`` bytes (``--cache-mb``); a layer that does not fit
 is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of
 max(budget, 16 MiB) straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
@@ -37,14 +39,14 @@ import numpy as np
 import torch
 
 from backends.registry import create, registered, select
-from emulator import linear as lin
 from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
-from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
+from emulator.layers import declared_activation, layer_bias
 from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
+from .exact_blocks import exact_by_rows, validate_by_rows
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB"]
@@ -122,6 +124,9 @@ class _PreparedCache:
         self.used = 0
         self.peak = 0
         self.hits = self.misses = self.uncached = 0
+        # the exact path (no cache): layer calls, those computed in row blocks, elements the float64 bound
+        # left undecided (the only ones where row blocks may differ from the whole layer)
+        self.exact_calls = self.exact_blocked = self.exact_ambiguous = 0
         self._d: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -165,11 +170,14 @@ def set_cache_budget(mb: float) -> None:
     _CACHE.budget = int(mb * (1 << 20))
     _CACHE.peak = 0
     _CACHE.hits = _CACHE.misses = _CACHE.uncached = 0
+    _CACHE.exact_calls = _CACHE.exact_blocked = _CACHE.exact_ambiguous = 0
 
 
 def cache_stats() -> dict:
     return {"budget_bytes": _CACHE.budget, "used_bytes": _CACHE.used, "peak_bytes": _CACHE.peak,
-            "hits": _CACHE.hits, "misses": _CACHE.misses, "uncached": _CACHE.uncached}
+            "hits": _CACHE.hits, "misses": _CACHE.misses, "uncached": _CACHE.uncached,
+            "exact_calls": _CACHE.exact_calls, "exact_blocked": _CACHE.exact_blocked,
+            "exact_ambiguous": _CACHE.exact_ambiguous}
 
 
 def _prepared_bytes_estimate(case) -> int:
@@ -215,8 +223,9 @@ _FAILED: dict[str, dict[str, str]] = {}
 def selections() -> dict[str, list[str]]:
     """What each layer ran on so far: layer name -> the choice lines logged for it."""
     out: dict[str, list[str]] = {}
-    for spec, lines in _SELECTIONS.items():
-        out.setdefault(parse_spec(spec)[0].name, []).extend(l for l in lines if l not in out.get(spec, []))
+    for spec, lines in _SELECTIONS.items():  # the experts of a stacked layer share its name: one line each
+        seen = out.setdefault(parse_spec(spec)[0].name, [])
+        seen.extend(l for l in lines if l not in seen)
     return out
 
 
@@ -275,7 +284,7 @@ def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor])
     seen = getattr(weights[0], "_qconform_validated", None) if weights else None
     if seen is not None and key in seen:
         return
-    dequantize_layer(src, info)
+    validate_by_rows(src, info, _CACHE.budget)
     if weights:
         if seen is None:
             seen = weights[0]._qconform_validated = set()
@@ -283,10 +292,14 @@ def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor])
 
 
 def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
-    if len(info.shape) == 3:  # one expert, sliced to [1, N, K]
-        w = dequantize_layer(src, info)[0]
-        return lin.linear_w16(x, w, None, out_dtype=dtype).y
-    return linear_layer(src, info, x, out_dtype=dtype).y
+    """The canonical reference (``qconform linear``; a [1, N, K] layer is one stacked expert), by row blocks
+    whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py)."""
+    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget)
+    with _CACHE._lock:
+        _CACHE.exact_calls += 1
+        _CACHE.exact_blocked += st["blocks"] > 1
+        _CACHE.exact_ambiguous += st["ambiguous"]
+    return y
 
 
 def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:

@@ -25,7 +25,9 @@ def largest_layer_elems() -> int:
     return I * H
 
 
-def write(folder: Path, layers: int = LAYERS) -> None:
+def write(folder: Path, layers: int = LAYERS, *, hidden: int = H, intermediate: int = I) -> None:
+    """``layers`` decoder layers of hidden size ``hidden`` (the test's baseline: 1 layer, hidden 128)."""
+    H, I = hidden, intermediate  # noqa: N806 - the module constants' names
     rng = np.random.default_rng(0)
     p = gptq.GptqParams(bits=4, group_size=128, sym=True, desc_act=False, zero_convention="gptq")
     t = {}

@@ -26,7 +26,11 @@ from emulator.tensorfile import Tensor, load_tensors, save_tensors  # noqa: E402
 from qconform_torch import QuantLinear  # noqa: E402
 
 TOOLKIT = Path(__file__).resolve().parents[1] / "data" / "toolkit_checkpoints"
-TOOLKIT_CKPTS = sorted(p.name for p in TOOLKIT.iterdir() if (p / "config.json").exists())
+#: every toolkit-written checkpoint, AMD Quark's included (quark/NAME)
+TOOLKIT_CKPTS = sorted(str(p.parent.relative_to(TOOLKIT)) for p in TOOLKIT.glob("*/config.json")) + \
+    sorted(str(p.parent.relative_to(TOOLKIT)) for p in TOOLKIT.glob("quark/*/config.json"))
+#: checkpoints whose declared activations `qconform linear` refuses without --act (module: the same error)
+REFUSED = {"quark/quark-int8-w8a8": "Quark dynamic int8 input_tensors"}
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,22 @@ def test_module_equals_qconform_linear_on_toolkit_checkpoints(name, tmp_path):
     ck = Checkpoint(TOOLKIT / name)
     layers = ck.layers()
     # every distinct shape (q/o/gate/up/down are [128,128], k/v [32,128]) and every layer format
-    picked = {(l.format, tuple(l.shape)): l for l in layers}.values()
+    picked = {(l.format, tuple(l.shape), l.group_size): l for l in layers}.values()
+    assert len(TOOLKIT_CKPTS) >= 17 and any(n.startswith("quark/") for n in TOOLKIT_CKPTS)
     for i, info in enumerate(picked):
         for dtype in (torch.float32, torch.bfloat16):
             x = _x(3, info.shape[-1], dtype, seed=i)
             m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")
+            if name in REFUSED:  # both refuse, with the same reason
+                from emulator.errors import UnsupportedFormatError
+
+                with pytest.raises(UnsupportedFormatError, match=REFUSED[name]):
+                    m(x)
+                xin = tmp_path / "x.safetensors"
+                save_tensors(xin, {"x": x.float().numpy()})
+                assert qconform(["linear", str(TOOLKIT / name), "--layer", info.name, "-i", str(xin),
+                                 "-o", str(tmp_path / "y.safetensors")]) == 2
+                continue
             y = m(x)
             assert y.dtype == dtype and tuple(y.shape) == (3, info.shape[0])
             ref = _cli_linear(tmp_path, TOOLKIT / name, info.name, x)
@@ -94,6 +109,18 @@ def test_stacked_experts_one_expert_at_a_time(synthetic):
         np.testing.assert_array_equal(m(x).numpy(), (x.double().numpy() @ w[e].T).astype(np.float32))
     with pytest.raises(ValueError, match="need expert"):
         QuantLinear.from_checkpoint(ck, info.name)
+
+
+@pytest.mark.parametrize("backend", ["emulator", "auto"])
+@pytest.mark.parametrize("name", [n for n in TOOLKIT_CKPTS if n.startswith("quark/") and n not in REFUSED])
+def test_opcheck_quark_layers(name, backend):
+    """AMD Quark's formats (no synthetic scheme writes them): opcheck on each distinct layer format."""
+    ck = Checkpoint(TOOLKIT / name)
+    for info in {(l.format, l.group_size): l for l in ck.layers()}.values():
+        m = QuantLinear.from_checkpoint(ck, info.name, backend=backend)
+        x = _x(4, info.shape[-1], torch.float32, seed=2)
+        res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m._spec, backend))
+        assert res and all(v == "SUCCESS" for v in res.values()), (name, info.name, res)
 
 
 @pytest.mark.parametrize("backend", ["emulator", "auto"])
