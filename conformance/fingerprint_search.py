@@ -180,7 +180,6 @@ def search_separating_inputs(hyps: list[Hypothesis], trial, max_trials: int, pat
 
 def _refs_differ(ivs) -> np.ndarray:
     """[H, H]: the two references differ on some element (NaN equal to NaN)."""
-    H = len(ivs)
     out = _raise_pairs(ivs)
     arr = _arrays(ivs)
     if arr is None:
@@ -209,7 +208,6 @@ def _arrays(ivs):
 def _excludes(ivs) -> np.ndarray:
     """[H, H]: j's reference output lies outside i's accepted set on some element (NaN: inside only a NaN
     set), or exactly one of the two predicts an error."""
-    H = len(ivs)
     out = _raise_pairs(ivs)
     arr = _arrays(ivs)
     if arr is None:
@@ -225,7 +223,6 @@ def _excludes(ivs) -> np.ndarray:
 
 def _contains(ivs) -> np.ndarray:
     """[H, H]: i's accepted set contains j's on every element (both error, or NaN sets alike, count as equal)."""
-    H = len(ivs)
     rs = np.array([isinstance(iv, Raises) for iv in ivs])
     out = rs[:, None] & rs[None, :]
     arr = _arrays(ivs)
