@@ -24,6 +24,7 @@ import numpy as np
 
 from emulator import __version__ as emulator_version
 from emulator.declaration import declared_output, declared_weight
+from emulator.linear import ExactIntMatmul
 from emulator.numerics.floats import round_float32_array, round_float64_array
 from emulator.variants import FIELD_AXES, VARIANT_AXES, VariantError, axis
 
@@ -147,10 +148,10 @@ class EmulatorBackend(Backend):
                                self.computed(case)).astype(np.float32)
 
     def _run_w8a8(self, prepared: Prepared, x32: np.ndarray, bias) -> np.ndarray:
-        """Canonical W8A8 (docs/formats/activations.md) with NumPy's IEEE fp32 ops, exact int sums in dgemm.
+        """Canonical W8A8 (docs/formats/activations.md) with NumPy's IEEE fp32 ops, exact int sums (sgemm over K-chunks).
 
         fl32(amax / 127), fl32(x / scale) and np.rint (RNE) are exactly the canonical steps; every
-        partial sum of int8 x int8 products is an integer below 2**53, so the float64 GEMM is exact.
+        chunk of <= 1024 int8 x int8 products sums exactly in fp32 (emulator.linear.ExactIntMatmul).
         The conformance suite checks this path against the exact reference on every case.
         """
         case = prepared.case
@@ -159,7 +160,7 @@ class EmulatorBackend(Backend):
             t = prepared.data["tensors"]
             self._cache.clear()
             ws = np.asarray(t["weight_scale"]).astype(np.float32).astype(np.float64).reshape(1, -1)
-            self._cache[key] = (np.asarray(t["weight"]).astype(np.float64), ws)
+            self._cache[key] = (ExactIntMatmul(np.asarray(t["weight"]), a_max=128), ws)  # codes in [-128, 127]
         wq, ws = self._cache[key]
         if np.isnan(x32).any():
             raise ValueError("x: NaN in activations: per-token int8 quantization is undefined for NaN input")
@@ -174,7 +175,7 @@ class EmulatorBackend(Backend):
             np.nan_to_num(quot, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
         np.rint(quot, out=quot)
         np.clip(quot, -128, 127, out=quot)
-        y = quot.astype(np.float64) @ wq.T
+        y = wq(quot)  # exact integer sums: fp32 sgemm over K-chunks of <= 1024 (emulator/linear.py)
         y *= scale.astype(np.float64) * ws  # sx * sw is exact in float64 (24 + 24 bits): one rounding
         if bias is not None:
             y += np.asarray(bias, dtype=np.float64)

@@ -36,6 +36,9 @@ __all__ = [
     "LinearResult",
     "gamma",
     "round_output",
+    "ExactIntMatmul",
+    "exact_int_matmul",
+    "FP32_EXACT_INT",
     "linear_w16",
     "linear_w8a8",
     "linear_w4a8",
@@ -166,6 +169,82 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     return _finish(y, bound, out_dtype)
 
 
+#: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not
+FP32_EXACT_INT = 1 << 24
+
+
+def _int_max(a: np.ndarray) -> int:
+    """max |a| of an integer-valued array (0 for an empty one), as a Python int."""
+    if a.size == 0:
+        return 0
+    return int(max(abs(int(a.min())), abs(int(a.max()))))
+
+
+class ExactIntMatmul:
+    """w [N, K] (integer-valued) prepared once for exact products a @ w^T with integer-valued a, |a| <= a_max.
+
+    Speed: float32 BLAS over chunks of K, each chunk's result added exactly in float64.
+    Why every chunk is exact (docs/performance.md#w8a8-exact-accumulator): with |a| <= A, |w| <= W and a
+    chunk of L <= 2**24 // (A * W) products, every product is an integer of magnitude <= A * W and every
+    partial sum the BLAS can form, in *any* order or blocking (a sum of a subset of the chunk's products,
+    with or without FMA), is an integer of magnitude <= L * A * W <= 2**24. Such integers are exactly
+    representable in float32, so no product, sum or FMA rounds: each chunk result is the exact integer.
+    For int8 x int8 (A = W = 128) that is L = 1024. The chunk results are then added in float64: every
+    partial sum of them is an integer of magnitude <= K * A * W < 2**53, exact in any order.
+    Operands too wide for float32 chunks take float64 (exact while K * A * W < 2**53), else int64.
+    """
+
+    __slots__ = ("shape", "a_max", "w_max", "chunk", "_parts", "_w")
+
+    def __init__(self, w, a_max: int, w_max: int | None = None):
+        w = np.asarray(w)
+        require(w.ndim == 2, f"exact int matmul: expected w [N, K], got shape {list(w.shape)}")
+        self.shape = w.shape
+        N, K = w.shape
+        self.a_max = int(a_max)
+        self.w_max = _int_max(w) if w_max is None else int(w_max)
+        prod = max(1, self.a_max * self.w_max)
+        self.chunk = FP32_EXACT_INT // prod
+        self._parts = self._w = None
+        if self.chunk >= 1:
+            L = max(1, min(K, self.chunk))
+            # each chunk a contiguous float32 [N, L] (int codes are exact in float32: |w| <= 2**24 here)
+            self._parts = [(k0, min(K, k0 + L), np.ascontiguousarray(w[:, k0:k0 + L], dtype=np.float32))
+                           for k0 in range(0, K, L)]
+        elif K * prod < 2 ** 53:
+            self._w = w.astype(np.float64)
+        else:
+            require(K * prod < 2 ** 63, "exact int matmul: the integer sums may overflow int64")
+            self._w = w.astype(np.int64)
+
+    def __call__(self, a) -> np.ndarray:
+        """sum_k a[m, k] * w[n, k] exactly, as float64 [M, N]; ``a`` [M, K] with |a| <= a_max."""
+        a = np.asarray(a)
+        N, K = self.shape
+        require(a.ndim == 2 and a.shape[1] == K, f"exact int matmul: expected a [M, {K}], got {list(a.shape)}")
+        M = a.shape[0]
+        if self._parts is None:
+            return np.matmul(a.astype(self._w.dtype), self._w.T).astype(np.float64)
+        # y^T = w @ a^T by chunks (this orientation measured faster in OpenBLAS here: docs/performance.md)
+        at = np.ascontiguousarray(a.T, dtype=np.float32)  # exact: |a| <= a_max <= 2**24
+        acc = np.zeros((N, M), dtype=np.float64)
+        part = np.empty((N, M), dtype=np.float32)
+        for k0, k1, wc in self._parts:
+            np.matmul(wc, at[k0:k1], out=part)
+            np.add(acc, part, out=acc)  # float64 += exact float32 integer: exact
+        return np.ascontiguousarray(acc.T)
+
+
+def exact_int_matmul(a, w, *, a_max: int | None = None, w_max: int | None = None) -> np.ndarray:
+    """sum_k a[m, k] * w[n, k] exactly, as float64 [M, N], for integer-valued a [M, K] and w [N, K]
+    (``ExactIntMatmul``; ``a_max`` / ``w_max`` bound |a| / |w|, computed from the data when omitted)."""
+    a = np.asarray(a)
+    w = np.asarray(w)
+    require(a.ndim == 2 and w.ndim == 2 and a.shape[1] == w.shape[1],
+            f"exact int matmul: expected a [M, K] and w [N, K], got {list(a.shape)} and {list(w.shape)}")
+    return ExactIntMatmul(w, _int_max(a) if a_max is None else a_max, w_max)(a)
+
+
 def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANONICAL_SYM,
                 out_dtype: str | None = None) -> LinearResult:
     """W8A8 dynamic: int8 weights [N, K] with per-channel scales [N] (or [N, 1]).
@@ -183,7 +262,7 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     x64 = _check_x(x, K)
     acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
-    acc = qx @ wq.astype(np.float64).T  # exact: integers below 2**53
+    acc = exact_int_matmul(qx, wq)  # exact integer sums (float32 BLAS over K-chunks)
     b = _bias64(bias, N)
     scale = acts.scale.astype(np.float64) * ws[None, :]  # exact: 24 x 24 bits
     y = acc * scale + b
