@@ -8,8 +8,8 @@ every backend of a run on the same cases, so it computes them once:
   worker runs from that file (not from its own draw), so the tensors a kernel saw are byte for byte
   the tensors the reference was computed from. Returned with their content digest (SHA-256 over
   the case, every tensor's name, dtype, shape and bytes).
-- ``interval(inp, digest, declared)``: the interval of a declaration, keyed by SHA-256 of the inputs'
-  digest, the declaration and ``REFERENCE_FORMAT``.
+- ``interval(inp, declared)``: the interval of a declaration, keyed by SHA-256 of the inputs' digest
+  (computed here, from the arrays passed), the declaration and ``REFERENCE_FORMAT``.
 
 Why a cached reference cannot stand for other inputs: the key is a function of the inputs' *content*
 (not of the case id or seed), and a file is used only when its own metadata names that key and that
@@ -117,19 +117,22 @@ class ReferenceCache:
 
     # -- intervals ----------------------------------------------------------------------------------
     def key(self, digest: str, declared: Declared) -> str:
-        return hashlib.sha256(json.dumps([REFERENCE_FORMAT, digest, declared.to_json()], sort_keys=True,
+        """SHA-256 of the format, the inputs' digest and every field of the declaration but its free-text
+        ``notes`` (which no interval reads: two backends declaring the same arithmetic share it)."""
+        decl = {k: v for k, v in declared.to_json().items() if k != "notes"}
+        return hashlib.sha256(json.dumps([REFERENCE_FORMAT, digest, decl], sort_keys=True,
                                          default=str).encode()).hexdigest()
 
-    def interval(self, inp: CaseInputs, digest: str, declared: Declared) -> Interval:
+    def interval(self, inp: CaseInputs, declared: Declared) -> Interval:
         """``declared_interval(inp, declared)``, computed once per (inputs, declaration) in this run.
 
-        ``digest`` must be ``inputs_digest(inp)``: it is recomputed here when a file is reused, so a
-        wrong digest can only cost a recomputation, never reuse an interval of other inputs.
-        """
+        The key is derived here from the content of ``inp`` (no caller-supplied digest can point it at
+        another case's file)."""
+        digest = inputs_digest(inp)
         key = self.key(digest, declared)
         path = self.folder / f"ref-{key[:32]}.safetensors"
         if path.exists():
-            iv = self._load(path, key, digest, inp)
+            iv = self._load(path, key, digest, inp.case)
             if iv is not None:
                 self._count("intervals_reused")
                 return iv
@@ -167,14 +170,14 @@ class ReferenceCache:
             return
         os.replace(tmp, path)
 
-    def _load(self, path: Path, key: str, digest: str, inp: CaseInputs) -> "Interval | None":
+    def _load(self, path: Path, key: str, digest: str, case) -> "Interval | None":
         from emulator.tensorfile import TensorFile
 
         try:
             tf = TensorFile(path)
             meta = tf.metadata
             if (meta.get("format") != REFERENCE_FORMAT or meta.get("key") != key
-                    or meta.get("inputs_digest") != digest or inputs_digest(inp) != digest):
+                    or meta.get("inputs_digest") != digest):
                 return None
             tensors = {k: tf.get(k).data for k in tf.keys()}
             if _arrays_digest(tensors) != meta.get("arrays_sha256"):
@@ -182,7 +185,7 @@ class ReferenceCache:
             arrays = {name: np.asarray(tensors[name], np.float64) for name in _ARRAYS}
             parts = {k[len("part."):]: v for k, v in tensors.items() if k.startswith("part.")}
             parts.update(json.loads(meta.get("parts", "{}")))
-            shape = (inp.case.M, inp.x.shape[1] if inp.case.E else inp.case.N)
+            shape = (case.M, case.K if case.E else case.N)
             if any(a.shape != shape for a in arrays.values()):
                 return None
             return Interval(out_dtype=meta["out_dtype"], parts=parts, **arrays)

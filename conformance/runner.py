@@ -40,7 +40,7 @@ import numpy as np
 
 from backends.base import Declared
 
-from .acceptance import Interval, compare, declared_interval, round_down, round_up
+from .acceptance import Interval, compare, declared_interval, round_down, round_to, round_up
 from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
@@ -106,11 +106,9 @@ def rounded_interval(iv: Interval, declared: Declared) -> Interval:
     mode = (declared.output_rounding or "rne").lower()
     if mode not in ("rne", "rtz") or iv.parts.get("bias_stage") == "after_output_rounding":
         return iv
-    from emulator.numerics.floats import round_to_dtype
-
     with np.errstate(invalid="ignore", over="ignore"):
-        lo_t = round_to_dtype(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
-        hi_t = round_to_dtype(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
+        lo_t = round_to(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
+        hi_t = round_to(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
         fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
         lo = np.where(fin, np.maximum(iv.lo, lo_t), iv.lo)
         hi = np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
@@ -291,6 +289,7 @@ class Runner:
         self._total = 0
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
         self.refs: "ReferenceCache | None" = None
+        self.ref_stats: dict = {}
 
     def close(self) -> None:
         """Release the folder's lock (also released when the process ends)."""
@@ -341,6 +340,7 @@ class Runner:
         try:
             self._run_backends(backend_specs, specs, done, results, today)
         finally:
+            self.ref_stats = dict(self.refs.stats)  # inputs drawn / reused, intervals computed / reused
             self.refs.close()
             self.refs = None
             try:
@@ -485,10 +485,10 @@ class Runner:
         if ypath.exists():
             ypath.unlink()
         request = {"op": "run", "spec": spec.to_json(), "out": str(ypath)}
-        digest = None
-        if inp is None and self.refs is not None:
+        shared = inp is None and self.refs is not None
+        if shared:
             # drawn once per run; the worker runs from the same file (conformance/refcache.py)
-            inp, path, digest = self.refs.inputs(spec)
+            inp, path, _digest = self.refs.inputs(spec)
             request["bundle"] = str(path)
         elif inp is None:
             inp = spec.inputs()
@@ -505,9 +505,7 @@ class Runner:
 
         y = load_tensors(ypath)["y"].data
         def interval(decl: Declared) -> Interval:
-            if digest is None:
-                return declared_interval(inp, decl)
-            return self.refs.interval(inp, digest, decl)
+            return self.refs.interval(inp, decl) if shared else declared_interval(inp, decl)
 
         try:
             iv = interval(reference_declaration(spec.case, declared))

@@ -287,7 +287,7 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
     if acts == "a16":
         w = declared_weight(case, tensors, declared).astype(np.float64)
         r = lin.linear_w16(x, w, b, out_dtype=out_dtype)
-        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w": w, "bias": b}, {})
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w": w, "bias": b, "mag": r.mag}, {})
     if acts == "int8":
         v = int8_variant(declared, case)
         if case.scheme == "w8a8":
@@ -302,13 +302,13 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
         xd = a8.dequantize_int8_per_token(q)
         r = lin.linear_w16(xd, w, b, out_dtype=out_dtype)
         parts = {"x_q": q.q, "x_scale": q.scale, "x_tie": q.tie, "x_zero_point": q.zero_point}
-        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b}, parts)
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b, "mag": r.mag}, parts)
     if acts == "mxfp4":
         codes, sb = mxfp4.unpack_mxfp4_ct(tensors)
         r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared), out_dtype=out_dtype)
         xd = mxfp4.dequantize_mxfp4(r.parts["x_codes"], r.parts["x_scale"], dtype=np.float64)
         wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
-        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b}, r.parts)
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b, "mag": r.mag}, r.parts)
     raise ValueError(f"no declared reference for scheme {case.scheme!r}")
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from .errors import FormatError, require
 from .activations import int8 as a8
 from .formats import mxfp4 as mx
-from .numerics.floats import round_to_dtype
+from .numerics.floats import round_float64_array, round_to_dtype
 from .numerics.rounding import Rounding, as_float64
 
 __all__ = [
@@ -66,6 +66,8 @@ class LinearResult:
     out_dtype: str
     acc: np.ndarray | None = None
     parts: dict = dataclasses.field(default_factory=dict)
+    #: sum_k |a_k b_k| in float64 where the path formed it (A16, MXFP4): acceptance bounds reuse it
+    mag: np.ndarray | None = None
 
 
 def dtype_name(x) -> str:
@@ -76,14 +78,27 @@ def dtype_name(x) -> str:
     return name
 
 
+def _rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
+    """``round_to_dtype(v, out_dtype)`` (float64 out) by the float32 fast path (equal to it:
+    tests/emulator/test_fast_paths.py); NaN elements by ``round_to_dtype`` itself (its NaN payload rule)."""
+    v = np.asarray(v, dtype=np.float64)
+    if out_dtype not in OUT_DTYPES or v.ndim == 0:
+        return round_to_dtype(v, out_dtype, Rounding.RNE)
+    out = round_float64_array(v, out_dtype).astype(np.float64)
+    nan = np.isnan(v)
+    if nan.any():
+        out[nan] = round_to_dtype(v[nan], out_dtype, Rounding.RNE)
+    return out
+
+
 def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided."""
-    y = round_to_dtype(y_exact, out_dtype, Rounding.RNE)
+    y = _rne(y_exact, out_dtype)
     if not np.any(y_bound):
         return y, np.zeros(y.shape, dtype=bool)
     with np.errstate(invalid="ignore"):
-        lo = round_to_dtype(y_exact - y_bound, out_dtype)
-        hi = round_to_dtype(y_exact + y_bound, out_dtype)
+        lo = _rne(y_exact - y_bound, out_dtype)
+        hi = _rne(y_exact + y_bound, out_dtype)
     amb = (lo != hi) & np.isfinite(y_exact)
     return y, amb
 
@@ -107,10 +122,10 @@ def _add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
     return s, bound + extra
 
 
-def _finish(y64, bound, out_dtype, acc=None, parts=None) -> LinearResult:
+def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResult:
     y, amb = round_output(y64, bound, out_dtype)
     return LinearResult(y=y, y_exact=y64, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
-                        acc=acc, parts=parts or {})
+                        acc=acc, parts=parts or {}, mag=mag)
 
 
 def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
@@ -128,6 +143,22 @@ def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
     return np.where(ok, exp + e.astype(np.int64) - 1, np.inf)
 
 
+def _row_min_lowest_bit(v64: np.ndarray) -> np.ndarray:
+    """``lowest_bit_exponent(v64).min(axis=1)``, in cache-sized row blocks on all cores (speed only)."""
+    from .parallel import for_row_chunks
+
+    n = v64.shape[0]
+    if v64.size == 0:
+        return np.zeros(n)
+    out = np.empty(n, dtype=np.float64)
+
+    def rows(r0, r1):
+        out[r0:r1] = lowest_bit_exponent(v64[r0:r1]).min(axis=1)
+
+    for_row_chunks(n, v64.size, rows, row_bytes=8 * v64.shape[1])
+    return out
+
+
 def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.ndarray:
     """Where float64 evaluation of sum_k a[m,k] * b[n,k] is provably exact.
 
@@ -135,8 +166,8 @@ def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.nd
     every partial sum is too; if the sum of magnitudes stays below 2**53 times that
     quantum, no partial sum (nor product) can round.
     """
-    ea = lowest_bit_exponent(a64).min(axis=1) if a64.size else np.zeros(a64.shape[0])
-    eb = lowest_bit_exponent(b64).min(axis=1) if b64.size else np.zeros(b64.shape[0])
+    ea = _row_min_lowest_bit(a64)
+    eb = _row_min_lowest_bit(b64)
     q = ea[:, None] + eb[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         room = np.log2(np.where(mag > 0, mag, 1.0)) - q
@@ -165,8 +196,11 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
         y = x64 @ w64.T
         mag = np.abs(x64) @ np.abs(w64).T
     bound = np.where(exact_in_float64(x64, w64, mag), 0.0, gamma(K) * mag)
-    y, bound = _add_bias(y, bound, b)
-    return _finish(y, bound, out_dtype)
+    if bias is None:
+        y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
+    else:
+        y, bound = _add_bias(y, bound, b)
+    return _finish(y, bound, out_dtype, mag=mag)
 
 
 #: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not
@@ -332,7 +366,7 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     bound = np.where(np.isnan(bound), 0.0, bound)
     y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
-    return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie})
+    return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag)
 
 
 def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
