@@ -321,6 +321,10 @@ def cmd_backends(args) -> int:
     return 0
 
 
+_PROFILE_HELP = ("case list: smoke, ci (default), certification, nightly (fresh seeds), model (Llama-3-8B, "
+                 "Qwen1.5-MoE, gpt-oss-20b layer shapes at M 1/16/128/512; docs/conformance.md#model-profile)")
+
+
 def add_commands(sub) -> None:
     s = sub.add_parser("run", help="run the conformance suite on backends (the main job)")
     s.add_argument("--backend", action="append", help="backend spec name[:key=value,...]; repeatable "
@@ -328,7 +332,7 @@ def add_commands(sub) -> None:
     s.add_argument("--scheme", action="append", help="restrict to a scheme; repeatable")
     s.add_argument("--tier", action="append", help=f"restrict to a tier ({', '.join(TIERS)}, or property: "
                    "Hypothesis searches, never run by default); repeatable")
-    s.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    s.add_argument("--profile", default="ci", choices=sorted(PROFILES), help=_PROFILE_HELP)
     s.add_argument("--seed", type=int, help="--tier property: the Hypothesis seed (default: 0, nightly: the time; "
                    "docs/conformance.md#property-tier)")
     s.add_argument("--out", default="qconform-out")
@@ -446,7 +450,7 @@ def add_target_command(sub) -> None:
     s = sub.add_parser("target", help="conformance of one tox target's backends (cpu, vllm-cpu, zen, xpu, cuda, "
                                       "emulator)")
     s.add_argument("name")
-    s.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    s.add_argument("--profile", default="ci", choices=sorted(PROFILES), help=_PROFILE_HELP)
     s.add_argument("--out", default="qconform-out")
     s.add_argument("-j", "--jobs", type=int, default=1)
     s.add_argument("--shard")

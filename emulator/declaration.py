@@ -285,7 +285,7 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
     if acts == "moe":
         return _moe_reference(case, tensors, x, router_logits, declared, out_dtype)
     if acts == "a16":
-        w = declared_weight(case, tensors, declared).astype(np.float64)
+        w = declared_weight(case, tensors, declared)  # float32 values; linear_w16 widens it
         r = lin.linear_w16(x, w, b, out_dtype=out_dtype)
         return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w": w, "bias": b, "mag": r.mag}, {})
     if acts == "int8":
