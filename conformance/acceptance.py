@@ -51,7 +51,7 @@ from emulator.numerics.rounding import Rounding
 from .cases import CaseInputs
 
 __all__ = ["UNIT_ROUNDOFF", "Interval", "declared_interval", "compare", "Comparison", "round_down", "round_up",
-           "round_to", "ulp_distance",
+           "round_to", "grid_neighbour", "ulp_distance",
            # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
            "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
 
@@ -118,7 +118,7 @@ def _native(dtype: str):
     return np.dtype(dtype)
 
 
-def _next(v: np.ndarray, dtype: str, toward: float) -> np.ndarray:
+def grid_neighbour(v: np.ndarray, dtype: str, toward: float) -> np.ndarray:
     """The neighbour of each ``dtype`` value v in direction ``toward`` (+inf or -inf)."""
     if dtype in _FAST:  # IEEE nextAfter in the dtype itself (ml_dtypes' for bfloat16): v is on its grid
         t = _native(dtype)
@@ -144,13 +144,13 @@ def _next(v: np.ndarray, dtype: str, toward: float) -> np.ndarray:
 def round_down(v: np.ndarray, dtype: str) -> np.ndarray:
     """Largest ``dtype`` value <= v (toward -inf)."""
     t = round_to(v, dtype, Rounding.RTZ)
-    return np.where((t > v) | ((t != v) & (v < 0)), _next(t, dtype, -np.inf), t)
+    return np.where((t > v) | ((t != v) & (v < 0)), grid_neighbour(t, dtype, -np.inf), t)
 
 
 def round_up(v: np.ndarray, dtype: str) -> np.ndarray:
     """Smallest ``dtype`` value >= v (toward +inf)."""
     t = round_to(v, dtype, Rounding.RTZ)
-    return np.where((t < v) | ((t != v) & (v > 0)), _next(t, dtype, np.inf), t)
+    return np.where((t < v) | ((t != v) & (v > 0)), grid_neighbour(t, dtype, np.inf), t)
 
 
 @dataclasses.dataclass

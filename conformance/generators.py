@@ -480,7 +480,7 @@ def gen_layer_codes(case: Case, seed: int) -> CaseInputs:
     read them like any other.
     """
     rng = np.random.default_rng(seed)
-    M, N, K = case.M, case.N, case.K
+    N, K = case.N, case.K
     x = _layer_activations(case, rng)
     bias = _r(rng.standard_normal(N) * 0.1, case.act_dtype) if case.bias else None
     fmt = case.weight_format

@@ -36,6 +36,7 @@ __all__ = [
     "LinearResult",
     "gamma",
     "round_output",
+    "row_min_lowest_bit",
     "ExactIntMatmul",
     "exact_int_matmul",
     "FP32_EXACT_INT",
@@ -161,7 +162,7 @@ def _lowest_bit_f32(v32: np.ndarray) -> np.ndarray:
     return np.where((sig != 0) & (e < 255), res, _NO_BIT)
 
 
-def _row_min_lowest_bit(v: np.ndarray) -> np.ndarray:
+def row_min_lowest_bit(v: np.ndarray) -> np.ndarray:
     """``lowest_bit_exponent(v).min(axis=1)`` (float64 out), in cache-sized row blocks on all cores, in
     float32 arithmetic when ``v`` is a float32 array (speed only: the same values)."""
     from .parallel import for_row_chunks
@@ -190,8 +191,8 @@ def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.nd
     every partial sum is too; if the sum of magnitudes stays below 2**53 times that
     quantum, no partial sum (nor product) can round.
     """
-    ea = _row_min_lowest_bit(a64)
-    eb = _row_min_lowest_bit(b64)
+    ea = row_min_lowest_bit(a64)
+    eb = row_min_lowest_bit(b64)
     q = ea[:, None] + eb[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         room = np.log2(np.where(mag > 0, mag, 1.0)) - q

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from backends.base import Declared
-from conformance.acceptance import _next, declared_interval, round_down, round_to, round_up
+from conformance.acceptance import grid_neighbour, declared_interval, round_down, round_to, round_up
 from conformance.refcache import ReferenceCache, inputs_digest
 from conformance.runner import Runner
 from conformance.suite import case_list, list_hash
@@ -116,9 +116,24 @@ def test_fast_roundings_equal_round_to_dtype(dtype):
         new = np.where(mag == 0, (0 if toward > 0 else sign_bit) | 1,
                        (bits & sign_bit) | np.where(away, mag + 1, mag - 1))
         want = np.where(np.isfinite(t), decode(new.astype(np.uint64), fmt), t)
-        assert _same(_next(t, dtype, toward), want).all()
+        assert _same(grid_neighbour(t, dtype, toward), want).all()
     fin = np.isfinite(v)
     assert (round_down(v, dtype)[fin] <= v[fin]).all() and (round_up(v, dtype)[fin] >= v[fin]).all()
+
+
+def test_float32_lowest_bits_equal_the_float64_rule():
+    """emulator/linear.py reads the lowest set bit of float32 weights in uint32 arithmetic: every bit class."""
+    from emulator.linear import lowest_bit_exponent, row_min_lowest_bit
+
+    rng = np.random.default_rng(3)
+    v = np.concatenate([rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0 ** -149, 1.1754942e-38, 3.0, 2.0 ** 127],
+                                 np.float32),
+                        (rng.integers(-16, 16, 20_000) * rng.standard_normal(20_000)).astype(np.float32)])
+    v = v[: v.size // 50 * 50].reshape(-1, 50)
+    with np.errstate(invalid="ignore"):
+        want = lowest_bit_exponent(v.astype(np.float64)).min(axis=1)
+    assert np.array_equal(row_min_lowest_bit(v), want)
 
 
 # --- the reference cache ----------------------------------------------------------------------------
@@ -193,7 +208,6 @@ def test_cache_redraws_inputs_whose_file_changed(tmp_path, small_case):
 def test_model_subset_runs_and_shares_its_references(tmp_path):
     """k/v (1024 x 4096) at M=1, W4A16 and W8A8, on two backends (the emulator's fast and exact paths): every
     output judged inside its interval, inputs drawn once per case for both backends."""
-    from backends.registry import create
 
     specs = [s for s in case_list(profile="model") if s.case.M == 1 and s.case.N == 1024]
     backends = ["emulator", "emulator:path=exact"]  # two backends, no torch start-up (CI time)
