@@ -312,17 +312,32 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
     raise ValueError(f"no declared reference for scheme {case.scheme!r}")
 
 
+def _experts(qweight, scales, group: int, kw: dict, used, declared: Declared, tensor: str) -> np.ndarray:
+    """float64 [E, out, in] of the experts ``used`` under ``declared`` (weights rounded to its weight_dtype);
+    the other experts zeros."""
+    out = None
+    for e in used:  # one expert at a time: at most one float32 expert materialised besides the result
+        w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[e], **kw)[e]
+        if out is None:
+            out = np.zeros((len(qweight),) + w.shape, dtype=np.float64)
+        out[e] = round_weights(w.astype(np.float64), declared)
+    if out is None:  # no token (M = 0): the shapes only
+        w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[], **kw)
+        out = np.zeros(w.shape, dtype=np.float64)
+    return out
+
+
 def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Reference:
     kw = weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
-    w13 = emoe.dequantize_gptq_experts(tensors["w13_qweight"], tensors["w13_scales"], group_size=case.group, **kw)
-    w2 = emoe.dequantize_gptq_experts(tensors["w2_qweight"], tensors["w2_scales"], group_size=min(case.group, case.N),
-                                      **kw)
-    w13 = round_weights(w13.astype(np.float64), declared)
-    w2 = round_weights(w2.astype(np.float64), declared)
     mv = moe_variant(declared)
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
         mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)
+    # only the experts some token routes to are read (moe_w16 indexes by the same routing): the others
+    # are left zeros, never materialised (60 Qwen1.5-MoE experts are 4 GB in float64)
+    used = np.unique(emoe.route(router_logits, case.top_k, mv)[0])
+    w13 = _experts(tensors["w13_qweight"], tensors["w13_scales"], case.group, kw, used, declared, "w13")
+    w2 = _experts(tensors["w2_qweight"], tensors["w2_scales"], min(case.group, case.N), kw, used, declared, "w2")
     r = emoe.moe_w16(x.astype(np.float32), router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
     return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w13": w13, "w2": w2, "variant": mv, "result": r},
                      r.parts)
