@@ -200,6 +200,10 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         secs = sum(r.get("seconds", 0) or 0 for r in results if r["backend"] == b)
         if secs > 0:
             print(f"throughput {b}: {n / secs:.1f} cases/s ({n} cases, {secs:.1f} s in workers)")
+    st = runner.ref_stats
+    if st.get("inputs_drawn"):  # docs/conformance.md#reference-sharing
+        print(f"shared references: inputs drawn {st['inputs_drawn']}, reused {st['inputs_reused']}; intervals computed "
+              f"{st['intervals_computed']}, reused {st['intervals_reused']}")
     print(f"wall time {wall:.1f} s")
     try:  # the reports (docs/certification.md#reports); a report problem never changes the run's verdict
         written = write_reports(out, summary)
