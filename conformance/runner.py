@@ -488,8 +488,8 @@ class Runner:
         shared = inp is None and self.refs is not None
         if shared:
             # drawn once per run; the worker runs from the same file (conformance/refcache.py)
-            inp, path, _digest = self.refs.inputs(spec)
-            request["bundle"] = str(path)
+            inp, path, digest = self.refs.inputs(spec)
+            request.update(bundle=str(path), inputs_sha256=digest)  # the worker checks it ran these bytes
         elif inp is None:
             inp = spec.inputs()
         else:

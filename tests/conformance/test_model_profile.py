@@ -224,3 +224,23 @@ def test_model_subset_runs_and_shares_its_references(tmp_path):
     assert stats["inputs_drawn"] == len(specs)  # once per case, whatever the number of backends
     assert stats["inputs_drawn"] + stats["inputs_reused"] == judged
     assert not (tmp_path / ".work").exists()  # the run's shared files go with it
+
+
+def test_worker_refuses_inputs_other_than_the_judged_ones(tmp_path, small_case):
+    """The worker runs shared inputs only when their SHA-256 is the one the runner judges against."""
+    from conformance.workerproc import WorkerProcess
+
+    spec, _ = small_case
+    cache = ReferenceCache(tmp_path)
+    inp, path, digest = cache.inputs(spec)
+    w = WorkerProcess("emulator")
+    try:
+        ok = w.request({"op": "run", "bundle": str(path), "inputs_sha256": digest, "out": str(tmp_path / "y.st")},
+                       timeout=120)
+        bad = w.request({"op": "run", "bundle": str(path), "inputs_sha256": "0" * 64, "out": str(tmp_path / "z.st")},
+                        timeout=120)
+    finally:
+        w.close()
+    assert ok.get("ok") is True
+    assert bad.get("ok") is False and "sha256 mismatch" in bad.get("error", "")
+    assert not (tmp_path / "z.st").exists()
