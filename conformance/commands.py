@@ -166,7 +166,8 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
                        if r.get("kind") == "result" and r.get("case_id") in ids})
     progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress)
-    runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers, progress=progress or False, lock=True,
+    timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
+    runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=progress or False, lock=True,
                     memory_limit=getattr(args, "memory_limit", None))
     header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
               "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
@@ -343,7 +344,8 @@ def add_commands(sub) -> None:
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes per backend")
     s.add_argument("--shard", help="i/n: run shard i of n of the case list")
     s.add_argument("--waivers", help="waivers TOML file")
-    s.add_argument("--timeout", type=float, default=120.0, help="seconds per case before the worker is killed")
+    s.add_argument("--timeout", type=float, default=None, help="seconds per case before the worker is killed "
+                   "(default 120; the model profile: 900)")
     s.add_argument("--resume", action="store_true", help="continue the run in OUT (same case list and backends "
                                                          "only); by default a run starts a fresh result set")
     s.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out: a no-op
@@ -423,7 +425,9 @@ def cmd_target(args) -> int:
               f"(status unavailable in {out / 'summary.json'}; exit 0, no pass claimed)")
         return 0
     a = argparse.Namespace(backend=runnable, scheme=None, tier=None, profile=args.profile, out=str(out),
-                           jobs=args.jobs, shard=args.shard, waivers=args.waivers, timeout=args.timeout,
+                           jobs=args.jobs, shard=args.shard, waivers=args.waivers,
+                           timeout=args.timeout if args.timeout is not None else max(300.0, PROFILES[args.profile].get(
+                               "timeout", 300.0)),
                            resume=False, no_progress=args.no_progress)
     return cmd_run(a, unavailable=unavailable)
 
@@ -459,6 +463,6 @@ def add_target_command(sub) -> None:
     s.add_argument("-j", "--jobs", type=int, default=1)
     s.add_argument("--shard")
     s.add_argument("--waivers")
-    s.add_argument("--timeout", type=float, default=300.0)
+    s.add_argument("--timeout", type=float, default=None, help="seconds per case (default 300; the model profile: 900)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(fn=cmd_target)
