@@ -518,7 +518,7 @@ class Runner:
         verdict = metrics.pop("verdict")
         reason = metrics.pop("reason")
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
-                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"),
+                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"), prepare_s=reply.get("prepare_s"),
                            **assess(spec.case, declared, inp, y, interval=interval))
         if verdict == "fail" and write_bundle:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
