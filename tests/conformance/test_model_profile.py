@@ -50,7 +50,7 @@ def test_llama_shapes_are_the_published_ones(model_specs):
 
 def test_moe_block_is_qwen15_moe(model_specs):
     moe = [s.case for s in model_specs if s.case.scheme == "w4a16-moe"]
-    assert {c.M for c in moe} == MODEL_M
+    assert {c.M for c in moe} == {1, 16, 128}  # M = 512 left out for the time budget (docs)
     for c in moe:
         assert (c.N, c.K, c.E, c.top_k, c.group_size, c.weight_format, c.sym) == (
             QWEN_MOE["N"], QWEN_MOE["K"], QWEN_MOE["E"], QWEN_MOE["top_k"], QWEN_MOE["group_size"], "gptq", True)
@@ -63,7 +63,7 @@ def test_gpt_oss_experts_are_mxfp4_at_the_published_shapes(model_specs):
 
 
 def test_model_profile_is_its_own_case_list(model_specs):
-    assert len(model_specs) == len({s.case_id for s in model_specs}) == 44
+    assert len(model_specs) == len({s.case_id for s in model_specs}) == 43
     assert {s.generator for s in model_specs} == {"layer-codes"}
     # the tiers filter it; a tier it has no case of is an empty selection, not the default grid
     assert case_list(profile="model", tiers=("exact", "edge")) == []
