@@ -74,14 +74,19 @@ def unpack_fields(words, bits: int, dim: int, order=None):
     if not isinstance(words, torch.Tensor):
         words = torch.from_numpy(np.ascontiguousarray(words, dtype=np.int32))
     f = 32 // bits
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(f, dtype=torch.int64) * bits
+    w = words.to(torch.int32)
+    dim = dim % w.dim()
+    shifts = torch.arange(f, dtype=torch.int32) * bits
     if order is not None:  # element c of each word lives in slot order[c]
-        shifts = torch.tensor([order[c] * bits for c in range(f)], dtype=torch.int64)
-    w = w.movedim(dim, -1)
-    fields = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., words, F]
-    fields = fields.reshape(*w.shape[:-1], w.shape[-1] * f)
-    return fields.movedim(-1, dim).to(torch.int32).contiguous()
+        shifts = torch.tensor([order[c] * bits for c in range(f)], dtype=torch.int32)
+    # the fields axis right after ``dim`` ([..., words, F, ...]), so merging the two is a plain reshape
+    # of a contiguous result (no transposed copies). int32 shifts are arithmetic: the top field's
+    # sign-extended bits are removed by the mask
+    shifts = shifts.reshape((f,) + (1,) * (w.dim() - dim - 1))
+    fields = (w.unsqueeze(dim + 1) >> shifts) & ((1 << bits) - 1)
+    shape = list(w.shape)
+    shape[dim] *= f
+    return fields.reshape(shape).contiguous()
 
 
 def pack_fields(values, bits: int, dim: int):

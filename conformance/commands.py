@@ -166,7 +166,8 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
                        if r.get("kind") == "result" and r.get("case_id") in ids})
     progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress)
-    runner = Runner(args.out, timeout=args.timeout, jobs=args.jobs, waivers=waivers, progress=progress or False, lock=True,
+    timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
+    runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=progress or False, lock=True,
                     memory_limit=getattr(args, "memory_limit", None))
     header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
               "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
@@ -200,6 +201,10 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         secs = sum(r.get("seconds", 0) or 0 for r in results if r["backend"] == b)
         if secs > 0:
             print(f"throughput {b}: {n / secs:.1f} cases/s ({n} cases, {secs:.1f} s in workers)")
+    st = runner.ref_stats
+    if st.get("inputs_drawn"):  # docs/conformance.md#reference-sharing
+        print(f"shared references: inputs drawn {st['inputs_drawn']}, reused {st['inputs_reused']}; intervals computed "
+              f"{st['intervals_computed']}, reused {st['intervals_reused']}")
     print(f"wall time {wall:.1f} s")
     try:  # the reports (docs/certification.md#reports); a report problem never changes the run's verdict
         written = write_reports(out, summary)
@@ -328,6 +333,10 @@ def cmd_backends(args) -> int:
     return 0
 
 
+_PROFILE_HELP = ("case list: smoke, ci (default), certification, nightly (fresh seeds), model (Llama-3-8B, "
+                 "Qwen1.5-MoE, gpt-oss-20b layer shapes at M 1/16/128/512; docs/conformance.md#model-profile)")
+
+
 def add_commands(sub) -> None:
     s = sub.add_parser("run", help="run the conformance suite on backends (the main job)")
     s.add_argument("--backend", action="append", help="backend spec name[:key=value,...]; repeatable "
@@ -335,14 +344,15 @@ def add_commands(sub) -> None:
     s.add_argument("--scheme", action="append", help="restrict to a scheme; repeatable")
     s.add_argument("--tier", action="append", help=f"restrict to a tier ({', '.join(TIERS)}, or property: "
                    "Hypothesis searches, never run by default); repeatable")
-    s.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    s.add_argument("--profile", default="ci", choices=sorted(PROFILES), help=_PROFILE_HELP)
     s.add_argument("--seed", type=int, help="--tier property: the Hypothesis seed (default: 0, nightly: the time; "
                    "docs/conformance.md#property-tier)")
     s.add_argument("--out", default="qconform-out")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes per backend")
     s.add_argument("--shard", help="i/n: run shard i of n of the case list")
     s.add_argument("--waivers", help="waivers TOML file")
-    s.add_argument("--timeout", type=float, default=120.0, help="seconds per case before the worker is killed")
+    s.add_argument("--timeout", type=float, default=None, help="seconds per case before the worker is killed "
+                   "(default 120; the model profile: 900)")
     s.add_argument("--resume", action="store_true", help="continue the run in OUT (same case list and backends "
                                                          "only); by default a run starts a fresh result set")
     s.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out: a no-op
@@ -422,7 +432,9 @@ def cmd_target(args) -> int:
               f"(status unavailable in {out / 'summary.json'}; exit 0, no pass claimed)")
         return 0
     a = argparse.Namespace(backend=runnable, scheme=None, tier=None, profile=args.profile, out=str(out),
-                           jobs=args.jobs, shard=args.shard, waivers=args.waivers, timeout=args.timeout,
+                           jobs=args.jobs, shard=args.shard, waivers=args.waivers,
+                           timeout=args.timeout if args.timeout is not None else max(300.0, PROFILES[args.profile].get(
+                               "timeout", 300.0)),
                            resume=False, no_progress=args.no_progress)
     return cmd_run(a, unavailable=unavailable)
 
@@ -453,11 +465,11 @@ def add_target_command(sub) -> None:
     s = sub.add_parser("target", help="conformance of one tox target's backends (cpu, vllm-cpu, zen, xpu, cuda, "
                                       "emulator)")
     s.add_argument("name")
-    s.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    s.add_argument("--profile", default="ci", choices=sorted(PROFILES), help=_PROFILE_HELP)
     s.add_argument("--out", default="qconform-out")
     s.add_argument("-j", "--jobs", type=int, default=1)
     s.add_argument("--shard")
     s.add_argument("--waivers")
-    s.add_argument("--timeout", type=float, default=300.0)
+    s.add_argument("--timeout", type=float, default=None, help="seconds per case (default 300; the model profile: 900)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(fn=cmd_target)

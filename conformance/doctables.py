@@ -33,6 +33,10 @@ def case_counts() -> str:
     for name, prof in PROFILES.items():
         counts = [len(case_list(tiers=(t,), profile=name)) for t in TIERS]
         shapes = ", ".join(f"{m}x{n}x{k}" for m, n, k in prof["shapes"])
+        if prof.get("cases") == "model":
+            from .model_profile import MODEL_CONFIGS, MODEL_M
+
+            shapes = f"layers of {', '.join(MODEL_CONFIGS)} at M = {', '.join(map(str, MODEL_M))}"
         rows.append(f"| `{name}` | {shapes} | {prof['seeds']}{' (fresh)' if prof['fresh_seeds'] else ''} | "
                     + " | ".join(str(c) for c in counts) + f" | {len(case_list(profile=name))} |")
     return "\n".join(rows)

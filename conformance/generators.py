@@ -25,6 +25,8 @@ it runs on from the case id alone and a replay bundle can be re-derived.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from backends.base import Case
@@ -552,6 +554,103 @@ def gen_outlier_channels(case: Case, seed: int) -> CaseInputs:
     return inp
 
 
+
+# -- layer-sized inputs (the model profile) ----------------------------------------------------------
+def _nibble_words(rng, shape) -> np.ndarray:
+    """int32 words of 8 independent 4-bit codes, each (a >> 1) + (b >> 1) + c (a, b uniform 0..15, c a
+    random bit): 0..15, bell-shaped around 7.5 like the codes of an RTN-quantized Gaussian weight. Every
+    code is valid in every int4 layout (GPTQ, AWQ, compressed-tensors), so the words are the packed
+    tensor whatever its packing order."""
+    a = rng.integers(0, 1 << 32, shape, dtype=np.uint32)
+    b = rng.integers(0, 1 << 32, shape, dtype=np.uint32)
+    c = rng.integers(0, 1 << 32, shape, dtype=np.uint32)
+    a >>= 1
+    a &= np.uint32(0x77777777)
+    b >>= 1
+    b &= np.uint32(0x77777777)
+    c &= np.uint32(0x11111111)
+    a += b
+    a += c  # per nibble at most 7 + 7 + 1 = 15: no carry into the next field
+    return a.view(np.int32)
+
+
+def _layer_activations(case: Case, rng) -> np.ndarray:
+    """Gaussian activations with a few outlier channels x20-x100 (LLM.int8 style)."""
+    x = rng.standard_normal((case.M, case.K))
+    ch = rng.choice(case.K, max(1, case.K // 256), replace=False)
+    x[:, ch] *= rng.uniform(20, 100, len(ch))
+    return _r(x, case.act_dtype)
+
+
+def _group_scales(rng, shape, dtype: str) -> np.ndarray:
+    """Positive scales around 0.006 (a Gaussian weight of std 0.02 in 4 bits), log-normal spread, in ``dtype``."""
+    return scales_array(np.exp(rng.normal(np.log(0.006), 0.35, shape)), dtype)
+
+
+def gen_layer_codes(case: Case, seed: int) -> CaseInputs:
+    """Layer-sized checkpoint tensors drawn directly in their packed form, in linear time.
+
+    The model profile's generator (docs/conformance.md#model-profile): quantizing a float weight of
+    Llama-3-8B's 14336 x 4096 with the emulator's exact RTN quantizer takes ~20 s, so the packed codes
+    are drawn directly (``_nibble_words``; int8: a bell-shaped byte; MXFP4: uniform E2M1 codes with
+    E8M0 bytes 2**-8..2**-5), the scales log-normal; the activations are Gaussian with outlier
+    channels. The tensors are valid checkpoints of the case's format: the reference and the kernels
+    read them like any other.
+    """
+    rng = np.random.default_rng(seed)
+    N, K = case.N, case.K
+    x = _layer_activations(case, rng)
+    bias = _r(rng.standard_normal(N) * 0.1, case.act_dtype) if case.bias else None
+    fmt = case.weight_format
+    if case.scheme == "w4a16-moe":
+        return _layer_experts(case, seed, rng, x)
+    if fmt in ("gptq", "awq", "ct-pack-quantized") and case.bits == 4 and not case.act_order:
+        G = K // case.group
+        z = np.full((G, N), 8) if case.sym else rng.integers(6, 11, (G, N))
+        s = _group_scales(rng, (G, N), case.scale_dtype).astype(np.float64)
+        # the zero points and scales through the format's own packer, on a stand-in with one packed word
+        # per group (they depend on G and N only); the weight words drawn at full size
+        stand_in = dataclasses.replace(case, K=G * 8, group_size=8 if G > 1 or not case.channelwise else -1)
+        t = int_weight_tensors(stand_in, np.zeros((N, G * 8), np.uint8), z, s, None)
+        if fmt == "gptq":
+            t["qweight"] = _nibble_words(rng, (K // 8, N))
+            t["g_idx"] = (np.arange(K) // case.group).astype(np.int32)
+        elif fmt == "awq":
+            t["qweight"] = _nibble_words(rng, (K, N // 8))
+        else:
+            t["weight_packed"] = _nibble_words(rng, (N, K // 8))
+            t["weight_shape"] = np.asarray([N, K], dtype=np.int64)
+        return CaseInputs(case, seed, t, x, bias)
+    if fmt == "ct-int-quantized":
+        a = rng.integers(-128, 128, (N, K), dtype=np.int8)
+        b = rng.integers(-128, 128, (N, K), dtype=np.int8)
+        a >>= 1
+        b >>= 1
+        a += b  # -128..126, triangular around 0
+        np.maximum(a, -127, out=a)  # symmetric int8 weights: -128 is not a code
+        ws = scales_array(np.exp(rng.normal(np.log(0.02 * 4 / 127), 0.3, (N, 1))).astype(np.float32),
+                          case.scale_dtype)
+        return CaseInputs(case, seed, {"weight": a, "weight_scale": ws}, x, bias)
+    if fmt == "ct-mxfp4":
+        packed = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
+        sb = rng.integers(119, 123, (N, K // 32), dtype=np.uint8)
+        return CaseInputs(case, seed, {"weight_packed": packed, "weight_scale": sb}, x, bias)
+    raise ValueError(f"layer-codes has no generator for {case.describe()}")
+
+
+def _layer_experts(case: Case, seed: int, rng, x) -> CaseInputs:
+    """Stacked symmetric GPTQ int4 experts in vLLM's FusedMoE layout (as ``make_inputs`` writes them):
+    ``w13_qweight [E, K/8, 2I]``, ``w2_qweight [E, I/8, K]`` and their float16 group scales."""
+    E, I, K = case.E, case.N, case.K
+    g2 = min(case.group, I)
+    tensors = {"w13_qweight": _nibble_words(rng, (E, K // 8, 2 * I)),
+               "w13_scales": _group_scales(rng, (E, K // case.group, 2 * I), case.scale_dtype),
+               "w2_qweight": _nibble_words(rng, (E, I // 8, K)),
+               "w2_scales": _group_scales(rng, (E, I // g2, K), case.scale_dtype)}
+    logits = rng.standard_normal((case.M, E)).astype(np.float32)
+    return CaseInputs(case, seed, tensors, x, None, logits, None)
+
+
 #: generator name -> (tier, function, predicate(case) -> bool)
 GENERATORS = {
     "exact": ("exact", gen_exact, lambda c: c.scheme != "w4a16-moe"),
@@ -580,6 +679,8 @@ GENERATORS = {
                      and c.act_dtype != "float16"),
     "gaussian": ("random", gen_gaussian, lambda c: True),
     "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),
+    # drawn only where a profile names it (the model profile, conformance/model_profile.py): never by default
+    "layer-codes": ("random", gen_layer_codes, lambda c: False),
 }
 
 

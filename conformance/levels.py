@@ -25,13 +25,14 @@ __all__ = ["assess", "run_level", "LEVEL_ORDER"]
 LEVEL_ORDER = tuple(m.label for m in Level)
 
 
-def assess(case: Case, declared: Declared, inp, y) -> dict:
+def assess(case: Case, declared: Declared, inp, y, *, interval=None) -> dict:
     """{"level", "deviations"[, "canonical_distance"]} of one judged case (JSON-able).
 
     ``canonical_distance`` (only for a non-canonical declaration with an output): the output compared
     with the canonical interval (fp32 accumulation, the checkpoint's own semantics): its worst ULP
     distance from the canonical reference, SQNR against the exact canonical value, and how many elements
-    lie outside the canonical interval.
+    lie outside the canonical interval. ``interval(declared)``: how the interval of a declaration on
+    ``inp`` is obtained (default ``declared_interval``; the runner shares them, conformance/refcache.py).
     """
     devs = declared.deviations(case, inp.tensors)
     level = max((d.level for d in devs), default=Level.CANONICAL)
@@ -39,7 +40,8 @@ def assess(case: Case, declared: Declared, inp, y) -> dict:
            "deviations": [{"variant": str(d), "level": d.level.label} for d in devs]}
     if devs and y is not None:
         try:
-            c = compare(y, declared_interval(inp, canonical_declaration(case, accumulate="float32")))
+            canonical = canonical_declaration(case, accumulate="float32")
+            c = compare(y, interval(canonical) if interval else declared_interval(inp, canonical))
         except Exception as e:  # noqa: BLE001 - the canonical reference may be undefined (e.g. NaN inputs)
             out["canonical_distance"] = {"error": f"{type(e).__name__}: {e}"}
         else:

@@ -38,7 +38,7 @@ def pytest_addoption(parser):
     g.addoption("--qconform-backend", action="append", default=[], help="backend spec to certify (repeatable)")
     g.addoption("--qconform-scheme", action="append", default=[], help="restrict to a scheme (repeatable)")
     g.addoption("--qconform-tier", action="append", default=[], help="restrict to a tier (repeatable)")
-    g.addoption("--qconform-profile", default="ci", help="ci | smoke | certification | nightly")
+    g.addoption("--qconform-profile", default="ci", help="ci | smoke | certification | nightly | model")
     g.addoption("--qconform-out", default=None, help="folder for results JSONL and replay bundles")
     g.addoption("--qconform-timeout", type=float, default=120.0, help="seconds per case")
     g.addoption("--qconform-waivers", default=None, help="waivers TOML")

@@ -40,10 +40,11 @@ import numpy as np
 
 from backends.base import Declared
 
-from .acceptance import Interval, compare, declared_interval, round_down, round_up
+from .acceptance import Interval, compare, declared_interval, round_down, round_to, round_up
 from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
+from .refcache import ReferenceCache
 from .suite import CaseSpec
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
@@ -105,11 +106,9 @@ def rounded_interval(iv: Interval, declared: Declared) -> Interval:
     mode = (declared.output_rounding or "rne").lower()
     if mode not in ("rne", "rtz") or iv.parts.get("bias_stage") == "after_output_rounding":
         return iv
-    from emulator.numerics.floats import round_to_dtype
-
     with np.errstate(invalid="ignore", over="ignore"):
-        lo_t = round_to_dtype(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
-        hi_t = round_to_dtype(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
+        lo_t = round_to(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
+        hi_t = round_to(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
         fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
         lo = np.where(fin, np.maximum(iv.lo, lo_t), iv.lo)
         hi = np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
@@ -288,6 +287,9 @@ class Runner:
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
+        #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
+        self.refs: "ReferenceCache | None" = None
+        self.ref_stats: dict = {}
 
     def close(self) -> None:
         """Release the folder's lock (also released when the process ends)."""
@@ -334,6 +336,26 @@ class Runner:
                 f.write(json.dumps(dict(header, kind="run"), default=_json_default) + "\n")
         results: list[dict] = []
         today = time.strftime("%Y-%m-%d")
+        self.refs = ReferenceCache(self.out_dir / ".work")
+        try:
+            self._run_backends(backend_specs, specs, done, results, today)
+        finally:
+            self.ref_stats = dict(self.refs.stats)  # inputs drawn / reused, intervals computed / reused
+            self.refs.close()
+            self.refs = None
+            try:
+                (self.out_dir / ".work").rmdir()
+            except OSError:
+                pass
+        if self.progress and not callable(self.progress) and self._total:
+            sys.stderr.write("\n")
+        try:
+            self.log_dir.rmdir()  # only when empty: logs are kept only for workers that crashed or timed out
+        except OSError:
+            pass
+        return results
+
+    def _run_backends(self, backend_specs, specs, done, results, today) -> None:
         for bspec in backend_specs:
             hello = self.hello(bspec)
             label = hello.get("label", bspec)
@@ -359,13 +381,6 @@ class Runner:
             with ThreadPoolExecutor(max_workers=self.jobs) as ex:
                 for part in ex.map(lambda c: self._run_chunk(bspec, label, c, today), chunks):
                     results.extend(part)
-        if self.progress and not callable(self.progress) and self._total:
-            sys.stderr.write("\n")
-        try:
-            self.log_dir.rmdir()  # only when empty: logs are kept only for workers that crashed or timed out
-        except OSError:
-            pass
-        return results
 
     def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
         rec = {"kind": "result", "backend": label, "case_id": spec.case_id, "tier": spec.tier,
@@ -470,7 +485,12 @@ class Runner:
         if ypath.exists():
             ypath.unlink()
         request = {"op": "run", "spec": spec.to_json(), "out": str(ypath)}
-        if inp is None:
+        shared = inp is None and self.refs is not None
+        if shared:
+            # drawn once per run; the worker runs from the same file (conformance/refcache.py)
+            inp, path, digest = self.refs.inputs(spec)
+            request.update(bundle=str(path), inputs_sha256=digest)  # the worker checks it ran these bytes
+        elif inp is None:
             inp = spec.inputs()
         else:
             request["bundle"] = str(save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(), backend=label,
@@ -486,8 +506,11 @@ class Runner:
         from emulator.tensorfile import load_tensors
 
         y = load_tensors(ypath)["y"].data
+        def interval(decl: Declared) -> Interval:
+            return self.refs.interval(inp, decl) if shared else declared_interval(inp, decl)
+
         try:
-            iv = declared_interval(inp, reference_declaration(spec.case, declared))
+            iv = interval(reference_declaration(spec.case, declared))
         except Exception as e:
             return self._record(label, spec, "crash", f"reference failed for this declaration: {type(e).__name__}: {e}",
                                 declared=declared.to_json(), seconds=time.perf_counter() - t0,
@@ -497,8 +520,8 @@ class Runner:
         verdict = metrics.pop("verdict")
         reason = metrics.pop("reason")
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
-                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"),
-                           **assess(spec.case, declared, inp, y))
+                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"), prepare_s=reply.get("prepare_s"),
+                           **assess(spec.case, declared, inp, y, interval=interval))
         if verdict == "fail" and write_bundle:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:

@@ -29,6 +29,10 @@ PROFILES = {
                       "fresh_seeds": False},
     "nightly": {"seeds": 6, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512), (128, 512, 1024)],
                 "fresh_seeds": True},
+    # real layer shapes (Llama-3-8B, Qwen1.5-MoE, gpt-oss-20b) at M = 1, 16, 128, 512: its own case list
+    # (conformance/model_profile.py), no golden files, a per-case time limit for layer sizes on a loaded
+    # 2-core host (the exact MoE reference at M = 512); docs/conformance.md#model-profile
+    "model": {"seeds": 1, "shapes": [], "fresh_seeds": False, "cases": "model", "golden": False, "timeout": 900.0},
 }
 
 

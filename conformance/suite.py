@@ -108,12 +108,11 @@ def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None,
         base_seed = int(time.time())
     specs: list[CaseSpec] = []
     seen = set()
-    for case in scheme_grid(prof["shapes"]):
+    for case, gens in _profile_cases(prof, [t for t in tiers if t != "golden"]):
         if schemes and case.scheme not in schemes:
             continue
         if formats and case.weight_format not in formats:
             continue
-        gens = generators_for(case, [t for t in tiers if t != "golden"])
         for gen in gens:
             tier = GENERATORS[gen][0]
             n_seeds = prof["seeds"] if tier == "random" else 1
@@ -123,13 +122,24 @@ def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None,
                 if spec.case_id not in seen:
                     seen.add(spec.case_id)
                     specs.append(spec)
-    if "golden" in tiers:
+    if "golden" in tiers and prof.get("golden", True):
         from .golden import golden_specs
 
         for spec in golden_specs():
             if (not schemes or spec.case.scheme in schemes) and (not formats or spec.case.weight_format in formats):
                 specs.append(spec)
     return specs
+
+
+def _profile_cases(prof: dict, tiers):
+    """(case, generator names) of a profile: the scheme grid at its shapes with every generator of the
+    tiers, or the model profile's own cases with its one generator (conformance/model_profile.py)."""
+    if prof.get("cases") == "model":
+        from .model_profile import MODEL_GENERATOR, model_cases
+
+        gens = [MODEL_GENERATOR] if GENERATORS[MODEL_GENERATOR][0] in tiers else []
+        return [(case, gens) for case in model_cases()]
+    return [(case, generators_for(case, tiers)) for case in scheme_grid(prof["shapes"])]
 
 
 def _seed(case: Case, gen: str, s: int) -> int:

@@ -15,7 +15,8 @@ Requests:
   {"op": "hello"}                                 -> availability
   {"op": "plan", "spec": {...}}                  -> can_implement + declared
   {"op": "run", "spec": {...}, "out": "y.safetensors"} -> runs, writes tensor "y"
-  {"op": "run", "bundle": "case.safetensors", "out": ...}  (inputs from a replay bundle)
+  {"op": "run", "bundle": "case.safetensors", "out": ...}  (inputs from a bundle: a replay, or the run's
+                                                  shared inputs with "inputs_sha256", checked before running)
   (a quantize-only case writes its named tensors "q.<name>" instead of "y": docs/conformance.md#quantize-only-cases)
   {"op": "exit"}
 A kernel output that is not a real-valued array (None, a scalar, complex, object) is refused with
@@ -165,6 +166,12 @@ def main(argv=None) -> int:
             elif op == "run":
                 if "bundle" in req:
                     inp, _meta = load_bundle_inputs(req["bundle"])
+                    if "inputs_sha256" in req:  # the runner judges against the inputs it hashed: same bytes only
+                        from .refcache import inputs_digest
+
+                        if inputs_digest(inp) != req["inputs_sha256"]:
+                            raise RuntimeError(f"{req['bundle']}: inputs differ from the ones the runner judges "
+                                               "against (sha256 mismatch); not run")
                 else:
                     inp = CaseSpec.from_json(req["spec"]).inputs()
                 t0 = time.perf_counter()

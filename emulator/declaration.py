@@ -314,9 +314,9 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
     if acts == "moe":
         return _moe_reference(case, tensors, x, router_logits, declared, out_dtype)
     if acts == "a16":
-        w = declared_weight(case, tensors, declared).astype(np.float64)
+        w = declared_weight(case, tensors, declared)  # float32 values; linear_w16 widens it
         r = lin.linear_w16(x, w, b, out_dtype=out_dtype)
-        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w": w, "bias": b}, {})
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w": w, "bias": b, "mag": r.mag}, {})
     if acts == "int8":
         v = int8_variant(declared, case)
         if case.scheme == "w8a8":
@@ -331,27 +331,42 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
         xd = a8.dequantize_int8_per_token(q)
         r = lin.linear_w16(xd, w, b, out_dtype=out_dtype)
         parts = {"x_q": q.q, "x_scale": q.scale, "x_tie": q.tie, "x_zero_point": q.zero_point}
-        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b}, parts)
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b, "mag": r.mag}, parts)
     if acts == "mxfp4":
         codes, sb = mxfp4.unpack_mxfp4_ct(tensors)
         r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared), out_dtype=out_dtype)
         xd = mxfp4.dequantize_mxfp4(r.parts["x_codes"], r.parts["x_scale"], dtype=np.float64)
         wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
-        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b}, r.parts)
+        return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b, "mag": r.mag}, r.parts)
     raise ValueError(f"no declared reference for scheme {case.scheme!r}")
+
+
+def _experts(qweight, scales, group: int, kw: dict, used, declared: Declared, tensor: str) -> np.ndarray:
+    """float64 [E, out, in] of the experts ``used`` under ``declared`` (weights rounded to its weight_dtype);
+    the other experts zeros."""
+    out = None
+    for e in used:  # one expert at a time: at most one float32 expert materialised besides the result
+        w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[e], **kw)[e]
+        if out is None:
+            out = np.zeros((len(qweight),) + w.shape, dtype=np.float64)
+        out[e] = round_weights(w.astype(np.float64), declared)
+    if out is None:  # no token (M = 0): the shapes only
+        w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[], **kw)
+        out = np.zeros(w.shape, dtype=np.float64)
+    return out
 
 
 def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Reference:
     kw = weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
-    w13 = emoe.dequantize_gptq_experts(tensors["w13_qweight"], tensors["w13_scales"], group_size=case.group, **kw)
-    w2 = emoe.dequantize_gptq_experts(tensors["w2_qweight"], tensors["w2_scales"], group_size=case.moe_w2_group_size,
-                                      **kw)
-    w13 = round_weights(w13.astype(np.float64), declared)
-    w2 = round_weights(w2.astype(np.float64), declared)
     mv = moe_variant(declared, case)  # the case resolves act_arith_dtype=input
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
         mv = dataclasses.replace(mv, intermediate_dtype=case.act_dtype)
+    # only the experts some token routes to are read (moe_w16 indexes by the same routing): the others
+    # are left zeros, never materialised (60 Qwen1.5-MoE experts are 4 GB in float64)
+    used = np.unique(emoe.route(router_logits, case.top_k, mv)[0])
+    w13 = _experts(tensors["w13_qweight"], tensors["w13_scales"], case.group, kw, used, declared, "w13")
+    w2 = _experts(tensors["w2_qweight"], tensors["w2_scales"], case.moe_w2_group_size, kw, used, declared, "w2")
     r = emoe.moe_w16(x.astype(np.float32), router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
     return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w13": w13, "w2": w2, "variant": mv, "result": r},
                      r.parts)

@@ -29,13 +29,14 @@ import numpy as np
 from .errors import FormatError, require
 from .activations import int8 as a8
 from .formats import mxfp4 as mx
-from .numerics.floats import round_to_dtype
+from .numerics.floats import round_float64_array, round_to_dtype
 from .numerics.rounding import Rounding, as_float64
 
 __all__ = [
     "LinearResult",
     "gamma",
     "round_output",
+    "row_min_lowest_bit",
     "ExactIntMatmul",
     "exact_int_matmul",
     "FP32_EXACT_INT",
@@ -66,6 +67,8 @@ class LinearResult:
     out_dtype: str
     acc: np.ndarray | None = None
     parts: dict = dataclasses.field(default_factory=dict)
+    #: sum_k |a_k b_k| in float64 where the path formed it (A16, MXFP4): acceptance bounds reuse it
+    mag: np.ndarray | None = None
 
 
 def dtype_name(x) -> str:
@@ -76,14 +79,27 @@ def dtype_name(x) -> str:
     return name
 
 
+def _rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
+    """``round_to_dtype(v, out_dtype)`` (float64 out) by the float32 fast path (equal to it:
+    tests/emulator/test_fast_paths.py); NaN elements by ``round_to_dtype`` itself (its NaN payload rule)."""
+    v = np.asarray(v, dtype=np.float64)
+    if out_dtype not in OUT_DTYPES or v.ndim == 0:
+        return round_to_dtype(v, out_dtype, Rounding.RNE)
+    out = round_float64_array(v, out_dtype).astype(np.float64)
+    nan = np.isnan(v)
+    if nan.any():
+        out[nan] = round_to_dtype(v[nan], out_dtype, Rounding.RNE)
+    return out
+
+
 def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided."""
-    y = round_to_dtype(y_exact, out_dtype, Rounding.RNE)
+    y = _rne(y_exact, out_dtype)
     if not np.any(y_bound):
         return y, np.zeros(y.shape, dtype=bool)
     with np.errstate(invalid="ignore"):
-        lo = round_to_dtype(y_exact - y_bound, out_dtype)
-        hi = round_to_dtype(y_exact + y_bound, out_dtype)
+        lo = _rne(y_exact - y_bound, out_dtype)
+        hi = _rne(y_exact + y_bound, out_dtype)
     amb = (lo != hi) & np.isfinite(y_exact)
     return y, amb
 
@@ -107,10 +123,10 @@ def _add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
     return s, bound + extra
 
 
-def _finish(y64, bound, out_dtype, acc=None, parts=None) -> LinearResult:
+def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResult:
     y, amb = round_output(y64, bound, out_dtype)
     return LinearResult(y=y, y_exact=y64, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
-                        acc=acc, parts=parts or {})
+                        acc=acc, parts=parts or {}, mag=mag)
 
 
 def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
@@ -128,6 +144,46 @@ def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
     return np.where(ok, exp + e.astype(np.int64) - 1, np.inf)
 
 
+_NO_BIT = np.int32(1 << 20)  # above every float32 exponent: a lane with no set bit
+
+
+def _lowest_bit_f32(v32: np.ndarray) -> np.ndarray:
+    """``lowest_bit_exponent`` of float32 values as int32 (``_NO_BIT`` for zeros, NaN and Inf), in uint32
+    arithmetic: the significand with its implicit bit, its lowest set bit isolated (s & -s), that power
+    of two's exponent read from its own float32 encoding (exact: it is at most 2**23)."""
+    bits = v32.view(np.uint32)
+    e = (bits >> np.uint32(23)) & np.uint32(0xFF)
+    sig = bits & np.uint32(0x7FFFFF)
+    normal = e > 0
+    sig |= normal.astype(np.uint32) << np.uint32(23)
+    low = sig & (~sig + np.uint32(1))
+    lg = (low.astype(np.float32).view(np.uint32) >> np.uint32(23)).astype(np.int32) - 127
+    res = np.maximum(e, np.uint32(1)).astype(np.int32) - 150 + lg
+    return np.where((sig != 0) & (e < 255), res, _NO_BIT)
+
+
+def row_min_lowest_bit(v: np.ndarray) -> np.ndarray:
+    """``lowest_bit_exponent(v).min(axis=1)`` (float64 out), in cache-sized row blocks on all cores, in
+    float32 arithmetic when ``v`` is a float32 array (speed only: the same values)."""
+    from .parallel import for_row_chunks
+
+    n = v.shape[0]
+    if v.size == 0:
+        return np.zeros(n)
+    out = np.empty(n, dtype=np.float64)
+    f32 = v.dtype == np.float32
+
+    def rows(r0, r1):
+        if f32:
+            m = _lowest_bit_f32(v[r0:r1]).min(axis=1)
+            out[r0:r1] = np.where(m == _NO_BIT, np.inf, m)
+        else:
+            out[r0:r1] = lowest_bit_exponent(v[r0:r1]).min(axis=1)
+
+    for_row_chunks(n, v.size, rows, row_bytes=v.itemsize * v.shape[1])
+    return out
+
+
 def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.ndarray:
     """Where float64 evaluation of sum_k a[m,k] * b[n,k] is provably exact.
 
@@ -135,8 +191,8 @@ def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.nd
     every partial sum is too; if the sum of magnitudes stays below 2**53 times that
     quantum, no partial sum (nor product) can round.
     """
-    ea = lowest_bit_exponent(a64).min(axis=1) if a64.size else np.zeros(a64.shape[0])
-    eb = lowest_bit_exponent(b64).min(axis=1) if b64.size else np.zeros(b64.shape[0])
+    ea = row_min_lowest_bit(a64)
+    eb = row_min_lowest_bit(b64)
     q = ea[:, None] + eb[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         room = np.log2(np.where(mag > 0, mag, 1.0)) - q
@@ -156,6 +212,7 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     ``w`` is the exact dequantized weight (float32 or float64 values).
     """
     out_dtype = out_dtype or dtype_name(x)
+    w_in = np.asarray(w)
     w64 = as_float64(w)
     require(w64.ndim == 2, f"expected weight [N, K], got shape {list(w64.shape)}", tensor="weight")
     N, K = w64.shape
@@ -164,9 +221,13 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     with np.errstate(invalid="ignore", over="ignore"):
         y = x64 @ w64.T
         mag = np.abs(x64) @ np.abs(w64).T
-    bound = np.where(exact_in_float64(x64, w64, mag), 0.0, gamma(K) * mag)
-    y, bound = _add_bias(y, bound, b)
-    return _finish(y, bound, out_dtype)
+    # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
+    bound = np.where(exact_in_float64(x64, w_in if w_in.dtype == np.float32 else w64, mag), 0.0, gamma(K) * mag)
+    if bias is None:
+        y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
+    else:
+        y, bound = _add_bias(y, bound, b)
+    return _finish(y, bound, out_dtype, mag=mag)
 
 
 #: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not
@@ -340,7 +401,7 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     bound = np.where(np.isnan(bound), 0.0, bound)
     y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
-    return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie})
+    return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag)
 
 
 def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:

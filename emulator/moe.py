@@ -133,8 +133,10 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
     """
     out_dtype = out_dtype or dtype_name(x)
     x64 = as_float64(x)
-    w13 = as_float64(w13)
-    w2 = as_float64(w2)
+    # float64 experts are read in place (no copy: an expert no token routes to is never touched, so a
+    # caller may leave it unmaterialised zeros)
+    w13 = w13 if isinstance(w13, np.ndarray) and w13.dtype == np.float64 else as_float64(w13)
+    w2 = w2 if isinstance(w2, np.ndarray) and w2.dtype == np.float64 else as_float64(w2)
     require(w13.ndim == 3 and w2.ndim == 3, "expected w13 [E, 2I, K] and w2 [E, K, I]", tensor="w13")
     E, two_i, K = w13.shape
     require(two_i % 2 == 0, f"w13 has an odd number of rows {two_i}", tensor="w13")
@@ -184,13 +186,15 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
 
 
 def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bits: int = 4,
-                            zero_convention: str = "gptq", tensor: str = "w13", **dequant_kw) -> np.ndarray:
+                            zero_convention: str = "gptq", tensor: str = "w13", experts=None,
+                            **dequant_kw) -> np.ndarray:
     """Stacked GPTQ experts -> float32 [E, out, in].
 
     vLLM's FusedMoE GPTQ layout: ``qweight [E, in/8, out]`` int32 (each expert a GPTQ
     ``qweight``, packed along the input dim), ``scales [E, in/G, out]``, optional
     ``qzeros [E, in/G, out/8]``; symmetric experts without qzeros use the midpoint
     zero 2**(bits-1). For w13, out = 2I (gate rows, then up rows); for w2, in = I.
+    ``experts`` (expert ids): dequantize only those; the others stay zeros (unmaterialised pages).
     """
     from .formats import gptq
 
@@ -203,20 +207,23 @@ def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bi
     in_dim = qw.shape[1] * (32 // bits)
     sym = qzeros is None
     params = gptq.GptqParams(bits=bits, group_size=group_size, sym=sym, zero_convention=zero_convention)
-    experts = []
-    for e in range(E):
-        if qzeros is None:
-            n_groups = sc.shape[1]
-            z = np.full((n_groups, out_dim), params.sym_zero, dtype=np.int64)
-            codes = gptq.GptqCodes(q=np.zeros((out_dim, in_dim), np.uint8), zeros=z, scales=sc[e],
-                                   g_idx=(np.arange(in_dim) // (in_dim // n_groups)).astype(np.int32))
-            qz = gptq.pack_gptq(codes, params).qzeros
-        else:
-            qz = np.asarray(qzeros)[e]
+    sym_qz = None
+    if qzeros is None:
+        # the midpoint zeros' qzeros [G, out/8] depend on G and out only (not on the group size), so they
+        # are packed once, from a stand-in with one 8-code word per group
+        n_groups = sc.shape[1]
+        z = np.full((n_groups, out_dim), params.sym_zero, dtype=np.int64)
+        stand_in = dataclasses.replace(params, group_size=8)
+        codes = gptq.GptqCodes(q=np.zeros((out_dim, 8 * n_groups), np.uint8), zeros=z, scales=sc[0],
+                               g_idx=(np.arange(8 * n_groups) // 8).astype(np.int32))
+        sym_qz = gptq.pack_gptq(codes, stand_in).qzeros
+    out = np.zeros((E, out_dim, in_dim), dtype=np.float32)
+    for e in (range(E) if experts is None else experts):
+        qz = sym_qz if qzeros is None else np.asarray(qzeros)[e]
         t = gptq.GptqTensors(qweight=qw[e], qzeros=qz, scales=sc[e], g_idx=None)
-        experts.append(gptq.dequantize_gptq(t, params, shape=(out_dim, in_dim), layer=f"{tensor}[expert {e}]",
-                                            **dequant_kw))
-    return np.stack(experts).astype(np.float32)
+        out[e] = gptq.dequantize_gptq(t, params, shape=(out_dim, in_dim), layer=f"{tensor}[expert {e}]",
+                                      **dequant_kw)
+    return out
 
 
 def moe_gptq_w4a16(x, router_logits, w13_qweight, w13_scales, w2_qweight, w2_scales, top_k: int, *,

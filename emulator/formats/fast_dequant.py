@@ -105,7 +105,7 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
     gs = k // n_groups
     g = None if default else np.asarray(g_idx)
     # the common case's operands are prepared once for the whole layer, not per block
-    plan = _FastPlan.make(za, s, kw)
+    plan = _FastPlan.make(za, s, kw) or _FloatZeroPlan.make(za, s, kw)
 
     def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
         qb = src.rows(r0, r1)
@@ -188,6 +188,57 @@ class _FastPlan:
             np.multiply(o3, s, out=o3)
         if self.compute is not ComputeDtype.FLOAT32:
             out[...] = round_float32_array(out, self.compute.value)
+
+
+class _FloatZeroPlan:
+    """``DequantOrder.FLOAT_ZERO`` with RNE (torch's ``_weight_int4pack_mm`` declaration): per row block
+    ``RNE_C((q - m) s_C + zero)`` with ``zero = RNE_Z((m - z) s_C)`` formed once per [N, G] group by the rule
+    itself. ``(q - m) s_C + zero`` is exact in float64 (``int_common.dequantize_affine`` says why: at most
+    24 + 11 significant bits), so one float64 pass and one correctly rounded conversion to C (the IEEE
+    cast for float32, ``round_float64_array`` for a 16-bit C) equal the rule bit for bit."""
+
+    __slots__ = ("s64", "zero", "midpoint", "compute")
+
+    def __init__(self, s64, zero, midpoint, compute):
+        self.s64, self.zero, self.midpoint, self.compute = s64, zero, midpoint, compute
+
+    @classmethod
+    def make(cls, za, s, kw: dict):
+        from ..numerics.floats import round_to_format
+
+        order = DequantOrder(kw.get("order", DequantOrder.SUB_THEN_MUL))
+        mode = Rounding.parse(kw.get("compute_rounding", Rounding.RNE))
+        if order is not DequantOrder.FLOAT_ZERO or mode is not Rounding.RNE:
+            return None
+        compute = ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32))
+        s32 = _fast_scales(s, kw.get("scale_dtype"), compute)
+        za = np.asarray(za)
+        if s32 is None or za.dtype.kind not in "iu" or np.ndim(s32) != 2:
+            return None
+        s64 = s32.astype(np.float64)
+        midpoint = int(kw.get("midpoint", 0))
+        zd = kw.get("zero_dtype")
+        zfmt = compute.fmt if zd is None else ComputeDtype(zd).fmt
+        with np.errstate(over="ignore", invalid="ignore"):
+            zero = round_to_format((midpoint - np.broadcast_to(za, s64.shape).astype(np.int64)).astype(np.float64) * s64,
+                                   zfmt)
+        return cls(s64, zero, midpoint, compute)
+
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+        from ..numerics.floats import round_float64_array
+
+        r = r1 - r0
+        s, zero = self.s64[r0:r1], self.zero[r0:r1]
+        if g is None:
+            q3 = qb.reshape(r, -1, gs)
+            s, zero = s[:, :, None], zero[:, :, None]
+        else:
+            q3 = qb
+            s, zero = expand_groups(s, g), expand_groups(zero, g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = (q3.astype(np.float64) - self.midpoint) * s + zero  # exact (see the class docstring)
+            o = v.astype(np.float32) if self.compute is ComputeDtype.FLOAT32 else round_float64_array(v, self.compute.value)
+        out[...] = o.reshape(out.shape)
 
 
 def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
