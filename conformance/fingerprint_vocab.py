@@ -17,6 +17,8 @@ __all__ = ["SAME_NUMBERS", "representative_values", "coverage", "missing_probes"
 #: every input a linear can be given (the fingerprint reports both as consistent; the test checks it)
 SAME_NUMBERS: dict[tuple, tuple] = {
     ("zero_row", "nan"): ("zero", "an all-zero row gives 0 under both; only eps clamps show"),
+    ("nan_to_int", "low"): ("zero", "a NaN quotient comes only from an all-zero row, whose scale 0 makes its codes "
+                                    "(0 or -128) add 0"),
     ("e2m1_nan", "zero_signed"): ("zero", "the codes +0 and -0 add the same 0"),
     ("e2m1_nan", "zero_sign_flipped"): ("zero", "the codes +0 and -0 add the same 0"),
     ("e2m1_zero_sign", "positive"): ("keep", "the codes +0 and -0 add the same 0"),
