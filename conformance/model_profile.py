@@ -13,10 +13,9 @@ __all__ = ["MODEL_M", "MOE_M", "MODEL_LAYERS", "MODEL_GENERATOR", "model_cases"]
 
 #: token counts: one decode token, a small batch, a prefill chunk, a long prefill
 MODEL_M = (1, 16, 128, 512)
-#: the MoE block's token counts: at M = 128 its 512 routed slots already reach all 60 experts (every
-#: expert's GEMMs run), and M = 512 would quadruple the exact MoE reference, the profile's most
-#: expensive case (docs/performance.md#model-profile), for the one backend here that runs it
-MOE_M = (1, 16, 128)
+#: the MoE block's token counts: the same (its M = 512 exact reference is the profile's most expensive
+#: case; docs/performance.md#model-profile)
+MOE_M = MODEL_M
 #: the generator of every model-profile case (conformance/generators.py ``gen_layer_codes``)
 MODEL_GENERATOR = "layer-codes"
 

@@ -63,7 +63,7 @@ def test_gpt_oss_experts_are_mxfp4_at_the_published_shapes(model_specs):
 
 
 def test_model_profile_is_its_own_case_list(model_specs):
-    assert len(model_specs) == len({s.case_id for s in model_specs}) == 43
+    assert len(model_specs) == len({s.case_id for s in model_specs}) == 44
     assert {s.generator for s in model_specs} == {"layer-codes"}
     # the tiers filter it; a tier it has no case of is an empty selection, not the default grid
     assert case_list(profile="model", tiers=("exact", "edge")) == []
