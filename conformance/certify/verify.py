@@ -478,16 +478,8 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: stored output/interval unreadable ({type(e).__name__}: {e})")
         return
-    if got["verdict"] in BAD and not bp:
-        problems.append(f"{who}: {got['verdict']} without a replay bundle")
-    expected = _expected_verdict(got["verdict"], rec, waivers, dates)
-    if v not in expected:
-        problems.append(f"{who}: recorded verdict {v}, the stored output and interval give "
-                        f"{' or '.join(sorted(expected))}")
+    if not _verdict_and_reason_agree(who, rec, got, bp, waivers, dates, problems, "the stored output and interval"):
         return
-    rr = str(rec.get("reason") or "")
-    if rr != got["reason"] and not (rec.get("waiver_expired") and rr.startswith(got["reason"] + " (waiver ")):
-        problems.append(f"{who}: reason {rec.get('reason')!r}, recomputed {got['reason']!r}")
     m = rec.get("metrics") or {}
     for k in ("max_ratio", "max_ulp", "n_outside", "exact_match", "worst"):
         if k not in m:
@@ -507,6 +499,22 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
         _deep_check(rec, d, problems, checked)
 
 
+def _verdict_and_reason_agree(who: str, rec: dict, got: dict, bp, waivers, dates, problems: list, source: str) -> bool:
+    """The recorded verdict and reason against those recomputed from ``source`` (a non-pass needs its replay
+    bundle); False when the verdict disagrees (the metrics are then not compared)."""
+    if got["verdict"] in BAD and not bp:
+        problems.append(f"{who}: {got['verdict']} without a replay bundle")
+    expected = _expected_verdict(got["verdict"], rec, waivers, dates)
+    v = rec.get("verdict")
+    if v not in expected:
+        problems.append(f"{who}: recorded verdict {v}, {source} give {' or '.join(sorted(expected))}")
+        return False
+    rr = str(rec.get("reason") or "")
+    if rr != got["reason"] and not (rec.get("waiver_expired") and rr.startswith(got["reason"] + " (waiver ")):
+        problems.append(f"{who}: reason {rec.get('reason')!r}, recomputed {got['reason']!r}")
+    return True
+
+
 def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, checked: Counter, deep: bool) -> None:
     """A quantize-only case (docs/conformance.md#quantize-only-cases): the verdict, reason and metrics
     recomputed from the stored observed and expected tensors; ``deep``: the expected tensors recomputed
@@ -514,7 +522,6 @@ def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, check
     from ..quantized import decide_quantized
 
     who = f"{rec['backend']} {rec['case_id']}"
-    v = rec.get("verdict")
     try:
         obs, exp = decode_quantized(entry)
         if not exp:
@@ -523,15 +530,8 @@ def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, check
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: stored quantized outputs unreadable ({type(e).__name__}: {e})")
         return
-    if got["verdict"] in BAD and not bp:
-        problems.append(f"{who}: {got['verdict']} without a replay bundle")
-    expected = _expected_verdict(got["verdict"], rec, waivers, dates)
-    if v not in expected:
-        problems.append(f"{who}: recorded verdict {v}, the stored tensors give {' or '.join(sorted(expected))}")
+    if not _verdict_and_reason_agree(who, rec, got, bp, waivers, dates, problems, "the stored tensors"):
         return
-    rr = str(rec.get("reason") or "")
-    if rr != got["reason"] and not (rec.get("waiver_expired") and rr.startswith(got["reason"] + " (waiver ")):
-        problems.append(f"{who}: reason {rec.get('reason')!r}, recomputed {got['reason']!r}")
     m = rec.get("metrics") or {}
     for k in ("exact_match", "n_outside", "mismatch", "first_mismatch"):
         if k not in m:
