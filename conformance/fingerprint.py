@@ -277,6 +277,11 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     if axis.name == "accumulate":
         res["bracket"] = _bracket(consistent, excluded)
     dv = res["declared"]
+    if axis.name == "accumulate" and base.arithmetic == "opaque":
+        # an opaque declaration claims no accumulation (docs/conformance.md#opaque-arithmetic): its
+        # accumulate field is no claim a probe could contradict; the bracket is still reported
+        res["note"] = "arithmetic=opaque is declared: the accumulation is measured, not checked against a claim"
+        dv = None
     if dv is not None and dv in excluded:
         res["contradiction"] = (f"declares {axis.name}={dv}, excluded by probe {', '.join(excluded[dv])}; "
                                 f"consistent: {', '.join(consistent) or 'none'}")

@@ -102,9 +102,12 @@ class SequentialAccumulatorBackend(EmulatorBackend):
         acc = params.pop("acc", "float32")
         if acc not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"seq-acc: acc must be float32, float16 or bfloat16, got {acc!r}")
+        # claim=float32,opaque=true: declares fp32 accumulation under opaque arithmetic (as ARK's int8 cores do)
+        claim = params.pop("claim", acc)
+        opaque = str(params.pop("opaque", "false")).lower() in ("1", "true", "yes")
         super().__init__(**params)
-        self.acc = acc
-        self.params["acc"] = acc
+        self.acc, self.claim, self.opaque = acc, claim, opaque
+        self.params.update(acc=acc, claim=claim, opaque=opaque)
 
     def can_implement(self, case):
         from backends.base import no, yes
@@ -114,8 +117,9 @@ class SequentialAccumulatorBackend(EmulatorBackend):
     def declared(self, case):
         import dataclasses
 
-        return dataclasses.replace(super().declared(case), accumulate=self.acc,
-                                   notes=f"sequential accumulation in {self.acc}")
+        d = dataclasses.replace(super().declared(case), accumulate=self.claim,
+                                notes=f"sequential accumulation in {self.acc}")
+        return dataclasses.replace(d, arithmetic="opaque", sqnr_floor_db=20.0) if self.opaque else d
 
     def run(self, prepared, x, **inputs):
         from conformance.acceptance import declared_weight

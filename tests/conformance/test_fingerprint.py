@@ -131,6 +131,19 @@ def test_accumulation_bracket(monkeypatch, acc, act, consistent):
     assert not a.get("contradiction")
 
 
+@pytest.mark.parametrize("opaque", [False, True])
+def test_an_opaque_declaration_claims_no_accumulation(monkeypatch, opaque):
+    """A bf16 accumulator declared as fp32: a contradiction, unless the declaration is opaque (ARK's int8
+    cores declare accumulate=float32 with arithmetic=opaque: docs/fingerprints.md)."""
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", SEQ)
+    res = fingerprint(f"seq-acc:acc=bfloat16,claim=float32,opaque={str(opaque).lower()}", schemes=["w4a16"],
+                      axes=["accumulate"])
+    a = _axes(res)[("w4a16", "accumulate")]
+    assert "float32" in a["excluded"] and set(a["consistent"]) == {"bfloat16"}
+    assert bool(a.get("contradiction")) is (not opaque)
+    assert bool(res["contradictions"]) is (not opaque)
+
+
 def test_exact_emulator_path_shows_no_accumulation_error():
     res = fingerprint("emulator:path=exact", schemes=["w4a16"], axes=["accumulate"])
     a = _axes(res)[("w4a16", "accumulate")]
