@@ -191,18 +191,22 @@ def test_gemlite_inside_declared_interval(case):
         assert c.ok, (seed, c.n_out, c.max_ulp)
 
 
-@needs_gemlite
-@pytest.mark.parametrize("case", [_w4("gptq", False, None, 32, M=1), _w4("awq", False, None, 64, M=4, act="bfloat16"),
-                                  _w4("gptq", True, None, 32, M=17, bias=True),
-                                  _w4("ct-pack-quantized", False, None, 64, M=64)], ids=str)
-def test_gemlite_auto_kernel_meets_its_floor(case):
-    b = gm.GemliteBackend(kernel="auto")
+def _assert_meets_declaration(b, case):
+    """Two seeds of ``case`` on backend ``b``, each judged against its own declaration."""
     d = b.declared(case)
     for seed in (0, 1):
         inp = make_inputs(case, seed)
         y = b.run(b.prepare(case, inp.tensors), inp.x, **({"bias": inp.bias} if inp.bias is not None else {}))
         v = judge(inp, declared_interval(inp, d), y, d)
         assert v["verdict"] in ("pass", "pass-sqnr"), (seed, v)
+
+
+@needs_gemlite
+@pytest.mark.parametrize("case", [_w4("gptq", False, None, 32, M=1), _w4("awq", False, None, 64, M=4, act="bfloat16"),
+                                  _w4("gptq", True, None, 32, M=17, bias=True),
+                                  _w4("ct-pack-quantized", False, None, 64, M=64)], ids=str)
+def test_gemlite_auto_kernel_meets_its_floor(case):
+    _assert_meets_declaration(gm.GemliteBackend(kernel="auto"), case)
 
 
 @needs_gemlite
@@ -236,13 +240,7 @@ BNB_SMOKE = [_w8a8(M=1), _w8a8(M=5, N=96, K=256), _w8a8(M=16, bias=True), _w8a8(
 @needs_bnb
 @pytest.mark.parametrize("case", BNB_SMOKE, ids=str)
 def test_bnb_meets_its_floor(case):
-    b = bb.BitsandbytesBackend()
-    d = b.declared(case)
-    for seed in (0, 1):
-        inp = make_inputs(case, seed)
-        y = b.run(b.prepare(case, inp.tensors), inp.x, **({"bias": inp.bias} if inp.bias is not None else {}))
-        v = judge(inp, declared_interval(inp, d), y, d)
-        assert v["verdict"] in ("pass", "pass-sqnr"), (seed, v)
+    _assert_meets_declaration(bb.BitsandbytesBackend(), case)
 
 
 @needs_bnb

@@ -36,14 +36,6 @@ TOOLKIT_CKPTS = sorted(p.name for p in TOOLKIT.iterdir() if (p / "config.json").
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synthetic")
-    for s in SCHEMES:
-        write_checkpoint(root / s, s, bias=s != "gptoss-mxfp4")
-    return root
-
-
 @pytest.fixture
 def tiny_blocks(monkeypatch):
     """Blocks of the smallest row count the layout allows (budget 0, no minimum)."""

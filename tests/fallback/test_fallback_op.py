@@ -33,14 +33,6 @@ TOOLKIT_CKPTS = sorted(str(p.parent.relative_to(TOOLKIT)) for p in TOOLKIT.glob(
 REFUSED = {"quark/quark-int8-w8a8": "Quark dynamic int8 input_tensors"}
 
 
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synthetic")
-    for s in SCHEMES:
-        write_checkpoint(root / s, s, bias=s != "gptoss-mxfp4")
-    return root
-
-
 def _x(M, K, dtype, seed=0):
     x = torch.from_numpy(np.random.default_rng(seed).standard_normal((M, K)).astype(np.float32))
     return x.to(dtype)
