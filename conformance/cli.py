@@ -165,8 +165,8 @@ def _cmd_linear(args) -> int:
         out["acc"] = res.acc.astype(np.int64)
     save_tensors(args.output, out, metadata={"layer": info.name, "format": info.format, "producer": "qconform"})
     amb = int(res.y_ambiguous.sum())
-    print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}" + (f" ({amb} element(s) within the float64 "
-                                                                         "bound of a rounding boundary)" if amb else ""))
+    print(f"{info.name}: y {list(y.shape)} {dtype} -> {args.output}" + (f" ({amb} element(s) the float64 bound left "
+                                                                         "undecided, decided exactly)" if amb else ""))
     print(f"activations: {act}; variants: {_named(decl)}{_checkpoint_declared(info, act)}")
     return EXIT_OK
 

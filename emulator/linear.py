@@ -13,7 +13,10 @@ Each function returns a ``LinearResult``:
 - ``y``: the exact result rounded to the output dtype with RNE (the value a
   kernel that accumulates exactly and rounds once would return).
 - ``y_ambiguous``: elements where y_exact +- y_bound straddles a rounding
-  boundary of the output dtype, so ``y`` is known only to one of two neighbours.
+  boundary of the output dtype, so float64 alone cannot say which neighbour the
+  exact value rounds to; ``y`` there is decided from the exact value
+  (``_decide_exactly``, emulator/numerics/exact_sum.py), so ``y`` is the exact
+  result rounded once at every element, whatever the float64 evaluation order.
 - ``acc``: the exact integer accumulator for int paths ([M, N], or
   [M, n_groups, N] for W4A8).
 - ``parts``: the intermediates (activation codes and scales, ties) that the
@@ -29,6 +32,7 @@ import numpy as np
 from .errors import FormatError, require
 from .activations import int8 as a8
 from .formats import mxfp4 as mx
+from .numerics.exact_sum import round_exact_products
 from .numerics.floats import round_float64_array, round_to_dtype
 from .numerics.rounding import Rounding, as_float64
 
@@ -129,6 +133,21 @@ def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResu
                         acc=acc, parts=parts or {}, mag=mag)
 
 
+def _decide_exactly(res: LinearResult, products_at) -> LinearResult:
+    """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value: ``products_at(m, n)`` lists
+    the tuples of factor arrays whose summed products are that element's exact value (the path's own
+    definition; a bias is a 1-tuple), rounded once by ``round_exact_products``. Everywhere else the float64
+    bound already decided ``y``. Few elements (~1e-5 of them at K = 4096), each O(K)."""
+    if res.y_ambiguous.any():
+        for m, n in np.argwhere(res.y_ambiguous):
+            res.y[m, n] = round_exact_products(products_at(int(m), int(n)), res.out_dtype)
+    return res
+
+
+def _bias_term(bias, b: np.ndarray, n: int) -> list:
+    return [] if bias is None else [(b[n:n + 1],)]
+
+
 def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
     """For each float64, the exponent e of its lowest set significand bit (v is a multiple of 2**e).
 
@@ -227,7 +246,8 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
         y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
     else:
         y, bound = _add_bias(y, bound, b)
-    return _finish(y, bound, out_dtype, mag=mag)
+    return _decide_exactly(_finish(y, bound, out_dtype, mag=mag),
+                           lambda m, n: [(x64[m], w64[n])] + _bias_term(bias, b, n))
 
 
 #: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not
@@ -336,9 +356,11 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     scale = acts.scale.astype(np.float64) * ws[None, :]  # exact: 24 x 24 bits
     y = acc * scale + b
     bound = gamma(2) * (np.abs(acc * scale) + np.abs(b))
-    return _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
-                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
-                          "x_quotient": acts.quotient})
+    sx = acts.scale.astype(np.float64).reshape(-1)
+    res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
+                  parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
+                         "x_quotient": acts.quotient})
+    return _decide_exactly(res, lambda m, n: [(acc[m, n:n + 1], sx[m:m + 1], ws[n:n + 1])] + _bias_term(bias, b, n))
 
 
 def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
@@ -372,9 +394,12 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     b = _bias64(bias, N)
     y = acts.scale.astype(np.float64) * s + b
     bound = gamma(n_groups + 2) * (np.abs(acts.scale.astype(np.float64)) * np.abs(terms).sum(axis=1) + np.abs(b))
-    return _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
-                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
-                          "x_quotient": acts.quotient})
+    sx = acts.scale.astype(np.float64).reshape(-1)
+    res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
+                  parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
+                         "x_quotient": acts.quotient})
+    return _decide_exactly(res, lambda m, n: [(acc[m, :, n], ws[:, n], np.full(n_groups, sx[m]))]
+                           + _bias_term(bias, b, n))
 
 
 def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx.CANONICAL,
@@ -401,7 +426,8 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     bound = np.where(np.isnan(bound), 0.0, bound)
     y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
-    return _finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag)
+    return _decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
+                           lambda m, n: [(xd[m], wd[n])] + _bias_term(bias, b, n))
 
 
 def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:

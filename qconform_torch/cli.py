@@ -76,9 +76,8 @@ def cmd_model(args) -> int:
           f"peak RSS {_peak_rss_mib():.0f} MiB")
     if st["exact_calls"]:
         print(f"exact path: {st['exact_calls']} layer call(s), {st['exact_blocked']} by row blocks of at most "
-              f"max(--cache-mb, 1 MiB) working set; {st['exact_ambiguous']} element(s) within the float64 bound of "
-              "a rounding boundary in a block (with those `qconform linear` reports, the only ones where blocks may "
-              "differ from it)")
+              f"max(--cache-mb, 1 MiB) working set; {st['exact_ambiguous']} element(s) the float64 bound left "
+              "undecided, decided from their exact value")
     return 0 if ok else 1
 
 

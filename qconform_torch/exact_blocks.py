@@ -14,10 +14,10 @@ once), so a block's exact values and bounds are those of the same elements of th
 The one thing that is not per element is float64 evaluation order: the BLAS dgemm of a block may round a
 sum differently from the dgemm of the whole layer (measured: tens of percent of the float64 sums of a
 random 512-row layer differ in their last bits between the two). Both are within the rigorous bound of
-the exact sum, so the rounded outputs can differ only where a bound straddles a rounding boundary of
-the output dtype (``y_ambiguous``: in the whole layer's evaluation, which ``qconform linear`` reports,
-or in the block's, which ``exact_by_rows`` counts as ``ambiguous``); at every other element the result
-is ``qconform linear``'s bit for bit (both equal the exact sum rounded once).
+the exact sum, so the rounded outputs agree wherever the bound decides the rounding; where it straddles
+a rounding boundary (``y_ambiguous``, which ``exact_by_rows`` counts as ``ambiguous``) the reference
+decides the element from its exact value (emulator/linear.py ``_decide_exactly``). So the result is
+``qconform linear``'s bit for bit at every element: the exact sum rounded once.
 
 Layouts not sliced here (Quark int, unknown tensor roles, a tensor whose row axis has another length
 than the layer's N, N not a multiple of the packing) take the whole-layer path, which also reports any
@@ -154,8 +154,8 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
     whose working set stays within max(``budget_bytes``, MIN_BLOCK_BYTES) where the layout allows.
 
     stats: ``blocks`` (1: the whole layer), ``rows`` per block, ``ambiguous`` / ``ambiguous_at`` (how many
-    and which (m, n) elements' float64 bound straddles a rounding boundary in their block: with those the
-    whole layer reports, the only ones where blocks may differ from it)."""
+    and which (m, n) elements' float64 bound straddles a rounding boundary in their block: the reference
+    decided those from their exact value)."""
     N, K = int(info.shape[-2]), int(info.shape[-1])
     M = int(x32.shape[0])
     tensors = src.layer_tensors(info)

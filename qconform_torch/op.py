@@ -125,7 +125,7 @@ class _PreparedCache:
         self.peak = 0
         self.hits = self.misses = self.uncached = 0
         # the exact path (no cache): layer calls, those computed in row blocks, elements the float64 bound
-        # left undecided (the only ones where row blocks may differ from the whole layer)
+        # left undecided (the reference decided those from their exact value: emulator/numerics/exact_sum.py)
         self.exact_calls = self.exact_blocked = self.exact_ambiguous = 0
         self._d: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()

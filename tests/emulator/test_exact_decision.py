@@ -1,0 +1,182 @@
+"""The reference decides the elements its float64 bound leaves undecided from their exact value
+(emulator/numerics/exact_sum.py, emulator/linear.py ``_decide_exactly``).
+
+Oracles, independent of the code under test: Python's ``fractions.Fraction`` for the exact sums and
+products, and rounding to the output dtype by brute force (the two neighbours of the value in that dtype,
+found with ``np.nextafter`` on NumPy's float16/float32 and ml_dtypes' bfloat16, compared in rationals).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emulator.linear import linear_mxfp4_w4a4, linear_w4a8, linear_w8a8, linear_w16
+from emulator.numerics.exact_sum import round_exact_products, round_exact_sum, two_product
+
+_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def oracle_round(f: Fraction, dtype: str) -> float:
+    """RNE of a rational to ``dtype`` by brute force: the dtype value nearest f, ties to the even
+    significand; beyond the largest finite value by half an ulp (or more): Inf."""
+    t = _NP[dtype]
+    fin = ml_dtypes.finfo(t) if dtype == "bfloat16" else np.finfo(t)
+    top = Fraction(float(fin.max))
+    ulp_top = top - Fraction(float(np.nextafter(t(fin.max), t(0))))
+    if abs(f) >= top + ulp_top / 2:
+        return float("inf") if f > 0 else float("-inf")
+    if f > top:
+        return float(top)  # within half an ulp above the largest finite value
+    if f < -top:
+        return -float(top)
+    lo = t(float(f))  # some nearby dtype value, then walk to the bracketing pair
+    while Fraction(float(lo)) > f:
+        lo = np.nextafter(lo, t(-np.inf))
+    while float(lo) < float(top) and Fraction(float(np.nextafter(lo, t(np.inf)))) <= f:
+        lo = np.nextafter(lo, t(np.inf))
+    hi = np.nextafter(lo, t(np.inf))
+    dlo, dhi = f - Fraction(float(lo)), Fraction(float(hi)) - f
+    if dlo == 0:
+        return float(lo)
+    if dlo < dhi:
+        return float(lo)
+    if dhi < dlo:
+        return float(hi)
+    even_lo = int(np.asarray(lo).view(np.uint16 if dtype != "float32" else np.uint32)) % 2 == 0
+    return float(lo) if even_lo else float(hi)
+
+
+def _frac_dot(a, b) -> Fraction:
+    return sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b)), Fraction(0))
+
+
+def test_oracle_round_knows_the_ties():
+    """The brute-force oracle itself on hand-checked values (fp16: ulp 2**-10 at 1)."""
+    assert oracle_round(Fraction(1) + Fraction(1, 2 ** 11), "float16") == 1.0  # tie to even
+    assert oracle_round(Fraction(1) + Fraction(3, 2 ** 11), "float16") == 1.0 + 2.0 ** -9  # tie to even (up)
+    assert oracle_round(Fraction(1) + Fraction(1, 2 ** 11) + Fraction(1, 2 ** 80), "float16") == 1.0 + 2.0 ** -10
+    assert oracle_round(Fraction(65520), "float16") == float("inf")
+    assert oracle_round(Fraction(65519), "float16") == 65504.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-1e30, 1e30, allow_nan=False, width=64), st.floats(-1e30, 1e30, allow_nan=False, width=64))
+def test_two_product_is_exact(a, b):
+    p, e = two_product(np.array([a]), np.array([b]))
+    if a != 0 and b != 0 and abs(a * b) < 2.0 ** -900:
+        return  # outside the proved range (exact_terms refuses those)
+    assert Fraction(float(p[0])) + Fraction(float(e[0])) == Fraction(a) * Fraction(b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("tail", [2.0 ** -80, -(2.0 ** -80), 0.0])
+def test_a_midpoint_plus_what_float64_cannot_see(dtype, tail):
+    """1 + half an ulp of ``dtype`` (a midpoint) plus a tail far below float64's resolution at 1: the tail's
+    sign decides (RNE of the bare midpoint: 1, the even neighbour)."""
+    half = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    got = round_exact_sum(np.array([1.0, half, tail]), dtype)
+    want = oracle_round(Fraction(1) + Fraction(half) + Fraction(tail), dtype)
+    assert got == want
+    assert got == (1.0 + 2 * half if tail > 0 else 1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_overflow_threshold(dtype):
+    """max + ulp(max)/2 is the boundary between the largest finite value and Inf (RNE)."""
+    fin = ml_dtypes.finfo(_NP[dtype]) if dtype == "bfloat16" else np.finfo(_NP[dtype])
+    top = float(fin.max)
+    thr = top + (top - float(np.nextafter(_NP[dtype](top), _NP[dtype](0)))) / 2
+    for tail, want in ((-(2.0 ** -900), top), (0.0, float("inf")), (2.0 ** -900, float("inf"))):
+        assert round_exact_sum(np.array([thr, tail]), dtype) == want
+        assert round_exact_sum(np.array([-thr, -tail]), dtype) == -want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(-2 ** 20, 2 ** 20), min_size=1, max_size=12), st.integers(-40, 10),
+       st.sampled_from(["float32", "float16", "bfloat16"]), st.integers(0, 2 ** 31))
+def test_round_exact_products_against_rationals(ints, shift, dtype, seed):
+    """Dot products built to land on or next to midpoints (integer significands times powers of two, plus
+    tails below float64's resolution); fast path and rational path against the brute-force oracle."""
+    rng = np.random.default_rng(seed)
+    a = np.ldexp(np.asarray(ints, np.float64), shift)
+    b = rng.choice([1.0, -1.0, 0.5, 2.0 ** -60, 3.0], size=a.size)
+    bias = np.array([float(rng.choice([0.0, 2.0 ** -70, -1.5]))])
+    want = oracle_round(_frac_dot(a, b) + Fraction(float(bias[0])), dtype)
+    assert round_exact_products([(a, b), (bias,)], dtype) == want
+    tri = rng.choice([0.75, 1.0, 2.0 ** -3], size=a.size)
+    want3 = oracle_round(sum((Fraction(float(x)) * Fraction(float(y)) * Fraction(float(z))
+                              for x, y, z in zip(a, b, tri)), Fraction(0)), dtype)
+    assert round_exact_products([(a, b, tri)], dtype) == want3
+
+
+def test_out_of_range_products_take_the_rational_path():
+    """A product below Dekker's range (2**-1000 * 2**-40): two_product is not proved exact there, the
+    rational path answers."""
+    a = np.array([2.0 ** -1000, 1.0])
+    b = np.array([2.0 ** -40, 1.0 + 2.0 ** -11])
+    assert round_exact_products([(a, b)], "float16") == oracle_round(_frac_dot(a, b), "float16")
+    assert round_exact_products([(a, b)], "float16") == 1.0 + 2.0 ** -10  # the tiny product tips the tie up
+
+
+def _midpoint_layer(dtype: str, n: int = 6):
+    """x [2, 3] and w [n, 3] whose exact dot products are 1 + half an ulp of ``dtype`` + or - 2**-80:
+    float64 returns the bare midpoint for every element (the tail is below its resolution)."""
+    half = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    x = np.array([[1.0, half, 2.0 ** -40], [1.0, half, -(2.0 ** -40)]], np.float32)
+    w = np.array([[1.0, 1.0, (-1.0) ** i * 2.0 ** -40] for i in range(n)], np.float32)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_linear_w16_decides_midpoints_exactly(dtype):
+    x, w = _midpoint_layer(dtype)
+    r = linear_w16(x, w, out_dtype=dtype)
+    assert r.y_ambiguous.all()  # float64 cannot decide any of them
+    for m in range(x.shape[0]):
+        for n in range(w.shape[0]):
+            assert r.y[m, n] == oracle_round(_frac_dot(x[m], w[n]), dtype), (m, n)
+    assert len(np.unique(r.y)) == 2  # both neighbours occur: the tails' signs decided
+
+
+def test_linear_w16_with_bias_decides_exactly():
+    x, w = _midpoint_layer("float16")
+    bias = np.array([2.0 ** -30, -(2.0 ** -30), 0, 0, 0, 0], np.float32)
+    r = linear_w16(x, w, bias, out_dtype="float16")
+    for m in range(2):
+        for n in range(6):
+            want = oracle_round(_frac_dot(x[m], w[n]) + Fraction(float(bias[n])), "float16")
+            assert r.y[m, n] == want, (m, n)
+
+
+def test_w8a8_w4a8_mxfp4_results_are_the_exact_value_rounded_once():
+    """Random layers of each integer/MX path: every element (decided or not) equals the oracle's rounding of
+    the path's exact definition computed in rationals from its own exact parts."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 64)) * 2).astype(np.float32)
+    wq = rng.integers(-128, 128, (5, 64)).astype(np.int8)
+    ws = (rng.random(5) * 0.01 + 1e-3).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    r = linear_w8a8(x, wq, ws, bias, out_dtype="bfloat16")
+    sx = r.parts["x_scale"].astype(np.float64).reshape(-1)
+    for m in range(3):
+        for n in range(5):
+            f = Fraction(int(r.acc[m, n])) * Fraction(float(sx[m])) * Fraction(float(ws[n])) + Fraction(float(bias[n]))
+            assert r.y[m, n] == oracle_round(f, "bfloat16")
+    wi = rng.integers(-8, 8, (5, 64)).astype(np.int8)
+    gs = (rng.random((2, 5)) * 0.1).astype(np.float16)
+    r = linear_w4a8(x, wi, gs, 32, out_dtype="float16")
+    sx = r.parts["x_scale"].astype(np.float64).reshape(-1)
+    for m in range(3):
+        for n in range(5):
+            f = sum(Fraction(int(r.acc[m, g, n])) * Fraction(float(gs[g, n])) for g in range(2)) * Fraction(float(sx[m]))
+            assert r.y[m, n] == oracle_round(f, "float16")
+    codes = rng.integers(0, 16, (5, 64)).astype(np.uint8)
+    sb = rng.integers(120, 130, (5, 2)).astype(np.uint8)
+    r = linear_mxfp4_w4a4(x, codes, sb, out_dtype="float32")
+    assert np.isfinite(r.y).all()
