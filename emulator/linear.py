@@ -25,6 +25,8 @@ Each function returns a ``LinearResult``:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 
 import numpy as np
@@ -43,6 +45,8 @@ __all__ = [
     "row_min_lowest_bit",
     "ExactIntMatmul",
     "exact_int_matmul",
+    "exact_int_matmul_for",
+    "exact_int_engine",
     "FP32_EXACT_INT",
     "linear_w16",
     "linear_w8a8",
@@ -324,6 +328,36 @@ class ExactIntMatmul:
         return np.ascontiguousarray(acc.T)
 
 
+#: an engine for exact integer products outside NumPy (``exact_int_engine``); None: ExactIntMatmul only
+_INT_ENGINE: contextvars.ContextVar = contextvars.ContextVar("qconform_exact_int_engine", default=None)
+
+
+@contextlib.contextmanager
+def exact_int_engine(factory):
+    """Within the block, ``exact_int_matmul_for`` first asks ``factory(w, a_max, w_max)`` for a prepared
+    product (a callable like ``ExactIntMatmul``, or None where it does not cover these operands).
+
+    Speed only: the accumulator is an exact integer, so every correct engine returns the same numbers.
+    qconform_torch runs its layers with torch's int8 GEMM this way (qconform_torch/int_kernels.py, which
+    proves its engine against an int64 oracle before first use, and whose tests do the same)."""
+    token = _INT_ENGINE.set(factory)
+    try:
+        yield
+    finally:
+        _INT_ENGINE.reset(token)
+
+
+def exact_int_matmul_for(w, a_max: int, w_max: int | None = None):
+    """A prepared exact product a @ w^T (``ExactIntMatmul``, or the engine of an enclosing
+    ``exact_int_engine`` where it covers these operands)."""
+    factory = _INT_ENGINE.get()
+    if factory is not None:
+        mm = factory(w, a_max, w_max)
+        if mm is not None:
+            return mm
+    return ExactIntMatmul(w, a_max, w_max)
+
+
 def exact_int_matmul(a, w, *, a_max: int | None = None, w_max: int | None = None) -> np.ndarray:
     """sum_k a[m, k] * w[n, k] exactly, as float64 [M, N], for integer-valued a [M, K] and w [N, K]
     (``ExactIntMatmul``; ``a_max`` / ``w_max`` bound |a| / |w|, computed from the data when omitted)."""
@@ -331,7 +365,7 @@ def exact_int_matmul(a, w, *, a_max: int | None = None, w_max: int | None = None
     w = np.asarray(w)
     require(a.ndim == 2 and w.ndim == 2 and a.shape[1] == w.shape[1],
             f"exact int matmul: expected a [M, K] and w [N, K], got {list(a.shape)} and {list(w.shape)}")
-    return ExactIntMatmul(w, _int_max(a) if a_max is None else a_max, w_max)(a)
+    return exact_int_matmul_for(w, _int_max(a) if a_max is None else a_max, w_max)(a)
 
 
 def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANONICAL_SYM,

@@ -43,10 +43,12 @@ from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
+from emulator.linear import exact_int_engine
 from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
+from .int_kernels import torch_int8_engine
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB"]
@@ -303,7 +305,13 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
-    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype."""
+    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype. Exact integer
+    accumulators (W8A8) run on torch's int8 GEMM where it covers them (qconform_torch/int_kernels.py)."""
+    with exact_int_engine(torch_int8_engine):
+        return _run_layer(x, weights, spec, backend)
+
+
+def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
     info, expert = parse_spec(spec)
     weights_in = weights
     if x.dim() != 2 or x.shape[1] != info.shape[-1]:
