@@ -24,7 +24,7 @@ from emulator.variants import Level
 
 from .base import Availability, Backend, Case
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection"]
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection", "refusal"]
 
 log = logging.getLogger("qconform.dispatch")
 
@@ -159,7 +159,7 @@ class Selection:
         return f"Selection({self.backend.label}, skipped={self.skipped})"
 
 
-def _refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None) -> str | None:
+def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None) -> str | None:
     """Why the dispatcher must not route ``case`` to ``backend`` although it can implement it.
 
     - a declared *semantic deviation* (emulator/variants.py levels: other weights, zero points, scales,
@@ -214,9 +214,9 @@ def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: boo
         if not sup.ok:
             skipped.append((b.label, f"cannot implement {case.describe()}: {sup.reason}"))
             continue
-        refusal = _refusal(b, case, allow_opaque, tensors)
-        if refusal:
-            skipped.append((b.label, refusal))
+        why_not = refusal(b, case, allow_opaque, tensors)
+        if why_not:
+            skipped.append((b.label, why_not))
             continue
         for name, why in skipped:
             log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)

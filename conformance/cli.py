@@ -301,8 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from qconform_torch.cli import add_parser as add_model  # `qconform model` (docs/fallback.md)
 
-    add_model(sub)
+    add_model(sub, certifier_factory=_certifier)
     return p
+
+
+def _certifier(bundles):
+    """`qconform model --certified B`: the suite's certifier of qconform_torch's op (docs/fallback.md)."""
+    from .certify.dispatch import CertificationStore
+
+    return CertificationStore(bundles)
 
 
 def _one_line(e: BaseException) -> str:

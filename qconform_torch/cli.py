@@ -5,6 +5,7 @@ Semantics: docs/fallback.md#run-a-model.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 
@@ -44,7 +45,19 @@ def cmd_model(args) -> int:
     if args.cache_mb < 0:
         raise ValueError(f"--cache-mb must be >= 0, got {args.cache_mb}")
     op.set_cache_budget(args.cache_mb)
-    model, modules = load_quantized_model(args.checkpoint, backend=args.backend)
+    bundles = args.certified or [p for p in os.environ.get("QCONFORM_CERTIFIED", "").split(os.pathsep) if p.strip()]
+    if bundles:
+        if args.backend != "auto":
+            raise ValueError("--certified applies to --backend auto (the dispatcher's choice), not to "
+                             f"--backend {args.backend}")
+        if args.certifier_factory is None:
+            raise ValueError("--certified needs the conformance suite's certifier (run it as `qconform model`)")
+    # this run's dispatch only: certifications (a bundle that does not verify: one line, exit 2) or none,
+    # and a fresh selection log
+    op.use_certifications(args.certifier_factory(bundles) if bundles else None)
+    op.clear_selections()
+    dtype = getattr(torch, args.dtype)
+    model, modules = load_quantized_model(args.checkpoint, backend=args.backend, dtype=dtype)
     tokens = parse_tokens(args.tokens, int(model.config.vocab_size))
     try:
         logits, seen = forward_logits(model, tokens, capture=modules if args.layers else None)
@@ -61,7 +74,7 @@ def cmd_model(args) -> int:
             out[f"x.{tag}"] = np.ascontiguousarray(x.numpy(), np.float32)
             out[f"y.{tag}"] = np.ascontiguousarray(y.numpy(), np.float32)
     save_tensors(args.output, out, metadata={"producer": "qconform model", "checkpoint": str(args.checkpoint),
-                                             "backend": args.backend, "tokens": ",".join(map(str, tokens))})
+                                             "backend": args.backend, "dtype": args.dtype, "tokens": ",".join(map(str, tokens))})
     print(f"{args.checkpoint}: logits {list(logits.shape)} float32 -> {args.output}"
           + (f" (+ {len(seen)} quantized layers' x and y)" if args.layers else ""))
     for name, lines in sorted(op.selections().items()):
@@ -70,7 +83,7 @@ def cmd_model(args) -> int:
     st = op.cache_stats()
     ok = True
     if args.check:
-        ok = _check(args, logits, tokens)
+        ok = _check(args, logits, tokens, dtype)
     print(f"cache: budget {st['budget_bytes'] / 2**20:g} MiB, peak {st['peak_bytes'] / 2**20:.2f} MiB, "
           f"{st['hits']} hits, {st['misses']} misses, {st['uncached']} layer(s) too large to cache; "
           f"peak RSS {_peak_rss_mib():.0f} MiB")
@@ -81,7 +94,7 @@ def cmd_model(args) -> int:
     return 0 if ok else 1
 
 
-def _check(args, logits, tokens) -> bool:
+def _check(args, logits, tokens, dtype) -> bool:
     """--check: the run's logits against the canonical reference forward (--backend emulator) under the
     model-level rule of docs/fallback.md#comparing-logits (SQNR floor; argmax agreement for A16)."""
     from emulator.checkpoint import Checkpoint
@@ -95,7 +108,7 @@ def _check(args, logits, tokens) -> bool:
     if args.backend == "emulator":
         print("check: --backend emulator is the reference itself; nothing to compare")
         return True
-    ref, _ = forward_logits(load_quantized_model(args.checkpoint, backend="emulator")[0], tokens)
+    ref, _ = forward_logits(load_quantized_model(args.checkpoint, backend="emulator", dtype=dtype)[0], tokens)
     db = sqnr_db(logits.numpy(), ref.numpy())
     argmax_ok = act_quantized or bool((logits.argmax(dim=1) == ref.argmax(dim=1)).all())
     ok = db >= floor and argmax_ok
@@ -116,17 +129,26 @@ def sqnr_db(y, ref) -> float:
     return float("inf") if err == 0 else float(10 * np.log10(float((r64 ** 2).sum()) / err))
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, certifier_factory=None) -> None:
+    """``certifier_factory(bundles)``: the certifier ``--certified`` builds (the suite passes
+    conformance.certify.CertificationStore; qconform_torch itself never imports the suite)."""
     s = sub.add_parser("model", help="one forward pass of a quantized HF checkpoint through qconform's op "
                                      "(logits [T, vocab] as safetensors tensor 'logits')")
     s.add_argument("checkpoint")
     s.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 1,2,3")
     s.add_argument("--backend", default="auto", metavar="auto|emulator|NAME",
                    help="auto: the dispatcher's choice per layer; emulator: the canonical reference forward")
+    s.add_argument("--certified", action="append", default=[], metavar="BUNDLE",
+                   help="certified dispatch: with --backend auto, a layer runs only on a backend this certification "
+                        "bundle (qconform certify) certifies on this host for its case family, the fastest of them, "
+                        "else the emulator; repeatable (docs/fallback.md#certified-dispatch; env QCONFORM_CERTIFIED)")
+    s.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the model's activation and plain-weight dtype (default float32); each quantized layer "
+                        "sees activations of this dtype (and its Case says so: certified dispatch matches it)")
     s.add_argument("--cache-mb", type=float, default=256, help="bound of the fp32 / prepared-kernel cache (MiB)")
     s.add_argument("--layers", action="store_true", help="also write every quantized layer's input x.NAME and "
                                                          "output y.NAME")
     s.add_argument("--check", action="store_true", help="also run the reference forward and apply the model-level "
                                                        "rule (SQNR floor, docs/fallback.md); exit 1 outside it")
     s.add_argument("-o", "--output", required=True)
-    s.set_defaults(fn=cmd_model)
+    s.set_defaults(fn=cmd_model, certifier_factory=certifier_factory)

@@ -38,7 +38,7 @@ import threading
 import numpy as np
 import torch
 
-from backends.registry import create, registered, select
+from backends.registry import Selection, create, refusal, registered, select
 from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
@@ -51,7 +51,8 @@ from .exact_blocks import exact_by_rows, validate_by_rows
 from .int_kernels import torch_int8_engine
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
-           "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB"]
+           "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
+           "certifier", "clear_selections"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -222,6 +223,75 @@ _NAMED: dict[str, object] = {}
 _FAILED: dict[str, dict[str, str]] = {}
 
 
+#: certified dispatch (docs/fallback.md#certified-dispatch): the certifier, or None (``auto`` then
+#: dispatches by declaration and priority, backends/registry.py ``select``)
+_CERTS: dict = {"store": None}
+
+
+def use_certifications(certifier) -> None:
+    """Certified dispatch for ``auto``: only backends ``certifier`` certifies for a layer's Case, the fastest of
+    them, else the emulator; None turns it off. A certifier has ``labels()`` (the backend specs it knows)
+    and ``why_not(label, version, case)`` (None: certified). The suite's is
+    ``conformance.certify.CertificationStore(bundles)``, read from ``qconform certify`` bundles."""
+    _CERTS["store"] = certifier
+    _SELECT_CACHE.clear()
+
+
+def certifier():
+    """The certifier ``auto`` uses now, or None."""
+    return _CERTS["store"]
+
+
+class _Timed:
+    """Several certified candidates for one Case: the first call times them on its input (``run_layer``)."""
+
+    def __init__(self, candidates: list, skipped: list[tuple[str, str]]):
+        self.candidates = candidates
+        self.skipped = skipped
+
+
+def _certified_selection(case, store, failed: dict):
+    """The certified candidates for ``case``: a Selection (one, or the emulator), or _Timed (several)."""
+    skipped: list[tuple[str, str]] = []
+    cands = []
+    for label in store.labels():
+        if label in failed or label.split(":", 1)[0] in failed:
+            continue
+        try:
+            b = create(label)
+        except Exception as e:  # noqa: BLE001 - named in the log line, never hidden
+            skipped.append((label, f"cannot be created: {e}"))
+            continue
+        av = b.availability()
+        if not av.available:
+            skipped.append((label, f"unavailable: {av.reason}"))
+            continue
+        why = store.why_not(label, av.version, case)
+        if why is None:
+            sup = b.can_implement(case)
+            why = None if sup.ok else f"cannot implement {case.describe()}: {sup.reason}"
+        why = why or refusal(b, case)
+        if why:
+            skipped.append((label, why))
+            continue
+        cands.append(b)
+    others = [n for n in registered() if n not in ("emulator", "auto") and n not in store.labels()]
+    if others:
+        skipped.append((", ".join(others), "no certification bundle given for it"))
+    if not cands:
+        return Selection(create("emulator"), skipped)
+    if len(cands) == 1:
+        return Selection(cands[0], skipped)
+    return _Timed(cands, skipped)
+
+
+def clear_selections() -> None:
+    """Forget every dispatch choice and its log lines (a new run: ``qconform model``)."""
+    _SELECTIONS.clear()
+    _SELECT_CACHE.clear()
+    _FAILED.clear()
+
+
 def selections() -> dict[str, list[str]]:
     """What each layer ran on so far: layer name -> the choice lines logged for it."""
     out: dict[str, list[str]] = {}
@@ -250,12 +320,23 @@ def _backend_for(spec: str, case, name: str, layer: str):
         key = repr(case)
         sel = _SELECT_CACHE.get(key)
         failed = _FAILED.get(key, {})
+        store = certifier()
         if sel is None:
-            cands = [n for n in registered() if n not in failed] if failed else None
-            sel = _SELECT_CACHE[key] = select(case, cands)
+            if store is not None:
+                sel = _certified_selection(case, store, failed)
+            else:
+                cands = [n for n in registered() if n not in failed] if failed else None
+                sel = select(case, cands)
+            _SELECT_CACHE[key] = sel
+        if isinstance(sel, _Timed):
+            return sel  # run_layer times the candidates, then logs the choice
         skipped = "; ".join([f"{n}: {why}" for n, why in sel.skipped]
                             + [f"{n}: failed when run ({why})" for n, why in failed.items()]) or "none"
-        _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {sel.backend.label} (skipped: {skipped})")
+        how = "certified on this host" if store is not None else "uncertified: by declaration and priority"
+        if store is not None and sel.backend.name == "emulator":
+            how = "no backend certified for this case on this host"
+        _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {sel.backend.label} [{how}] "
+                                 f"(skipped: {skipped})")
         return sel.backend
     b = _NAMED.get(spec)
     if b is None:
@@ -339,12 +420,57 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         return _reference(src, info, x32, dtype)
     b = _backend_for(backend, case, info.name, spec)
     bias = layer_bias(src, info)
+    if isinstance(b, _Timed):
+        b = _fastest(b, case, src, info, weights, spec, x32, bias)
     if b.name == "emulator" and not b.params and _prepared_bytes_estimate(case) > _CACHE.budget and b._fast(case):
         # does not fit the cache: dequantize row blocks (max(budget, 16 MiB)) straight into the sgemm
         y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
         if y is not None:
             _CACHE.uncached += 1
             return y
+    try:
+        return _run_prepared(b, case, src, info, weights, spec, x32, bias)
+    except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
+        if backend != "auto" or b.name == "emulator":
+            raise
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        _FAILED.setdefault(repr(case), {})[b.name] = why
+        _SELECT_CACHE.pop(repr(case), None)
+        log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, b.label, why)
+        return _run_layer(x, weights_in, spec, backend)
+
+
+def _fastest(timed: _Timed, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias):
+    """The fastest certified candidate on this input (one warm-up, best of three runs each); the choice is
+    kept for this Case and logged with every candidate's time."""
+    import time
+
+    times = {}
+    for b in timed.candidates:
+        try:
+            _run_prepared(b, case, src, info, weights, spec, x32, bias)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                _run_prepared(b, case, src, info, weights, spec, x32, bias)
+                best = min(best, time.perf_counter() - t0)
+            times[b.label] = best
+        except Exception as e:  # noqa: BLE001 - a kernel that fails is not chosen; the reason is logged
+            timed.skipped.append((b.label, f"failed when timed ({type(e).__name__}: {e})"[:300]))
+    if not times:
+        chosen = create("emulator")
+    else:
+        chosen = next(b for b in timed.candidates if b.label == min(times, key=times.get))
+    _SELECT_CACHE[repr(case)] = Selection(chosen, timed.skipped)
+    skipped = "; ".join(f"{n}: {why}" for n, why in timed.skipped) or "none"
+    timing = ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
+    how = f"fastest certified on this host at M = {case.M}: {timing}" if times else "no certified backend ran"
+    _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {chosen.label} [{how}] (skipped: {skipped})")
+    return chosen
+
+
+def _run_prepared(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias) -> np.ndarray:
+    """Run ``case`` on backend ``b`` through the LRU cache of prepared kernels."""
     # the weights' identity is part of the key and the entry holds them: two checkpoints with identically
     # described layers never share an entry, and a cached entry's addresses cannot be reused meanwhile
     key = (spec, b.label, repr(case), _identity(weights))
@@ -357,16 +483,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
     kernel, prep, _ = prepared
     extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
-    try:
-        return np.asarray(kernel.run(prep, x32, **extra), dtype=np.float32)
-    except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
-        if backend != "auto" or kernel.name == "emulator":
-            raise
-        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        _FAILED.setdefault(repr(case), {})[kernel.name] = why
-        _SELECT_CACHE.pop(repr(case), None)
-        log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, kernel.label, why)
-        return run_layer(x, weights_in, spec, backend)
+    return np.asarray(kernel.run(prep, x32, **extra), dtype=np.float32)
 
 
 @torch.library.custom_op("qconform::quant_linear", mutates_args=(), device_types="cpu")

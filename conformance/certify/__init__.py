@@ -13,7 +13,8 @@ Modules, along the seams of the work:
 - ``write``: ``certify`` (run in ``OUT.partial``, derive, seal, rename), ``add_files``;
 - ``files``: reading a bundle's files safely (inside it, regular, bounded, streamed hashes);
 - ``verify``: ``verify_bundle``; ``audit``: ``--rerun`` (re-execution of sampled cases);
-- ``cli``: the two commands.
+- ``cli``: the two commands;
+- ``dispatch``: ``CertificationStore``, the certifier of qconform_torch's certified dispatch.
 
 Python API (docs/certification.md#python-api):
 
@@ -27,12 +28,13 @@ Python API (docs/certification.md#python-api):
 from __future__ import annotations
 
 from .cli import cmd_certify, cmd_verify_bundle, register
+from .dispatch import CertificationError, CertificationStore
 from .codec import pack_pair, unpack_pair, decode_case, encode_case, load_outputs
 from .identity import BUNDLE_FORMAT, MANIFEST, describe_suite, suite_code_sha256, suite_identity, version_mismatch
 from .verify import VerifyResult, offline_verdict, verify_bundle
 from .write import CertifyResult, add_files, certify
 
-__all__ = ["BUNDLE_FORMAT", "MANIFEST", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
+__all__ = ["CertificationError", "CertificationStore", "BUNDLE_FORMAT", "MANIFEST", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
            "encode_case", "decode_case", "load_outputs", "offline_verdict", "register", "cmd_certify",
            "cmd_verify_bundle", "suite_code_sha256", "suite_identity", "describe_suite", "version_mismatch",
            "pack_pair", "unpack_pair"]
