@@ -334,7 +334,8 @@ def cmd_backends(args) -> int:
 
 
 _PROFILE_HELP = ("case list: smoke, ci (default), certification, nightly (fresh seeds), model (Llama-3-8B, "
-                 "Qwen1.5-MoE, gpt-oss-20b layer shapes at M 1/16/128/512; docs/conformance.md#model-profile)")
+                 "Qwen1.5-MoE, gpt-oss-20b layer shapes at M 1/16/128/512; docs/conformance.md#model-profile); "
+                 "families is certify --for-model's")
 
 
 def add_commands(sub) -> None:

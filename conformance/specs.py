@@ -33,6 +33,11 @@ PROFILES = {
     # (conformance/model_profile.py), no golden files, a per-case time limit for layer sizes on a loaded
     # 2-core host (the exact MoE reference at M = 512); docs/conformance.md#model-profile
     "model": {"seeds": 1, "shapes": [], "fresh_seeds": False, "cases": "model", "golden": False, "timeout": 900.0},
+    # the case families a checkpoint's layers need (``qconform certify --for-model CKPT``): each family at
+    # these shapes (K widened to the family's group), every generator of the tiers; the families travel
+    # with the bundle (bundle.json) so the list can be re-derived; docs/certification.md#families
+    "families": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256)], "fresh_seeds": False, "cases": "families",
+                 "golden": False},
 }
 
 

@@ -20,7 +20,7 @@ from backends.base import Case
 from .generators import GENERATORS, generators_for
 from .specs import PROFILES, TIERS, CaseSpec
 
-__all__ = ["TIERS", "PROFILES", "CaseSpec", "scheme_grid", "quantize_grid", "case_list", "shard", "list_hash", "parse_shard"]
+__all__ = ["TIERS", "PROFILES", "CaseSpec", "scheme_grid", "quantize_grid", "family_cases", "case_list", "shard", "list_hash", "parse_shard"]
 
 def scheme_grid(shapes) -> list[Case]:
     """Every scheme x format x parameter combination, at the given (M, N, K) shapes."""
@@ -89,26 +89,54 @@ def quantize_grid(shapes) -> list[Case]:
     return out
 
 
+def family_cases(families: list[dict], shapes) -> list[Case]:
+    """Cases of the ``families`` profile: each family (a Case's fields but M, N, K) at each (M, N, K) of
+    ``shapes``, K widened to at least two groups of the family and a multiple of its group (and of 32, the
+    MX block and every packing), N to 64 for MoE blocks."""
+    out: list[Case] = []
+    for fam in families:
+        if not isinstance(fam, dict) or {"M", "N", "K"} & set(fam):
+            raise ValueError(f"a case family is a Case's fields without M, N and K, got {fam!r}")
+        g = int(fam.get("group_size") or -1)
+        for (M, N, K) in shapes:
+            unit = max(32, g if g > 0 else 32)
+            k = max(K, 2 * g if g > 0 else K)
+            k = -(-k // unit) * unit
+            n = min(N, 64) if fam.get("E") else N
+            try:
+                out.append(Case(**{**fam, "M": M, "N": n, "K": k}))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"case family {fam!r} is not a valid case: {e}") from None
+    return out
+
+
 def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None,
-              base_seed: "int | None" = None) -> list[CaseSpec]:
+              base_seed: "int | None" = None, families: "list[dict] | None" = None) -> list[CaseSpec]:
     """The ordered, de-duplicated case list for a profile.
 
     An unknown scheme, tier, weight format or profile raises ValueError (docs/conformance.md#usage-errors):
     a typo must not select fewer cases. A profile with ``fresh_seeds`` (nightly) draws its seeds from
     ``base_seed`` (default: the current time); give the recorded one to re-derive a list (certification
-    bundles record it).
+    bundles record it). The ``families`` profile takes ``families`` (Case fields without the shape; e.g.
+    from ``qconform certify --for-model``); every other profile refuses them.
     """
     from .selection import check_selection
 
     check_selection(schemes=schemes, tiers=tiers, profile=profile, formats=formats)
     prof = PROFILES[profile]
+    if (prof.get("cases") == "families") != (families is not None):
+        raise ValueError("profile 'families' takes the case families of a checkpoint (qconform certify --for-model "
+                         "CKPT)" if families is None else f"case families given with profile {profile!r}: they "
+                         "belong to profile 'families'")
+    if families is not None and not families:
+        raise ValueError("profile 'families': no case family given")
     if not prof["fresh_seeds"]:
         base_seed = 0
     elif base_seed is None:
         base_seed = int(time.time())
     specs: list[CaseSpec] = []
     seen = set()
-    for case, gens in _profile_cases(prof, [t for t in tiers if t != "golden"]):
+    for case, gens in _profile_cases(prof, [t for t in tiers if t != "golden"], families):
         if schemes and case.scheme not in schemes:
             continue
         if formats and case.weight_format not in formats:
@@ -131,7 +159,7 @@ def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None,
     return specs
 
 
-def _profile_cases(prof: dict, tiers):
+def _profile_cases(prof: dict, tiers, families=None):
     """(case, generator names) of a profile: the scheme grid at its shapes with every generator of the
     tiers, or the model profile's own cases with its one generator (conformance/model_profile.py)."""
     if prof.get("cases") == "model":
@@ -139,6 +167,8 @@ def _profile_cases(prof: dict, tiers):
 
         gens = [MODEL_GENERATOR] if GENERATORS[MODEL_GENERATOR][0] in tiers else []
         return [(case, gens) for case in model_cases()]
+    if prof.get("cases") == "families":
+        return [(case, generators_for(case, tiers)) for case in family_cases(families, prof["shapes"])]
     return [(case, generators_for(case, tiers)) for case in scheme_grid(prof["shapes"])]
 
 

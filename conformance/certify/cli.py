@@ -15,10 +15,26 @@ __all__ = ["cmd_certify", "cmd_verify_bundle", "register"]
 
 
 def cmd_certify(args) -> int:
-    res = certify(args.backend, args.out, profile=args.profile, schemes=args.scheme, tiers=args.tier,
+    profile, families = args.profile or "certification", None
+    if args.for_model:
+        from .dispatch import checkpoint_families
+
+        if args.profile not in (None, "families"):
+            raise ValueError(f"--for-model certifies the checkpoint's own case families (profile 'families'), "
+                             f"not profile {args.profile!r}")
+        profile = "families"
+        families, reference_only = checkpoint_families(args.for_model, args.dtype)
+        if not families:
+            raise ValueError(f"{args.for_model}: no layer a kernel could take (every layer runs the reference)")
+        print(f"--for-model {args.for_model}: {len(families)} case famil{'y' if len(families) == 1 else 'ies'} "
+              f"at {args.dtype} activations" + (f"; {len(reference_only)} layer(s) always run the reference"
+                                                 if reference_only else ""))
+    elif args.dtype != "float32":
+        raise ValueError("--dtype goes with --for-model (the activation dtype the model will run at)")
+    res = certify(args.backend, args.out, profile=profile, schemes=args.scheme, tiers=args.tier,
                   shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
                   host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
-                  memory_limit=args.memory_limit)
+                  memory_limit=args.memory_limit, families=families)
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
     print(f"bundle: {res.path} ({counts})")
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
@@ -97,7 +113,13 @@ def register(sub) -> None:
     s = sub.add_parser("certify", help="run the certification profile on backends and write a verifiable bundle")
     s.add_argument("--backend", action="append", required=True, help="backend spec; repeatable")
     s.add_argument("--out", default="qconform-certification", help="bundle folder (must not exist or be empty; the run happens in OUT.partial)")
-    s.add_argument("--profile", default="certification", choices=sorted(PROFILES))
+    s.add_argument("--profile", default=None, choices=sorted(PROFILES),
+                   help="case list (default: certification; --for-model: families)")
+    s.add_argument("--for-model", metavar="CKPT",
+                   help="certify the case families this checkpoint's layers need (profile 'families'), for "
+                        "`qconform model CKPT --certified` (docs/certification.md#families)")
+    s.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="with --for-model: the activation dtype the model will run at (qconform model --dtype)")
     s.add_argument("--scheme", action="append", help="restrict to a scheme; repeatable")
     s.add_argument("--tier", action="append", help=f"restrict to a tier ({', '.join(TIERS)}); repeatable")
     s.add_argument("--shard", help="i/n: certify shard i of n of the case list")

@@ -38,7 +38,8 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["CertificationError", "CertificationStore", "family_key", "PASSING", "host_identity", "bundles_from_env"]
+__all__ = ["CertificationError", "CertificationStore", "family_key", "PASSING", "host_identity", "bundles_from_env",
+           "checkpoint_families"]
 
 #: verdicts that certify a judged case (quality-warning: inside the contract, at its edge)
 PASSING = frozenset({"pass", "pass-with-tie-flips", "quality-warning"})
@@ -165,6 +166,30 @@ class CertificationStore:
             reasons.append(f"{cert.bundle}: no case of this family passed" +
                            (" (pass-sqnr only: opaque arithmetic)" if fam.opaque_passed else ""))
         return "not certified for this family: " + "; ".join(reasons)
+
+
+def checkpoint_families(folder, act_dtype: str = "float32") -> tuple[list[dict], list[str]]:
+    """(the distinct case families of a checkpoint's layers at ``act_dtype`` activations, the layers no Case
+    describes: they always run the reference). What ``qconform certify --for-model`` certifies."""
+    from emulator.checkpoint import Checkpoint
+    from emulator.errors import UnsupportedFormatError
+    from emulator.layer_cases import layer_case
+    from emulator.layers import declared_activation
+
+    fams: dict[str, dict] = {}
+    reference_only = []
+    for info in Checkpoint(folder).layers():
+        if len(info.shape) != 2:
+            reference_only.append(info.name)
+            continue
+        try:
+            case = layer_case(info, 1, act_dtype, declared_activation(info))
+        except UnsupportedFormatError:
+            reference_only.append(info.name)
+            continue
+        fam = {k: v for k, v in case.to_json().items() if k not in SHAPE_FIELDS}
+        fams.setdefault(json.dumps(fam, sort_keys=True), fam)
+    return [fams[k] for k in sorted(fams)], reference_only
 
 
 def bundles_from_env() -> list[str]:

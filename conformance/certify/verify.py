@@ -618,7 +618,8 @@ def _deep_case_list(meta: dict, ids: list, problems: list, notes: list) -> None:
         return
     schemes = None if meta.get("schemes") in (None, "all") else meta["schemes"]
     try:
-        specs = case_list(schemes=schemes, tiers=tuple(meta.get("tiers") or TIERS), profile=prof, base_seed=seed)
+        specs = case_list(schemes=schemes, tiers=tuple(meta.get("tiers") or TIERS), profile=prof, base_seed=seed,
+                          families=meta.get("families"))
         sh = parse_shard(meta.get("shard"))
     except (ValueError, TypeError) as e:
         problems.append(f"deep: the bundle's selection is not valid ({e})")

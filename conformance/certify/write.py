@@ -106,13 +106,14 @@ def _check_target(folder: Path) -> None:
 def certify(backends: list[str], out: "str | Path" = "qconform-certification", *, profile: str = "certification",
             schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
             timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
-            progress: bool = False, log=print, memory_limit=None) -> CertifyResult:
+            progress: bool = False, log=print, memory_limit=None, families: "list[dict] | None" = None) -> CertifyResult:
     """Run the suite on ``backends`` and write a certification bundle into ``out``.
 
     The run happens in ``<out>.partial`` (an interrupted certify of the same case list resumes there);
     the sealed bundle is renamed to ``out``, which must not exist or be an empty folder. The lock
     ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
-    ``extra_files`` ({name: bytes | str | Path}) are stored under extra/.
+    ``extra_files`` ({name: bytes | str | Path}) are stored under extra/. ``families`` (profile
+    ``families``): the case families to certify, recorded in bundle.json (docs/certification.md#families).
     """
     from ..runner import Runner, load_waivers
     from ..suite import PROFILES, TIERS, case_list, list_hash, parse_shard
@@ -143,7 +144,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             base_seed = _recorded_seed(work)
             if base_seed is None:
                 base_seed = int(time.time())
-        specs = case_list(schemes=schemes or None, tiers=tiers, profile=profile, base_seed=base_seed)
+        specs = case_list(schemes=schemes or None, tiers=tiers, profile=profile, base_seed=base_seed, families=families)
         sh = parse_shard(shard)
         if sh:
             specs = do_shard(specs, *sh)
@@ -167,6 +168,8 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
                   "case_list_sha256": list_hash(specs), "environment": env, "timeout": timeout,
                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "waivers": [w.__dict__ for w in wv],
                   "certify": True, "host_label": host, "waiver_date": time.strftime("%Y-%m-%d")}
+        if families is not None:
+            header["families"] = families
         runner = Runner(work, timeout=timeout, jobs=jobs, waivers=wv, progress=progress,
                         on_output=Stager(staging), memory_limit=memory_limit, lock=True)
         log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
@@ -245,6 +248,8 @@ def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files)
               "golden_manifest": "golden_manifest.json" if golden_sha else None,
               "golden_manifest_sha256": golden_sha, "backends": backends_info, "waiver_dates": wrec["dates"],
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **vs}
+    if header.get("families") is not None:
+        bundle["families"] = header["families"]
     raw = json_bytes(bundle)
     (folder / "bundle.json").write_bytes(raw)
     meta = json.loads(raw)
