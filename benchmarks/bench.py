@@ -189,9 +189,10 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
            "baseline_seconds": t_dense, "ratio_to_dense": t_emu / t_dense, "target": "<= 1.3",
            "load": _load()}
     if scheme == "w8a8":
-        # the exact int32 accumulator alone: float32 sgemm over K-chunks (emulator.linear.ExactIntMatmul)
-        # against the float64 dgemm it replaced, on the same int8 codes (issue #12: faster than a dgemm
-        # and >= 2x faster than the dgemm accumulator)
+        # the exact int32 accumulator alone against the float64 dgemm it replaced, on the same int8 codes
+        # (issue #12: faster than a dgemm and >= 2x faster than the dgemm accumulator): NumPy's float32
+        # sgemm over K-chunks (emulator.linear.ExactIntMatmul) and, where torch is installed, the engine
+        # the fallback op uses
         from emulator.linear import ExactIntMatmul
 
         mm = ExactIntMatmul(b.astype(np.int8), a_max=128)
