@@ -159,6 +159,11 @@ class Selection:
         return f"Selection({self.backend.label}, skipped={self.skipped})"
 
 
+#: the largest |activation code x weight code| of an int8 W8A8 product: asymmetric activations (q - zp) span
+#: up to 255 in magnitude, int8 weights 128
+INT8_PRODUCT_MAX = 255 * 128
+
+
 def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None) -> str | None:
     """Why the dispatcher must not route ``case`` to ``backend`` although it can implement it.
 
@@ -166,6 +171,7 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
       activation scheme or granularity than the checkpoint defines, e.g. ARK through vLLM reading v1 GPTQ
       zero points without the +1, or per-tensor activations where the checkpoint is per-token): the suite
       certifies such a backend against its own declaration, but its answer is not the checkpoint's;
+    - an int32 accumulator whose partial sums can wrap at this K (the declared interval assumes exact sums);
     - a kernel defect the adapter knows for this case (``Backend.known_defect``);
     - no declaration at all.
     """
@@ -180,6 +186,9 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
     if semantic:
         return (f"declares {', '.join(semantic)}: a semantic deviation (it would compute other numbers than the "
                 "checkpoint defines)")
+    if declared.accumulate == "int32" and case.K * INT8_PRODUCT_MAX >= 2 ** 31:
+        return (f"its int32 accumulator can wrap at K = {case.K} (|product| up to {INT8_PRODUCT_MAX}: K must stay "
+                f"below {2 ** 31 // INT8_PRODUCT_MAX + 1} for every sum to fit)")
     defect = backend.known_defect(case)
     if defect:
         return f"known kernel defect for this case: {defect}"

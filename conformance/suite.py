@@ -90,15 +90,19 @@ def quantize_grid(shapes) -> list[Case]:
 
 
 def family_cases(families: list[dict], shapes) -> list[Case]:
-    """Cases of the ``families`` profile: each family (a Case's fields but M, N, K) at each (M, N, K) of
-    ``shapes``, K widened to at least two groups of the family and a multiple of its group (and of 32, the
-    MX block and every packing), N to 64 for MoE blocks."""
+    """Cases of the ``families`` profile: each family (a Case's fields but M, N, K; optionally ``K_max``, the
+    largest K a checkpoint's layers of the family have) at each (M, N, K) of ``shapes`` and, with ``K_max``,
+    at (1, 64, K_max) and (5, 64, K_max); K widened to at least two groups of the family and a multiple of
+    its group (and of 32, the MX block and every packing), N to 64 for MoE blocks."""
     out: list[Case] = []
     for fam in families:
         if not isinstance(fam, dict) or {"M", "N", "K"} & set(fam):
             raise ValueError(f"a case family is a Case's fields without M, N and K, got {fam!r}")
+        fam = dict(fam)
+        k_max = fam.pop("K_max", None)
         g = int(fam.get("group_size") or -1)
-        for (M, N, K) in shapes:
+        extra = [] if not k_max else [(1, 64, int(k_max)), (5, 64, int(k_max))]
+        for (M, N, K) in list(shapes) + [s for s in extra if s not in shapes]:
             unit = max(32, g if g > 0 else 32)
             k = max(K, 2 * g if g > 0 else K)
             k = -(-k // unit) * unit

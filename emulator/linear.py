@@ -101,13 +101,18 @@ def _rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
 
 
 def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided."""
+    """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided.
+
+    The ends of [y - b, y + b] are rounded outward (one float64 step beyond ``y -+ b``): a bound below half a
+    float64 ulp of y makes ``y + b == y``, and where y is itself a midpoint of the output grid the element
+    would otherwise look decided while the exact value may lie on either side."""
     y = _rne(y_exact, out_dtype)
     if not np.any(y_bound):
         return y, np.zeros(y.shape, dtype=bool)
-    with np.errstate(invalid="ignore"):
-        lo = _rne(y_exact - y_bound, out_dtype)
-        hi = _rne(y_exact + y_bound, out_dtype)
+    pos = y_bound > 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo = _rne(np.where(pos, np.nextafter(y_exact - y_bound, -np.inf), y_exact), out_dtype)
+        hi = _rne(np.where(pos, np.nextafter(y_exact + y_bound, np.inf), y_exact), out_dtype)
     amb = (lo != hi) & np.isfinite(y_exact)
     return y, amb
 

@@ -45,10 +45,17 @@ def cmd_model(args) -> int:
     if args.cache_mb < 0:
         raise ValueError(f"--cache-mb must be >= 0, got {args.cache_mb}")
     op.set_cache_budget(args.cache_mb)
-    bundles = args.certified or [p for p in os.environ.get("QCONFORM_CERTIFIED", "").split(os.pathsep) if p.strip()]
+    if any(not p.strip() for p in args.certified):
+        raise ValueError("--certified: an empty path (give a certification bundle folder)")
+    env = os.environ.get("QCONFORM_CERTIFIED", "")
+    bundles = args.certified or [p for p in env.split(os.pathsep) if p.strip()]
+    if env and not args.certified and not bundles:
+        raise ValueError(f"QCONFORM_CERTIFIED={env!r} names no bundle folder (unset it, or give folders "
+                         f"separated by {os.pathsep!r})")
     if bundles:
         if args.backend != "auto":
-            raise ValueError("--certified applies to --backend auto (the dispatcher's choice), not to "
+            source = "--certified" if args.certified else "QCONFORM_CERTIFIED"
+            raise ValueError(f"{source} applies to --backend auto (the dispatcher's choice), not to "
                              f"--backend {args.backend}")
         if args.certifier_factory is None:
             raise ValueError("--certified needs the conformance suite's certifier (run it as `qconform model`)")

@@ -92,9 +92,15 @@ class TorchInt8Matmul:
             raise ValueError(f"exact int matmul: expected a [M, {K}], got {list(a.shape)}")
         if a.shape[0] == 0:
             return np.zeros((0, N))
+        if a.dtype.kind not in "iuf":
+            return self._fallback()(a)
+        if a.dtype.kind in "iu":
+            if a.dtype == np.uint64 and int(a.max()) >= 2 ** 63:
+                return self._fallback()(a)
+            a = a.astype(np.int64)  # spans and shifts below must not wrap in a narrow dtype
         lo, hi = a.min(axis=1), a.max(axis=1)
         if (not np.all(np.isfinite(lo)) or not np.all(np.isfinite(hi)) or np.any(hi - lo > 255)
-                or np.any(np.abs(lo) > 2 ** 24) or np.any(np.abs(hi) > 2 ** 24)
+                or np.any(lo < -(2 ** 24)) or np.any(hi > 2 ** 24)  # not np.abs: abs(int64 min) wraps
                 or (a.dtype.kind == "f" and not np.array_equal(a, np.rint(a)))):
             return self._fallback()(a)
         # shift each row into [-128, 127]: c = 0 where it is there already, else lo + 128

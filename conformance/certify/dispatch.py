@@ -8,21 +8,24 @@ bundles is the suite's business, and qconform_torch sits below the suite (docs/f
 
 A certification bundle (``qconform certify --backend B``, docs/certification.md) records, per backend
 and case, the verdict of the conformance suite on the host that wrote it. Given bundles
-(``op.use_certifications(CertificationStore([...]))``; ``qconform model --certified DIR``;
+(``op.use_certifications(CertificationStore([...]))``; ``qconform model --certified DIR`` or
 ``QCONFORM_CERTIFIED``), a backend may take
 a layer's Case only if all of this holds:
 
 1. the bundle verifies (``verify_bundle``: files, records, every verdict recomputed from its stored
-   outputs by the suite running now); a bundle that does not is an error, never skipped quietly;
-2. it was written on this host: the same CPU model, machine and the CPU flags the suite records
-   (AVX*, AMX*, FMA, F16C, SSE4) as ``conformance.provenance.environment()`` reads here now;
-3. the backend spec and its library version are the ones installed now;
+   outputs by the suite running now) and is a whole certification (no shard, the exact, edge and
+   random tiers); a bundle that is not is an error, never skipped quietly;
+2. it was written on this host: the same CPU model, machine, CPU count and the CPU flags the suite
+   records (AVX*, AMX*, FMA, F16C, SSE4) as ``conformance.provenance.environment()`` reads here now;
+3. the backend spec and its library version are the ones installed now; a dispatcher (``auto``) or the
+   emulator is never a candidate, whatever a bundle says of it;
 4. the Case's *family* (every Case field but M, N and K: scheme, format, code width where the format has
    a choice, group size, symmetry, act order, zero convention, activation, output and scale dtypes, bias,
    experts) has at least one
-   judged case in the bundle, and every judged case of the family passed (``pass``,
-   ``pass-with-tie-flips``, ``quality-warning``; ``pass-sqnr`` only for opaque arithmetic where allowed).
-   A fail, crash, timeout or waiver anywhere in the family withholds it;
+   judged case in the bundles, every judged case of the family in every given bundle passed (``pass``,
+   ``pass-with-tie-flips``, ``quality-warning``; ``pass-sqnr`` only for opaque arithmetic where allowed;
+   a fail, crash, timeout or waiver in any bundle withholds it), and the Case's K is at most the largest
+   K that passed (accumulation length is where sums overflow or lose precision: no extrapolation);
 5. the dispatcher's own rules still hold for this Case (``backends.registry.refusal``: no semantic
    deviation, no known kernel defect, a declaration).
 
@@ -35,10 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
-__all__ = ["CertificationError", "CertificationStore", "family_key", "PASSING", "host_identity", "bundles_from_env",
+__all__ = ["CertificationError", "CertificationStore", "family_key", "PASSING", "host_identity",
            "checkpoint_families"]
 
 #: verdicts that certify a judged case (quality-warning: inside the contract, at its edge)
@@ -61,13 +63,21 @@ _WIDTH_FORMATS = frozenset({"gptq", "awq", "ct-pack-quantized"})
 def family_key(case_json: dict) -> str:
     """The family of a Case given as its ``to_json()`` dict: every field but the shape (and ``bits`` where
     the format fixes the width), canonical JSON."""
-    drop = set(SHAPE_FIELDS) | (set() if case_json.get("weight_format") in _WIDTH_FORMATS else {"bits"})
+    drop = set(SHAPE_FIELDS) | {"K_max"} | (set() if case_json.get("weight_format") in _WIDTH_FORMATS else {"bits"})
     return json.dumps({k: v for k, v in case_json.items() if k not in drop}, sort_keys=True)
 
 
 def host_identity(env: dict) -> dict:
-    """What must match between the certifying host and this one."""
-    return {"cpu": env.get("cpu"), "machine": env.get("machine"), "cpu_flags": sorted(env.get("cpu_flags") or [])}
+    """What must match between the certifying host and this one (the CPU count too: kernels split work by
+    thread, and a float kernel's summation order may follow)."""
+    return {"cpu": env.get("cpu"), "machine": env.get("machine"), "cpu_count": env.get("cpu_count"),
+            "cpu_flags": sorted(env.get("cpu_flags") or [])}
+
+
+#: backends that are never dispatch candidates: the dispatcher itself and the reference fallback
+NOT_CANDIDATES = frozenset({"auto", "emulator"})
+#: the tiers a whole certification runs (golden is a profile's option)
+WHOLE_TIERS = frozenset({"exact", "edge", "random"})
 
 
 @dataclasses.dataclass
@@ -75,6 +85,7 @@ class _Family:
     passed: int = 0
     withheld: list = dataclasses.field(default_factory=list)  # (case id, verdict) of the non-passing
     opaque_passed: int = 0
+    max_k: int = 0  # the largest K among the passing cases
 
 
 @dataclasses.dataclass
@@ -107,6 +118,11 @@ class CertificationStore:
             v = verify_bundle(folder)
             if not v.ok:
                 raise CertificationError(f"certification bundle {p} does not verify: {v.problems[0]}")
+            meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+            if meta.get("shard") or not WHOLE_TIERS <= set(meta.get("tiers") or ()):
+                raise CertificationError(f"certification bundle {p} is a partial certification (shard "
+                                         f"{meta.get('shard')}, tiers {meta.get('tiers')}): certified dispatch "
+                                         "needs a whole one (no --shard; the exact, edge and random tiers)")
             try:
                 env = json.loads((folder / "environment.json").read_text(encoding="utf-8"))
             except (OSError, ValueError) as e:
@@ -125,11 +141,14 @@ class CertificationStore:
                     if rec.get("kind") != "result":
                         continue
                     label = rec["backend"]
+                    if label.split(":", 1)[0] in NOT_CANDIDATES:
+                        continue
                     cert = by_label.setdefault(label, _BackendCert(p, label, versions.get(label), {}))
                     fam = cert.families.setdefault(family_key(rec["spec"]["case"]), _Family())
                     verdict = rec.get("verdict")
                     if verdict in PASSING:
                         fam.passed += 1
+                        fam.max_k = max(fam.max_k, int(rec["spec"]["case"]["K"]))
                     elif verdict == "pass-sqnr":
                         fam.opaque_passed += 1
                     elif verdict not in NEUTRAL:
@@ -138,7 +157,8 @@ class CertificationStore:
                 self.certs.setdefault(label, []).append(cert)
 
     def labels(self) -> list[str]:
-        """Backend specs certified on this host by some bundle (in the order first seen)."""
+        """Backend specs certified on this host by some bundle (in the order first seen; never ``auto`` or the
+        emulator)."""
         return list(self.certs)
 
     def why_not(self, label: str, version: str | None, case, *, allow_opaque: bool = False) -> str | None:
@@ -147,7 +167,7 @@ class CertificationStore:
             elsewhere = "; ".join(f"{p}: {why}" for p, why in self.other_host.items())
             return "no certification on this host" + (f" ({elsewhere})" if elsewhere else "")
         key = family_key(case.to_json())
-        reasons = []
+        reasons, evidence = [], []
         for cert in certs:
             if cert.version != version:
                 reasons.append(f"{cert.bundle} certified version {cert.version}, installed {version}")
@@ -156,21 +176,27 @@ class CertificationStore:
             if fam is None:
                 reasons.append(f"{cert.bundle} has no case of this family")
                 continue
-            if fam.withheld:
+            if fam.withheld:  # one failing bundle withholds the family, whatever the others say
                 cid, verdict = fam.withheld[0]
-                reasons.append(f"{cert.bundle}: {len(fam.withheld)} case(s) of this family did not pass "
-                               f"(e.g. {verdict}: {cid})")
-                continue
-            if fam.passed or (allow_opaque and fam.opaque_passed):
-                return None
-            reasons.append(f"{cert.bundle}: no case of this family passed" +
-                           (" (pass-sqnr only: opaque arithmetic)" if fam.opaque_passed else ""))
-        return "not certified for this family: " + "; ".join(reasons)
+                return (f"not certified for this family: {cert.bundle}: {len(fam.withheld)} case(s) of this family "
+                        f"did not pass (e.g. {verdict}: {cid})")
+            evidence.append((cert, fam))
+        passing = [(c, f) for c, f in evidence if f.passed or (allow_opaque and f.opaque_passed)]
+        if not passing:
+            reasons += [f"{c.bundle}: no case of this family passed" +
+                        (" (pass-sqnr only: opaque arithmetic)" if f.opaque_passed else "") for c, f in evidence]
+            return "not certified for this family: " + "; ".join(reasons)
+        max_k = max(f.max_k for _, f in passing)
+        if case.K > max_k:
+            return (f"certified for this family up to K = {max_k} only, this layer has K = {case.K} (certify "
+                    "--for-model certifies the checkpoint's own K)")
+        return None
 
 
 def checkpoint_families(folder, act_dtype: str = "float32") -> tuple[list[dict], list[str]]:
-    """(the distinct case families of a checkpoint's layers at ``act_dtype`` activations, the layers no Case
-    describes: they always run the reference). What ``qconform certify --for-model`` certifies."""
+    """(the distinct case families of a checkpoint's layers at ``act_dtype`` activations, each with ``K_max``,
+    the largest K of its layers; the layers no Case describes: they always run the reference). What
+    ``qconform certify --for-model`` certifies."""
     from emulator.checkpoint import Checkpoint
     from emulator.errors import UnsupportedFormatError
     from emulator.layer_cases import layer_case
@@ -188,11 +214,6 @@ def checkpoint_families(folder, act_dtype: str = "float32") -> tuple[list[dict],
             reference_only.append(info.name)
             continue
         fam = {k: v for k, v in case.to_json().items() if k not in SHAPE_FIELDS}
-        fams.setdefault(json.dumps(fam, sort_keys=True), fam)
+        entry = fams.setdefault(json.dumps(fam, sort_keys=True), dict(fam, K_max=0))
+        entry["K_max"] = max(entry["K_max"], int(info.shape[-1]))  # certified at the model's own K
     return [fams[k] for k in sorted(fams)], reference_only
-
-
-def bundles_from_env() -> list[str]:
-    """``QCONFORM_CERTIFIED``: bundle folders separated by os.pathsep (empty: none)."""
-    raw = os.environ.get("QCONFORM_CERTIFIED", "")
-    return [p for p in raw.split(os.pathsep) if p.strip()]

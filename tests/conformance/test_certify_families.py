@@ -38,6 +38,15 @@ def test_family_cases_widen_k_to_the_group_and_keep_the_family():
     assert all(family_key(c.to_json()) == family_key(fam) for c in cases)
 
 
+def test_family_cases_add_the_checkpoints_own_k():
+    fam = {"scheme": "w8a8", "weight_format": "ct-int-quantized", "group_size": -1, "sym": True, "act_order": False,
+           "zero_convention": None, "act_dtype": "float32", "out_dtype": None, "bias": False, "E": 0, "top_k": 0,
+           "bits": 8, "scale_dtype": "bfloat16", "K_max": 14336}
+    cases = family_cases([fam], [(1, 64, 128)])
+    assert [(c.M, c.N, c.K) for c in cases] == [(1, 64, 128), (1, 64, 14336), (5, 64, 14336)]
+    assert family_key(cases[1].to_json()) == family_key(fam)  # K_max is not part of the family
+
+
 def test_the_families_profile_needs_families_and_nothing_else_takes_them():
     with pytest.raises(ValueError, match="takes the case families"):
         case_list(profile="families")

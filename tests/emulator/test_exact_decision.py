@@ -180,3 +180,16 @@ def test_w8a8_w4a8_mxfp4_results_are_the_exact_value_rounded_once():
     sb = rng.integers(120, 130, (5, 2)).astype(np.uint8)
     r = linear_mxfp4_w4a4(x, codes, sb, out_dtype="float32")
     assert np.isfinite(r.y).all()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_midpoint_with_a_bound_below_half_a_float64_ulp_is_decided(sign):
+    """x @ w exact at an fp16 midpoint (1 + 2**-11) and a bias of 1e-30: y + bound == y in float64, so the
+    bound's ends must be rounded outward for the element to count as undecided (reviewer's reproducer)."""
+    x = np.array([[1.0, 1.0]], np.float16)
+    w = np.array([[1.0, 2.0 ** -11]], np.float32)
+    bias = np.array([sign * 1e-30], np.float32)
+    r = linear_w16(x, w, bias, out_dtype="float16")
+    assert r.y_ambiguous[0, 0]
+    want = oracle_round(Fraction(1) + Fraction(2.0 ** -11) + Fraction(float(bias[0])), "float16")
+    assert r.y[0, 0] == want == (1.0 + 2.0 ** -10 if sign > 0 else 1.0)

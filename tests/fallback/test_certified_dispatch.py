@@ -34,7 +34,8 @@ def bundle(tmp_path_factory):
     """torch-cpu (and zentorch where installed) certified on the smoke profile's W8A8 cases, on this host."""
     if not _have("torch-cpu"):
         pytest.skip("torch-cpu unavailable")
-    names = ["torch-cpu"] + (["zentorch"] if _have("zentorch") else [])
+    # auto (the dispatcher) is certified too: a bundle may hold it, the store must never offer it
+    names = ["torch-cpu", "auto"] + (["zentorch"] if _have("zentorch") else [])
     out = tmp_path_factory.mktemp("cert") / "b"
     res = certify(names, out, profile="smoke", schemes=["w8a8"], jobs=2)
     assert res.ok, "the W8A8 smoke certification of this host's kernels failed"
@@ -45,7 +46,7 @@ def bundle(tmp_path_factory):
 def w8a8_layer(tmp_path):
     """A W8A8 layer with float32 weight scales (the synthetic writer's fp16 scales, widened exactly): the
     smoke profile certifies W8A8 with bf16 and fp32 scales."""
-    write_checkpoint(tmp_path / "c", "ct-w8a8-int8", n=64, k=256)
+    write_checkpoint(tmp_path / "c", "ct-w8a8-int8", n=64, k=128)  # K = 128: certified at every smoke shape
     path = tmp_path / "c" / "model.safetensors"
     t = load_tensors(path)
     t = {k: (v.data.astype(np.float32) if k.endswith("weight_scale") else v) for k, v in t.items()}
@@ -66,7 +67,7 @@ def _certify_op(bundle):
 
 
 def _case(**kw) -> Case:
-    base = dict(scheme="w8a8", weight_format="ct-int-quantized", M=4, N=64, K=256, group_size=-1, act_dtype="bfloat16",
+    base = dict(scheme="w8a8", weight_format="ct-int-quantized", M=4, N=64, K=128, group_size=-1, act_dtype="bfloat16",
                 scale_dtype="bfloat16", bits=8)  # a checkpoint layer says 8; the suite's cases leave the default
     return Case(**{**base, **kw})
 
@@ -75,7 +76,7 @@ def test_store_certifies_a_passed_family_and_nothing_else(bundle):
     store = CertificationStore([bundle])
     version = create("torch-cpu").availability().version
     assert store.why_not("torch-cpu", version, _case()) is None
-    assert store.why_not("torch-cpu", version, _case(M=1, N=4096, K=4096)) is None  # the shape is not the family
+    assert store.why_not("torch-cpu", version, _case(M=64, N=4096)) is None  # M and N are not the family
     why = store.why_not("torch-cpu", version, _case(act_dtype="float32"))
     assert why and "no case of this family" in why
     why = store.why_not("torch-cpu", "0.0.0", _case())
@@ -125,7 +126,7 @@ def test_a_tampered_or_missing_bundle_is_an_error(bundle, tmp_path):
 def test_the_op_runs_a_certified_kernel_and_logs_why(bundle, w8a8_layer, caplog):
     ck, info = w8a8_layer
     _certify_op(bundle)
-    x = torch.from_numpy(np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)).to(torch.bfloat16)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((4, 128)).astype(np.float32)).to(torch.bfloat16)
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     with caplog.at_level(logging.INFO, logger="qconform.fallback"):
         y = m(x)
@@ -145,7 +146,7 @@ def test_an_uncertified_family_runs_the_emulator(bundle, w8a8_layer):
     the layer; the reference answers, bit for bit, and the log says why."""
     ck, info = w8a8_layer
     _certify_op(bundle)
-    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((3, 128)).astype(np.float32)
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     y = m(torch.from_numpy(x)).numpy()
     line = " ".join(op.selection_lines(m._spec))
@@ -160,7 +161,7 @@ def test_the_fastest_of_several_certified_kernels_is_timed_and_logged(bundle, w8
         pytest.skip("zentorch is not installed: only one certified W8A8 kernel here")
     ck, info = w8a8_layer
     _certify_op(bundle)
-    x = torch.from_numpy(np.random.default_rng(2).standard_normal((4, 256)).astype(np.float32)).to(torch.bfloat16)
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((4, 128)).astype(np.float32)).to(torch.bfloat16)
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     m(x)
     line = " ".join(op.selection_lines(m._spec))
@@ -192,3 +193,68 @@ def test_qconform_model_with_certified_dispatch_end_to_end(bundle, tmp_path, cap
     assert all("certified on this host" in l and "-> emulator" not in l for l in layer_lines), text
     assert "within the model-level rule" in text
     assert load_tensors(out)["logits"].data.shape == (3, 128)
+
+
+def test_the_dispatcher_and_the_emulator_are_never_candidates(bundle):
+    store = CertificationStore([bundle])
+    assert "auto" not in store.labels() and "emulator" not in store.labels()
+    assert "torch-cpu" in store.labels()
+    assert "no certification on this host" in store.why_not("auto", None, _case())
+
+
+def test_no_extrapolation_beyond_the_certified_k(bundle):
+    store = CertificationStore([bundle])
+    version = create("torch-cpu").availability().version
+    why = store.why_not("torch-cpu", version, _case(K=4096))
+    assert why and "up to K = " in why and "this layer has K = 4096" in why
+
+
+def test_a_fail_in_any_bundle_withholds_the_family(bundle, tmp_path):
+    other = tmp_path / "copy"
+    shutil.copytree(bundle, other)
+    for order in ([bundle, other], [other, bundle]):
+        store = CertificationStore(order)
+        version = create("torch-cpu").availability().version
+        assert store.why_not("torch-cpu", version, _case()) is None
+        from conformance.certify.dispatch import family_key
+
+        bad = next(c for c in store.certs["torch-cpu"] if c.bundle == str(other))
+        bad.families[family_key(_case().to_json())].withheld.append(("x/case", "crash"))
+        why = store.why_not("torch-cpu", version, _case())
+        assert why and "did not pass" in why and "crash: x/case" in why, order
+
+
+def test_a_partial_certification_is_refused(tmp_path):
+    out = tmp_path / "part"
+    certify(["torch-cpu"], out, profile="smoke", schemes=["w8a8"], tiers=["exact"], jobs=1)
+    with pytest.raises(CertificationError, match="partial certification"):
+        CertificationStore([out])
+
+
+def test_an_int32_accumulator_that_can_wrap_is_never_dispatched():
+    from backends.registry import refusal
+
+    b = create("torch-cpu")
+    assert refusal(b, _case(K=4096)) is None
+    why = refusal(b, _case(K=1 << 17))
+    assert why and "int32 accumulator can wrap" in why
+
+
+def test_another_cpu_count_is_another_host(bundle):
+    from conformance.provenance import environment
+
+    env = environment()
+    store = CertificationStore([bundle], here=dict(env, cpu_count=(env.get("cpu_count") or 1) * 8))
+    assert "another host" in store.why_not("torch-cpu", create("torch-cpu").availability().version, _case())
+
+
+def test_cli_certified_env_and_empty_paths_are_usage_errors(tmp_path, capsys, monkeypatch):
+    o = str(tmp_path / "o.safetensors")
+    assert qconform(["model", str(tmp_path), "--tokens", "1", "--certified", "", "-o", o]) == 2
+    assert "empty path" in capsys.readouterr().err
+    monkeypatch.setenv("QCONFORM_CERTIFIED", ":")
+    assert qconform(["model", str(tmp_path), "--tokens", "1", "-o", o]) == 2
+    assert "names no bundle folder" in capsys.readouterr().err
+    monkeypatch.setenv("QCONFORM_CERTIFIED", str(tmp_path))
+    assert qconform(["model", str(tmp_path), "--tokens", "1", "--backend", "emulator", "-o", o]) == 2
+    assert "QCONFORM_CERTIFIED applies to --backend auto" in capsys.readouterr().err

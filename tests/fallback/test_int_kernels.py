@@ -116,3 +116,30 @@ def test_the_op_runs_w8a8_on_the_engine_and_equals_the_numpy_reference(tmp_path,
     want = linear_layer(ck, info, x, out_dtype="float32")  # no engine here: NumPy's accumulator
     np.testing.assert_array_equal(y, want.y.astype(np.float32))
     assert np.abs(want.acc).max() > 2 ** 14  # sums a 16-bit accumulator could not hold
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_narrow_integer_activations_never_wrap(dtype):
+    """int16 rows spanning -30000..30000 (beyond one int8 shift: the NumPy accumulator answers) and the
+    dtype's extremes: the span and shift checks must not wrap in the input dtype (reviewer's reproducer)."""
+    rng = np.random.default_rng(4)
+    w = rng.integers(-128, 128, (3, 4)).astype(np.int8)
+    info = np.iinfo(dtype)
+    for a in (np.array([[-30000, 30000, 5, 7]], dtype), np.array([[info.min, 0, 0, 0]], dtype),
+              np.array([[info.max, info.max - 3, info.max - 200, info.max]], dtype)):
+        with exact_int_engine(torch_int8_engine):
+            got = exact_int_matmul(a, w)
+        want = [[sum(int(x) * int(y) for x, y in zip(a[0], w[n])) for n in range(3)]]
+        assert got.tolist() == [[float(v) for v in want[0]]], (dtype, a)
+
+
+def test_int64_extremes_are_refused_not_rounded():
+    """int64 min: abs() wraps, and the sums exceed what float64 holds exactly: an error, as without the engine."""
+    from emulator.errors import FormatError
+
+    w = np.ones((3, 4), np.int8)
+    a = np.array([[np.iinfo(np.int64).min, 0, 0, 0]], np.int64)
+    with pytest.raises(FormatError, match="overflow"):
+        exact_int_matmul(a, w)
+    with exact_int_engine(torch_int8_engine), pytest.raises(FormatError, match="overflow"):
+        exact_int_matmul(a, w)
