@@ -12,14 +12,18 @@ reference for every variant (tests/emulator/test_reference_vs_fast.py), because:
   and the zeros allow, else in float32; the float32 product is the correctly rounded exact
   product, and for a 16-bit compute dtype it is exact (<= 9 + 11 significant bits) and
   rounded once afterwards. Every other variant is computed by the rule itself;
-- MXFP4 (``dequantize_mxfp4_packed``): one table lookup per packed byte (both E2M1 values)
-  and one float32 multiply by the E8M0 scale, exact unless it overflows to Inf as RNE does.
+- MXFP4 (``dequantize_mxfp4_packed``): one table lookup per packed byte, indexed by the byte and
+  its block's E8M0 scale byte, of both E2M1 values times the scale: the table holds the float32
+  products the rule's multiply gives (exact unless they overflow to Inf, as RNE does; NaN for
+  scale byte 0xFF).
 
 Work is split into cache-sized row blocks on all cores (emulator/parallel.py); the codes of
 a block are unpacked inside it (``CodeRows``, fed by fast_unpack.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -315,20 +319,31 @@ def _byte_pairs_f32() -> np.ndarray:
     return np.stack([e2m1[b & 0xF], e2m1[b >> 4]], axis=1).astype(np.float32)
 
 
-_PAIRS_U64 = _byte_pairs_f32().view(np.uint64).reshape(256)  # both values of a byte as one 8-byte word
 #: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
 _E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
 MX_BLOCK = 32
 
 
+@functools.cache
+def _scaled_pairs_u64() -> np.ndarray:
+    """[65536] uint64: entry ``scale_byte << 8 | packed_byte`` holds the byte's two E2M1 values (low nibble
+    first) each times the E8M0 scale, as the two float32 products of one IEEE multiply (512 KiB, built
+    once). A product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in float32
+    unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives); byte 0's 2**-127 gives exact
+    subnormals, 0xFF NaN, code 8 -0.0 (tests/emulator/test_fast_paths.py checks all 65536 entries)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = _byte_pairs_f32()[None, :, :] * _E8M0_F32[:, None, None]
+    return np.ascontiguousarray(t, dtype=np.float32).view(np.uint64).reshape(256 * 256)
+
+
 def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """Float32 MXFP4 weight straight from packed bytes [..., K/2] and scale bytes [..., K/32].
 
-    Equal to ``mxfp4.dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``:
-    the product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in
-    fp32 unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives). The
-    lookup keeps -0.0 (code 8) and the multiply NaN (scale byte 0xFF). ``out``: a float32
-    C-contiguous array of the result's shape to write into instead of a new one.
+    Equal to ``mxfp4.dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``: each
+    packed byte becomes its two values times its block's scale by one lookup in a table indexed by
+    (scale byte, packed byte) (``_scaled_pairs_u64``, the products the rule gives), so a row block is
+    one index pass and one gather. ``out``: a float32 C-contiguous array of the result's shape to
+    write into instead of a new one.
     """
     p = np.asarray(packed)
     sb = np.asarray(scale_bytes)
@@ -345,15 +360,19 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out:
         out2 = np.empty(shape2, dtype=np.float32)
     else:
         out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
+    table = _scaled_pairs_u64()
+    per_scale = MX_BLOCK // 2  # packed bytes per scale byte
 
     def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
         v = out2[r0:r1] if sink is None else sink.buffer(r1 - r0)
-        # mode="wrap" never wraps (a uint8 indexes a 256-entry table); it only skips the
+        # index = scale byte << 8 | packed byte, as uint16: each scale repeated over its 16 bytes (a
+        # repeat is a plain copy loop; a broadcast add over 16-element groups costs ten times more)
+        idx = np.repeat(sb2[r0:r1].astype(np.uint16), per_scale, axis=1)
+        np.left_shift(idx, np.uint16(8), out=idx)
+        np.bitwise_or(idx, p2[r0:r1], out=idx)
+        # mode="wrap" never wraps (a uint16 indexes a 65536-entry table); it only skips the
         # per-element bounds check of the default mode, which costs ten times the gather
-        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64), mode="wrap")
-        with np.errstate(over="ignore", invalid="ignore"):
-            v3 = v.reshape(r1 - r0, -1, MX_BLOCK)
-            np.multiply(v3, _E8M0_F32[sb2[r0:r1]][..., None], out=v3)
+        np.take(table, idx, out=v.view(np.uint64), mode="wrap")
         if sink is not None:
             sink.deliver(r0, r1, v)
 

@@ -88,8 +88,11 @@ def transposed_field_rows(packed, bits: int, axis: int, *, order=None, tensor: s
     if axis % 2 == 0:  # packed along rows (GPTQ qweight [K/F, N]): result [N, K], fields along the last axis
 
         def rows(r0, r1):
-            # copy the block's columns first (rows of contiguous words), then transpose in cache
-            w = np.ascontiguousarray(pu[:, r0:r1]).T
+            w = pu[:, r0:r1].T
+            if not w.flags.c_contiguous:  # a row-major qweight (as loaded): its block's words are strided
+                # copy the block's columns first (rows of contiguous words), then transpose in cache
+                w = np.ascontiguousarray(np.ascontiguousarray(pu[:, r0:r1]).T)
+            # (a column-major qweight, e.g. the transposed view quantize_gptq returns, is already in order)
             fast = spread_fields(w, bits) if sequential else None
             if fast is not None:
                 return fast
