@@ -115,7 +115,7 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
         qb = src.rows(r0, r1)
         dst = out[r0:r1] if sink is None else sink.buffer(r1 - r0)
         if plan is not None:
-            plan.block(qb, r0, r1, dst, gs, g, scratch=src.scratch)
+            plan.block(qb, r0, r1, dst, gs, g, scratch=src.scratch, scale=None if sink is None else sink.scale)
         elif default:
             zb = za if scalar_zero else za[r0:r1, :, None]
             dequantize_affine_fast(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
@@ -167,10 +167,12 @@ class _FastPlan:
             return None
         return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
 
-    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False,
+              scale=None) -> None:
         """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``.
 
-        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place)."""
+        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place). ``scale(w, s)``: the
+        in-place float32 multiply ``w *= s`` (s broadcast) to use, a row sink's (``RowSink.scale``)."""
         if qb.dtype not in (np.uint8, np.int8):
             qb, scratch = qb.astype(np.int16), True
         r = r1 - r0
@@ -189,7 +191,10 @@ class _FastPlan:
             # exact: the plan checked that every q - z fits int8
             o3[...] = np.subtract(q3, z, out=q3 if scratch else None)
         with np.errstate(over="ignore", invalid="ignore"):
-            np.multiply(o3, s, out=o3)
+            if scale is None:
+                np.multiply(o3, s, out=o3)
+            else:
+                scale(o3, s)
         if self.compute is not ComputeDtype.FLOAT32:
             out[...] = round_float32_array(out, self.compute.value)
 
@@ -228,7 +233,9 @@ class _FloatZeroPlan:
                                    zfmt)
         return cls(s64, zero, midpoint, compute)
 
-    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False,
+              scale=None) -> None:
+        """As ``_FastPlan.block``; ``scale`` is unused (this rule scales in float64)."""
         from ..numerics.floats import round_float64_array
 
         r = r1 - r0
@@ -322,6 +329,8 @@ def _byte_pairs_f32() -> np.ndarray:
 #: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
 _E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
 MX_BLOCK = 32
+#: a byte times this is the byte in the high half of each of a uint64's four uint16 lanes (either endianness)
+_HIGH_BYTE_LANES = np.uint64(0x0100_0100_0100_0100)
 
 
 @functools.cache
@@ -365,10 +374,11 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out:
 
     def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
         v = out2[r0:r1] if sink is None else sink.buffer(r1 - r0)
-        # index = scale byte << 8 | packed byte, as uint16: each scale repeated over its 16 bytes (a
-        # repeat is a plain copy loop; a broadcast add over 16-element groups costs ten times more)
-        idx = np.repeat(sb2[r0:r1].astype(np.uint16), per_scale, axis=1)
-        np.left_shift(idx, np.uint16(8), out=idx)
+        # index = scale byte << 8 | packed byte, as uint16: each scale byte, shifted into the high byte
+        # of four uint16 lanes of a uint64, repeated over its 16 packed bytes (a repeat is a plain copy
+        # loop; a broadcast over 16-element groups costs several times more), then the bytes ORed in
+        lanes = np.multiply(sb2[r0:r1], _HIGH_BYTE_LANES, dtype=np.uint64)
+        idx = np.repeat(lanes, per_scale // 4, axis=1).view(np.uint16)
         np.bitwise_or(idx, p2[r0:r1], out=idx)
         # mode="wrap" never wraps (a uint16 indexes a 65536-entry table); it only skips the
         # per-element bounds check of the default mode, which costs ten times the gather

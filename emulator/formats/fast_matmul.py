@@ -52,6 +52,13 @@ class RowSink:
             buf = self._local.buf = np.empty((max(rows, self.step), self.shape[1]), dtype=np.float32)
         return buf[:rows]
 
+    def scale(self, w: np.ndarray, s: np.ndarray) -> None:
+        """``w *= s`` in place: float32 ``w``, float32 ``s`` broadcast against it, each element the IEEE
+        float32 product (the dequantizers' scale step, fast_dequant._FastPlan). A sink may run it with
+        another vectorised multiply of the same IEEE semantics (qconform_torch/blocked.py), tested
+        bit-identical to this one."""
+        np.multiply(w, s, out=w)
+
     def deliver(self, r0: int, r1: int, block: np.ndarray) -> None:
         self.consume(r0, r1, block)
         with self._lock:
