@@ -142,6 +142,8 @@ class _FastPlan:
     ``z8`` [N, G] int8 (or None: the zero is 0) are the zeros when every q - z provably fits
     int8. ``block`` then forms one row block with three array passes: q - z in int8, the
     cast to float32 and the multiply (the rounding to a 16-bit compute dtype, if any, last).
+    The multiply is a row sink's ``scale`` when the block streams into one (fast_matmul.RowSink:
+    NumPy's by default; qconform_torch's runs torch's, which needs no loop call per group).
     """
 
     __slots__ = ("s32", "z8", "compute")
