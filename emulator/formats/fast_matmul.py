@@ -20,11 +20,18 @@ import numpy as np
 
 from ..parallel import block_rows, for_row_chunks, single_threaded_blas
 
-__all__ = ["RowSink", "RowsTimesX", "matmul_rows", "ROW_ALIGN"]
+__all__ = ["RowSink", "RowsTimesX", "matmul_rows", "ROW_ALIGN", "THIN_M", "THIN_SPLIT"]
 
 #: every block but the last starts at a multiple of this (AWQ unpacks 8 rows per word): the same
 #: blocks for every format and for the cached weight
 ROW_ALIGN = 8
+#: a product with at most this many activation rows is "thin": its blocks are THIN_SPLIT times smaller
+#: (512 KiB of fp32 instead of 2 MiB: 32 rows of K = 4096). There a block's dequantization costs far more
+#: than its BLAS call, and with its unpacked codes and temporaries it then stays in a core's L2; the
+#: uncached fallback at M = 1 measured 15-30 % faster (cached: unchanged), while from M = 32 on the larger
+#: blocks were faster for both (docs/performance.md#fallback)
+THIN_M = 8
+THIN_SPLIT = 4
 
 
 class RowSink:
@@ -69,6 +76,9 @@ class RowsTimesX(RowSink):
     """A sink computing y^T[r0:r1] = W[r0:r1] @ x^T per block (fp32 BLAS); ``result()`` -> y [M, N] float32."""
 
     def __init__(self, x32: np.ndarray, n: int):
+        """Blocks of ``block_rows`` rows for the weight's row width, THIN_SPLIT times fewer for a thin
+        product (M <= THIN_M): a function of (K, M) only, so the cached path (``matmul_rows``) and the
+        uncached one (qconform_torch/blocked.py), which both build this sink, use the same blocks."""
         x32 = np.asarray(x32, dtype=np.float32)
         # a fresh [K, M] array: np.ascontiguousarray(x.T) of a [1, K] x keeps the stride K*4 on its unit
         # axis (it is "contiguous" already), and NumPy's matmul then skips BLAS (8 ms instead of 20 us
@@ -76,7 +86,9 @@ class RowsTimesX(RowSink):
         self._xt = np.empty((x32.shape[1], x32.shape[0]), np.float32)
         self._xt[...] = x32.T
         self._yt = np.empty((n, x32.shape[0]), np.float32)
-        super().__init__((n, x32.shape[1]), self._mul)
+        k = x32.shape[1]
+        step = block_rows(4 * k * (THIN_SPLIT if x32.shape[0] <= THIN_M else 1), ROW_ALIGN)
+        super().__init__((n, k), self._mul, step)
 
     def _mul(self, r0, r1, w):
         np.matmul(w, self._xt, out=self._yt[r0:r1])
