@@ -139,8 +139,8 @@ class _FastPlan:
     """Operands of ``_sub_then_mul_f32`` for a whole [N, G] grouping, computed once.
 
     ``s32`` [N, G] float32 are the scales after the load-time and compute-dtype conversions;
-    ``z8`` [N, G] int8 (or None: the zero is 0) are the zeros when every q - z provably fits
-    int8. ``block`` then forms one row block with three array passes: q - z in int8, the
+    ``z8`` [N, G] int8 (an int8 scalar where every zero is the same, e.g. symmetric GPTQ; None
+    where it is 0) are the zeros when every q - z provably fits int8. ``block`` then forms one row block with three array passes: q - z in int8, the
     cast to float32 and the multiply (the rounding to a 16-bit compute dtype, if any, last).
     The multiply is a row sink's ``scale`` when the block streams into one (fast_matmul.RowSink:
     NumPy's by default; qconform_torch's runs torch's, which needs no loop call per group).
@@ -164,7 +164,11 @@ class _FastPlan:
         if za.ndim == 0 and za.dtype.kind in "iu" and za == 0:
             z8 = None
         elif _difference_fits_int8(za, kw["code_range"]):
-            z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
+            z8 = za.astype(np.int8)
+            if z8.size and z8.min() == z8.max():  # one zero for all: a scalar subtract, no per-group loop
+                z8 = None if z8.flat[0] == 0 else np.int8(z8.flat[0])
+            elif z8.ndim == 0:
+                z8 = np.broadcast_to(z8, s32.shape)
         else:
             return None
         return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
@@ -179,13 +183,14 @@ class _FastPlan:
             qb, scratch = qb.astype(np.int16), True
         r = r1 - r0
         s = self.s32[r0:r1]
-        z = None if self.z8 is None else self.z8[r0:r1]
+        z = self.z8[r0:r1] if isinstance(self.z8, np.ndarray) else self.z8
+        per_group = isinstance(z, np.ndarray)
         if g is None:
             q3, o3 = qb.reshape(r, -1, gs), out.reshape(r, -1, gs)
-            s, z = s[:, :, None], None if z is None else z[:, :, None]
+            s, z = s[:, :, None], z[:, :, None] if per_group else z
         else:
             q3, o3 = qb, out
-            s, z = expand_groups(s, g), None if z is None else expand_groups(z, g)
+            s, z = expand_groups(s, g), expand_groups(z, g) if per_group else z
         if z is None:
             o3[...] = q3
         else:

@@ -240,3 +240,23 @@ def test_awq_ct_and_mxfp4_write_into_out():
                                 rng.integers(0, 256, (2, n, k // 32), dtype=np.uint8), out=buf)
     with pytest.raises(ValueError, match="only float32"):
         dequantize_mxfp4_ct(mx, dtype=np.float64, out=buf)
+
+
+@pytest.mark.parametrize("zeros", ["all 0", "all 5", "all 15", "per group"])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_grouped_zeros_constant_or_per_group_equal_the_oracle(zeros, act_order):
+    """One zero for the whole layer is subtracted as a scalar (fast_dequant._FastPlan); the bits must be
+    those of the elementwise oracle, as for per-group zeros."""
+    from emulator.formats.fast_dequant import dequantize_grouped
+
+    rng = np.random.default_rng(17)
+    n, k, group = 24, 96, 32
+    q = _read_only(rng.integers(0, 16, (n, k)).astype(np.uint8))
+    z = {"all 0": np.zeros((n, k // group), np.int32), "all 5": np.full((n, k // group), 5, np.int32),
+         "all 15": np.full((n, k // group), 15, np.int32),
+         "per group": rng.integers(0, 16, (n, k // group)).astype(np.int32)}[zeros]
+    s = _random_scales(rng, (n, k // group), np.float16)
+    g = rng.permutation(default_g_idx(k, group)).astype(np.int32) if act_order else None
+    gi = default_g_idx(k, group) if g is None else g
+    got = dequantize_grouped(q, _read_only(z), s, g, code_range=(0, 15))
+    assert _same(got, affine_oracle(q, z[:, gi], s[:, gi], midpoint=0))
