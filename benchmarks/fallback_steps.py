@@ -12,6 +12,10 @@ runs). Every replaced way is checked to give the same bits first. Steps:
 - integer formats: the group scale step ``w *= s`` (s broadcast over 128-element groups) in NumPy against
   torch's multiply (qconform_torch/blocked.py ``TorchScaledRowsTimesX``);
 - the rest of an integer block (spread nibbles, ``q - z`` in int8, cast) and the block's sgemv at M = 1.
+
+``--heights [--m M]``: the whole 4096 x 4096 layer of each format (the cases of ``qconform bench``) at M (1) by
+row-block height (8, 16, 32, 128 rows, forced for both paths): the uncached path's CPU time on one
+thread, then uncached / cached on all cores, each height timed alternately with the others.
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ def _line(name: str, fns: dict, repeat: int) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=30)
-    repeat = ap.parse_args(argv).repeat
+    ap.add_argument("--heights", action="store_true", help="the whole layer by row-block height instead")
+    ap.add_argument("--m", type=int, default=1, help="activation rows for --heights")
+    args = ap.parse_args(argv)
+    repeat = args.repeat
+    if args.heights:
+        _heights(min(repeat, 9), args.m)
+        return
     import torch
 
     torch.set_num_threads(1)
@@ -130,6 +140,67 @@ def _steps(repeat: int, torch) -> None:
         "q - z int8": lambda: np.subtract(q.reshape(R, -1, 128).view(np.int8), z),
         "cast": lambda: o3.__setitem__(Ellipsis, d),
         "sgemv M=1": lambda: np.matmul(out, xt, out=yt)}, repeat)
+
+
+
+def _heights(repeat: int, m: int = 1, heights=(8, 16, 32, 128)) -> None:
+    import contextlib
+    import dataclasses
+
+    import emulator.parallel as par
+    from backends.base import Case
+    from backends.registry import create
+    from conformance.cases import make_inputs
+    from emulator.formats import fast_matmul
+    from qconform_torch.blocked import blocked_fast_linear
+
+    n = k = 4096
+    cases = {"gptq": Case("w4a16", "gptq", 1, n, k, group_size=128, sym=True, zero_convention="v1",
+                          act_dtype="bfloat16"),
+             "ct": Case("w4a16", "ct-pack-quantized", 1, n, k, group_size=128, sym=True, act_dtype="bfloat16"),
+             "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", 1, n, k, group_size=32, act_dtype="bfloat16")}
+    default_rows, default_threads = fast_matmul.block_rows, par._threads
+
+    @contextlib.contextmanager
+    def height(rows, one_thread=False):
+        with single_threaded_blas():  # BLAS on one thread first (it is a no-op once one thread is set)
+            fast_matmul.block_rows = lambda row_bytes, align=1: rows
+            if one_thread:
+                par._threads = lambda: 1
+            try:
+                yield
+            finally:
+                fast_matmul.block_rows, par._threads = default_rows, default_threads
+
+    for fmt, case in cases.items():
+        case = dataclasses.replace(case, M=m)
+        inp = make_inputs(case, 0)
+        x = np.ascontiguousarray(np.asarray(inp.x, np.float32))
+        emu = create("emulator")
+        prep = emu.prepare(case, inp.tensors)
+        cpu = {h: float("inf") for h in heights}
+        unc = {h: float("inf") for h in heights}
+        cac = {h: float("inf") for h in heights}
+        for _ in range(repeat):
+            for h in heights:
+                with height(h, one_thread=True):
+                    t0 = time.process_time()
+                    blocked_fast_linear(emu, case, inp.tensors, x, None, 0)
+                    cpu[h] = min(cpu[h], time.process_time() - t0)
+                fast_matmul.block_rows = lambda row_bytes, align=1, h=h: h
+                try:
+                    t0 = time.perf_counter()
+                    blocked_fast_linear(emu, case, inp.tensors, x, None, 0)
+                    t1 = time.perf_counter()
+                    emu.run(prep, x)
+                    t2 = time.perf_counter()
+                finally:
+                    fast_matmul.block_rows = default_rows
+                unc[h], cac[h] = min(unc[h], t1 - t0), min(cac[h], t2 - t1)
+        print(f"{fmt:6s} M={m}  one thread, uncached CPU ms: " + " / ".join(f"{h} rows {cpu[h] * 1e3:.1f}" for h in heights)
+              + "\n       all cores, uncached / cached ms: "
+              + " / ".join(f"{h} rows {unc[h] * 1e3:.1f} / {cac[h] * 1e3:.1f} = {unc[h] / cac[h]:.2f}x" for h in heights),
+              flush=True)
 
 
 if __name__ == "__main__":

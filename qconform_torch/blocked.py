@@ -3,7 +3,7 @@
 Semantics: docs/fallback.md#memory; speed: docs/performance.md#fallback.
 
 ``fused_fast_linear`` (GPTQ, AWQ, compressed-tensors pack-quantized, MXFP4): the emulator's own
-dequantizer streams cache-sized row blocks (2 MiB of fp32 a block, one buffer per thread) into a
+dequantizer streams cache-sized row blocks (2 MiB of fp32 a block, 512 KiB for M <= 8; one buffer per thread) into a
 ``RowsTimesX`` sink, which multiplies each block into its rows of y^T (one fp32 BLAS call) while it is in
 cache (emulator/formats/fast_matmul.py). The emulator backend's cached path multiplies the same row
 blocks of the weight it keeps, so the two return the same bits (tests/fallback/test_fused_fallback.py).
