@@ -143,7 +143,7 @@ def _steps(repeat: int, torch) -> None:
 
 
 
-def _heights(repeat: int, m: int = 1, heights=(8, 16, 32, 128)) -> None:
+def _heights(repeat: int, m: int = 1, heights=(8, 16, 32, 64, 128)) -> None:
     import contextlib
     import dataclasses
 

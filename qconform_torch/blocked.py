@@ -120,9 +120,9 @@ class TorchScaledRowsTimesX(RowsTimesX):
     (read-only, negative strides) take NumPy's multiply."""
 
     def scale(self, w: np.ndarray, s: np.ndarray) -> None:
-        if not (w.flags.writeable and s.flags.writeable and w.dtype == np.float32 and s.dtype == np.float32
+        if not (w.flags.writeable and s.flags.writeable and w.dtype is _F32 and s.dtype is _F32
                 and min(w.strides + s.strides, default=0) >= 0):
-            np.multiply(w, s, out=w)
+            super().scale(w, s)
             return
         _worker_single_thread()
         t = torch.from_numpy(w)
@@ -130,6 +130,7 @@ class TorchScaledRowsTimesX(RowsTimesX):
 
 
 _TORCH_LOCK = threading.Lock()
+_F32 = np.dtype(np.float32)
 
 
 def _worker_single_thread() -> None:

@@ -197,11 +197,11 @@ class _FastPlan:
             q3 = q3 if qb.dtype == np.int16 else q3.view(np.int8)
             # exact: the plan checked that every q - z fits int8
             o3[...] = np.subtract(q3, z, out=q3 if scratch else None)
-        with np.errstate(over="ignore", invalid="ignore"):
-            if scale is None:
+        if scale is None:
+            with np.errstate(over="ignore", invalid="ignore"):
                 np.multiply(o3, s, out=o3)
-            else:
-                scale(o3, s)
+        else:
+            scale(o3, s)  # the sink's own multiply (RowSink.scale) keeps Inf/NaN products silent
         if self.compute is not ComputeDtype.FLOAT32:
             out[...] = round_float32_array(out, self.compute.value)
 

@@ -63,8 +63,9 @@ class RowSink:
         """``w *= s`` in place: float32 ``w``, float32 ``s`` broadcast against it, each element the IEEE
         float32 product (the dequantizers' scale step, fast_dequant._FastPlan). A sink may run it with
         another vectorised multiply of the same IEEE semantics (qconform_torch/blocked.py), tested
-        bit-identical to this one."""
-        np.multiply(w, s, out=w)
+        bit-identical to this one. Overflow to Inf and NaN products are the rule's results: no warning."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(w, s, out=w)
 
     def deliver(self, r0: int, r1: int, block: np.ndarray) -> None:
         self.consume(r0, r1, block)

@@ -28,21 +28,24 @@ from .packing import check_order, fields_per_word, unpack_int32
 
 __all__ = ["spread_fields", "sequential_fields", "transposed_field_rows", "unpack_int32_transposed"]
 
+_LITTLE = sys.byteorder == "little"
+_U16_4, _U16_LOW_NIBBLES = np.uint16(4), np.uint16(0x0F0F)
+
 
 def spread_fields(w: np.ndarray, bits: int) -> np.ndarray | None:
     """Sequential (LSB-first) fields of uint32 words as a new uint8 array [..., n * 32 / bits].
 
     Returns None where the byte tricks do not apply (other widths, a big-endian host).
     """
-    if sys.byteorder != "little" or bits not in (4, 8):
+    if not _LITTLE or bits not in (4, 8):
         return None
     if bits == 8:
         w = w.astype(np.uint32, order="C")  # always a new array: callers may overwrite the fields
         return w.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 4,))
     w = np.ascontiguousarray(w, dtype=np.uint32)  # transposes a transposed view; the widening below copies
     x = w.view(np.uint8).astype(np.uint16)
-    np.bitwise_or(x, np.left_shift(x, np.uint16(4)), out=x)
-    np.bitwise_and(x, np.uint16(0x0F0F), out=x)
+    np.bitwise_or(x, np.left_shift(x, _U16_4), out=x)
+    np.bitwise_and(x, _U16_LOW_NIBBLES, out=x)
     return x.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 8,))
 
 
