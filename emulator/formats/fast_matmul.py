@@ -27,9 +27,9 @@ __all__ = ["RowSink", "RowsTimesX", "matmul_rows", "ROW_ALIGN", "THIN_M", "THIN_
 ROW_ALIGN = 8
 #: a product with at most this many activation rows is "thin": its blocks are THIN_SPLIT times smaller
 #: (512 KiB of fp32 instead of 2 MiB: 32 rows of K = 4096). There a block's dequantization costs far more
-#: than its BLAS call, and with its unpacked codes and temporaries it then stays in a core's L2; the
-#: uncached fallback at M = 1 measured 15-30 % faster (cached: unchanged), while from M = 32 on the larger
-#: blocks were faster for both (docs/performance.md#fallback)
+#: than its BLAS call, and with its unpacked codes and temporaries it then stays in a core's L2: the
+#: uncached fallback's CPU time at M = 1 measured 10-25 % lower (cached: unchanged), while from M = 32 on
+#: the larger blocks were faster for both (benchmarks/fallback_steps.py --heights, docs/performance.md#fallback)
 THIN_M = 8
 THIN_SPLIT = 4
 
