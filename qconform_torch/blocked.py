@@ -3,10 +3,14 @@
 Semantics: docs/fallback.md#memory; speed: docs/performance.md#fallback.
 
 ``fused_fast_linear`` (GPTQ, AWQ, compressed-tensors pack-quantized, MXFP4): the emulator's own
-dequantizer streams cache-sized row blocks (2 MiB of fp32 a block, one buffer per thread) into a
+dequantizer streams cache-sized row blocks (2 MiB of fp32 a block, 512 KiB for M <= 8; one buffer per thread) into a
 ``RowsTimesX`` sink, which multiplies each block into its rows of y^T (one fp32 BLAS call) while it is in
 cache (emulator/formats/fast_matmul.py). The emulator backend's cached path multiplies the same row
 blocks of the weight it keeps, so the two return the same bits (tests/fallback/test_fused_fallback.py).
+The sink here (``TorchScaledRowsTimesX``) runs the integer formats' scale step, ``w *= s`` per group,
+with torch's vectorised float32 multiply: NumPy's costs ~2x as much when s is broadcast over 128-element
+groups (a loop call per group); both are the IEEE float32 product, element by element
+(tests/fallback/test_torch_scale.py checks the bits, special values included).
 
 ``blocked_fast_linear`` (what the op calls for a layer over its cache budget) takes the fused path, and
 for a format it does not stream, blocks of output rows sliced from the packed tensors (every format stores
@@ -19,16 +23,20 @@ then runs the whole-layer path.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 
 import numpy as np
+import torch
 
 from emulator.declaration import declared_weight
 from emulator.formats.fast_matmul import RowsTimesX
 from emulator.parallel import single_threaded_blas
 from emulator.numerics.floats import round_float32_array
 
-__all__ = ["row_slicer", "blocked_fast_linear", "fused_fast_linear", "MIN_BLOCK_BYTES", "FUSED_FORMATS"]
+__all__ = ["row_slicer", "blocked_fast_linear", "fused_fast_linear", "MIN_BLOCK_BYTES", "FUSED_FORMATS",
+           "TorchScaledRowsTimesX", "one_torch_thread"]
 
 #: the smallest block of fp32 weight rows on the sliced path (a transient working buffer, not a cache):
 #: there, each block is dequantized on all cores and then multiplied by a multi-threaded sgemm, and many
@@ -104,6 +112,46 @@ def blocked_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias, bud
 FUSED_FORMATS = ("gptq", "awq", "ct-pack-quantized", "ct-mxfp4")
 
 
+class TorchScaledRowsTimesX(RowsTimesX):
+    """``RowsTimesX`` whose scale step (``RowSink.scale``: ``w *= s``, float32, s broadcast) is torch's
+    multiply, run on the calling worker thread (``one_torch_thread``). Elementwise IEEE float32 products
+    either way, so the bits are NumPy's (tests/fallback/test_torch_scale.py); torch's loop handles the
+    broadcast scale without a call per group. Arrays torch cannot wrap without a copy or a warning
+    (read-only, negative strides) take NumPy's multiply."""
+
+    def scale(self, w: np.ndarray, s: np.ndarray) -> None:
+        if not (w.flags.writeable and s.flags.writeable and w.dtype is _F32 and s.dtype is _F32
+                and min(w.strides + s.strides, default=0) >= 0):
+            super().scale(w, s)
+            return
+        _worker_single_thread()
+        t = torch.from_numpy(w)
+        torch.mul(t, torch.from_numpy(s), out=t)
+
+
+_TORCH_LOCK = threading.Lock()
+_F32 = np.dtype(np.float32)
+
+
+def _worker_single_thread() -> None:
+    # torch's intra-op thread count is an OpenMP setting, which a thread may hold for itself: the row-block
+    # workers each run their own blocks, so each makes sure its torch calls run on one thread
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Within the block torch runs each op on its calling thread; the caller's thread count is restored."""
+    with _TORCH_LOCK:
+        saved = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            yield
+        finally:
+            torch.set_num_threads(saved)
+
+
 def fused_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias):
     """y without any fp32 weight beyond one cache-sized block per thread, or None where the format is
     not streamed: each row block is dequantized and multiplied into its rows of y^T by the worker thread
@@ -112,8 +160,8 @@ def fused_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias):
     decl = backend.computed(case)
     if case.weight_format not in FUSED_FORMATS or (case.weight_format == "ct-mxfp4" and decl.weight_dtype != "exact"):
         return None
-    sink = RowsTimesX(x32, case.N)
-    with single_threaded_blas():  # each worker thread runs its own blocks' BLAS calls
+    sink = TorchScaledRowsTimesX(x32, case.N)
+    with single_threaded_blas(), one_torch_thread():  # each worker thread runs its own blocks' BLAS and torch calls
         got = declared_weight(case, tensors, decl, out=sink)
     if got is not sink:
         raise AssertionError(f"fused fallback: the dequantizer of {case.describe()} did not stream its rows")

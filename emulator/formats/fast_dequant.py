@@ -12,14 +12,18 @@ reference for every variant (tests/emulator/test_reference_vs_fast.py), because:
   and the zeros allow, else in float32; the float32 product is the correctly rounded exact
   product, and for a 16-bit compute dtype it is exact (<= 9 + 11 significant bits) and
   rounded once afterwards. Every other variant is computed by the rule itself;
-- MXFP4 (``dequantize_mxfp4_packed``): one table lookup per packed byte (both E2M1 values)
-  and one float32 multiply by the E8M0 scale, exact unless it overflows to Inf as RNE does.
+- MXFP4 (``dequantize_mxfp4_packed``): one table lookup per packed byte, indexed by the byte and
+  its block's E8M0 scale byte, of both E2M1 values times the scale: the table holds the float32
+  products the rule's multiply gives (exact unless they overflow to Inf, as RNE does; NaN for
+  scale byte 0xFF).
 
 Work is split into cache-sized row blocks on all cores (emulator/parallel.py); the codes of
 a block are unpacked inside it (``CodeRows``, fed by fast_unpack.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -111,7 +115,7 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
         qb = src.rows(r0, r1)
         dst = out[r0:r1] if sink is None else sink.buffer(r1 - r0)
         if plan is not None:
-            plan.block(qb, r0, r1, dst, gs, g, scratch=src.scratch)
+            plan.block(qb, r0, r1, dst, gs, g, scratch=src.scratch, scale=None if sink is None else sink.scale)
         elif default:
             zb = za if scalar_zero else za[r0:r1, :, None]
             dequantize_affine_fast(qb.reshape(r1 - r0, n_groups, gs), zb, s[r0:r1, :, None],
@@ -135,9 +139,11 @@ class _FastPlan:
     """Operands of ``_sub_then_mul_f32`` for a whole [N, G] grouping, computed once.
 
     ``s32`` [N, G] float32 are the scales after the load-time and compute-dtype conversions;
-    ``z8`` [N, G] int8 (or None: the zero is 0) are the zeros when every q - z provably fits
-    int8. ``block`` then forms one row block with three array passes: q - z in int8, the
+    ``z8`` [N, G] int8 (an int8 scalar where every zero is the same, e.g. symmetric GPTQ; None
+    where it is 0) are the zeros when every q - z provably fits int8. ``block`` then forms one row block with three array passes: q - z in int8, the
     cast to float32 and the multiply (the rounding to a 16-bit compute dtype, if any, last).
+    The multiply is a row sink's ``scale`` when the block streams into one (fast_matmul.RowSink:
+    NumPy's by default; qconform_torch's runs torch's, which needs no loop call per group).
     """
 
     __slots__ = ("s32", "z8", "compute")
@@ -158,34 +164,44 @@ class _FastPlan:
         if za.ndim == 0 and za.dtype.kind in "iu" and za == 0:
             z8 = None
         elif _difference_fits_int8(za, kw["code_range"]):
-            z8 = np.broadcast_to(za.astype(np.int8), s32.shape) if za.ndim == 0 else za.astype(np.int8)
+            z8 = za.astype(np.int8)
+            if z8.size and z8.min() == z8.max():  # one zero for all: a scalar subtract, no per-group loop
+                z8 = None if z8.flat[0] == 0 else np.int8(z8.flat[0])
+            elif z8.ndim == 0:
+                z8 = np.broadcast_to(z8, s32.shape)
         else:
             return None
         return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
 
-    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False,
+              scale=None) -> None:
         """Rows [r0, r1): codes ``qb`` [R, K] (uint8/int8 in the declared code range) -> ``out``.
 
-        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place)."""
+        ``scratch``: ``qb`` is a temporary the block may overwrite (q - z in place). ``scale(w, s)``: the
+        in-place float32 multiply ``w *= s`` (s broadcast) to use, a row sink's (``RowSink.scale``)."""
         if qb.dtype not in (np.uint8, np.int8):
             qb, scratch = qb.astype(np.int16), True
         r = r1 - r0
         s = self.s32[r0:r1]
-        z = None if self.z8 is None else self.z8[r0:r1]
+        z = self.z8[r0:r1] if isinstance(self.z8, np.ndarray) else self.z8
+        per_group = isinstance(z, np.ndarray)
         if g is None:
             q3, o3 = qb.reshape(r, -1, gs), out.reshape(r, -1, gs)
-            s, z = s[:, :, None], None if z is None else z[:, :, None]
+            s, z = s[:, :, None], z[:, :, None] if per_group else z
         else:
             q3, o3 = qb, out
-            s, z = expand_groups(s, g), None if z is None else expand_groups(z, g)
+            s, z = expand_groups(s, g), expand_groups(z, g) if per_group else z
         if z is None:
             o3[...] = q3
         else:
             q3 = q3 if qb.dtype == np.int16 else q3.view(np.int8)
             # exact: the plan checked that every q - z fits int8
             o3[...] = np.subtract(q3, z, out=q3 if scratch else None)
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.multiply(o3, s, out=o3)
+        if scale is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.multiply(o3, s, out=o3)
+        else:
+            scale(o3, s)  # the sink's own multiply (RowSink.scale) keeps Inf/NaN products silent
         if self.compute is not ComputeDtype.FLOAT32:
             out[...] = round_float32_array(out, self.compute.value)
 
@@ -224,7 +240,9 @@ class _FloatZeroPlan:
                                    zfmt)
         return cls(s64, zero, midpoint, compute)
 
-    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False) -> None:
+    def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False,
+              scale=None) -> None:
+        """As ``_FastPlan.block``; ``scale`` is unused (this rule scales in float64)."""
         from ..numerics.floats import round_float64_array
 
         r = r1 - r0
@@ -315,20 +333,33 @@ def _byte_pairs_f32() -> np.ndarray:
     return np.stack([e2m1[b & 0xF], e2m1[b >> 4]], axis=1).astype(np.float32)
 
 
-_PAIRS_U64 = _byte_pairs_f32().view(np.uint64).reshape(256)  # both values of a byte as one 8-byte word
 #: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
 _E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
 MX_BLOCK = 32
+#: a byte times this is the byte in the high half of each of a uint64's four uint16 lanes (either endianness)
+_HIGH_BYTE_LANES = np.uint64(0x0100_0100_0100_0100)
+
+
+@functools.cache
+def _scaled_pairs_u64() -> np.ndarray:
+    """[65536] uint64: entry ``scale_byte << 8 | packed_byte`` holds the byte's two E2M1 values (low nibble
+    first) each times the E8M0 scale, as the two float32 products of one IEEE multiply (512 KiB, built
+    once). A product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in float32
+    unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives); byte 0's 2**-127 gives exact
+    subnormals, 0xFF NaN, code 8 -0.0 (tests/emulator/test_fast_paths.py checks all 65536 entries)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = _byte_pairs_f32()[None, :, :] * _E8M0_F32[:, None, None]
+    return np.ascontiguousarray(t, dtype=np.float32).view(np.uint64).reshape(256 * 256)
 
 
 def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """Float32 MXFP4 weight straight from packed bytes [..., K/2] and scale bytes [..., K/32].
 
-    Equal to ``mxfp4.dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``:
-    the product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in
-    fp32 unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives). The
-    lookup keeps -0.0 (code 8) and the multiply NaN (scale byte 0xFF). ``out``: a float32
-    C-contiguous array of the result's shape to write into instead of a new one.
+    Equal to ``mxfp4.dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``: each
+    packed byte becomes its two values times its block's scale by one lookup in a table indexed by
+    (scale byte, packed byte) (``_scaled_pairs_u64``, the products the rule gives), so a row block is
+    one index pass and one gather. ``out``: a float32 C-contiguous array of the result's shape to
+    write into instead of a new one.
     """
     p = np.asarray(packed)
     sb = np.asarray(scale_bytes)
@@ -345,15 +376,20 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out:
         out2 = np.empty(shape2, dtype=np.float32)
     else:
         out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
+    table = _scaled_pairs_u64()
+    per_scale = MX_BLOCK // 2  # packed bytes per scale byte
 
     def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise
         v = out2[r0:r1] if sink is None else sink.buffer(r1 - r0)
-        # mode="wrap" never wraps (a uint8 indexes a 256-entry table); it only skips the
+        # index = scale byte << 8 | packed byte, as uint16: each scale byte, shifted into the high byte
+        # of four uint16 lanes of a uint64, repeated over its 16 packed bytes (a repeat is a plain copy
+        # loop; a broadcast over 16-element groups costs several times more), then the bytes ORed in
+        lanes = np.multiply(sb2[r0:r1], _HIGH_BYTE_LANES, dtype=np.uint64)
+        idx = np.repeat(lanes, per_scale // 4, axis=1).view(np.uint16)
+        np.bitwise_or(idx, p2[r0:r1], out=idx)
+        # mode="wrap" never wraps (a uint16 indexes a 65536-entry table); it only skips the
         # per-element bounds check of the default mode, which costs ten times the gather
-        np.take(_PAIRS_U64, p2[r0:r1], out=v.view(np.uint64), mode="wrap")
-        with np.errstate(over="ignore", invalid="ignore"):
-            v3 = v.reshape(r1 - r0, -1, MX_BLOCK)
-            np.multiply(v3, _E8M0_F32[sb2[r0:r1]][..., None], out=v3)
+        np.take(table, idx, out=v.view(np.uint64), mode="wrap")
         if sink is not None:
             sink.deliver(r0, r1, v)
 

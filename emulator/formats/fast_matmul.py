@@ -20,11 +20,18 @@ import numpy as np
 
 from ..parallel import block_rows, for_row_chunks, single_threaded_blas
 
-__all__ = ["RowSink", "RowsTimesX", "matmul_rows", "ROW_ALIGN"]
+__all__ = ["RowSink", "RowsTimesX", "matmul_rows", "ROW_ALIGN", "THIN_M", "THIN_SPLIT"]
 
 #: every block but the last starts at a multiple of this (AWQ unpacks 8 rows per word): the same
 #: blocks for every format and for the cached weight
 ROW_ALIGN = 8
+#: a product with at most this many activation rows is "thin": its blocks are THIN_SPLIT times smaller
+#: (512 KiB of fp32 instead of 2 MiB: 32 rows of K = 4096). There a block's dequantization costs far more
+#: than its BLAS call, and with its unpacked codes and temporaries it then stays in a core's L2: the
+#: uncached fallback's CPU time at M = 1 measured 10-25 % lower (cached: unchanged), while from M = 32 on
+#: the larger blocks were faster for both (benchmarks/fallback_steps.py --heights, docs/performance.md#fallback)
+THIN_M = 8
+THIN_SPLIT = 4
 
 
 class RowSink:
@@ -52,6 +59,14 @@ class RowSink:
             buf = self._local.buf = np.empty((max(rows, self.step), self.shape[1]), dtype=np.float32)
         return buf[:rows]
 
+    def scale(self, w: np.ndarray, s: np.ndarray) -> None:
+        """``w *= s`` in place: float32 ``w``, float32 ``s`` broadcast against it, each element the IEEE
+        float32 product (the dequantizers' scale step, fast_dequant._FastPlan). A sink may run it with
+        another vectorised multiply of the same IEEE semantics (qconform_torch/blocked.py), tested
+        bit-identical to this one. Overflow to Inf and NaN products are the rule's results: no warning."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(w, s, out=w)
+
     def deliver(self, r0: int, r1: int, block: np.ndarray) -> None:
         self.consume(r0, r1, block)
         with self._lock:
@@ -62,6 +77,9 @@ class RowsTimesX(RowSink):
     """A sink computing y^T[r0:r1] = W[r0:r1] @ x^T per block (fp32 BLAS); ``result()`` -> y [M, N] float32."""
 
     def __init__(self, x32: np.ndarray, n: int):
+        """Blocks of ``block_rows`` rows for the weight's row width, THIN_SPLIT times fewer for a thin
+        product (M <= THIN_M): a function of (K, M) only, so the cached path (``matmul_rows``) and the
+        uncached one (qconform_torch/blocked.py), which both build this sink, use the same blocks."""
         x32 = np.asarray(x32, dtype=np.float32)
         # a fresh [K, M] array: np.ascontiguousarray(x.T) of a [1, K] x keeps the stride K*4 on its unit
         # axis (it is "contiguous" already), and NumPy's matmul then skips BLAS (8 ms instead of 20 us
@@ -69,7 +87,9 @@ class RowsTimesX(RowSink):
         self._xt = np.empty((x32.shape[1], x32.shape[0]), np.float32)
         self._xt[...] = x32.T
         self._yt = np.empty((n, x32.shape[0]), np.float32)
-        super().__init__((n, x32.shape[1]), self._mul)
+        k = x32.shape[1]
+        step = block_rows(4 * k * (THIN_SPLIT if x32.shape[0] <= THIN_M else 1), ROW_ALIGN)
+        super().__init__((n, k), self._mul, step)
 
     def _mul(self, r0, r1, w):
         np.matmul(w, self._xt, out=self._yt[r0:r1])

@@ -28,21 +28,24 @@ from .packing import check_order, fields_per_word, unpack_int32
 
 __all__ = ["spread_fields", "sequential_fields", "transposed_field_rows", "unpack_int32_transposed"]
 
+_LITTLE = sys.byteorder == "little"
+_U16_4, _U16_LOW_NIBBLES = np.uint16(4), np.uint16(0x0F0F)
+
 
 def spread_fields(w: np.ndarray, bits: int) -> np.ndarray | None:
     """Sequential (LSB-first) fields of uint32 words as a new uint8 array [..., n * 32 / bits].
 
     Returns None where the byte tricks do not apply (other widths, a big-endian host).
     """
-    if sys.byteorder != "little" or bits not in (4, 8):
+    if not _LITTLE or bits not in (4, 8):
         return None
     if bits == 8:
         w = w.astype(np.uint32, order="C")  # always a new array: callers may overwrite the fields
         return w.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 4,))
     w = np.ascontiguousarray(w, dtype=np.uint32)  # transposes a transposed view; the widening below copies
     x = w.view(np.uint8).astype(np.uint16)
-    np.bitwise_or(x, np.left_shift(x, np.uint16(4)), out=x)
-    np.bitwise_and(x, np.uint16(0x0F0F), out=x)
+    np.bitwise_or(x, np.left_shift(x, _U16_4), out=x)
+    np.bitwise_and(x, _U16_LOW_NIBBLES, out=x)
     return x.view(np.uint8).reshape(w.shape[:-1] + (w.shape[-1] * 8,))
 
 
@@ -88,8 +91,11 @@ def transposed_field_rows(packed, bits: int, axis: int, *, order=None, tensor: s
     if axis % 2 == 0:  # packed along rows (GPTQ qweight [K/F, N]): result [N, K], fields along the last axis
 
         def rows(r0, r1):
-            # copy the block's columns first (rows of contiguous words), then transpose in cache
-            w = np.ascontiguousarray(pu[:, r0:r1]).T
+            w = pu[:, r0:r1].T
+            if not w.flags.c_contiguous:  # a row-major qweight (as loaded): its block's words are strided
+                # copy the block's columns first (rows of contiguous words), then transpose in cache
+                w = np.ascontiguousarray(np.ascontiguousarray(pu[:, r0:r1]).T)
+            # (a column-major qweight, e.g. the transposed view quantize_gptq returns, is already in order)
             fast = spread_fields(w, bits) if sequential else None
             if fast is not None:
                 return fast

@@ -56,6 +56,19 @@ def _random_words(rng, shape) -> np.ndarray:
     return _read_only(rng.integers(-(2 ** 31), 2 ** 31, shape, dtype=np.int64).astype(np.int32))
 
 
+def _laid_out(words: np.ndarray, layout: str) -> np.ndarray:
+    """The same words row-major ("C", as loaded), column-major ("F", as quantize_gptq's transposed view)
+    or as a strided view (every other column of a wider array): the unpackers take their fast paths by
+    memory layout, and every layout must give the same fields."""
+    if layout == "F":
+        return _read_only(np.asfortranarray(words))
+    if layout == "strided":
+        wide = np.zeros((words.shape[0], 2 * words.shape[1]), words.dtype)
+        wide[:, ::2] = words
+        return _read_only(wide)[:, ::2]
+    return words
+
+
 def _random_scales(rng, shape, dtype) -> np.ndarray:
     s = rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 8, shape)
     s[rng.random(shape) < 0.1] = 0.0  # zero scales: +-0 results
@@ -69,13 +82,15 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), bits=st.sampled_from([4, 8]), n8=st.integers(1, 5),
        groups=st.integers(1, 4), words_per_group=st.integers(1, 2), act_order=st.booleans(), v2=st.booleans(),
-       sym=st.booleans(), scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16]), variant=VARIANTS)
-def test_gptq_equals_element_reading(seed, bits, n8, groups, words_per_group, act_order, v2, sym, scale_dtype, variant):
+       sym=st.booleans(), scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16]), variant=VARIANTS,
+       layout=st.sampled_from(["C", "F", "strided"]))
+def test_gptq_equals_element_reading(seed, bits, n8, groups, words_per_group, act_order, v2, sym, scale_dtype, variant,
+                                     layout):
     rng = np.random.default_rng(seed)
     f = 32 // bits
     n, group = 8 * n8, f * words_per_group
     k = group * groups
-    qweight = _random_words(rng, (k // f, n))
+    qweight = _laid_out(_random_words(rng, (k // f, n)), layout)
     qzeros = _random_words(rng, (groups, n // f))
     scales = _random_scales(rng, (groups, n), scale_dtype)
     g = rng.permutation(default_g_idx(k, group)).astype(np.int32) if act_order else None
@@ -148,11 +163,11 @@ def test_ct_pack_quantized_equals_element_reading(seed, bits, n, groups, group, 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), bits=st.sampled_from([2, 4, 8]), a=st.integers(1, 9), b=st.integers(1, 9),
-       axis=st.sampled_from([0, 1]), awq_order=st.booleans())
-def test_transposed_unpack_equals_unpack_then_transpose(seed, bits, a, b, axis, awq_order):
+       axis=st.sampled_from([0, 1]), awq_order=st.booleans(), layout=st.sampled_from(["C", "F", "strided"]))
+def test_transposed_unpack_equals_unpack_then_transpose(seed, bits, a, b, axis, awq_order, layout):
     rng = np.random.default_rng(seed)
     order = (0, 2, 4, 6, 1, 3, 5, 7) if awq_order and bits == 4 else None
-    words = _random_words(rng, (a, b))
+    words = _laid_out(_random_words(rng, (a, b)), layout)
     expect = unpack_int32(words, bits, axis=axis, order=order).T
     got = unpack_int32_transposed(words, bits, axis=axis, order=order)
     assert got.flags.c_contiguous and np.array_equal(got, expect)
@@ -225,3 +240,23 @@ def test_awq_ct_and_mxfp4_write_into_out():
                                 rng.integers(0, 256, (2, n, k // 32), dtype=np.uint8), out=buf)
     with pytest.raises(ValueError, match="only float32"):
         dequantize_mxfp4_ct(mx, dtype=np.float64, out=buf)
+
+
+@pytest.mark.parametrize("zeros", ["all 0", "all 5", "all 15", "per group"])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_grouped_zeros_constant_or_per_group_equal_the_oracle(zeros, act_order):
+    """One zero for the whole layer is subtracted as a scalar (fast_dequant._FastPlan); the bits must be
+    those of the elementwise oracle, as for per-group zeros."""
+    from emulator.formats.fast_dequant import dequantize_grouped
+
+    rng = np.random.default_rng(17)
+    n, k, group = 24, 96, 32
+    q = _read_only(rng.integers(0, 16, (n, k)).astype(np.uint8))
+    z = {"all 0": np.zeros((n, k // group), np.int32), "all 5": np.full((n, k // group), 5, np.int32),
+         "all 15": np.full((n, k // group), 15, np.int32),
+         "per group": rng.integers(0, 16, (n, k // group)).astype(np.int32)}[zeros]
+    s = _random_scales(rng, (n, k // group), np.float16)
+    g = rng.permutation(default_g_idx(k, group)).astype(np.int32) if act_order else None
+    gi = default_g_idx(k, group) if g is None else g
+    got = dequantize_grouped(q, _read_only(z), s, g, code_range=(0, 15))
+    assert _same(got, affine_oracle(q, z[:, gi], s[:, gi], midpoint=0))
