@@ -261,7 +261,9 @@ def bench_fallback(fmt: str, ms: tuple, n: int, k: int, repeat: int, native: boo
              "ct": Case("w4a16", "ct-pack-quantized", mmax, n, k, group_size=128, sym=True, act_dtype="bfloat16"),
              "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", mmax, n, k, group_size=32, act_dtype="bfloat16")}[fmt]
     inp = make_inputs(case0, 0)
-    tensors = inp.tensors
+    # C-contiguous, as a safetensors load gives them (the synthetic GPTQ qweight is column-major, which
+    # would spare the uncached path the word transpose a real checkpoint's qweight needs)
+    tensors = {k: np.ascontiguousarray(v) for k, v in inp.tensors.items()}
     packed = sum(np.asarray(t).nbytes for t in tensors.values())
     # memory bandwidth as a NumPy copy sees it, on 256 MiB (beyond any cache here): bytes copied per second
     src = np.ones(64 << 20, np.float32)
