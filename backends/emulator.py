@@ -8,8 +8,10 @@ Covers: every scheme qconform defines (emulator/). Two paths:
   the exact path);
 - ``path=exact``: the reference linear of emulator/linear.py on every call.
 
-Both return the canonical result (or the variant named by its parameters), so
-the emulator passes its own suite bit for bit. Parameters select variants, e.g.
+The exact path returns the canonical result bit for bit (or the variant named by its
+parameters); the fast path returns what its declaration says (fp32 accumulation of the
+exactly dequantized weights, within the declared interval, not the canonical bits), and
+the suite judges each against its own declaration. Parameters select variants, e.g.
 ``emulator:act_rounding=rhaz`` or ``emulator:mx_scale_rule=even``: the backend
 then *declares* those variants, and a run against the canonical declaration
 shows whether the suite catches the difference.

@@ -32,6 +32,16 @@ def _require(module: str) -> None:
 def cmd_model(args) -> int:
     _require("torch")
     _require("transformers")
+    from . import op
+
+    saved = op.certifier()
+    try:
+        return _model(args)
+    finally:  # the command's certifications end with it (an in-process caller keeps its own)
+        op.use_certifications(saved)
+
+
+def _model(args) -> int:
     import torch
 
     from backends.registry import create

@@ -85,6 +85,11 @@ class QuantLinear(nn.Module):
         tensors = {role: _to_torch(t) for role, t in ck.layer_tensors(info).items()}
         return nn.ModuleList(cls(info, tensors, backend=backend, expert=e) for e in range(info.shape[0]))
 
+    @property
+    def spec(self) -> str:
+        """The op's ``layer`` argument for this module (``op.layer_spec``)."""
+        return self._spec
+
     def weights(self) -> list[torch.Tensor]:
         return [getattr(self, "q_" + r) for r in self._roles]
 

@@ -333,9 +333,12 @@ def _backend_for(spec: str, case, name: str, layer: str):
         skipped = "; ".join([f"{n}: {why}" for n, why in sel.skipped]
                             + [f"{n}: failed when run ({why})" for n, why in failed.items()]) or "none"
         how = "certified on this host" if store is not None else "uncertified: by declaration and priority"
-        if store is not None and sel.backend.name == "emulator":
-            how = "no backend certified for this case on this host"
-        _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {sel.backend.label} [{how}] "
+        chosen = sel.backend.label
+        if sel.backend.name == "emulator":
+            how = "no backend certified for this case on this host" if store is not None else "no kernel takes it"
+            # not the reference: the emulator backend's declared fp32 accumulation (docs/fallback.md#the-op)
+            chosen = f"{chosen} fast path (fp32 accumulation; --backend emulator is the reference)"
+        _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {chosen} [{how}] "
                                  f"(skipped: {skipped})")
         return sel.backend
     b = _NAMED.get(spec)

@@ -16,6 +16,9 @@ __all__ = ["cmd_certify", "cmd_verify_bundle", "register"]
 
 def cmd_certify(args) -> int:
     profile, families = args.profile or "certification", None
+    from ..selection import check_backends
+
+    check_backends(args.backend)  # a typo: one line, exit 2, before anything else is printed
     if args.for_model:
         from .dispatch import checkpoint_families
 
@@ -98,13 +101,30 @@ def cmd_verify_bundle(args) -> int:
              f"seed {res.rerun_seed})" if args.rerun else ""))
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
     if res.ok:
-        print("bundle OK")
+        print("bundle OK (its files, records and verdicts check out)")
+        print(f"certification recorded in it: {_recorded_verdict(args.bundle)}")
     elif res.version_mismatch and not args.any_version and len(res.problems) == 1:
         print("bundle NOT VERIFIED: written by another suite version (its hashes and records check out; "
               "its verdicts were not recomputed)")
     else:
         print(f"bundle FAILS verification: {len(res.problems)} problem(s)")
     return 0 if res.ok else 1
+
+
+def _recorded_verdict(folder) -> str:
+    """What a verified bundle says of its backends: PASS, FAIL or NOT CERTIFIED (bundle.json's ``ok`` and
+    counts). A bundle can verify (a true record) and record a failed certification."""
+    from pathlib import Path
+
+    try:
+        meta = json.loads((Path(folder) / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"? (bundle.json unreadable: {e})"
+    n_bad, n = meta.get("n_bad"), meta.get("n_results")
+    if meta.get("unavailable") or meta.get("no_judged_case"):
+        why = ", ".join(list(meta.get("unavailable") or {}) + list(meta.get("no_judged_case") or []))
+        return f"NOT CERTIFIED (no judged case or unavailable: {why}; {n_bad} failing of {n})"
+    return f"{'PASS' if meta.get('ok') else 'FAIL'} ({n_bad} failing of {n}; bundle.json ok: {str(meta.get('ok')).lower()})"
 
 
 def register(sub) -> None:

@@ -174,7 +174,7 @@ class CertificationStore:
                 continue
             fam = cert.families.get(key)
             if fam is None:
-                reasons.append(f"{cert.bundle} has no case of this family")
+                reasons.append(f"{cert.bundle} has no case of this family{_nearest(key, cert.families)}")
                 continue
             if fam.withheld:  # one failing bundle withholds the family, whatever the others say
                 cid, verdict = fam.withheld[0]
@@ -191,6 +191,24 @@ class CertificationStore:
             return (f"certified for this family up to K = {max_k} only, this layer has K = {case.K} (certify "
                     "--for-model certifies the checkpoint's own K)")
         return None
+
+
+def _nearest(key: str, families: dict) -> str:
+    """'' or ' (nearest certified: act_dtype float32, not bfloat16)': the fields that differ from the bundle's
+    closest family of the same scheme and format, so a user sees e.g. a --dtype mismatch at once."""
+    want = json.loads(key)
+    best = None
+    for other in families:
+        have = json.loads(other)
+        if (have.get("scheme"), have.get("weight_format")) != (want.get("scheme"), want.get("weight_format")):
+            continue
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        if best is None or len(diff) < len(best[0]):
+            best = (diff, have)
+    if best is None:
+        return f" (none of {want.get('scheme')}/{want.get('weight_format')})"
+    diff, have = best
+    return " (nearest certified: " + ", ".join(f"{k} {have.get(k)}, not {want.get(k)}" for k in diff) + ")"
 
 
 def checkpoint_families(folder, act_dtype: str = "float32") -> tuple[list[dict], list[str]]:

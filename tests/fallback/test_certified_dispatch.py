@@ -79,6 +79,7 @@ def test_store_certifies_a_passed_family_and_nothing_else(bundle):
     assert store.why_not("torch-cpu", version, _case(M=64, N=4096)) is None  # M and N are not the family
     why = store.why_not("torch-cpu", version, _case(act_dtype="float32"))
     assert why and "no case of this family" in why
+    assert "(nearest certified: act_dtype " in why and ", not float32)" in why  # the --dtype mismatch, named
     why = store.why_not("torch-cpu", "0.0.0", _case())
     assert why and "certified version" in why and "installed 0.0.0" in why
     assert "no certification on this host" in store.why_not("ark", None, _case())
@@ -150,7 +151,8 @@ def test_an_uncertified_family_runs_the_emulator(bundle, w8a8_layer):
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     y = m(torch.from_numpy(x)).numpy()
     line = " ".join(op.selection_lines(m._spec))
-    assert "-> emulator [no backend certified for this case on this host]" in line, line
+    assert "-> emulator fast path (fp32 accumulation; --backend emulator is the reference) " \
+           "[no backend certified for this case on this host]" in line, line
     assert "no case of this family" in line
     ref = linear_layer(ck, info, x, out_dtype="float32").y.astype(np.float32)
     assert np.abs(y - ref).max() <= 1e-6 * np.abs(ref).max()  # the emulator backend's fp32 fast path
