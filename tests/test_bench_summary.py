@@ -1,0 +1,26 @@
+"""`qconform bench` ends with the list of missed targets (benchmarks/bench.py ``missed_targets``): every
+record past its target is named, records within it are not."""
+
+from __future__ import annotations
+
+from benchmarks.bench import missed_targets
+
+
+def test_every_miss_is_listed_and_nothing_else():
+    results = [
+        {"bench": "dequant", "format": "awq", "ratio_of_bandwidth": 0.30},
+        {"bench": "dequant", "format": "gptq", "ratio_of_bandwidth": 0.50},
+        {"bench": "linear", "scheme": "w8a8", "M": 1, "ratio_to_dense": 0.6, "acc_missed": True, "acc_speedup": 1.8},
+        {"bench": "linear", "scheme": "w4a16", "M": 16, "ratio_to_dense": 1.4},
+        {"bench": "fallback", "format": "gptq", "rows": [
+            {"M": 1, "missed": True, "uncached_over_cached": 3.24, "target": "<= 3.0"},
+            {"M": 16, "missed": False, "uncached_over_cached": 2.29, "target": "<= 3.0"}]},
+        {"bench": "reference", "scheme": "w4a16"},
+    ]
+    got = missed_targets(results)
+    assert len(got) == 4
+    assert got[0].startswith("dequant awq 0.30")
+    assert got[1].startswith("W8A8 accumulator M=1 1.80x")
+    assert got[2].startswith("linear w4a16 M=16 x1.40")
+    assert got[3] == "fallback gptq M=1 uncached x3.24 cached (<= 3.0)"
+    assert missed_targets([results[1], results[5]]) == []
