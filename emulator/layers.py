@@ -228,11 +228,12 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
         # Quark's dynamic int8 observer: scale = amax / 127.5 ((qmax - qmin) / 2), no emulator variant
         if not (info.activation or {}).get("dynamic"):
             raise UnsupportedFormatError(
-                f"{info.name}: Quark static int8 input_tensors (a stored input scale) are not defined; run with "
-                "--act a16 or --act int8 (dynamic, canonical amax / 127)")
+                f"{info.name}: Quark static int8 input_tensors (a stored input scale) are not defined (qconform linear "
+                "can run the layer with --act a16 or --act int8: dynamic, canonical amax / 127)")
         raise UnsupportedFormatError(
             f"{info.name}: Quark dynamic int8 input_tensors (scale = amax / 127.5, quantization/observer/observer.py) "
-            "are not an emulator variant; run with --act a16 or --act int8 (canonical amax / 127)")
+            "are not an emulator variant (qconform linear can run the layer with --act a16 or --act int8: canonical "
+            "amax / 127)")
     if scheme == "a16":
         return lin.linear_w16(x, w, bias, out_dtype=out_dtype)
     if scheme == "int8":

@@ -334,6 +334,9 @@ def save_tensors(path: "str | os.PathLike", tensors: dict, metadata: dict | None
         offset += len(raw)
     hj = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
     hj += b" " * ((8 - len(hj) % 8) % 8)  # align the data section, as the reference writer does
+    parent = Path(path).parent
+    if not parent.is_dir():  # named here, not as the temporary file the open below would report
+        raise FileNotFoundError(f"{path}: the output folder {parent} does not exist")
     tmp = Path(str(path) + ".tmp")
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(hj)))

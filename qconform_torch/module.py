@@ -50,6 +50,10 @@ class QuantLinear(nn.Module):
     def __init__(self, info: LayerInfo, tensors: dict[str, torch.Tensor], *, backend: str = "auto",
                  expert: int | None = None):
         super().__init__()
+        if backend not in ("auto", "emulator"):
+            from backends.registry import create
+
+            create(backend)  # an unknown name or parameter fails here, not at the first forward call
         self.info = info
         self.backend = backend
         self.expert = expert

@@ -239,3 +239,19 @@ def test_same_layer_description_other_weights_never_share_a_cache_entry(syntheti
     assert not torch.equal(ra, rb)
     assert float((ya - ra).abs().max()) <= 1e-5 * float(ra.abs().max())
     assert float((yb - rb).abs().max()) <= 1e-5 * float(rb.abs().max())
+
+
+def test_a_typo_in_the_backend_fails_when_the_module_is_built(synthetic):
+    ck = Checkpoint(synthetic / "ct-w4a16-g32-sym")
+    with pytest.raises(ValueError, match="torch_cpu"):
+        QuantLinear.from_checkpoint(ck, ck.layers()[0].name, backend="torch_cpu")
+
+
+def test_an_output_in_a_missing_folder_is_one_line(tmp_path, capsys):
+    """The writer names the folder, not the temporary file it would have opened."""
+    ckpt = Path(__file__).resolve().parents[1] / "data" / "toolkit_checkpoints" / "llmcompressor-w8a8-int8"
+    pytest.importorskip("transformers")
+    rc = qconform(["model", str(ckpt), "--tokens", "1,2", "--backend", "emulator",
+                   "-o", str(tmp_path / "no" / "such" / "o.safetensors")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "output folder" in err[0] and ".tmp" not in err[0], err
