@@ -315,6 +315,17 @@ def _log_choice(spec: str, name: str, line: str) -> None:
         log.info("%s: %s", name, line)
 
 
+def _skipped_text(pairs) -> str:
+    """The skipped backends of a choice line: each with its reason, except those unavailable on this host
+    (no library, no device), named together: their reasons do not depend on the layer (`qconform
+    backends` prints them)."""
+    away = [n for n, why in pairs if why.startswith("unavailable")]
+    rest = [f"{n}: {why}" for n, why in pairs if not why.startswith("unavailable")]
+    if away:
+        rest.append(f"unavailable here: {', '.join(away)} (`qconform backends` says why)")
+    return "; ".join(rest) or "none"
+
+
 def _backend_for(spec: str, case, name: str, layer: str):
     if spec == "auto":
         key = repr(case)
@@ -330,8 +341,7 @@ def _backend_for(spec: str, case, name: str, layer: str):
             _SELECT_CACHE[key] = sel
         if isinstance(sel, _Timed):
             return sel  # run_layer times the candidates, then logs the choice
-        skipped = "; ".join([f"{n}: {why}" for n, why in sel.skipped]
-                            + [f"{n}: failed when run ({why})" for n, why in failed.items()]) or "none"
+        skipped = _skipped_text(list(sel.skipped) + [(n, f"failed when run ({why})") for n, why in failed.items()])
         how = "certified on this host" if store is not None else "uncertified: by declaration and priority"
         chosen = sel.backend.label
         if sel.backend.name == "emulator":
@@ -465,7 +475,7 @@ def _fastest(timed: _Timed, case, src, info: LayerInfo, weights, spec: str, x32:
     else:
         chosen = next(b for b in timed.candidates if b.label == min(times, key=times.get))
     _SELECT_CACHE[repr(case)] = Selection(chosen, timed.skipped)
-    skipped = "; ".join(f"{n}: {why}" for n, why in timed.skipped) or "none"
+    skipped = _skipped_text(timed.skipped)
     timing = ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
     how = f"fastest certified on this host at M = {case.M}: {timing}" if times else "no certified backend ran"
     _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {chosen.label} [{how}] (skipped: {skipped})")
