@@ -75,7 +75,9 @@ class ReferenceCache:
     """Inputs and intervals of one run (docs/conformance.md#reference-sharing); thread-safe."""
 
     def __init__(self, parent: "str | Path"):
-        self.folder = Path(parent) / f"refcache-{os.getpid()}-{next(_counter)}"
+        # absolute: worker processes run in their own directories, and a path relative to this one
+        # (`qconform run --out qconform-out`) would name a file they cannot find
+        self.folder = Path(parent).resolve() / f"refcache-{os.getpid()}-{next(_counter)}"
         self._lock = threading.Lock()
         self._inputs: dict[str, tuple[Path, str]] = {}  # case id -> (bundle path, inputs digest)
         self.stats = {"inputs_drawn": 0, "inputs_reused": 0, "intervals_computed": 0, "intervals_reused": 0,

@@ -268,6 +268,9 @@ class Runner:
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
                  memory_limit: "int | str | None" = None, lock: bool = False):
         self.out_dir = Path(out_dir)
+        # scratch files workers read and write: absolute, because a worker process runs in its own
+        # directory and a path relative to ours (`qconform run --out qconform-out`) names nothing there
+        self.work_dir = self.out_dir.resolve() / ".work"
         #: optional callback(label, spec, inp, declared, interval, y, rec, evidence), called (from worker threads)
         #: for every judged output before its result line is written; conformance/certify keeps the
         #: observed outputs and intervals with it
@@ -325,7 +328,7 @@ class Runner:
     def run(self, backend_specs: list[str], specs: list[CaseSpec], *, resume: bool = True,
             header: dict | None = None) -> list[dict]:
         if self.lock.held:  # the sole writer: scratch space a killed run left behind can go
-            shutil.rmtree(self.out_dir / ".work", ignore_errors=True)
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         done = set()
         if resume:
             for r in read_results(self.results_path):
@@ -336,7 +339,7 @@ class Runner:
                 f.write(json.dumps(dict(header, kind="run"), default=_json_default) + "\n")
         results: list[dict] = []
         today = time.strftime("%Y-%m-%d")
-        self.refs = ReferenceCache(self.out_dir / ".work")
+        self.refs = ReferenceCache(self.work_dir)
         try:
             self._run_backends(backend_specs, specs, done, results, today)
         finally:
@@ -344,7 +347,7 @@ class Runner:
             self.refs.close()
             self.refs = None
             try:
-                (self.out_dir / ".work").rmdir()
+                (self.work_dir).rmdir()
             except OSError:
                 pass
         if self.progress and not callable(self.progress) and self._total:
@@ -422,7 +425,7 @@ class Runner:
     def _run_chunk(self, bspec: str, label: str, specs: list[CaseSpec], today: str) -> list[dict]:
         out = []
         worker = self._worker(bspec)
-        tmpdir = self.out_dir / ".work" / f"{os.getpid()}-{threading.get_ident()}"
+        tmpdir = self.work_dir / f"{os.getpid()}-{threading.get_ident()}"
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
             for spec in specs:
@@ -439,7 +442,7 @@ class Runner:
             worker.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
             try:
-                (self.out_dir / ".work").rmdir()
+                (self.work_dir).rmdir()
             except OSError:
                 pass
         return out

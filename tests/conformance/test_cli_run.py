@@ -374,3 +374,16 @@ def test_target_with_some_backends_unavailable(doubles, tmp_path, capsys):
     assert summary["status"] == "not-certified" and summary["unavailable"] == why
     assert "not certified: absent: unavailable: test double" in capsys.readouterr().out
     assert cmd_run(_run_args(tmp_path / "b", ["declines"]), unavailable=why) == 4
+
+
+def test_a_relative_out_folder_works(tmp_path, monkeypatch, capsys):
+    """README's first command, `qconform run --out qconform-out`, names its folder relative to the caller's
+    directory; the workers run elsewhere, so every path they are given must be absolute (the shared inputs
+    and each case's output). Before that fix every case crashed with 'file not found'."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["run", "--backend", "emulator", "--profile", "smoke", "--scheme", "w8a8", "--out", "qconform-out"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-2000:]
+    assert "CONFORMANT" in out and "NOT CONFORMANT" not in out
+    recs = [r for r in _results(tmp_path / "qconform-out") if r.get("kind") == "result"]
+    assert recs and all(r["verdict"] == "pass" for r in recs), {r["verdict"] for r in recs}
