@@ -27,7 +27,10 @@ The conformance code talks to backends only through this interface.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+import logging
+import warnings
 from typing import Any
 
 import numpy as np
@@ -48,7 +51,30 @@ __all__ = [
     "BackendError",
     "yes",
     "no",
+    "quiet_library_import",
 ]
+
+#: loggers that warn at import on every CPU host: torchao for each optional CUDA extension it cannot load
+#: (none can here), torch for each Enum a library registers with its pytree
+_IMPORT_NOISE = ("torchao", "torchao.kernel.intmm", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def quiet_library_import(python_warnings: bool = True):
+    """Import a kernel library without its import-time log warnings (availability is reported by the adapter,
+    with its reason; these lines would only repeat on every command: `qconform backends`, `qconform model`);
+    ``python_warnings``: also Python's ``warnings`` (False keeps them, e.g. around a model load)."""
+    saved = {n: logging.getLogger(n).level for n in _IMPORT_NOISE}
+    for n in _IMPORT_NOISE:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            if python_warnings:
+                warnings.simplefilter("ignore")
+            yield
+    finally:
+        for n, lvl in saved.items():
+            logging.getLogger(n).setLevel(lvl)
 
 
 class BackendError(RuntimeError):

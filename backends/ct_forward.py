@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from .base import Availability, BackendError, Case, Declared, Support, no, yes
+from .base import Availability, BackendError, Case, Declared, Support, no, quiet_library_import, yes
 from .quantize_base import QuantizeOnlyBackend, e2m1_codes_from_values, e8m0_bytes_from_scales
 
 __all__ = ["CompressedTensorsBackend"]
@@ -32,6 +32,11 @@ __all__ = ["CompressedTensorsBackend"]
 
 @functools.lru_cache(maxsize=1)
 def _state():
+    with quiet_library_import():  # compressed-tensors imports torchao, with its import-time warnings
+        return _import()
+
+
+def _import():
     try:
         import compressed_tensors
         import torch

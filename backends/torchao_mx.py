@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from .base import Availability, Case, Declared, Support, no, yes
+from .base import Availability, Case, Declared, Support, no, quiet_library_import, yes
 from .quantize_base import QuantizeOnlyBackend
 
 __all__ = ["TorchaoMxBackend", "SCALE_MODES"]
@@ -30,22 +30,8 @@ SCALE_MODES = {"floor": "floor", "rceil": "rceil", "even": "even", "ceil": "ceil
 
 @functools.lru_cache(maxsize=1)
 def _state():
-    # torchao logs a WARNING for each optional CUDA extension it cannot load (none can on a CPU host), and torch
-    # one for each Enum it registers: quiet for the import only, so `qconform backends` stays clean
-    import logging
-    import warnings
-
-    names = ("torchao", "torchao.kernel.intmm", "torch.utils._pytree")
-    saved = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return _import()
-    finally:
-        for n, lvl in saved.items():
-            logging.getLogger(n).setLevel(lvl)
+    with quiet_library_import():  # torchao's per-extension and torch's pytree warnings, once per command
+        return _import()
 
 
 def _import():

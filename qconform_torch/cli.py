@@ -73,8 +73,11 @@ def _model(args) -> int:
     # and a fresh selection log
     op.use_certifications(args.certifier_factory(bundles) if bundles else None)
     op.clear_selections()
+    from backends.base import quiet_library_import
+
     dtype = getattr(torch, args.dtype)
-    model, modules = load_quantized_model(args.checkpoint, backend=args.backend, dtype=dtype)
+    with quiet_library_import(python_warnings=False):  # transformers' quantizer registry imports torchao
+        model, modules = load_quantized_model(args.checkpoint, backend=args.backend, dtype=dtype)
     tokens = parse_tokens(args.tokens, int(model.config.vocab_size))
     try:
         logits, seen = forward_logits(model, tokens, capture=modules if args.layers else None)
