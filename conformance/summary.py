@@ -378,8 +378,9 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
 
 
 def deviation_lines(summary: dict) -> list[str]:
-    """One line per (column, declared variant) that is not canonical: its level, cases and measured distance
-    from the canonical reference (docs/conformance.md#levels)."""
+    """One line per (column, declared variant) that is not canonical: its level, cases and the measured distance
+    of those cases from the canonical reference (docs/conformance.md#levels): of each case's whole declaration,
+    so a variant declared beside a farther one shows that one's distance (an upper bound for it)."""
     agg: dict = {}
     for c in summary.get("cells", []):
         for d in c.get("deviations") or []:
@@ -404,8 +405,11 @@ def deviation_lines(summary: dict) -> list[str]:
         dist.append(f"{a['n_outside']} element(s) outside the canonical interval")
         kind = "semantic deviation" if a["level"] == "semantic" else "declared variant"
         waived = f", {a['waived']} waived" if a["waived"] else ""
+        # the distance is measured per case, of the case's whole declaration: a case declaring this variant and
+        # a semantic one shows the semantic one's distance here too (so: an upper bound for this variant)
         lines.append(f"{kind}: {col}: {var} ({a['level']}) on {a['cases']} judged case(s){waived} "
-                     f"[{', '.join(sorted(set(a['schemes'])))}]; distance from canonical: {', '.join(dist)}")
+                     f"[{', '.join(sorted(set(a['schemes'])))}]; distance of those cases from canonical (their "
+                     f"whole declaration, with any other variant it names): {', '.join(dist)}")
     return lines
 
 
