@@ -164,9 +164,13 @@ def decide_opaque(y, loose: Interval, judged: Interval, floor_db: float) -> dict
     nonfinite = ~np.isfinite(ref)
     same = (np.isnan(ref) & np.isnan(y64)) | (np.isinf(ref) & (y64 == ref))
     if (nonfinite & ~same).any():
-        n = int((nonfinite & ~same).sum())
+        bad = nonfinite & ~same
+        n = int(bad.sum())
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        # the first such element named: the record's worst_element is the worst *finite* one
         return dict(rec, verdict="fail", reason=f"{n} element(s) where the canonical reference is NaN or infinite "
-                                                 "differ from it")
+                                                 f"differ from it (first {list(first)}: observed {float(y64[first])!r}, "
+                                                 f"reference {float(ref[first])!r})")
     if not np.isfinite(y64[~nonfinite]).all():
         return dict(rec, verdict="fail", reason="non-finite output where the canonical reference is finite")
     if degenerate_reference(ref):

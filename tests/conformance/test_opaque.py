@@ -2,6 +2,7 @@
 exactly is judged by SQNR against the reference of its declared semantics, under its own verdict
 (`pass-sqnr`) and level (`opaque`), never called CONFORMANT, and the dispatcher skips it unless opted in."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -100,3 +101,20 @@ def test_opaque_certification_bundle_verifies(doubles, tmp_path, capsys):
     assert (out / "MANIFEST.json").exists(), rc
     assert rc == 0 and "ACCURATE TO DECLARED SQNR FLOORS" in text and "level opaque" in text, text
     assert main(["verify-bundle", str(out)]) == 0, capsys.readouterr()
+
+
+def test_a_nonfinite_reference_mismatch_names_its_first_element():
+    """An infinite activation makes reference rows non-finite; a kernel returning finite numbers there fails,
+    and the reason names the first such element (the record's worst_element is the worst finite one)."""
+    case = Case("w4a16", "gptq", 3, 64, 128, group_size=32)
+    inp = make_inputs(case, 2)
+    x = np.array(inp.x, np.float32)
+    x[1, 5] = np.inf
+    inp = dataclasses.replace(inp, x=x)
+    iv = declared_interval(inp, Declared(variants={}, output=case.output_dtype))
+    ref = iv.y_ref
+    assert not np.isfinite(ref[1]).any() and np.isfinite(ref[0]).all()
+    y = np.where(np.isfinite(ref), ref, 1.0)
+    r = decide_opaque(y, iv, iv, 30)
+    assert r["verdict"] == "fail"
+    assert "where the canonical reference is NaN or infinite differ from it (first [1, 0]: observed 1.0" in r["reason"]
