@@ -40,6 +40,8 @@ def cmd_certify(args) -> int:
                   memory_limit=args.memory_limit, families=families)
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
     print(f"bundle: {res.path} ({counts})")
+    for label, verdicts in _per_backend(res.path).items():  # which backend failed, not only how many cases
+        print(f"  {label}: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())))
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
     print(f"report: {res.path / 'report.html'}")
     print(f"verify: qconform verify-bundle {res.path}")
@@ -62,6 +64,23 @@ def cmd_certify(args) -> int:
         print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results}; {head}, "
               f"level {summary.get('level') if summary else '?'})")
     return 0 if res.ok else 1
+
+
+def _per_backend(folder) -> dict:
+    """{backend label: {verdict: count}} from a bundle's results.jsonl (empty where it cannot be read)."""
+    from collections import Counter
+    from pathlib import Path
+
+    out: dict = {}
+    try:
+        with open(Path(folder) / "results.jsonl", encoding="utf-8") as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("kind") == "result":
+                    out.setdefault(rec["backend"], Counter())[rec.get("verdict")] += 1
+    except (OSError, ValueError):
+        return {}
+    return out
 
 
 def _bundle_summary(folder) -> dict | None:

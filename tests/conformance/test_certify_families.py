@@ -72,6 +72,7 @@ def test_certify_for_model_then_certified_model_run(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "--for-model" in text and "1 case family at float32" in text
+    assert "\n  torch-cpu: " in text and " pass" in text.split("\n  torch-cpu: ", 1)[1].splitlines()[0]  # per backend
     meta = json.loads((out / "bundle.json").read_text())
     assert meta["profile"] == "families" and meta["families"] == checkpoint_families(W8A8, "float32")[0]
     v = verify_bundle(out, deep=True)  # the case list re-derived from the recorded families
