@@ -24,7 +24,8 @@ from emulator.variants import Level
 
 from .base import Availability, Backend, Case
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection", "refusal"]
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection", "refusal",
+           "dispatch_refusal"]
 
 log = logging.getLogger("qconform.dispatch")
 
@@ -195,6 +196,19 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
     return None
 
 
+def dispatch_refusal(backend: Backend, case: Case, allow_opaque: bool = False,
+                     tensors: dict | None = None) -> str | None:
+    """Why the dispatcher must not route ``case`` to ``backend``: unavailable here, cannot implement it, or
+    ``refusal``; None where it may (``select``, and qconform_torch's certified dispatch on top of it)."""
+    av = backend.availability()
+    if not av.available:
+        return f"unavailable: {av.reason}"
+    sup = backend.can_implement(case)
+    if not sup.ok:
+        return f"cannot implement {case.describe()}: {sup.reason}"
+    return refusal(backend, case, allow_opaque, tensors)
+
+
 def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: bool = False,
            tensors: dict | None = None) -> Selection:
     """Best available backend for ``case`` by priority; the emulator when nothing else can.
@@ -215,15 +229,7 @@ def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: boo
     for b in backends:
         if b.name in ("emulator", "auto"):  # the fallback comes last; "auto" is the dispatcher itself
             continue
-        av = b.availability()
-        if not av.available:
-            skipped.append((b.label, f"unavailable: {av.reason}"))
-            continue
-        sup = b.can_implement(case)
-        if not sup.ok:
-            skipped.append((b.label, f"cannot implement {case.describe()}: {sup.reason}"))
-            continue
-        why_not = refusal(b, case, allow_opaque, tensors)
+        why_not = dispatch_refusal(b, case, allow_opaque, tensors)
         if why_not:
             skipped.append((b.label, why_not))
             continue

@@ -38,7 +38,7 @@ import threading
 import numpy as np
 import torch
 
-from backends.registry import Selection, create, refusal, registered, select
+from backends.registry import Selection, create, dispatch_refusal, registered, select
 from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
@@ -262,15 +262,7 @@ def _certified_selection(case, store, failed: dict):
         except Exception as e:  # noqa: BLE001 - named in the log line, never hidden
             skipped.append((label, f"cannot be created: {e}"))
             continue
-        av = b.availability()
-        if not av.available:
-            skipped.append((label, f"unavailable: {av.reason}"))
-            continue
-        why = store.why_not(label, av.version, case)
-        if why is None:
-            sup = b.can_implement(case)
-            why = None if sup.ok else f"cannot implement {case.describe()}: {sup.reason}"
-        why = why or refusal(b, case)
+        why = dispatch_refusal(b, case) or store.why_not(label, b.availability().version, case)
         if why:
             skipped.append((label, why))
             continue
