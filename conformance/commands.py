@@ -9,13 +9,14 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 from emulator import __version__ as emulator_version
 
 from .provenance import environment, git_commit, suite_version  # noqa: F401 - re-exported
-from .runner import BAD, Runner, load_waivers, read_results
+from .runner import Runner, load_waivers, read_results
+from .verdict import BAD
 from .suite import PROFILES, TIERS, case_list, list_hash, parse_shard, shard
 
 
@@ -40,16 +41,6 @@ def available_backends(skipped: list | None = None) -> list[str]:
     if "emulator" not in out:
         out.insert(0, "emulator")
     return out
-
-
-def summarize(results: list[dict]) -> tuple[dict, int, int]:
-    table: dict = defaultdict(Counter)
-    for r in results:
-        table[(r["backend"], r["scheme"])][r["verdict"]] += 1
-    n_bad = sum(1 for r in results if r["verdict"] in BAD)
-    n_ok = sum(1 for r in results if r["verdict"] in ("pass", "pass-with-tie-flips", "quality-warning", "waived",
-                                                       "mistrusted"))
-    return table, n_ok, n_bad
 
 
 #: exit status of `qconform run` when nothing failed but something was not certified (a named backend
@@ -230,9 +221,10 @@ def cmd_replay(args) -> int:
 
     from backends.base import Declared
 
-    from .acceptance import declared_interval
     from .bundle import load_bundle_inputs
-    from .runner import WorkerProcess, judge
+    from .runner import WorkerProcess
+    from .verdict import judge, judged_against
+    from .workerclient import WorkerClient
     from .selection import check_backends
     from .summary import describe_worst
 
@@ -253,18 +245,19 @@ def cmd_replay(args) -> int:
         from backends.registry import create
 
         declared = create(want).declared(inp.case)
-    iv = None if inp.case.spec.quantize_only else declared_interval(inp, declared)
+    # the interval the runner judged against (for arithmetic=opaque: the canonical arithmetic's)
+    iv = None if inp.case.spec.quantize_only else judged_against(inp, declared)
     print(f"case: {inp.case.describe()}")
     print(f"recorded: {recorded} -> {meta.get('verdict')}: {meta.get('reason')}")
     print(f"declaration notes: {declared.notes or '(none)'}")
-    w = WorkerProcess(want)
+    w = WorkerClient(WorkerProcess(want), args.timeout)
     out = Path(tempfile.mkdtemp()) / "y.safetensors"
     try:
-        reply = w.request({"op": "run", "bundle": str(Path(args.bundle).resolve()), "out": str(out)}, timeout=args.timeout)
+        reply = w.run(out, bundle=Path(args.bundle).resolve())
     finally:
         w.close()
-    if not reply.get("ok"):
-        print(f"replay on {want}: {reply.get('kind')}: {reply.get('error')}")
+    if reply.failure is not None:
+        print(f"replay on {want}: {reply.failure.kind}: {reply.failure.error}")
         return 1
     from emulator.tensorfile import load_tensors
 
@@ -276,7 +269,7 @@ def cmd_replay(args) -> int:
             rec["worst_element"] = rec["first_mismatch"]
     else:
         y = load_tensors(out)["y"].data
-        rec = judge(inp, iv, y, declared)
+        rec = judge(inp, iv, y, declared).record()
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")

@@ -12,8 +12,8 @@ import numpy as np
 __all__ = ["offline_verdict"]
 
 
-def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
-    """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``)."""
+def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
+    """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``): a ``Judgement``."""
     from ..acceptance import Interval
     from ..verdict import decide
 
