@@ -57,6 +57,8 @@ class ResultRecord:
     unexpected_pass_of_waived_case: "dict | None" = None
     property: "dict | None" = None  # the property tier's search (docs/conformance.md#property-tier)
     extra: dict = dataclasses.field(default_factory=dict)  # keys this schema does not name, kept as read
+    #: optional fields given as None (written as null, as the line had them); other None fields are left out
+    nulls: frozenset = dataclasses.field(default_factory=frozenset)
 
     def __post_init__(self):
         self.verdict = Verdict.parse(self.verdict)
@@ -86,24 +88,25 @@ class ResultRecord:
         """The line as a dict: ``kind``, the required fields, then the optional ones that are set."""
         out: dict = {"kind": "result"}
         for f in dataclasses.fields(self):
-            if f.name == "extra":
+            if f.name in ("extra", "nulls"):
                 continue
             v = getattr(self, f.name)
-            if f.name in _REQUIRED or v is not None:
+            if f.name in _REQUIRED or v is not None or f.name in self.nulls:
                 out[f.name] = v.value if isinstance(v, Verdict) else v
         out.update(self.extra)
         return out
 
 
-_OPTIONAL = frozenset(f.name for f in dataclasses.fields(ResultRecord)) - set(_REQUIRED) - {"extra"}
+_OPTIONAL = frozenset(f.name for f in dataclasses.fields(ResultRecord)) - set(_REQUIRED) - {"extra", "nulls"}
 
 
 def _split(fields: dict) -> dict:
-    """Named optional fields as they are; any other key into ``extra``."""
+    """Named optional fields as they are (those given as None noted in ``nulls``); any other key into ``extra``."""
     known = {k: v for k, v in fields.items() if k in _OPTIONAL}
-    rest = {k: v for k, v in fields.items() if k not in _OPTIONAL and k != "extra"}
+    rest = {k: v for k, v in fields.items() if k not in _OPTIONAL and k not in ("extra", "nulls")}
     extra = dict(fields.get("extra") or {}, **rest)
-    return dict(known, extra=extra) if extra else known
+    out = dict(known, nulls=frozenset(k for k, v in known.items() if v is None))
+    return dict(out, extra=extra) if extra else out
 
 
 def read_records(path: "str | Path") -> list[ResultRecord]:
