@@ -5,7 +5,7 @@ implements, a Hypothesis search draws a case (shapes with K tails, N off multipl
 group size; act order; symmetry and zero convention; dtypes; bias) and its inputs (integer codes,
 zero points and scales of chosen magnitudes: subnormal, huge, negative, zero; activations with exact
 rounding ties, zero rows, NaN/Inf), runs each example through the backend in its isolated worker
-(``Runner._run_one`` with the drawn inputs sent as a bundle file) and judges it as every other tier
+(``Runner.run_case`` with the drawn inputs sent as a bundle file) and judges it as every other tier
 does. A ``fail``/``crash``/``timeout`` that no waiver covers fails the example, so Hypothesis shrinks
 it; the minimal example becomes the family's one result line (tier ``property``) with a replay
 bundle, and the first failing example found is kept next to it (``property.first_failure``).

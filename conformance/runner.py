@@ -4,24 +4,10 @@ Semantics: docs/conformance.md#verdicts and #isolation. The worker protocol is i
 worker) and workerproc.py (the runner's side); the verdict rule in verdict.py; the output-folder
 lock in outlock.py.
 
-Verdicts:
-
-- ``pass``: every output element inside the declared interval;
-- ``pass-with-tie-flips``: outside the declared interval only where an
-  activation-quantization tie (int8 k + 0.5, E2M1 midpoint) resolved the other
-  way can explain it, within the interval widened by exactly those flips; the
-  number of tie elements involved is recorded;
-- ``quality-warning``: inside the interval, but the error uses most of the
-  allowed bound almost everywhere (mean error/bound ratio > 0.5 with max > 0.9):
-  a kernel that is correct by the contract's letter but consistently at its edge;
-- ``fail``: outside the interval, or a malformed output (shape, complex, None, scalar, not numbers);
-  a replay bundle is written;
-- ``crash``: the worker died (signal or exit code; the memory cap included) or the backend raised;
-- ``timeout``: no answer within the per-case time limit (the worker is killed);
-- ``unsupported``: the backend's ``can_implement`` said no (its reason is kept);
-- ``waived``: a matching waiver (waivers.toml) covers a non-pass;
-- ``mistrusted``: inside the interval, but the reference output is all zero,
-  constant or non-finite, so agreement proves nothing about the kernel.
+Verdicts (their names, what each counts as, and ``judge``, which decides them): conformance/verdict.py;
+the result line's schema: conformance/record.py; the worker calls: conformance/workerclient.py.
+Public for one case (the pytest plugin, the property tier): ``Runner.run_case``, ``write_result``,
+``open_worker``, ``write_replay_bundle``.
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ def decide_opaque(y, loose: Interval, judged: Interval, floor_db: float) -> Judg
 
     Its arithmetic cannot be emulated, so it is judged against the intervals of its declared semantics
     with the canonical arithmetic (``loose`` outward, ``judged`` one rounding, as ``decide`` takes them;
-    ``conformance.runner.reference_declaration``) and their reference rounded to the output dtype: the SQNR over the finite reference elements must be at least ``floor_db``, and
+    ``conformance.verdict.reference_declaration``) and their reference rounded to the output dtype: the SQNR over the finite reference elements must be at least ``floor_db``, and
     where the reference is not finite the output must be the same NaN or infinity. The verdict is
     ``pass-sqnr`` (never ``pass``), else ``fail``; ULP and interval metrics are reported against the
     canonical intervals.
