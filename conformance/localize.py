@@ -18,7 +18,7 @@ runs *probes* through the backend on the case's own packed weights (``run(x, bia
 3. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
 
 Probes run in chunks of the case's M rows, so the kernel takes the same path (M = 1 decode kernels
-too). The result is a JSON-able dict; ``lines(loc)`` renders it for the console, the reports and replay.
+too). The result is a JSON-able dict; conformance/localize_text.py renders it for the console, the reports and replay.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .acceptance import declared_interval
 from .cases import CaseInputs
 from .localize_weights import analyze_weights, close, structure
 
-__all__ = ["localize", "lines", "summary_line", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
+__all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
 
 #: stages whose finding means the arithmetic after them (accumulation) cannot be judged from the output
 WEIGHTS_OR_ACTIVATIONS = ("weights", "activation quantization")
@@ -318,30 +318,6 @@ def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
     return ("accumulation or output rounding",
             f"{', '.join(checked) or 'nothing'} read back exact: the failure is in the product, the accumulation "
             "or the output rounding (or depends on the case's own activations)")
-
-
-def summary_line(loc: dict | None) -> str:
-    if not loc:
-        return ""
-    if loc.get("error"):
-        return f"localization failed: {loc['error']}"
-    return loc.get("summary") or ""
-
-
-def lines(loc: dict | None, limit: int = 6) -> list[str]:
-    """The localization as text lines: the stage summary, then each finding with its count."""
-    if not loc:
-        return []
-    out = [f"localization: {summary_line(loc)}"]
-    for key, title in (("weights", "weights"), ("activations", "activation quantization"), ("bias", "bias")):
-        part = loc.get(key)
-        if not part or part.get("ok"):
-            continue
-        for f in part["findings"][:limit]:
-            out.append(f"  {title}: {f['where']}: {f['pattern']} ({f['n']} of {part['n']} probe elements)")
-    for p in loc.get("probes", []):
-        out.append(f"  probe: {p}")
-    return out
 
 
 def to_json(loc: dict) -> dict:

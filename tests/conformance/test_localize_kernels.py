@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conformance.localize_text import localization_lines
 from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 
 #: bug -> its description (what a kernel author would write in a bug report)
@@ -232,7 +233,7 @@ def localize_with(bug: str, case: Case, inp=None) -> dict:
 @pytest.mark.parametrize("bug,case,stage,names", CASES, ids=[c[0] for c in CASES])
 def test_localization_names_the_planted_bug(bug, case, stage, names):
     loc = localize_with(bug, case)
-    text = "\n".join(__import__("conformance.localize", fromlist=["lines"]).lines(loc))
+    text = "\n".join(localization_lines(loc))
     assert loc["stage"] == stage, text
     for n in names:
         assert n in loc["summary"] or n in text, f"{n!r} not in:\n{text}"
