@@ -158,6 +158,8 @@ def describe_worst(we: dict | None) -> str:
             f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]")
     if we.get("ulp") is not None:
         text += f", {we['ulp']} ULP from the reference {_num(we.get('reference'))}"
+    if we.get("nonfinite_mismatches"):  # named first (conformance/verdict.py failing_element)
+        text += f"; the first of {we['nonfinite_mismatches']} NaN/Inf mismatch(es)"
     return text
 
 
