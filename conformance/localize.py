@@ -31,7 +31,7 @@ import numpy as np
 from emulator.activations import int8 as a8
 from emulator.declaration import int8_variant, mx_variant, round_weights
 from emulator.formats import mxfp4
-from emulator.numerics.floats import round_to_dtype
+from emulator.numerics.floats import round_float64_array, round_to_dtype
 
 from backends.base import Case, Declared
 
@@ -76,23 +76,50 @@ class _Prober:
         """(observed, reference, outside) [rows, N] for probe rows X (float32 act_dtype values): the
         reference rounded once to the output dtype, and where the output is outside the declared interval
         (conformance/acceptance.py: the same acceptance as the case's own verdict)."""
-        obs, exp, bad = [], [], []
+        xs, ys = [], []
         for a, b, step in self.chunks(len(X)):
-            xs = np.zeros((step, X.shape[1]), np.float32)
-            xs[: b - a] = X[a:b]
-            y = np.asarray(self.run(xs, bias), np.float64)
+            x = np.zeros((step, X.shape[1]), np.float32)
+            x[: b - a] = X[a:b]
+            y = np.asarray(self.run(x, bias), np.float64)
             if y.shape != (step, self.case.N):
                 raise ValueError(f"probe output shape {list(y.shape)}, expected {[step, self.case.N]}")
-            inp = CaseInputs(dataclasses.replace(self.case, M=step), 0, self.tensors, xs, bias)
+            xs.append(x)
+            ys.append(y)
+        # rows are independent unless one activation scale spans the tensor: then the chunks the kernel saw
+        groups = ([np.concatenate(xs)], [np.concatenate(ys)]) if not self._per_tensor() else (xs, ys)
+        obs, exp, bad = [], [], []
+        for x, y in zip(*groups):
+            inp = CaseInputs(dataclasses.replace(self.case, M=len(x)), 0, self.tensors, x, bias)
             iv = declared_interval(inp, self.declared)
             nonfinite = ~np.isfinite(iv.y_exact)
             with np.errstate(invalid="ignore"):
                 same = (np.isnan(iv.y_exact) & np.isnan(y)) | (np.isinf(iv.y_exact) & (y == iv.y_exact))
                 inside = np.where(nonfinite, same, (y >= iv.lo) & (y <= iv.hi))
-            obs.append(y[: b - a])
-            exp.append(np.where(nonfinite, iv.y_exact, iv.y_ref)[: b - a])
-            bad.append(~inside[: b - a])
-        return np.concatenate(obs), np.concatenate(exp), np.concatenate(bad)
+            obs.append(y)
+            exp.append(np.where(nonfinite, iv.y_exact, iv.y_ref))
+            bad.append(~inside)
+        n = len(X)
+        return _rows(obs, xs, n), _rows(exp, xs, n), _rows(bad, xs, n)
+
+    def _per_tensor(self) -> bool:
+        return self.case.spec.activations == "int8" and self.declared.value("act_granularity") == "per_tensor"
+
+
+def _rows(parts: list, xs: list, n: int) -> np.ndarray:
+    """The first n real probe rows of the chunked outputs (each chunk's padding rows dropped)."""
+    out, seen, step = [], 0, len(xs[0])
+    full = np.concatenate(parts)
+    for i in range(len(xs)):
+        take = min(step, n - seen)
+        out.append(full[i * step: i * step + take])
+        seen += take
+    return np.concatenate(out)
+
+
+def _rnd(v: np.ndarray, dtype: str) -> np.ndarray:
+    """RNE to ``dtype`` (float64 out) by the emulator's fast path; NaN stays NaN (its payload is not compared)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return round_float64_array(np.asarray(v, np.float64), dtype).astype(np.float64)
 
 
 # -- exact activation values --------------------------------------------------------------------------------
@@ -183,7 +210,7 @@ def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray
     with np.errstate(invalid="ignore", divide="ignore"):
         H.append(("every output scaled by 127/128", exact * 127 / 128))
         H.append(("every output scaled by 128/127", exact * 128 / 127))
-    return [(n, round_to_dtype(y, out_dtype)) for n, y in H]
+    return [(n, _rnd(y, out_dtype)) for n, y in H]
 
 
 def _per_axis_factor(obs: np.ndarray, exp: np.ndarray, dtype: str) -> str | None:
@@ -255,7 +282,7 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         def to_output(Wh: np.ndarray) -> np.ndarray:
             Wr = round_weights(Wh, declared) if case.spec.activations == "a16" else Wh
             with np.errstate(invalid="ignore", over="ignore"):
-                return round_to_dtype(v * Wr + (b64.T if bias_in is not None else 0.0), out_dtype)
+                return _rnd(v * Wr + (b64.T if bias_in is not None else 0.0), out_dtype)
 
         weights = analyze_weights(st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
         loc["probes"].append(f"weight readback: {ks.size} one-hot row(s) of value {v:g} (columns "
