@@ -298,6 +298,8 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
             # the same activation bug on the one-hot rows: does it explain the weight readback too?
             hyp = dict(_act_hypotheses(case, declared, X, W_decl))[acts["hypothesis"]]
             acts["explains_weight_readback"] = bool(close(obs1, hyp, out_dtype, 2).all())
+            if acts["explains_weight_readback"]:
+                weights["explained_by"] = acts["hypothesis"]
         loc["activations"] = acts
         loc["probes"].append(f"activation quantization: {len(Xa)} row(s) whose declared quantization is exact")
     # 3. bias

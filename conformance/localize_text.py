@@ -29,6 +29,9 @@ def localization_lines(loc: dict | None, limit: int = 6) -> list[str]:
         part = loc.get(key)
         if not part or part.get("ok"):
             continue
+        if part.get("explained_by"):
+            out.append(f"  {title}: the one-hot readback differs only as '{part['explained_by']}' makes it (right)")
+            continue
         for f in part.get("findings", [])[:limit]:
             out.append(f"  {title}: {f['where']}: {f['pattern']} ({f['n']} of {part['n']} probe elements)")
     for p in loc.get("probes", []):
