@@ -29,6 +29,7 @@ BUGS = {
     "gptq_next_group_scale": "group g dequantized with the scale and zero point of group g+1 (last group: its own)",
     "gptq_g_idx_ignored": "g_idx ignored: column k uses group k // group_size",
     "gptq_drop_nibble7": "the top nibble (field 7) of every qweight word dropped (read as 0 code-wise: weight 0)",
+    "ct_nibble_swap": "the two nibbles of every weight_packed byte swapped",
     "ct_tail128_zero": "the last K mod 128 columns never multiplied (the K loop runs in blocks of 128)",
     "ct_g_idx_ignored": "weight_g_idx ignored: column k uses group k // group_size",
     "awq_sequential": "AWQ's interleaved nibble order ignored: slot s holds column 8j + s",
@@ -112,6 +113,8 @@ class Planted(Backend):
             return (q - z[g].T) * s[g].T
         if fmt == "ct-pack-quantized":  # weight_packed [N, ceil(K/8)] of q + 8; zero points packed along N
             q = _nibbles(t["weight_packed"])[:, :K].astype(np.float64) - 8
+            if bug == "ct_nibble_swap":
+                q = q.reshape(N, -1, 2)[:, :, ::-1].reshape(N, K)
             s = t["weight_scale"].astype(np.float64)
             zp = (_nibbles(t["weight_zero_point"].T).T[:N].astype(np.float64) - 8 if "weight_zero_point" in t
                   else np.zeros_like(s))
@@ -184,6 +187,8 @@ CASES = [
      ["g_idx ignored"]),
     ("gptq_drop_nibble7", Case("w4a16", "gptq", K=256, group_size=64, **_W4), "weights",
      ["columns k with k mod 8 = 7", "read as zero"]),
+    ("ct_nibble_swap", Case("w4a16", "ct-pack-quantized", K=128, group_size=32, **_W4), "weights",
+     ["every row, every K group", "nibbles swapped within a byte"]),
     ("ct_tail128_zero", Case("w4a16", "ct-pack-quantized", K=200, group_size=-1, **_W4), "weights",
      ["the last K mod 128 = 72 columns", "read as zero"]),
     ("ct_g_idx_ignored", Case("w4a16", "ct-pack-quantized", K=192, group_size=64, sym=False, act_order=True, **_W4),

@@ -50,3 +50,19 @@ def test_a_passing_kernel_gets_no_localization(planted, tmp_path, capsys):
     assert main(RUN + ["--backend", "planted:bug=none", "--out", str(out)]) == 0
     assert "localization" not in capsys.readouterr().out
     assert not any(r.get("localization") for r in _records(out))
+
+
+def test_fingerprint_names_no_accumulator_while_the_weights_are_wrong(planted):
+    """The accumulation bracket is withdrawn when the localization shows the weights wrong, and kept for the
+    same kernel without the bug."""
+    from conformance.fingerprint import fingerprint
+    from conformance.fingerprint_render import format_text
+
+    bad = fingerprint("planted:bug=ct_nibble_swap", schemes=["w4a16"], axes=["accumulate"], timeout=120)
+    acc = bad["schemes"]["w4a16"]["axes"][0]
+    assert acc["status"] == "not-named" and "bracket" not in acc and not acc["consistent"]
+    assert "weights wrong" in acc["reason"] and "nibbles swapped within a byte" in acc["reason"]
+    assert "not named" in format_text(bad)
+    ok = fingerprint("planted:bug=none", schemes=["w4a16"], axes=["accumulate"], timeout=120)
+    acc = ok["schemes"]["w4a16"]["axes"][0]
+    assert acc["status"] == "ok" and acc.get("bracket") and acc["consistent"]
