@@ -31,6 +31,7 @@ import numpy as np
 from emulator.activations import int8 as a8
 from emulator.declaration import int8_variant, mx_variant, round_weights
 from emulator.formats import mxfp4
+from emulator.numerics.e2m1 import decode_e2m1, encode_e2m1
 from emulator.numerics.floats import round_float64_array, round_to_dtype
 
 from backends.base import Case, Declared
@@ -205,8 +206,17 @@ def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray
         H.append(("activation scale not applied (the integer codes used as values)", (q.q - zp) @ W.T))
         H.append(("activation scale applied twice", ((q.q - zp) * s * s) @ W.T))
     elif case.spec.activations == "mxfp4":
-        H.append(("activation E8M0 scale one step high (x2)", 2 * exact))
-        H.append(("activation E8M0 scale one step low (/2)", exact / 2))
+        blocks = x64.reshape(len(x64), -1, 32)
+        with np.errstate(divide="ignore"):
+            e = np.floor(np.log2(np.abs(blocks).max(axis=2, keepdims=True))) - 2  # OCP MX: emax(E2M1) = 2
+        e = np.where(np.isfinite(e), e, -127)
+        for d, name in ((1, "activation block scale one E8M0 step high (exponent floor(log2 amax) - 1)"),
+                        (-1, "activation block scale one E8M0 step low (exponent floor(log2 amax) - 3)")):
+            sc = np.ldexp(1.0, (e + d).astype(np.int64))
+            xq = decode_e2m1(encode_e2m1(blocks / sc)).astype(np.float64) * sc
+            H.append((name, xq.reshape(x64.shape) @ W.T))
+        H.append(("activation codes right, dequantized with twice their block scale", 2 * exact))
+        H.append(("activation codes right, dequantized with half their block scale", exact / 2))
     with np.errstate(invalid="ignore", divide="ignore"):
         H.append(("every output scaled by 127/128", exact * 127 / 128))
         H.append(("every output scaled by 128/127", exact * 128 / 127))

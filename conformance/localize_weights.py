@@ -288,18 +288,25 @@ def hypotheses(st: Structure, case: Case) -> list:
         H.append(("E2M1 codes read without their sign bit", np.abs(W)))
     G = st.n_groups
     if G > 1:
-        what = "E8M0 scale of block" if st.kind == "mxfp4" else "scale and zero point of group"
+        what, g = ("E8M0 scale of block", "b") if st.kind == "mxfp4" else ("scale and zero point of group", "g")
         up = np.minimum(st.grp + 1, G - 1)
         down = np.maximum(st.grp - 1, 0)
-        H.append((f"the {what} g+1 used for group g", st.build(grp=up)))
-        H.append((f"the {what} g-1 used for group g", st.build(grp=down)))
+        H.append((f"the {what} {g}+1 used for {what.split()[-1]} {g}", st.build(grp=up)))
+        H.append((f"the {what} {g}-1 used for {what.split()[-1]} {g}", st.build(grp=down)))
         if st.kind == "int" and np.any(st.zero):
             H.append(("the scale of group g+1 used for group g (zero point right)", (st.q - st.zero[:, st.grp]) * st.scale[:, up]))
     if st.default_grp is not None:
         H.append(("g_idx ignored: column k read with group k // G instead of g_idx[k]", st.build(grp=st.default_grp)))
     length = case.K if st.pack_axis == "K" else case.N
     for name, perm in _word_perms(st, length):
-        H.append((name, st.build(q=_perm_along(st.q, st.pack_axis, perm))))
+        q_perm = _perm_along(st.q, st.pack_axis, perm)
+        H.append((name, st.build(q=q_perm)))
+        if st.kind == "int" and np.any(st.zero) and st.pack_axis == "N":  # the same unpacking of qzeros
+            H.append((name + " (codes and zero points alike)", st.build(q=q_perm, zero=_perm_along(st.zero, "N", perm))))
+    if st.kind == "int" and np.any(st.zero) and case.weight_format != "ct-int-quantized":
+        zst = dataclasses.replace(st, pack_axis="N", fields=8 if st.bits == 4 else 4)  # zero points: packed along N
+        for name, perm in _word_perms(zst, case.N):
+            H.append((f"zero points: {name}", st.build(zero=_perm_along(st.zero, "N", perm))))
     H.append(("read as zero", np.zeros_like(W)))
     H.append(("sign flipped", -W))
     return H
@@ -350,10 +357,15 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
                     r = obs_w[ff] / (st.q[:, ks][ff])
                 r = r[np.isfinite(r) & (r > 0)]
                 as_ = f" (read as 2^{int(round(np.log2(np.median(r))))})" if r.size else ""
+                # the row's other outputs are NaN in the reference too (0 x NaN in the one-hot product)
+                via_row = nan_expected & ~np.isnan(st.W[:, ks]) & np.isin(np.arange(len(ff))[:, None],
+                                                                             np.nonzero(ff.any(axis=1))[0])
+                note = ("; the same rows' other outputs, NaN in the reference through 0 x NaN, are numbers too"
+                        if via_row.any() else "")
                 findings.append({"where": where_text(ff, st, ks, case), "n": int(ff.sum()),
-                                 "pattern": f"E8M0 byte 0xFF (NaN scale) decoded as finite{as_}"})
-                todo &= ~ff
-                nan_expected &= ~ff
+                                 "pattern": f"E8M0 byte 0xFF (NaN scale) decoded as finite{as_}{note}"})
+                todo &= ~(ff | via_row)
+                nan_expected &= ~(ff | via_row)
         if nan_expected.any():
             findings.append({"where": where_text(nan_expected, st, ks, case), "n": int(nan_expected.sum()),
                              "pattern": "a NaN weight (a NaN scale) read back as a number"})

@@ -25,6 +25,7 @@ from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 BUGS = {
     "none": "no bug (control)",
     "gptq_v1_zero_no_plus1": "GPTQ v1 qzeros read without adding 1",
+    "gptq_zero_group1": "the zero point of K group 1 read one too high (the other groups right)",
     "gptq_nibble_swap": "the two nibbles of every qweight byte swapped",
     "gptq_next_group_scale": "group g dequantized with the scale and zero point of group g+1 (last group: its own)",
     "gptq_g_idx_ignored": "g_idx ignored: column k uses group k // group_size",
@@ -34,6 +35,8 @@ BUGS = {
     "ct_g_idx_ignored": "weight_g_idx ignored: column k uses group k // group_size",
     "awq_sequential": "AWQ's interleaved nibble order ignored: slot s holds column 8j + s",
     "mx_ff_finite": "E8M0 byte 0xFF decoded like 0xFE (2^127) instead of NaN",
+    "mx_next_block_scale": "MXFP4 block b multiplied by the E8M0 scale of block b+1 (last block: its own)",
+    "w4a4_act_scale_high": "MXFP4 activation block exponent floor(log2 amax) - 1 instead of - 2",
     "mx_neg_zero_as_m6": "FP4 code 0b1000 (-0) looked up as -6",
     "w8a8_amax_128": "per-token activation scale amax/128 instead of amax/127",
     "w8a8_azp_sign": "asymmetric activation zero point: its correction added instead of subtracted",
@@ -91,6 +94,8 @@ class Planted(Backend):
             if bug == "gptq_drop_nibble7":
                 q[:, 7::8] = np.nan  # the field is never read: the product skips it (weight 0 below)
             z = _nibbles(t["qzeros"]).astype(np.float64)[:, :N] + (0 if bug == "gptq_v1_zero_no_plus1" else 1)
+            if bug == "gptq_zero_group1":
+                z[1] += 1
             s = t["scales"].astype(np.float64)
             g = t["g_idx"].astype(np.int64)
             if bug == "gptq_g_idx_ignored":
@@ -140,6 +145,8 @@ class Planted(Backend):
             if bug == "mx_ff_finite":
                 b = np.minimum(b, 0xFE)
             sc = np.where(b == 0xFF, np.nan, np.ldexp(1.0, b - 127))
+            if bug == "mx_next_block_scale":
+                sc = sc[:, np.minimum(np.arange(sc.shape[1]) + 1, sc.shape[1] - 1)]
             return table[codes] * np.repeat(sc, 32, axis=1)
         raise NotImplementedError(fmt)
 
@@ -165,6 +172,18 @@ class Planted(Backend):
             sign = -1.0 if self.bug == "w8a8_azp_sign" else 1.0
             xd = (q + sign * -zp) * s if self.bug == "w8a8_azp_sign" else (q - zp) * s
             y = xd @ W.T
+        elif case.spec.activations == "mxfp4":  # docs/formats/mxfp4.md: blocks of 32, exponent floor(log2 amax) - 2
+            xb = x.reshape(len(x), -1, 32)
+            amax = np.abs(xb).max(axis=2, keepdims=True)
+            with np.errstate(divide="ignore"):
+                e = np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - (1 if self.bug == "w4a4_act_scale_high" else 2)
+            mag = np.abs(xb) / np.ldexp(1.0, e.astype(np.int64))
+            grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+            # round to nearest E2M1 value, ties to the even code (even mantissa bit), saturating at 6
+            d = np.abs(mag[..., None] - grid)
+            best = np.argmin(d + 1e-12 * (np.arange(8) % 2), axis=-1)
+            xq = np.sign(xb) * grid[best] * np.ldexp(1.0, e.astype(np.int64))
+            y = xq.reshape(x.shape) @ W.T
         else:
             y = x @ W.T
         if bias is not None:
@@ -179,6 +198,8 @@ _W4 = dict(M=3, N=64)
 CASES = [
     ("gptq_v1_zero_no_plus1", Case("w4a16", "gptq", K=256, group_size=64, sym=False, **_W4), "weights",
      ["every row", "every K group", "zero point off by one"]),
+    ("gptq_zero_group1", Case("w4a16", "gptq", K=256, group_size=64, sym=False, **_W4), "weights",
+     ["every row, K group 1: offset by exactly one scale step down", "a zero point off by one"]),
     ("gptq_nibble_swap", Case("w4a16", "gptq", K=256, group_size=64, **_W4), "weights",
      ["nibbles swapped within a byte"]),
     ("gptq_next_group_scale", Case("w4a16", "gptq", K=256, group_size=64, sym=False, **_W4), "weights",
@@ -194,11 +215,16 @@ CASES = [
     ("ct_g_idx_ignored", Case("w4a16", "ct-pack-quantized", K=192, group_size=64, sym=False, act_order=True, **_W4),
      "weights", ["g_idx ignored"]),
     ("awq_sequential", Case("w4a16", "awq", K=128, group_size=64, sym=False, **_W4), "weights",
-     ["interleaved nibble order", "not applied"]),
+     ["weights wrong: every row, every K group: AWQ's interleaved nibble order", "not applied",
+      "(codes and zero points alike)"]),
     ("mx_ff_finite", Case("w4a16-mxfp4", "ct-mxfp4", K=128, group_size=32, **_W4), "weights",
-     ["row 5", "MX block 1", "E8M0 byte 0xFF (NaN scale) decoded as finite (read as 2^127)"]),
+     ["weights wrong: row 5 (of 64), MX block 1: E8M0 byte 0xFF (NaN scale) decoded as finite (read as 2^127)"]),
     ("mx_neg_zero_as_m6", Case("w4a16-mxfp4", "ct-mxfp4", K=128, group_size=32, **_W4), "weights",
      ["FP4 code 0b1000 (-0) read as -6"]),
+    ("mx_next_block_scale", Case("w4a16-mxfp4", "ct-mxfp4", K=128, group_size=32, **_W4), "weights",
+     ["MX blocks 0, 1, 2", "the E8M0 scale of block b+1 used for block b"]),
+    ("w4a4_act_scale_high", Case("w4a4-mxfp4", "ct-mxfp4", K=128, group_size=32, **_W4), "activation quantization",
+     ["activation block scale one E8M0 step high"]),
     ("w8a8_amax_128", Case("w8a8", "ct-int-quantized", K=96, group_size=-1, scale_dtype="float32", **_W4),
      "activation quantization", ["activation scale amax/128 instead of amax/127"]),
     ("w8a8_azp_sign", Case("w8a8", "ct-int-quantized", K=96, group_size=-1, sym=False, scale_dtype="float32", **_W4),
@@ -242,6 +268,8 @@ def test_localization_names_the_planted_bug(bug, case, stage, names):
     assert loc["stage"] == stage, text
     for n in names:
         assert n in loc["summary"] or n in text, f"{n!r} not in:\n{text}"
+    if stage == "weights":  # one planted bug: one finding, nothing left unexplained beside it
+        assert len(loc["weights"]["findings"]) == 1, text
 
 
 @pytest.mark.parametrize("bug,case,stage,names", CASES, ids=[c[0] for c in CASES])
