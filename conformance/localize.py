@@ -52,13 +52,20 @@ MAX_CALLS = 256
 Run = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 
 
+#: at most this many weights (N * K) are decomposed; a larger case is not localized (replay a smaller one)
+MAX_WEIGHTS = 1 << 25
+#: multiply-adds the emulator spends on the one-hot probe's reference (probe columns * N * K) at most
+MAX_PROBE_MACS = 1 << 31
+
+
 def _probe_columns(case: Case) -> np.ndarray:
     K = case.K
-    if K <= MAX_PROBE_COLUMNS:
+    budget = int(min(MAX_PROBE_COLUMNS, max(64, MAX_PROBE_MACS // max(1, case.N * K))))
+    if K <= budget:
         return np.arange(K)
-    g = max(case.group, 32)
+    g = min(max(case.group, 32), budget // 8)
     edge = np.r_[np.arange(min(2 * g, K)), np.arange(max(0, K - 2 * g), K)]
-    rest = np.linspace(0, K - 1, MAX_PROBE_COLUMNS - edge.size).astype(np.int64)
+    rest = np.linspace(0, K - 1, max(0, budget - edge.size)).astype(np.int64)
     return np.unique(np.r_[edge, rest])
 
 
@@ -266,6 +273,9 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     """Probe the backend (``run``) on the case's own weights and say which stage is wrong, and how."""
     if case.spec.quantize_only or case.spec.activations == "moe":
         return {"stage": "not localized", "summary": f"no localization for {case.scheme} yet", "probes": []}
+    if case.N * case.K > MAX_WEIGHTS:
+        return {"stage": "not localized", "probes": [],
+                "summary": f"not localized: N*K = {case.N * case.K} weights exceed {MAX_WEIGHTS} (replay a smaller case)"}
     out_dtype = declared.output or case.output_dtype
     prober = _Prober(case, tensors, declared, run)
     loc: dict = {"probes": [], "stage": None}
@@ -289,7 +299,7 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
             bias_in = bias
         b64 = 0.0 if bias_in is None else np.asarray(bias_in, np.float64)[None, :]
 
-        def to_output(Wh: np.ndarray) -> np.ndarray:
+        def to_output(Wh: np.ndarray, cols: np.ndarray) -> np.ndarray:
             Wr = round_weights(Wh, declared) if case.spec.activations == "a16" else Wh
             with np.errstate(invalid="ignore", over="ignore"):
                 return _rnd(v * Wr + (b64.T if bias_in is not None else 0.0), out_dtype)

@@ -256,60 +256,58 @@ def _word_perms(st: Structure, length: int) -> list:
     return out
 
 
-def hypotheses(st: Structure, case: Case) -> list:
-    """(pattern, weights [N, K]) for each bug the decomposition can express."""
-    H = []
+def hypotheses(st: Structure, case: Case):
+    """(pattern, weights [N, K]) for each bug the decomposition can express, one at a time (memory)."""
     s_e = st.scale[:, st.grp]
     W = st.W
     if st.kind == "int":
-        H.append(("offset by exactly one scale step down (q - (z + 1)): a zero point off by one", W - s_e))
-        H.append(("offset by exactly one scale step up (q - (z - 1)): a zero point off by one", W + s_e))
+        yield ("offset by exactly one scale step down (q - (z + 1)): a zero point off by one", W - s_e)
+        yield ("offset by exactly one scale step up (q - (z - 1)): a zero point off by one", W + s_e)
         if np.any(st.zero):
-            H.append(("no zero point subtracted (q * s): the zero point ignored", st.q * s_e))
+            yield ("no zero point subtracted (q * s): the zero point ignored", st.q * s_e)
         if st.unsigned:
             mid = 2.0 ** (st.bits - 1)
             if np.any(st.zero != mid):
-                H.append((f"the stored zero points ignored: the midpoint {int(mid)} used", (st.q - mid) * s_e))
+                yield (f"the stored zero points ignored: the midpoint {int(mid)} used", (st.q - mid) * s_e)
             neg = np.where(st.q >= mid, st.q - 2.0 ** st.bits, st.q)
-            H.append((f"codes >= {int(mid)} read as negative (two's complement instead of unsigned)", st.build(q=neg)))
+            yield (f"codes >= {int(mid)} read as negative (two's complement instead of unsigned)", st.build(q=neg))
         else:
             pos = np.where(st.q < 0, st.q + 2.0 ** st.bits, st.q)
-            H.append(("negative codes read as unsigned (no sign extension)", st.build(q=pos)))
+            yield ("negative codes read as unsigned (no sign extension)", st.build(q=pos))
         for dt in ("bfloat16", "float16"):
             if case.scale_dtype != dt:
-                H.append((f"scales read as {dt} (rounded)", st.build(scale=round_to_dtype(st.scale, dt))))
+                yield (f"scales read as {dt} (rounded)", st.build(scale=round_to_dtype(st.scale, dt)))
         if st.scale.shape[1] == 1 and case.K <= case.N:  # one scale per output channel
             sk = st.scale[: case.K, 0][None, :]
-            H.append(("the per-channel scale indexed by the input channel k instead of the output channel n "
-                      "(scale transposed)", (st.q - st.zero[:, :1]) * sk))
+            yield ("the per-channel scale indexed by the input channel k instead of the output channel n "
+                      "(scale transposed)", (st.q - st.zero[:, :1]) * sk)
     else:
-        H.append(("E8M0 scale read one step high (x2): byte b read as b + 1", 2 * W))
-        H.append(("E8M0 scale read one step low (/2): byte b read as b - 1", W / 2))
-        H.append(("E2M1 codes read without their sign bit", np.abs(W)))
+        yield ("E8M0 scale read one step high (x2): byte b read as b + 1", 2 * W)
+        yield ("E8M0 scale read one step low (/2): byte b read as b - 1", W / 2)
+        yield ("E2M1 codes read without their sign bit", np.abs(W))
     G = st.n_groups
     if G > 1:
         what, g = ("E8M0 scale of block", "b") if st.kind == "mxfp4" else ("scale and zero point of group", "g")
         up = np.minimum(st.grp + 1, G - 1)
         down = np.maximum(st.grp - 1, 0)
-        H.append((f"the {what} {g}+1 used for {what.split()[-1]} {g}", st.build(grp=up)))
-        H.append((f"the {what} {g}-1 used for {what.split()[-1]} {g}", st.build(grp=down)))
+        yield (f"the {what} {g}+1 used for {what.split()[-1]} {g}", st.build(grp=up))
+        yield (f"the {what} {g}-1 used for {what.split()[-1]} {g}", st.build(grp=down))
         if st.kind == "int" and np.any(st.zero):
-            H.append(("the scale of group g+1 used for group g (zero point right)", (st.q - st.zero[:, st.grp]) * st.scale[:, up]))
+            yield ("the scale of group g+1 used for group g (zero point right)", (st.q - st.zero[:, st.grp]) * st.scale[:, up])
     if st.default_grp is not None:
-        H.append(("g_idx ignored: column k read with group k // G instead of g_idx[k]", st.build(grp=st.default_grp)))
+        yield ("g_idx ignored: column k read with group k // G instead of g_idx[k]", st.build(grp=st.default_grp))
     length = case.K if st.pack_axis == "K" else case.N
     for name, perm in _word_perms(st, length):
         q_perm = _perm_along(st.q, st.pack_axis, perm)
-        H.append((name, st.build(q=q_perm)))
+        yield (name, st.build(q=q_perm))
         if st.kind == "int" and np.any(st.zero) and st.pack_axis == "N":  # the same unpacking of qzeros
-            H.append((name + " (codes and zero points alike)", st.build(q=q_perm, zero=_perm_along(st.zero, "N", perm))))
+            yield (name + " (codes and zero points alike)", st.build(q=q_perm, zero=_perm_along(st.zero, "N", perm)))
     if st.kind == "int" and np.any(st.zero) and case.weight_format != "ct-int-quantized":
         zst = dataclasses.replace(st, pack_axis="N", fields=8 if st.bits == 4 else 4)  # zero points: packed along N
         for name, perm in _word_perms(zst, case.N):
-            H.append((f"zero points: {name}", st.build(zero=_perm_along(st.zero, "N", perm))))
-    H.append(("read as zero", np.zeros_like(W)))
-    H.append(("sign flipped", -W))
-    return H
+            yield (f"zero points: {name}", st.build(zero=_perm_along(st.zero, "N", perm)))
+    yield ("read as zero", np.zeros_like(W))
+    yield ("sign flipped", -W)
 
 
 def _code_table_hypotheses(st: Structure, obs_w: np.ndarray, todo: np.ndarray) -> list:
@@ -337,7 +335,8 @@ def _fmt_e2m1(c, v: float) -> str:
 def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np.ndarray, ks: np.ndarray,
                     case: Case, to_output) -> dict:
     """Diff the read-back weights ``obs_w`` [N, len(ks)] against the expected ``exp_w`` (both as the probe
-    outputs them; ``bad``: the elements outside the declared interval); ``to_output(W)`` maps exact weights [N, K] to those outputs. Returns
+    outputs them; ``bad``: the elements outside the declared interval); ``to_output(W, ks)`` maps exact weights
+    [N, len(ks)] of columns ks to those outputs. Returns
     {"ok", "n_bad", "n", "findings": [{"where", "pattern", "n"}]}."""
     res = {"ok": not bad.any(), "n_bad": int(bad.sum()), "n": int(bad.size), "findings": []}
     if not bad.any():
@@ -376,7 +375,7 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
         findings.append({"where": where_text(nan_observed, st, ks, case), "n": int(nan_observed.sum()),
                          "pattern": "finite weights read back as NaN/Inf"})
         todo &= ~nan_observed
-    cand = [(name, to_output(Wh)[:, ks]) for name, Wh in hypotheses(st, case)]
+    cand = [(name, to_output(Wh[:, ks], ks)) for name, Wh in hypotheses(st, case)]
     fin = todo & np.isfinite(exp_w) & (exp_w != 0)
     if fin.any():
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -384,9 +383,9 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
         r = r[np.isfinite(r)]
         if r.size:
             f = float(np.median(r))
-            cand.append((f"every weight scaled by {f:.9g}", to_output(f * st.W)[:, ks]))
+            cand.append((f"every weight scaled by {f:.9g}", to_output(f * st.W[:, ks], ks)))
     if st.kind == "mxfp4":
-        cand += [(n, to_output(Wh)[:, ks]) for n, Wh in _code_table_hypotheses(
+        cand += [(n, to_output(Wh[:, ks], ks)) for n, Wh in _code_table_hypotheses(
             st, _full(obs_w, ks, st.W.shape), _full(todo, ks, st.W.shape, False))]
     while todo.any():
         best = None
