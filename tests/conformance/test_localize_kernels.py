@@ -41,6 +41,7 @@ BUGS = {
     "w8a8_amax_128": "per-token activation scale amax/128 instead of amax/127",
     "w8a8_azp_sign": "asymmetric activation zero point: its correction added instead of subtracted",
     "w8a8_bias_twice": "bias added twice in the epilogue",
+    "w8a8_output_rtz": "the fp32 accumulator truncated to the output dtype (round toward zero)",
     "w8a16_scale_transposed": "per-channel weight scale indexed by the input channel",
     "w4a8_amax_128": "per-token activation scale amax/128 instead of amax/127 (int4 weights)",
 }
@@ -56,8 +57,16 @@ def _nibbles(words: np.ndarray) -> np.ndarray:
     return f.reshape(*words.shape[:-1], words.shape[-1] * 8)
 
 
-def _round(y: np.ndarray, dtype: str) -> np.ndarray:
-    return y.astype({"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[dtype]).astype(np.float32)
+def _round(y: np.ndarray, dtype: str, truncate: bool = False) -> np.ndarray:
+    t = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[dtype]
+    r = y.astype(t).astype(np.float64)
+    if truncate:  # step back toward zero where rounding to nearest went away from it: one less magnitude bit
+        with np.errstate(invalid="ignore", over="ignore"):
+            away = (np.abs(r) > np.abs(y)) & np.isfinite(y)
+        bits = r.astype(t).view(np.uint32 if t is np.float32 else np.uint16)
+        toward = (bits - away.astype(bits.dtype)).view(t).astype(np.float64)
+        r = np.where(away, toward, r)
+    return r.astype(np.float32)
 
 
 class Planted(Backend):
@@ -188,7 +197,7 @@ class Planted(Backend):
             y = x @ W.T
         if bias is not None:
             y = y + np.asarray(bias, np.float64) * (2 if self.bug == "w8a8_bias_twice" else 1)
-        return _round(y, case.output_dtype)
+        return _round(y, case.output_dtype, truncate=self.bug == "w8a8_output_rtz")
 
 
 SPEC = "planted=test_localize_kernels:Planted"
@@ -231,6 +240,8 @@ CASES = [
      "activation quantization", ["activation zero point sign flipped"]),
     ("w8a8_bias_twice", Case("w8a8", "ct-int-quantized", K=96, group_size=-1, bias=True, scale_dtype="float32", **_W4),
      "epilogue", ["bias added twice"]),
+    ("w8a8_output_rtz", Case("w8a8", "ct-int-quantized", K=96, group_size=-1, scale_dtype="float32", **_W4),
+     "epilogue", ["output rounded toward zero (truncated) instead of to nearest"]),
     ("w8a16_scale_transposed", Case("w8a16", "ct-int-quantized", M=3, N=64, K=64, group_size=-1,
                                     scale_dtype="float32"), "weights", ["scale transposed"]),
     ("w4a8_amax_128", Case("w4a8", "gptq", K=256, group_size=64, **_W4), "activation quantization",
