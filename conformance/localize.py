@@ -194,8 +194,9 @@ def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.
 
 
 # -- activation / epilogue hypotheses -------------------------------------------------------------------------
-def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray) -> list:
-    """(pattern, output) for activation-quantization and epilogue bugs on the exact rows X."""
+def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None) -> list:
+    """(pattern, output) for activation-quantization and epilogue bugs on the exact rows X (``chunk``: the rows
+    of one kernel call, for the per-tensor hypothesis)."""
     out_dtype = declared.output or case.output_dtype
     x64 = X.astype(np.float64)
     exact = x64 @ W.T
@@ -211,6 +212,15 @@ def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray
             with np.errstate(invalid="ignore", divide="ignore"):
                 c = np.clip(np.rint(np.where(sc > 0, x64 / sc, 0)), lo, 127)
             H.append((name, (c * sc) @ W.T))
+        H.append(("activation codes clamped to [-127, 127] instead of [-128, 127]",
+                  ((np.clip(q.q, -127, 127) - zp) * s) @ W.T))
+        if chunk is not None and len(x64) > 1:  # one scale over the rows of each call instead of one per row
+            xt = np.empty_like(x64)
+            for a in range(0, len(x64), chunk):
+                rows = X[a:a + chunk].astype(np.float32)
+                v = dataclasses.replace(int8_variant(declared, case), granularity="per_tensor")
+                xt[a:a + chunk] = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(rows, v))
+            H.append(("one activation scale for the whole tensor instead of one per token (per-tensor)", xt @ W.T))
         if np.any(zp):
             H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
             H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))
@@ -328,11 +338,12 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     Xa = _exact_activation_rows(case, declared)
     if Xa is not None:
         obs, exp, bad = prober(Xa, None)
-        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl), out_dtype)
+        step = prober.chunks(len(Xa))[0][2]
+        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step), out_dtype)
         if acts.get("hypothesis") and weights is not None and not weights["ok"]:
             # the same activation bug on the one-hot rows: does it explain the weight readback too? (of the
             # hypotheses that fit the exact rows, the first that does is the one named)
-            one_hot = dict(_act_hypotheses(case, declared, X, W_decl))
+            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2]))
             fit = [(int(close(obs1, one_hot[n], out_dtype, 0).sum()), -i, n) for i, n in enumerate(acts["candidates"])
                    if close(obs1, one_hot[n], out_dtype, 2).all()]
             acts["explains_weight_readback"] = bool(fit)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 
 from emulator.declaration import declared_weight
@@ -158,14 +159,29 @@ def close(obs: np.ndarray, hyp: np.ndarray, dtype: str, ulps: float = 1.0) -> np
 
 # -- where ---------------------------------------------------------------------------------------------------
 def _list(v, limit: int = 6) -> str:
-    v = [int(i) for i in v]
+    v = sorted(int(i) for i in v)
+    if len(v) > 3 and v[-1] - v[0] == len(v) - 1:
+        return f"{v[0]}..{v[-1]}"
     return ", ".join(map(str, v[:limit])) + (f", ... ({len(v)} in all)" if len(v) > limit else "")
+
+
+def _residues(idx: np.ndarray, total: int, periods, var: str) -> str:
+    """'n with n mod 8 = 7' / 'n with n mod 8 in {1, ..., 6}' when ``idx`` is exactly the indices below ``total``
+    with those residues ('' otherwise)."""
+    for F in sorted(set(periods), reverse=True):
+        if total < 2 * F:
+            continue
+        r = np.unique(idx % F)
+        if r.size < F and np.array_equal(np.sort(idx), np.nonzero(np.isin(np.arange(total) % F, r))[0]):
+            return f"{var} with {var} mod {F} = {r[0]}" if r.size == 1 else \
+                f"{var} with {var} mod {F} in {{{', '.join(map(str, r))}}}"
+    return ""
 
 
 def where_text(mask: np.ndarray, st: Structure, ks: np.ndarray, case: Case, neutral: np.ndarray | None = None) -> str:
     """Where the True elements of ``mask`` [N, len(ks)] lie: rows, K groups, column pattern. ``neutral``:
-    elements where the pattern cannot show (the bug gives the right value there, e.g. a zero weight read as
-    zero); a row or column all neutral where the others are affected counts as affected."""
+    elements where the pattern cannot show (a zero weight read as zero); a row or column all neutral where the
+    others are affected counts as affected."""
     N = mask.shape[0]
     cols_i = np.nonzero(mask.any(axis=0))[0]
     rows_m = mask.any(axis=1)
@@ -177,12 +193,10 @@ def where_text(mask: np.ndarray, st: Structure, ks: np.ndarray, case: Case, neut
     cols = ks[cols_i]
     parts = ["every row" if rows.size == N else (f"row {rows[0]}" if rows.size == 1 else f"rows {_list(rows)}")
              + ("" if rows.size == N else f" (of {N})")]
-    if st.pack_axis == "N" and rows.size < N and rows.size >= 2:
-        for F in (st.fields, 2):
-            r = np.unique(rows % F)
-            if r.size == 1 and N >= 2 * F:
-                parts[0] = f"rows n with n mod {F} = {r[0]}"
-                break
+    if rows.size < N and rows.size >= 2:
+        res = _residues(rows, N, (st.fields, 8, 4, 2) if st.pack_axis == "N" else (8, 4, 2), "n")
+        if res:
+            parts[0] = f"rows {res}"
     groups = np.unique(st.grp[cols])
     probed_groups = np.unique(st.grp[ks])
     label = "MX block" if st.kind == "mxfp4" else "K group"
@@ -200,7 +214,7 @@ def where_text(mask: np.ndarray, st: Structure, ks: np.ndarray, case: Case, neut
     elif tail and np.array_equal(np.sort(cols), np.arange(K - tail, K)):
         col_txt = f"the last K mod {st.group_size} = {tail} columns (the partial last group)"
     else:
-        for F in sorted({st.fields, 8, 4, 2}, reverse=True):
+        for F in sorted({st.group_size, st.fields, 8, 4, 2} - {K}, reverse=True):
             r = np.unique(cols % F)
             if r.size == 1 and cols.size >= 2 and K >= 2 * F:
                 col_txt = f"columns k with k mod {F} = {r[0]}"
@@ -261,8 +275,10 @@ def hypotheses(st: Structure, case: Case):
     s_e = st.scale[:, st.grp]
     W = st.W
     if st.kind == "int":
-        yield ("offset by exactly one scale step down (q - (z + 1)): a zero point off by one", W - s_e)
-        yield ("offset by exactly one scale step up (q - (z - 1)): a zero point off by one", W + s_e)
+        has_zero = case.weight_format in ("gptq", "awq") or (case.weight_format == "ct-pack-quantized" and not case.sym)
+        what = "a zero point off by one" if has_zero else "codes off by one"
+        yield (f"offset by exactly one scale step down (q - (z + 1)): {what}", W - s_e)
+        yield (f"offset by exactly one scale step up (q - (z - 1)): {what}", W + s_e)
         if np.any(st.zero):
             yield ("no zero point subtracted (q * s): the zero point ignored", st.q * s_e)
         if st.unsigned:
@@ -277,6 +293,12 @@ def hypotheses(st: Structure, case: Case):
         for dt in ("bfloat16", "float16"):
             if case.scale_dtype != dt:
                 yield (f"scales read as {dt} (rounded)", st.build(scale=round_to_dtype(st.scale, dt)))
+        if case.scale_dtype in ("float16", "bfloat16"):  # the scale's 16 bits reinterpreted as the other dtype
+            other = "bfloat16" if case.scale_dtype == "float16" else "float16"
+            src = np.float16 if case.scale_dtype == "float16" else ml_dtypes.bfloat16
+            dst = ml_dtypes.bfloat16 if other == "bfloat16" else np.float16
+            bits = st.scale.astype(src).view(np.uint16).view(dst).astype(np.float64)
+            yield (f"{case.scale_dtype} scale bits read as {other}", st.build(scale=bits))
         if st.scale.shape[1] == 1 and case.K <= case.N:  # one scale per output channel
             sk = st.scale[: case.K, 0][None, :]
             yield ("the per-channel scale indexed by the input channel k instead of the output channel n "
@@ -306,6 +328,15 @@ def hypotheses(st: Structure, case: Case):
         zst = dataclasses.replace(st, pack_axis="N", fields=8 if st.bits == 4 else 4)  # zero points: packed along N
         for name, perm in _word_perms(zst, case.N):
             yield (f"zero points: {name}", st.build(zero=_perm_along(st.zero, "N", perm)))
+    N = W.shape[0]
+    for d in sorted({1, 2, 4, 8, 16, 32, 64, 128, N // 2} - {0}):  # an output tile written from another's results
+        if d < N:
+            for sgn in (1, -1):
+                src = np.arange(N) - sgn * d
+                ok = (src >= 0) & (src < N)
+                Wd = W.copy()
+                Wd[ok] = W[src[ok]]
+                yield (f"output channel n computed with the weights of channel n {'-' if sgn > 0 else '+'} {d}", Wd)
     yield ("read as zero", np.zeros_like(W))
     yield ("sign flipped", -W)
 
@@ -397,7 +428,7 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
             break
         name, n, hyp = best
         m = todo & close(obs_w, hyp, dtype)
-        neutral = ~bad & close(obs_w, hyp, dtype)
+        neutral = ~bad & close(obs_w, hyp, dtype) & (exp_w == 0)  # a zero weight hides most bugs
         findings.append({"where": where_text(m, st, ks, case, neutral), "pattern": name, "n": n})
         todo &= ~m
         cand = [c for c in cand if c[0] != name]
