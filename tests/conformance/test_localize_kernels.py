@@ -42,6 +42,7 @@ BUGS = {
     "w8a8_azp_sign": "asymmetric activation zero point: its correction added instead of subtracted",
     "w8a8_bias_twice": "bias added twice in the epilogue",
     "w8a8_output_rtz": "the fp32 accumulator truncated to the output dtype (round toward zero)",
+    "probe_raises": "outputs 1% too large, and raises on any row with a single non-zero (a kernel refusing probes)",
     "w8a16_scale_transposed": "per-channel weight scale indexed by the input channel",
     "w4a8_amax_128": "per-token activation scale amax/128 instead of amax/127 (int4 weights)",
 }
@@ -163,6 +164,10 @@ class Planted(Backend):
     def run(self, prepared, x, bias=None, **_):
         case, W = prepared.case, prepared.data["W"]
         x = np.asarray(x, np.float64)
+        if self.bug == "probe_raises":
+            if ((x != 0).sum(axis=1) == 1).any():
+                raise ValueError("one-hot rows refused")
+            W = W * 1.01
         if case.spec.activations == "int8":
             if case.act_symmetric:
                 amax = np.abs(x).max(axis=1, keepdims=True)

@@ -45,6 +45,15 @@ def test_run_console_reports_and_replay_name_the_bug(planted, tmp_path, capsys, 
     assert f"localization: activation quantization wrong on rows whose quantization is exact: {NAME}" in replay
 
 
+def test_probes_that_raise_leave_the_verdict_and_say_so(planted, tmp_path, capsys):
+    out = tmp_path / "raises"
+    assert main(RUN + ["--backend", "planted:bug=probe_raises", "--out", str(out)]) == 1
+    assert "localization: not localized: the probes failed (error: ValueError: one-hot rows refused)" in \
+        capsys.readouterr().out
+    recs = [r for r in _records(out) if r.get("kind") == "result"]
+    assert recs and all(r["verdict"] == "fail" for r in recs)  # the verdict is the case's own
+
+
 def test_a_passing_kernel_gets_no_localization(planted, tmp_path, capsys):
     out = tmp_path / "ok"
     assert main(RUN + ["--backend", "planted:bug=none", "--out", str(out)]) == 0
