@@ -168,7 +168,7 @@ def _list(v, limit: int = 6) -> str:
 def _residues(idx: np.ndarray, total: int, periods, var: str) -> str:
     """'n with n mod 8 = 7' / 'n with n mod 8 in {1, ..., 6}' when ``idx`` is exactly the indices below ``total``
     with those residues ('' otherwise)."""
-    for F in sorted(set(periods), reverse=True):
+    for F in sorted(set(periods)):  # the shortest period that says it exactly
         if total < 2 * F:
             continue
         r = np.unique(idx % F)
@@ -214,10 +214,12 @@ def where_text(mask: np.ndarray, st: Structure, ks: np.ndarray, case: Case, neut
     elif tail and np.array_equal(np.sort(cols), np.arange(K - tail, K)):
         col_txt = f"the last K mod {st.group_size} = {tail} columns (the partial last group)"
     else:
-        for F in sorted({st.group_size, st.fields, 8, 4, 2} - {K}, reverse=True):
+        for F in sorted({st.group_size, st.fields, 8, 4, 2} - {K}):  # the shortest period that says it exactly
             r = np.unique(cols % F)
-            if r.size == 1 and cols.size >= 2 and K >= 2 * F:
-                col_txt = f"columns k with k mod {F} = {r[0]}"
+            same = np.array_equal(np.sort(cols), np.sort(in_groups[np.isin(in_groups % F, r)]))
+            if r.size < F and cols.size >= 2 and K >= 2 * F and same:
+                col_txt = (f"columns k with k mod {F} = {r[0]}" if r.size == 1 else
+                           f"columns k with k mod {F} in {{{', '.join(map(str, r))}}}")
                 break
         if not col_txt and cols.size and np.array_equal(np.sort(cols), np.arange(K - cols.size, K)):
             col_txt = f"the last {cols.size} columns"
