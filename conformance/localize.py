@@ -3,7 +3,8 @@
 Semantics: docs/conformance.md#failure-localization. ``localize(case, tensors, declared, run, bias)``
 runs *probes* through the backend on the case's own packed weights (``run(x, bias)`` is the backend's
 ``run`` on the prepared case: the isolated worker calls it, conformance/worker.py op ``localize``, and
-``qconform replay`` through that worker) and compares each output with the emulator's declared output:
+``qconform replay`` through that worker) and judges each output as the verdict does (inside the interval of
+one declared rounding, computed by the emulator):
 
 1. weight readback: one-hot activation rows (value v at column k, zero elsewhere; v chosen so the
    scheme's activation quantization is exact: 1 for 16-bit and MXFP4 activations, 127 or 255 for int8,
@@ -18,7 +19,7 @@ runs *probes* through the backend on the case's own packed weights (``run(x, bia
 3. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
 
 Probes run in chunks of the case's M rows, so the kernel takes the same path (M = 1 decode kernels
-too). The result is a JSON-able dict; conformance/localize_text.py renders it for the console, the reports and replay.
+too). The result is a JSON-able dict; conformance/localize_text.py renders it (console, reports, replay).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
 
 OUTPUT_RTZ = "output rounded toward zero (truncated) instead of to nearest"
 #: stages whose finding means the arithmetic after them (accumulation) cannot be judged from the output
-WEIGHTS_OR_ACTIVATIONS = ("weights", "activation quantization")
+WEIGHTS_OR_ACTIVATIONS = ("weights", "activation quantization", "weights or activation quantization")
 #: at most this many one-hot columns (the first and last groups and a spread of the rest beyond it)
 MAX_PROBE_COLUMNS = 1024
 #: at most this many kernel calls of M rows per probe; beyond it the chunks grow (whole multiples of M)
@@ -385,6 +386,13 @@ def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
         why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
                else " (weights read back exact)" if weights is not None else "")
         return stage, f"{stage} wrong on rows whose quantization is exact: {name}{why}"
+    unnamed = ("wrong weights (no named pattern)", "wrong by a whole number")
+    if (weights_bad and acts is not None and not acts["ok"] and not named_act
+            and any(f["pattern"].startswith(unnamed) for f in weights["findings"])):
+        # activation-quantized: the one-hot readback passes through the activation quantizer too
+        return "weights or activation quantization", (
+            "weights or activation quantization wrong: the one-hot weight readback and the rows whose quantization "
+            "is exact both differ, with no named pattern: " + "; ".join(_finding_text(f) for f in weights["findings"][:2]))
     if weights_bad:
         also = " (the activation probe differs too, as wrong weights make it)" if acts is not None and not acts["ok"] else ""
         return "weights", "weights wrong: " + "; ".join(_finding_text(f) for f in weights["findings"][:3]) + also
