@@ -223,10 +223,9 @@ def cmd_replay(args) -> int:
 
     from .bundle import load_bundle_inputs
     from .runner import WorkerProcess
-    from .verdict import judge, judged_against
-    from .workerclient import WorkerClient
     from .selection import check_backends
-    from .summary import describe_worst
+    from .verdict import judged_against
+    from .workerclient import WorkerClient
 
     if args.backend:
         check_backends([args.backend])  # an unknown name or parameter: exit 2 before anything is read or run
@@ -252,13 +251,24 @@ def cmd_replay(args) -> int:
     print(f"declaration notes: {declared.notes or '(none)'}")
     w = WorkerClient(WorkerProcess(want), args.timeout)
     out = Path(tempfile.mkdtemp()) / "y.safetensors"
+    bundle = str(Path(args.bundle).resolve())
     try:
-        reply = w.run(out, bundle=Path(args.bundle).resolve())
+        reply = w.run(out, bundle=bundle)
+        if reply.failure is not None:
+            print(f"replay on {want}: {reply.failure.kind}: {reply.failure.error}")
+            return 1
+        return _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in,
+                             lambda: w.localize(declared, bundle=bundle))
     finally:
         w.close()
-    if reply.failure is not None:
-        print(f"replay on {want}: {reply.failure.kind}: {reply.failure.error}")
-        return 1
+
+
+def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, localize) -> int:
+    """The replayed output's verdict; a failure names its failing element and its localization
+    (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights)."""
+    from .localize_text import localization_lines
+    from .summary import describe_worst
+    from .verdict import judge
     from emulator.tensorfile import load_tensors
 
     if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
@@ -273,6 +283,11 @@ def cmd_replay(args) -> int:
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")
+        if not inp.case.spec.quantize_only:
+            r = localize()
+            loc = r.localization if r.failure is None else {"error": f"{r.failure.kind}: {r.failure.error[:300]}"}
+            for line in localization_lines(loc):
+                print(line)
         return 1
     if stand_in:
         print(f"replay: NOT REPLAYED on {args.backend or recorded} (unavailable here); the emulator's verdict above "

@@ -50,6 +50,7 @@ class ResultRecord:
     deviations: "list | None" = None
     canonical_distance: "dict | None" = None
     bundle: "str | None" = None  # the replay bundle of a failure
+    localization: "dict | None" = None  # docs/conformance.md#failure-localization
     waived_verdict: "str | None" = None  # the verdict a current waiver turned into ``waived``
     waiver: "dict | None" = None
     waiver_expired: "dict | None" = None

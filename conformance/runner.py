@@ -130,6 +130,9 @@ class Runner:
     process writing into the same folder is refused. (The pytest plugin's xdist workers share a folder,
     each with its own results-<worker>.jsonl, and take no lock.)"""
 
+    #: failing cases localized per (backend, scheme, format); 0: none (docs/conformance.md#failure-localization)
+    localize_per_group = 2
+
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
                  memory_limit: "int | str | None" = None, lock: bool = False):
@@ -155,6 +158,8 @@ class Runner:
         self.progress = progress
         self.worker_env = worker_env
         self._lock = threading.Lock()
+        #: failing cases localized so far per (backend, scheme, format) (docs/conformance.md#failure-localization)
+        self._localized: dict = {}
         self._done = 0
         self._total = 0
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
@@ -386,14 +391,16 @@ class Runner:
             # drawn once per run; the worker runs from the same file (conformance/refcache.py) and checks
             # that it ran these bytes
             inp, path, digest = self.refs.inputs(spec)
-            reply = client.run(ypath, spec=spec, bundle=path, inputs_sha256=digest)
+            source = {"spec": spec, "bundle": path}  # the inputs the case ran on (a localization probes the same)
+            reply = client.run(ypath, **source, inputs_sha256=digest)
         elif inp is None:
             inp = spec.inputs()
-            reply = client.run(ypath, spec=spec)
+            source = {"spec": spec}
+            reply = client.run(ypath, **source)
         else:
-            bundle = save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(), backend=label, declared=None,
-                                 verdict="", reason="inputs")
-            reply = client.run(ypath, spec=spec, bundle=bundle)
+            source = {"spec": spec, "bundle": save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(),
+                                                          backend=label, declared=None, verdict="", reason="inputs")}
+            reply = client.run(ypath, **source)
         if reply.failure is not None:
             rec = self._failed_request(label, spec, reply.failure, "", t0, declared)
             if write_bundle:
@@ -419,11 +426,36 @@ class Runner:
         rec = self._record(label, spec, j.verdict, j.reason, declared=declared.to_json(), metrics=dict(j.metrics),
                            seconds=time.perf_counter() - t0, kernel_s=reply.run_s, prepare_s=reply.prepare_s,
                            **assess(spec.case, declared, inp, y, interval=interval))
+        if j.verdict is Verdict.FAIL and self._take_localization(label, spec):
+            rec["localization"] = self._localize(client, source, declared)
         if j.verdict is Verdict.FAIL and write_bundle:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, j.verdict.value, j.reason, y, iv))
         if self.on_output is not None:
             self.on_output(label, spec, inp, declared, iv, y, rec, j)
         return rec
+
+    def _take_localization(self, label: str, spec: CaseSpec) -> bool:
+        """Localize the first LOCALIZE_PER_GROUP failures of each (backend, scheme, format): the console and the
+        reports show one example per failure group, and a broken kernel fails hundreds of cases alike."""
+        if self.localize_per_group <= 0:
+            return False
+        key = (label, spec.case.scheme, spec.case.weight_format)
+        with self._lock:
+            n = self._localized.get(key, 0)
+            self._localized[key] = n + 1
+        return n < self.localize_per_group
+
+    def _localize(self, client: WorkerClient, source: dict, declared: Declared) -> dict:
+        """The worker's localization of a failing case (conformance/localize.py) on the inputs it ran (``source``:
+        spec, bundle); a probe that crashes the kernel or raises is reported as the localization's error, never as
+        the case's verdict."""
+        try:
+            reply = client.localize(declared, **source)
+        except Exception as e:  # noqa: BLE001 - the localization never changes the verdict
+            return {"error": f"{type(e).__name__}: {e}"}
+        if reply.failure is not None:
+            return {"error": f"{reply.failure.kind}: {reply.failure.error[:500]}"}
+        return reply.localization
 
     def _judge_quantized(self, label, spec, inp, declared, ypath, reply, t0, write_bundle) -> dict:
         """A quantize-only case (docs/conformance.md#quantize-only-cases): codes, scales, zero points and

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from emulator.declaration import Declared
 
-__all__ = ["WorkerClient", "WorkerFailure", "Hello", "Plan", "RunReply"]
+__all__ = ["WorkerClient", "WorkerFailure", "Hello", "Plan", "RunReply", "LocalizeReply"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,15 @@ class RunReply:
         return self.failure is None
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalizeReply:
+    """The worker's localization of a failing case (conformance/localize.py: docs/conformance.md#failure-localization),
+    or its failure."""
+
+    localization: "dict | None" = None
+    failure: "WorkerFailure | None" = None
+
+
 class WorkerClient:
     """Calls on one worker process (``conformance.workerproc.WorkerProcess``), each within ``timeout`` seconds."""
 
@@ -115,6 +124,18 @@ class WorkerClient:
         if not r.get("ok"):
             return RunReply(failure=WorkerFailure.from_reply(r))
         return RunReply(r.get("prepare_s"), r.get("run_s"))
+
+    def localize(self, declared: Declared, *, spec=None, bundle: "str | Path | None" = None) -> LocalizeReply:
+        """Probe the kernel on the case's own weights (the inputs of ``spec`` or ``bundle``, as ``run`` took them)."""
+        req: dict = {"op": "localize", "declared": declared.to_json()}
+        if bundle is not None:
+            req["bundle"] = str(bundle)
+        if spec is not None:
+            req["spec"] = _spec_json(spec)
+        r = self.process.request(req, timeout=self.timeout)
+        if not r.get("ok"):
+            return LocalizeReply(failure=WorkerFailure.from_reply(r))
+        return LocalizeReply(r["localization"])
 
     def close(self) -> None:
         self.process.close()
