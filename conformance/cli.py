@@ -139,6 +139,8 @@ def _cmd_linear(args) -> int:
     decl, int8_variant, mx_variant, direct = _linear_variants(args.variant)
     if int8_variant.arith_dtype == "input":  # x travels as float32 here: name its own dtype
         int8_variant = dataclasses.replace(int8_variant, arith_dtype=dtype)
+    if mx_variant.quotient_dtype == "input":
+        mx_variant = dataclasses.replace(mx_variant, quotient_dtype=dtype)
     if args.backend:
         return _linear_backend(args, ck, info, x, dtype, decl)
     act = args.act or declared_activation(info)

@@ -132,6 +132,8 @@ class Declared:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
             if key in _ASYM_ONLY and self._act_symmetric(case):
                 continue  # no zero point: the axis changes nothing
+            if key == "azp_clamp_nan" and not self.value("azp_clamp"):
+                continue  # no clamp, nothing to do with NaN
             if key == "azp_fused" and not (self.value("azp_before_rounding") and
                                            self.value("reciprocal") == "recip_scale"):
                 continue  # nothing to fuse
@@ -159,7 +161,7 @@ class Declared:
 
 
 #: int8-activation axes that change nothing for symmetric activations (they act on the zero point or the min/max)
-_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range")
+_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range", "azp_clamp_nan")
 
 
 def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:
@@ -175,11 +177,12 @@ INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "
                 "act_dequant_scale_dtype": "dequant_scale_dtype", "act_sym_divisor": "sym_divisor",
                 "act_range": "range_rule", "act_arith_dtype": "arith_dtype", "azp_clamp": "azp_clamp",
                 "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow",
-                "azp_fused": "azp_fused"}
+                "azp_fused": "azp_fused", "azp_clamp_nan": "azp_clamp_nan"}
 #: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
 MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
               "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign",
-              "mx_byte0_divisor": "byte0_divisor", "mx_scale_overflow": "scale_overflow"}
+              "mx_byte0_divisor": "byte0_divisor", "mx_scale_overflow": "scale_overflow",
+              "mx_quotient_dtype": "quotient_dtype"}
 
 
 def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVariant:
@@ -200,9 +203,13 @@ def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVari
     return a8.Int8ActVariant(**kw)
 
 
-def mx_variant(declared: Declared) -> mxfp4.MxVariant:
-    """The MXFP4 activation quantizer a declaration names."""
-    return mxfp4.MxVariant(**{f: declared.variants[k] for k, f in MX_VARIANT_FIELDS.items() if k in declared.variants})
+def mx_variant(declared: Declared, case: Case | None = None) -> mxfp4.MxVariant:
+    """The MXFP4 activation quantizer a declaration names; ``mx_quotient_dtype=input`` resolves to the case's
+    activation dtype (without a case, to the dtype of the array quantized)."""
+    kw = {f: declared.variants[k] for k, f in MX_VARIANT_FIELDS.items() if k in declared.variants}
+    if kw.get("quotient_dtype") == "input" and case is not None:
+        kw["quotient_dtype"] = case.act_dtype  # the reference quantizes float32 copies: the case names the dtype
+    return mxfp4.MxVariant(**kw)
 
 
 def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant:
@@ -403,7 +410,8 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
         return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b, "mag": r.mag}, parts)
     if acts == "mxfp4":
         codes, sb = mxfp4.unpack_mxfp4_ct(tensors)
-        r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared), out_dtype=out_dtype)
+        r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared, case),
+                                  out_dtype=out_dtype)
         xd = mxfp4.dequantize_mxfp4(r.parts["x_codes"], r.parts["x_scale"], dtype=np.float64)
         wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
         return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b, "mag": r.mag}, r.parts)

@@ -322,7 +322,7 @@ AXES: dict[str, Axis] = {a.key: a for a in [
                 "DynamicQuantizeLinear (unit_range: scale 1/255 when max == min)"),
     Axis("eps", "amax clamp under zero_row=eps", Stage.INT8_ACTIVATIONS, canonical=0.0, kind="float",
          schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#named-variants-int8actvariant"),
-    Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan)", Stage.INT8_ACTIVATIONS,
+    Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan, or a scale that underflowed to 0)", Stage.INT8_ACTIVATIONS,
          ("zero", "low", "raise"), "zero", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.nan_to_int",
          doc=_DOC_ACT + "#named-variants-int8actvariant", source="the emulator raises where NaN means bad input; ONNX reference "
                                               "QuantizeLinear (NaN -> int32 min -> clipped: low)"),
@@ -363,6 +363,10 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          doc=_DOC_ACT + "#reference-implementations",
          source="compressed-tensors calculate_qparams (clamp to [-128, 127], then round); ONNX DynamicQuantizeLinear "
                 "(saturate to [0, 255])"),
+    Axis("azp_clamp_nan", "what azp_clamp makes of a NaN real zero point (a scale underflowed to 0)",
+         Stage.INT8_ACTIVATIONS, ("keep", "high"), "keep", schemes=_INT8_ACT_SCHEMES,
+         target="Int8ActVariant.azp_clamp_nan", doc=_DOC_ACT + "#reference-implementations",
+         source="ONNX reference DynamicQuantizeLinear (high: max(qmin, min(qmax, NaN)) is qmax in Python)"),
     Axis("azp_domain", "integer domain the zero point is formed in", Stage.INT8_ACTIVATIONS, ("int8", "uint8"),
          "int8", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_domain",
          doc=_DOC_ACT + "#reference-implementations", source="ONNX DynamicQuantizeLinear (uint8: zp = round(-min / scale))"),
@@ -395,6 +399,11 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          doc=_DOC_MX + "#reference-implementations",
          source="compressed-tensors 0.20 dynamic MXFP4 activations (nan: EVEN rounding of amax >= 1.75 * 2**127 "
                 "gives the scale 2**128, byte 0xFF)"),
+    Axis("mx_quotient_dtype", "dtype the quotient x / scale is computed in before the E2M1 rounding",
+         Stage.MX_ACTIVATIONS, ("exact", "input", "float32", "bfloat16", "float16"), "exact",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.quotient_dtype", doc=_DOC_MX + "#variants-mxvariant",
+         source="compressed-tensors 0.20 forward _quantize (x / scale in the activation's dtype: a quotient that "
+                "underflows there is +-0, and e2m1_zero_sign=positive makes it +0)"),
     Axis("e2m1_rounding", "E2M1 element rounding (ties)", Stage.MX_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
          "rne", schemes=_MX_ACT_SCHEMES, target="MxVariant.element_rounding", doc=_DOC_MX + "#variants-mxvariant",
          source="vllm-xpu-kernels mxfp4_quant.h (ties toward zero)"),
