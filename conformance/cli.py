@@ -62,7 +62,7 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_dequant(args) -> int:
     from emulator.checkpoint import Checkpoint
-    from emulator.layers import dequantize_layer
+    from emulator.layers import dequantize_layer, overflowing_weights
     from emulator.tensorfile import save_tensors
 
     ck = Checkpoint(args.checkpoint)
@@ -71,6 +71,11 @@ def _cmd_dequant(args) -> int:
     save_tensors(args.output, {"weight": np.ascontiguousarray(w, dtype=np.float32)},
                  metadata={"layer": info.name, "format": info.format, "producer": "qconform"})
     print(f"{info.name}: {info.format} {list(w.shape)} -> {args.output}")
+    n_inf = overflowing_weights(info, w)
+    if n_inf:
+        first = [int(i) for i in np.argwhere(np.isinf(w))[0]]
+        print(f"note: {n_inf} weight(s) exceed float32 (first at {first}): written as +-Inf, the RNE rounding of "
+              "the exact value, as ONNX DequantizeLinear and torch give (docs/formats/mxfp4.md#dequantization)")
     return EXIT_OK
 
 
