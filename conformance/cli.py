@@ -5,6 +5,7 @@ Commands (contract fixed by issue #2; more arrive with the suite):
 - ``qconform inspect CKPT [--json]``            every quantized layer and its format
 - ``qconform dequant CKPT --layer NAME -o OUT``   exact float32 weight as safetensors tensor ``weight``
 - ``qconform linear CKPT --layer NAME -i X -o Y`` reference y (x's dtype) and y_exact (float64)
+- ``qconform quantize -i X -o Q [--preset NAME]`` activations to codes, scales, zero points (quantize_cmd.py)
 - ``qconform run``                                the main job: conformance of every available backend
 - ``qconform selfcheck``                          the emulator end to end through checkpoint folders
 
@@ -94,26 +95,25 @@ def linear_variant_keys() -> list[str]:
     return [k for k, a in AXES.items() if not a.field or k in LINEAR_FIELDS]
 
 
-def _linear_variants(opts: list[str]):
-    """``--variant KEY=VALUE ...`` -> (the Declared they name, its int8 and MX activation quantizers, whether the
-    direct path applies them all).
+def _linear_variants(opts: list[str], preset: str | None = None):
+    """``--variant KEY=VALUE ...`` (and ``--preset NAME`` / ``--variant preset=NAME``) -> (the Declared they
+    name, its int8 and MX activation quantizers, whether the direct path applies them all).
 
-    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md). Activation
-    variants run on the direct path; weight, epilogue and field variants need the Case path.
+    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md); a preset is a
+    reference quantizer's whole declaration (emulator/reference_quantizers.py). Activation variants run on
+    the direct path; weight, epilogue and field variants need the Case path.
     """
     from emulator.declaration import Declared, int8_variant, mx_variant
-    from emulator.variants import axis
+    from emulator.variants import AXES
 
-    pairs, fields = {}, {}
+    from .quantize_cmd import parse_variant_options
+
     for o in opts or []:
-        if "=" not in o:
-            raise ValueError(f"--variant expects key=value, got {o!r}")
-        k, v = (t.strip() for t in o.split("=", 1))
-        a = axis(k)
-        if a.field and k not in LINEAR_FIELDS:
+        k = o.split("=", 1)[0].strip()
+        if k in AXES and AXES[k].field and k not in LINEAR_FIELDS:
             raise ValueError(f"--variant {k}: describes a kernel, not the reference; linear takes the fields "
                              f"{', '.join(LINEAR_FIELDS)} and the variants of docs/variants.md")
-        (fields if a.field else pairs)[k] = v
+    pairs, fields = parse_variant_options(opts, preset, linear_variant_keys(), "linear", LINEAR_FIELDS)
     if "act_compute_dtype" in fields and fields["act_compute_dtype"].lower() == "none":
         fields["act_compute_dtype"] = None
     decl = Declared(variants=pairs, **fields)
@@ -141,7 +141,7 @@ def _cmd_linear(args) -> int:
         raise FormatError(f"{args.input}: tensor 'x' must be 2-D [M, K], got shape {list(x.shape)}")
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
-    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant)
+    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant, args.preset)
     if int8_variant.arith_dtype == "input":  # x travels as float32 here: name its own dtype
         int8_variant = dataclasses.replace(int8_variant, arith_dtype=dtype)
     if mx_variant.quotient_dtype == "input":
@@ -288,10 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--act", choices=["a16", "int8", "mxfp4"], help="activation scheme (default: the checkpoint's)")
     s.add_argument("--variant", action="append", metavar="KEY=VALUE",
                    help="a variant from docs/variants.md, e.g. act_rounding=rhaz, zero_read=v1_literal, "
-                        "mx_scale_rule=even; keys: " + ", ".join(linear_variant_keys()))
+                        "mx_scale_rule=even, or preset=NAME; keys: " + ", ".join(linear_variant_keys()))
+    s.add_argument("--preset", metavar="NAME", help="a reference quantizer's declaration (emulator/"
+                   "reference_quantizers.py), e.g. torchao-mx-floor, compressed-tensors-int8-sym; also "
+                   "--variant preset=NAME")
     s.add_argument("--backend", metavar="auto|NAME", help="run the layer on a backend (auto: the dispatcher's "
                                                          "choice, printed with why it skipped the others)")
     s.set_defaults(fn=_cmd_linear)
+
+    from .quantize_cmd import add_parser as add_quantize
+
+    add_quantize(sub)
 
     s = sub.add_parser("selfcheck", help="end-to-end check of the emulator through checkpoint folders")
     s.add_argument("--out", default="qconform-out", help="output folder")
