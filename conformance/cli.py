@@ -117,7 +117,7 @@ def _linear_variants(opts: list[str], preset: str | None = None):
     if "act_compute_dtype" in fields and fields["act_compute_dtype"].lower() == "none":
         fields["act_compute_dtype"] = None
     decl = Declared(variants=pairs, **fields)
-    direct = not fields and all(axis(k).stage.value in LINEAR_STAGES for k in pairs)
+    direct = not fields and all(AXES[k].stage.value in LINEAR_STAGES for k in pairs)
     return decl, int8_variant(decl), mx_variant(decl), direct
 
 
