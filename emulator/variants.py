@@ -229,7 +229,7 @@ _DOC_ACT = "formats/activations.md"
 _DOC_MX = "formats/mxfp4.md"
 _DOC_INT = "formats/gptq.md"
 _DOC_MOE = "formats/moe.md"
-_DOC_ACC = "conformance.md#acceptance"
+_DOC_ACC = "variants.md#declared-fields"  # (the interval they imply: conformance.md#acceptance)
 
 AXES: dict[str, Axis] = {a.key: a for a in [
     # -- weights ----------------------------------------------------------------------------------------
