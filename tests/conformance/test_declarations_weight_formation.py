@@ -19,6 +19,7 @@ import torch
 from backends.base import Case, Declared
 from conformance.acceptance import compare, declared_interval, declared_weight
 from conformance.cases import make_inputs
+from conformance.runner import rounded_interval
 
 FORMATIONS = ("in_weight_dtype", "float32_then_round", "in_scale_dtype")
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -98,7 +99,7 @@ def float32_then_round(q, z, s, T, scale_dtype=None, order="sub_then_mul", trunc
 
 def _declared(T, formation, **variants):
     return Declared(variants=dict(variants, weight_formation=formation), weight_dtype=T, accumulate="float32",
-                    output="bfloat16")
+                    output="float32")  # the fixtures' output dtype
 
 
 def _check(inp, w_kernel, T, right, **variants):
@@ -107,7 +108,7 @@ def _check(inp, w_kernel, T, right, **variants):
     wk = w_kernel.to(torch.float32).numpy()
     d = _declared(T, right, **variants)
     assert np.array_equal(declared_weight(inp.case, inp.tensors, d), wk, equal_nan=True)
-    assert compare(_run(inp, w_kernel), declared_interval(inp, d)).ok
+    assert compare(_run(inp, w_kernel), rounded_interval(declared_interval(inp, d), d)).ok
     separated = 0
     for other in FORMATIONS:
         if other == right:
@@ -116,7 +117,7 @@ def _check(inp, w_kernel, T, right, **variants):
         if np.array_equal(declared_weight(inp.case, inp.tensors, od), wk):
             continue  # this input does not separate the two
         separated += 1
-        assert not compare(_run(inp, w_kernel), declared_interval(inp, od)).ok, other
+        assert not compare(_run(inp, w_kernel), rounded_interval(declared_interval(inp, od), od)).ok, other
     return separated
 
 
@@ -163,7 +164,7 @@ def test_compressed_tensors_dequantize_with_float32_scales_is_float32_then_round
     w = _ct_dequantize(t, torch.bfloat16)
     d = _declared("bfloat16", "float32_then_round")
     assert np.array_equal(declared_weight(case, t, d), w.float().numpy())
-    assert compare(_run(inp, w), declared_interval(inp, d)).ok
+    assert compare(_run(inp, w), rounded_interval(declared_interval(inp, d), d)).ok
     # float32 scales: arithmetic in the scale's dtype is float32 arithmetic, the same weights
     assert np.array_equal(declared_weight(case, t, _declared("bfloat16", "in_scale_dtype")), w.float().numpy())
 
@@ -188,9 +189,9 @@ def test_truncating_final_conversion(ct_int_fp16):
     w = float32_then_round(q, z, s, "bfloat16", truncate=True)
     d = _declared("bfloat16", "float32_then_round", weight_rounding="rtz")
     assert np.array_equal(declared_weight(ct_int_fp16.case, ct_int_fp16.tensors, d), w.float().numpy())
-    assert compare(_run(ct_int_fp16, w), declared_interval(ct_int_fp16, d)).ok
-    assert not compare(_run(ct_int_fp16, w), declared_interval(ct_int_fp16, _declared("bfloat16",
-                                                                                        "float32_then_round"))).ok
+    d0 = _declared("bfloat16", "float32_then_round")
+    assert compare(_run(ct_int_fp16, w), rounded_interval(declared_interval(ct_int_fp16, d), d)).ok
+    assert not compare(_run(ct_int_fp16, w), rounded_interval(declared_interval(ct_int_fp16, d0), d0)).ok
 
 
 def test_scale_already_in_T_makes_the_formations_coincide(ct_int_fp16):
@@ -219,7 +220,7 @@ def test_mxfp4_float16_in_weight_dtype_converts_the_scale_first():
     for w, right in ((w16, "in_weight_dtype"), (w_once, "float32_then_round")):
         d = Declared(variants={"weight_formation": right}, weight_dtype="float16", output="float32")
         assert np.array_equal(declared_weight(case, t, d), w.float().numpy())
-        assert compare(_run(inp, w), declared_interval(inp, d)).ok
+        assert compare(_run(inp, w), rounded_interval(declared_interval(inp, d), d)).ok
 
 
 def test_weight_formation_level_and_where_it_applies():
