@@ -109,43 +109,46 @@ def test_weight_scale_dtype_kernel(ckpt):
     assert not _judge(inp, y, output="float32")
 
 
-def test_float_zero_kernel(ckpt):
+@pytest.mark.parametrize("zdt", ["bfloat16", "float16"])
+def test_float_zero_kernel(ckpt, zdt):
     """'zero = RNE_Z((m - z) * s_C), w = round_C((q - m) * s_C + zero)' with C = float32, Z = bfloat16 (torch's
-    CPU int4pack path: an fp32 FMA with a bf16 zero point)."""
+    CPU int4pack path: an fp32 FMA with a bf16 zero point) or float16."""
     q, fields, s, t = ckpt
     z = np.repeat(fields + 1, G, axis=0).T.astype(np.float32)
     sk = np.repeat(s.astype(np.float32), G, axis=0).T
-    zero = torch.from_numpy((8 - z) * sk).to(torch.bfloat16).double()  # the exact product, rounded once
+    zero = torch.from_numpy((8 - z) * sk).to(TORCH[zdt]).double()  # the exact product (fp32: exact), rounded once
     w = ((torch.from_numpy(q.astype(np.float64)) - 8) * torch.from_numpy(sk).double() + zero).float()  # one rounding
     inp = _inputs(t, out="float32")
     y = _gemm(inp, w)
-    v = {"dequant_order": "float_zero", "zero_dtype": "bfloat16"}
+    v = {"dequant_order": "float_zero", "zero_dtype": zdt}
     assert _judge(inp, y, variants=v, weight_dtype="float32", output="float32")
     assert not _judge(inp, y, output="float32")
 
 
 # -- GEMM and epilogue fields (docs/variants.md#declared-fields) ---------------------------------------------------
-def test_act_compute_dtype_kernel(ckpt):
+@pytest.mark.parametrize("adt", ["bfloat16", "float16"])
+def test_act_compute_dtype_kernel(ckpt, adt):
     """'rounds each activation (RNE) to that dtype before the product' (float32 activations)."""
     _, _, _, t = ckpt
     inp = _inputs(t, act="float32")
     w = _canonical_w(ckpt)
-    y = (torch.from_numpy(inp.x).to(torch.bfloat16).float() @ w.T).numpy()
-    assert _judge(inp, y, act_compute_dtype="bfloat16", output="float32")
+    y = (torch.from_numpy(inp.x).to(TORCH[adt]).float() @ w.T).numpy()
+    assert _judge(inp, y, act_compute_dtype=adt, output="float32")
     assert not _judge(inp, y, output="float32")
 
 
-def test_accumulate_bfloat16_kernel(ckpt):
-    """'sums in that dtype, any order': a bf16 accumulator, products added one at a time."""
+@pytest.mark.parametrize("acc_dt", ["bfloat16", "float16"])
+def test_accumulate_16bit_kernel(ckpt, acc_dt):
+    """'sums in that dtype, any order': a 16-bit accumulator, products added one at a time."""
     _, _, _, t = ckpt
     inp = _inputs(t, out="float32")
     w = _canonical_w(ckpt)
     x = torch.from_numpy(inp.x)
-    acc = torch.zeros(M, N, dtype=torch.bfloat16)
+    acc = torch.zeros(M, N, dtype=TORCH[acc_dt])
     for k in torch.randperm(K, generator=torch.Generator().manual_seed(0)).tolist():
-        acc = (acc.float() + (x[:, k:k + 1] * w[:, k][None, :]).to(torch.bfloat16).float()).to(torch.bfloat16)
+        acc = (acc.float() + (x[:, k:k + 1] * w[:, k][None, :]).to(TORCH[acc_dt]).float()).to(TORCH[acc_dt])
     y = acc.float().numpy()
-    assert _judge(inp, y, accumulate="bfloat16", output="float32")
+    assert _judge(inp, y, accumulate=acc_dt, output="float32")
     assert not _judge(inp, y, accumulate="float32", output="float32")
 
 
