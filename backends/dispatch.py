@@ -40,7 +40,8 @@ from emulator.variants import Level
 from .base import Backend, Case
 from .dispatch_cache import HostChoiceCache
 
-__all__ = ["Dispatcher", "Choice", "Policy", "ByPriority", "CertifiedFastest", "MeasuredFastest", "refusal",
+__all__ = ["Dispatcher", "Choice", "Policy", "ByPriority", "CertifiedFastest", "MeasuredFastest", "FallbackOnly",
+           "refusal",
            "dispatch_refusal", "shape_class", "INT8_PRODUCT_MAX"]
 
 log = logging.getLogger("qconform.dispatch")
@@ -204,6 +205,19 @@ class MeasuredFastest(Policy):
         if self._cache == "default":
             self._cache = HostChoiceCache.default()
         return self._cache
+
+
+class FallbackOnly(Policy):
+    """No kernel at all: the fallback's fast path for every case (``why``: the reason, in every line)."""
+
+    name = "fallback-only"
+
+    def __init__(self, why: str):
+        self.why = why
+        self.none_admitted = why
+
+    def contenders(self, specs):
+        return [], ([(", ".join(specs), self.why)] if specs else [])
 
 
 # --------------------------------------------------------------------------------------------- choice

@@ -39,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from backends.dispatch import CertifiedFastest, Dispatcher, MeasuredFastest
+from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, MeasuredFastest
 from backends.registry import create
 from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
@@ -54,7 +54,7 @@ from .int_kernels import torch_int8_engine
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
-           "certifier", "clear_selections", "dispatcher", "use_floor"]
+           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -240,6 +240,12 @@ def use_certifications(certifier) -> None:
 def certifier():
     """The certifier ``auto`` uses now, or None."""
     return getattr(_DISPATCH.policy, "certifier", None)
+
+
+def use_fast_path_only(why: str | None) -> None:
+    """``auto`` runs every layer on the emulator backend's fast path (``why`` says why in each line); None:
+    back to measured dispatch."""
+    _DISPATCH.set_policy(MeasuredFastest() if why is None else FallbackOnly(why))
 
 
 def use_floor(db: float | None) -> None:
