@@ -10,13 +10,14 @@ Semantics: docs/fallback.md#the-op.
 - ``layer``: ``layer_spec(info, expert)``, the layer's ``LayerInfo`` as JSON (and, for stacked
   experts, which expert);
 - ``backend``: ``"emulator"`` (the canonical reference: emulator/layers.py ``linear_layer``, equal
-  to ``qconform linear`` bit for bit), ``"auto"`` (the dispatcher's choice for the layer's Case on
-  this host, backends/registry.py ``select``: the highest-priority available backend that declares
-  no semantic deviation and has no known defect, else the emulator backend) or a backend name.
+  to ``qconform linear`` bit for bit), ``"auto"`` (the op's ``Dispatcher``, backends/dispatch.py: the
+  fastest, timed on the layer's first call at each shape class, of the backends whose declaration is
+  canonical or a rounding-level variant for this layer's tensors and of the emulator backend's fast path;
+  with certifications, certified kernels only) or a backend name.
 
 Layers a Case cannot describe (GPTQModel packed-add v1 zeros, gpt-oss stacked experts, asymmetric
 int8 weights) always run the reference, with that reason logged. Each layer's choice is logged once
-(logger ``qconform.fallback``) with the reason each other backend was skipped.
+(logger ``qconform.fallback``) with what was measured and the reason each other backend was skipped.
 
 Memory: the canonical reference (``"emulator"``, and layers no kernel can take) runs by row blocks whose
 working set stays within max(budget, 1 MiB) (qconform_torch/exact_blocks.py); prepared kernels (for
