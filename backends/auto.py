@@ -21,7 +21,6 @@ import dataclasses
 from emulator import __version__ as emulator_version
 
 from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Support, no, yes
-from .dispatch import Dispatcher
 
 __all__ = ["AutoBackend"]
 
@@ -45,7 +44,9 @@ class AutoBackend(Backend):
 
             for c in self.candidates:  # unknown names or parameters: an error now, not 'skipped' later
                 create(c)
-        self.dispatcher = Dispatcher(candidates=self.candidates, allow_opaque=self.allow_opaque)
+        from .registry import dispatcher
+
+        self.dispatcher = dispatcher(candidates=self.candidates, allow_opaque=self.allow_opaque)
 
     def availability(self) -> Availability:
         return Availability(True, "always available (the emulator is the fallback)", emulator_version, "cpu")

@@ -265,12 +265,15 @@ class Choice:
 class Dispatcher:
     """Chooses a backend per case under ``policy`` (module docstring); one object holds all its state.
 
+    ``registry``: where backends come from, an object with ``create(spec)`` and ``registered()`` (the module
+    backends/registry.py, whose ``dispatcher()`` builds one: this module never imports it).
     ``candidates``: backend specs to consider (None: every registered backend); a spec naming the fallback
     is its instance. ``itself``: backend names that are dispatchers (never contenders)."""
 
-    def __init__(self, policy: Policy | None = None, *, candidates: list[str] | None = None,
+    def __init__(self, policy: Policy | None = None, *, registry, candidates: list[str] | None = None,
                  allow_opaque: bool = False, fallback: str = "emulator", itself: tuple[str, ...] = ("auto",),
                  floor_db: float | None = None):
+        self.registry = registry
         self.policy = policy or ByPriority()
         self.candidates = None if candidates is None else list(candidates)
         self.allow_opaque = allow_opaque
@@ -311,10 +314,8 @@ class Dispatcher:
         """The backend of ``spec``, created once (a creation error is kept and raised again)."""
         got = self._instances.get(spec)
         if got is None:
-            from .registry import create
-
             try:
-                got = create(spec)
+                got = self.registry.create(spec)
             except Exception as e:  # noqa: BLE001 - unknown names / parameters: raised to the caller
                 got = e
             self._instances[spec] = got
@@ -336,9 +337,7 @@ class Dispatcher:
     # -- choosing
 
     def _specs(self) -> list[str]:
-        from .registry import registered
-
-        names = self.candidates if self.candidates is not None else list(registered())
+        names = self.candidates if self.candidates is not None else list(self.registry.registered())
         return [s for s in names if s.partition(":")[0].strip() not in self.itself | {self.fallback_name}]
 
     def admissible(self, case: Case, tensors: dict | None = None) -> tuple[list[Backend], list[tuple[str, str]]]:

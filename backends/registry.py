@@ -20,11 +20,11 @@ import importlib
 from importlib import metadata
 
 from .base import Availability, Backend, Case
-from .dispatch import INT8_PRODUCT_MAX, dispatch_refusal, refusal
+from .dispatch import INT8_PRODUCT_MAX, Dispatcher, Policy, dispatch_refusal, refusal
 from .dispatch import Choice as Selection
 
 __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection", "refusal",
-           "dispatch_refusal", "INT8_PRODUCT_MAX"]
+           "dispatch_refusal", "INT8_PRODUCT_MAX", "dispatcher"]
 
 ENTRY_POINT_GROUP = "qconform.backends"
 
@@ -156,6 +156,11 @@ def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: boo
     ``tensors``: the layer's checkpoint tensors, for the levels that depend on them (a GPTQ reading
     that ignores qzeros is canonical only where every field is the symmetric midpoint); without them
     such a backend is skipped, the conservative choice."""
-    from .dispatch import Dispatcher
+    return dispatcher(candidates=candidates, allow_opaque=allow_opaque).choose(case, tensors=tensors)
 
-    return Dispatcher(candidates=candidates, allow_opaque=allow_opaque).choose(case, tensors=tensors)
+
+def dispatcher(policy: Policy | None = None, **options) -> Dispatcher:
+    """A ``Dispatcher`` (backends/dispatch.py) over this registry's backends; ``options`` as its own."""
+    import sys
+
+    return Dispatcher(policy, registry=sys.modules[__name__], **options)

@@ -42,6 +42,7 @@ import torch
 
 from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, MeasuredFastest
 from backends.registry import create
+from backends.registry import dispatcher as new_dispatcher
 from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
@@ -221,7 +222,7 @@ def _prepared_bytes(backend, prepared) -> int:
 #: the op's one dispatcher (backends/dispatch.py): its backend instances, the contenders admitted per
 #: layer (judged on the layer's own tensors), the timings per shape class, the kernels that failed when
 #: run, and the choice lines logged per layer. ``auto`` measures by default (docs/fallback.md#the-dispatcher).
-_DISPATCH = Dispatcher(MeasuredFastest())
+_DISPATCH = new_dispatcher(MeasuredFastest())
 
 
 def dispatcher() -> Dispatcher:

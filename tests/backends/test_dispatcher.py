@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from backends.base import Availability, Backend, Case, Declared, Prepared, yes
-from backends.dispatch import (ByPriority, CertifiedFastest, Dispatcher, FallbackOnly, MeasuredFastest,
-                               shape_class)
+from backends.dispatch import ByPriority, CertifiedFastest, FallbackOnly, MeasuredFastest, shape_class
+from backends.registry import dispatcher
 from backends.dispatch_cache import FORMAT, HostChoiceCache
 from conformance.cases import make_inputs
 
@@ -93,11 +93,11 @@ class Timer:
 
 def _measured(tmp_path=None, **kw):
     cache = HostChoiceCache(tmp_path) if tmp_path is not None else None
-    return Dispatcher(MeasuredFastest(cache), candidates=["semantic", "rounding", "emulator"], **kw)
+    return dispatcher(MeasuredFastest(cache), candidates=["semantic", "rounding", "emulator"], **kw)
 
 
 def test_backends_are_created_once_per_dispatcher():
-    d = Dispatcher(candidates=["semantic", "rounding", "emulator"])
+    d = dispatcher(candidates=["semantic", "rounding", "emulator"])
     for M in (1, 2, 3, 4, 64):
         assert d.choose(Case("w8a8", "ct-int-quantized", M, 64, 128, group_size=-1)).backend.name == "rounding"
     assert sorted(CREATED) == ["rounding", "semantic"]
@@ -147,13 +147,13 @@ def test_qzeros_reading_judged_on_the_layers_own_tensors():
     other must not; the dispatcher keeps contenders per layer, never per Case alone."""
     mid = make_inputs(SYM_V1, 0).tensors
     odd = dict(mid, qzeros=mid["qzeros"] ^ np.int32(1))
-    d = Dispatcher(MeasuredFastest(None), candidates=["literal", "emulator"])
+    d = dispatcher(MeasuredFastest(None), candidates=["literal", "emulator"])
     t = Timer(literal=1e-4, emulator=1e-3)
     assert d.choose(SYM_V1, tensors=mid, layer="mid", timer=t).backend.name == "literal"
     c = d.choose(SYM_V1, tensors=lambda: odd, layer="odd", timer=t)
     assert c.backend.name == "emulator" and "zero_read=v1_literal" in dict(c.skipped)["literal"]
     # without the tensors, the level that depends on them counts as semantic: the conservative answer
-    assert Dispatcher(candidates=["literal", "emulator"]).choose(SYM_V1).backend.name == "emulator"
+    assert dispatcher(candidates=["literal", "emulator"]).choose(SYM_V1).backend.name == "emulator"
 
 
 def test_the_floor_gate_refuses_a_contender_far_from_the_reference():
@@ -162,10 +162,10 @@ def test_the_floor_gate_refuses_a_contender_far_from_the_reference():
     def timer(b):
         return (1e-4, ref * 1.01) if b.name == "rounding" else (1e-3, ref)  # rounding: 40 dB from the reference
 
-    d = Dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"], floor_db=45.0)
+    d = dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"], floor_db=45.0)
     c = d.choose(W8A8, timer=timer, reference=lambda: ref)
     assert c.backend.name == "emulator" and "below the 45 dB floor" in dict(c.skipped)["rounding"]
-    d = Dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"], floor_db=35.0)
+    d = dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"], floor_db=35.0)
     assert d.choose(W8A8, timer=timer, reference=lambda: ref).backend.name == "rounding"
 
 
@@ -199,14 +199,14 @@ def test_a_corrupt_cache_file_is_ignored_with_one_warning(tmp_path, caplog, cont
 
 def test_a_cache_from_another_host_identity_is_not_trusted(tmp_path, caplog):
     other = HostChoiceCache(tmp_path, identity=dict(HostChoiceCache(None).identity, cpu="another CPU"))
-    d = Dispatcher(MeasuredFastest(other), candidates=["rounding", "emulator"])
+    d = dispatcher(MeasuredFastest(other), candidates=["rounding", "emulator"])
     d.choose(W8A8, timer=Timer(rounding=1e-3, emulator=2e-3))
     written = _cache_file(tmp_path)
     here = HostChoiceCache(tmp_path)
     written.rename(here.path)  # the other host's file under this host's name
     t = Timer(rounding=5e-3, emulator=2e-3)
     with caplog.at_level(logging.WARNING, logger="qconform.dispatch"):
-        c = Dispatcher(MeasuredFastest(here), candidates=["rounding", "emulator"]).choose(W8A8, timer=t)
+        c = dispatcher(MeasuredFastest(here), candidates=["rounding", "emulator"]).choose(W8A8, timer=t)
     assert c.backend.name == "emulator" and len(t.timed) == 2
     assert any("another host identity (cpu differ)" in r.message for r in caplog.records)
 
@@ -240,7 +240,7 @@ def test_certified_policy_times_only_certified_kernels_against_the_fast_path():
         def why_not(self, label, version, case):
             return None if label == "rounding" else "not certified for this family"
 
-    d = Dispatcher(CertifiedFastest(Certifier()), candidates=["semantic", "rounding", "rounding2", "emulator"])
+    d = dispatcher(CertifiedFastest(Certifier()), candidates=["semantic", "rounding", "rounding2", "emulator"])
     t = Timer(rounding=3e-3, emulator=1e-3)
     c = d.choose(W8A8, timer=t)
     assert c.backend.name == "emulator" and set(t.timed) == {"rounding", "emulator"}
@@ -250,7 +250,7 @@ def test_certified_policy_times_only_certified_kernels_against_the_fast_path():
 
 
 def test_priority_policy_and_fallback_only():
-    d = Dispatcher(ByPriority(), candidates=["semantic", "literal", "rounding", "rounding2", "emulator"])
+    d = dispatcher(ByPriority(), candidates=["semantic", "literal", "rounding", "rounding2", "emulator"])
     c = d.choose(W8A8)
     # literal's zero_read changes nothing on a W8A8 case: the highest-priority admitted contender
     assert c.backend.name == "literal" and "lower priority than literal" in dict(c.skipped)["rounding"]
