@@ -371,8 +371,9 @@ class Dispatcher:
         ``tensors``: the layer's tensors (a dict, or a callable returning it, called only when the
         contenders are not known yet for ``layer``) to judge tensor-dependent levels on; ``layer``: a
         hashable identity of the layer and its tensors (the contenders are kept per layer and case; without
-        it they are kept per case only when no tensors are given). ``timer(backend) -> (seconds, y)`` runs
-        a contender on the real input (timed policies); ``reference() -> y`` for the ``floor_db`` gate."""
+        it they are kept per case only when no tensors are given). ``timer(backend, bound) -> (seconds, y)``
+        runs a contender on the real input (timed policies; ``bound``: the best time so far, which a timer
+        may use to stop repeating a contender already slower); ``reference() -> y`` for the ``floor_db`` gate."""
         akey = (layer, repr(case)) if layer is not None or tensors is None else None
         got = self._admitted.get(akey) if akey is not None else None
         if got is None:
@@ -425,9 +426,10 @@ class Dispatcher:
         outputs: dict[str, object] = {}
         gated: list[tuple[str, str]] = []
         ref = None
-        for b in contenders:
+        for b in [fb] + contenders[:-1]:  # the fast path first: its time bounds the others' (``timer``)
+            bound = min(times.values(), default=math.inf)
             try:
-                secs, y = timer(b)
+                secs, y = timer(b, bound)
             except Exception as e:  # noqa: BLE001 - a contender that fails is not chosen; the reason is logged
                 why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                 gated.append((b.label, f"failed when timed ({why})"))

@@ -360,13 +360,16 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
                                else f"{info.name}: backend {backend} failed ({type(e).__name__}: "
                                     f"{' '.join(str(e).split())[:400]})") from None
 
-    def timer(b):  # one warm-up (prepare, first touch), then the best of three runs on this input
+    def timer(b, bound):  # one warm-up (prepare, first touch), then the best of three runs on this input;
+        # a run already 3x slower than the best contender so far is not repeated (it cannot win)
         y = _compute(b, case, src, info, weights, spec, x32, bias)
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
             y = _compute(b, case, src, info, weights, spec, x32, bias)
             best = min(best, time.perf_counter() - t0)
+            if best > 3 * bound:
+                break
         return best, y
 
     choice = _DISPATCH.choose(case, tensors=lambda: case_tensors(src, info, case), layer=(spec, _identity(weights)),
