@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.cli_main = main  # commands that exercise the CLI itself (campaign) get it here, not by importing it
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # (`run` prints its --resume command)
     from emulator.errors import QconformError
 
     try:
@@ -349,11 +350,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"qconform {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        return 128 + int(getattr(e, "signum", 2))  # 130 Ctrl-C; a stopped run (RunInterrupted): 143 SIGTERM
     except Exception as e:  # an emulator bug, not the user's input: still no raw traceback
         if args.debug:
             raise
+        from .resultfile import is_output_error, unwritable
+
+        if is_output_error(e):  # a full, read-only or over-quota output: the user's to fix, one line, exit 2
+            print(f"qconform {args.command}: error: {_one_line(unwritable(e))}", file=sys.stderr)
+            return EXIT_INPUT
         print(f"qconform {args.command}: internal error ({type(e).__name__}: {_one_line(e)}); rerun with --debug and "
               "report it", file=sys.stderr)
         return EXIT_INTERNAL

@@ -26,14 +26,18 @@ Verdicts:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import select
 import shutil
+import signal
+import stat
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +49,13 @@ from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
 from .refcache import ReferenceCache
+from .resultfile import append_line, is_output_error, repair_torn_tail, unwritable
 from .suite import CaseSpec
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
-__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size",
-           "signal_name"]
+__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT",
+           "parse_size", "signal_name"]
 
 VERDICTS = ("pass", "pass-with-tie-flips", "quality-warning", "fail", "crash", "timeout", "unsupported", "waived",
             "mistrusted")
@@ -257,12 +262,45 @@ def read_results(path: "str | Path") -> list[dict]:
     return out
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """The run was stopped (SIGINT, SIGTERM, or SIGPIPE: the reader of our output went away) before its
+    last case: ``signum`` says by what, ``results`` holds what finished (each also in results.jsonl);
+    the exit status is 128 + signum (docs/conformance.md#exit-status)."""
+
+    def __init__(self, signum: int, results: "list | None" = None):
+        super().__init__(signal_name(-signum) or f"signal {signum}")
+        self.signum = signum
+        self.results = results or []
+
+
+def closed_outputs(fds=(1, 2)) -> list:
+    """Those of ``fds`` (stdout, stderr) that are pipes whose reader has gone (`qconform run | head -1`)."""
+    out = []
+    for fd in fds:
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                continue
+            poll = select.poll()
+            poll.register(fd, select.POLLOUT)
+            if any(ev & select.POLLERR for _, ev in poll.poll(0)):
+                out.append(fd)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 class Runner:
     """Runs cases on backends, one worker per job, and appends a result line per (backend, case) to
     ``OUT/results.jsonl``. With ``lock=True`` (``qconform run`` and ``certify``) it holds the folder's lock
     (``conformance.outlock``) from construction until ``close()`` (or the end of the process): a second
     process writing into the same folder is refused. (The pytest plugin's xdist workers share a folder,
-    each with its own results-<worker>.jsonl, and take no lock.)"""
+    each with its own results-<worker>.jsonl, and take no lock.)
+
+    ``run`` stops early on SIGINT or SIGTERM (handlers installed for its duration, from the main
+    thread), when its stdout or stderr is a pipe whose reader went away, or on ``stop()``: workers are
+    killed at once, the cases that finished keep their result lines, and ``RunInterrupted`` is raised.
+    Result lines are appended whole (conformance/resultfile.py); an output folder that cannot take
+    them (full, read-only) raises ``OutputUnwritable``."""
 
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
@@ -276,10 +314,15 @@ class Runner:
         #: observed outputs and intervals with it
         self.on_output = on_output
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = OutLock.for_folder(self.out_dir)
         if lock:
-            self.lock.acquire()
+            self.lock.acquire()  # (creates the folder) before anything in it is read, removed or written
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if is_output_error(e):
+                raise unwritable(e, self.out_dir) from None
+            raise
         self.results_path = self.out_dir / "results.jsonl"
         self.log_dir = self.out_dir / "logs"
         self.timeout = timeout
@@ -290,6 +333,12 @@ class Runner:
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
+        self._stop = threading.Event()  # set: no new case starts, pending requests kill their worker
+        #: the signal that stopped the run (signal.SIGPIPE: our output's reader went away); None: not stopped
+        self.stopped_by: "int | None" = None
+        self.labels: dict = {}  # backend spec -> its label (the worker's hello), for the completeness check
+        self.repaired = 0  # bytes of a torn last line removed from results.jsonl before a resumed run
+        self._handlers = None
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
         self.refs: "ReferenceCache | None" = None
         self.ref_stats: dict = {}
@@ -299,23 +348,68 @@ class Runner:
         self.lock.release()
 
     def _worker(self, bspec: str) -> WorkerProcess:
-        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit)
+        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit,
+                             cancel=self._stop)
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def stop(self, signum: int = signal.SIGINT) -> None:
+        """Stop the run: no new case starts, each pending request kills its worker (thread-safe)."""
+        if self.stopped_by is None:
+            self.stopped_by = int(signum)
+        self._stop.set()
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.stopped_by is not None and signum != signal.SIGPIPE:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the cleanup
+        self.stop(signum)
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """SIGINT and SIGTERM stop this runner (instead of raising in whatever the main thread runs)
+        while the block runs; nested uses and threads other than the main one change nothing."""
+        if self._handlers is not None or threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, old in self._handlers.items():
+                signal.signal(sig, old)
+            self._handlers = None
+
+    def _check_stop(self) -> None:
+        if self.stopped_by is None and closed_outputs():
+            self.stop(signal.SIGPIPE)
+
+    def _append(self, rec: dict) -> None:
+        """One whole line into results.jsonl, or OutputUnwritable (the run stops)."""
+        try:
+            append_line(self.results_path, json.dumps(rec, default=_json_default))
+        except OSError as e:
+            if not is_output_error(e):
+                raise
+            self._stop.set()
+            raise unwritable(e, self.results_path, hint="results.jsonl keeps whole lines for the cases that "
+                                                         "finished; make room and continue with --resume") from None
 
     def _write(self, rec: dict) -> None:
         with self._lock:
-            with open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, default=_json_default) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            self._append(rec)
             self._done += 1
-            if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
-                self.progress(self._done, self._total, rec)
-            elif self.progress:
-                width = 30
-                frac = self._done / max(self._total, 1)
-                bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
-                sys.stderr.write(f"\r[{bar}] {self._done}/{self._total} {rec['backend'][:20]:20s} {rec['verdict']:20s}")
-                sys.stderr.flush()
+            try:
+                if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
+                    self.progress(self._done, self._total, rec)
+                elif self.progress:
+                    width = 30
+                    frac = self._done / max(self._total, 1)
+                    bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+                    sys.stderr.write(f"\r[{bar}] {self._done}/{self._total} {rec['backend'][:20]:20s} "
+                                     f"{rec['verdict']:20s}")
+                    sys.stderr.flush()
+            except BrokenPipeError:  # the reader of the progress went away: stop, as for SIGPIPE
+                self.progress = False
+                self.stop(signal.SIGPIPE)
 
     def hello(self, backend_spec: str) -> dict:
         w = self._worker(backend_spec)
@@ -323,25 +417,42 @@ class Runner:
             r = w.request({"op": "hello"}, timeout=self.timeout)
         finally:
             w.close()
+        if r.get("kind") == "interrupted":
+            raise RunInterrupted(self.stopped_by or signal.SIGINT)
         return r
 
     def run(self, backend_specs: list[str], specs: list[CaseSpec], *, resume: bool = True,
             header: dict | None = None) -> list[dict]:
+        """Every (backend, case) not yet in results.jsonl (with ``resume``); the new result records.
+        Raises ``RunInterrupted`` (with the records that finished) when stopped before the end."""
+        with self.interruptible():
+            return self._run(backend_specs, specs, resume=resume, header=header)
+
+    def _run(self, backend_specs, specs, *, resume, header) -> list[dict]:
         if self.lock.held:  # the sole writer: scratch space a killed run left behind can go
             shutil.rmtree(self.work_dir, ignore_errors=True)
+            if resume:  # a line a killed run left half-written would be dropped silently, then appended to
+                try:
+                    self.repaired = repair_torn_tail(self.results_path)
+                except OSError as e:
+                    if is_output_error(e):
+                        raise unwritable(e, self.results_path) from None
+                    raise
         done = set()
         if resume:
             for r in read_results(self.results_path):
                 if r.get("kind") == "result":
                     done.add((r["backend"], r["case_id"]))
         if header is not None:
-            with open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(dict(header, kind="run"), default=_json_default) + "\n")
+            self._append(dict(header, kind="run"))
         results: list[dict] = []
         today = time.strftime("%Y-%m-%d")
         self.refs = ReferenceCache(self.work_dir)
         try:
-            self._run_backends(backend_specs, specs, done, results, today)
+            try:
+                self._run_backends(backend_specs, specs, done, results, today)
+            except RunInterrupted:
+                pass  # (self.stopped_by says by what; raised below once the scratch space is gone)
         finally:
             self.ref_stats = dict(self.refs.stats)  # inputs drawn / reused, intervals computed / reused
             self.refs.close()
@@ -356,25 +467,32 @@ class Runner:
             self.log_dir.rmdir()  # only when empty: logs are kept only for workers that crashed or timed out
         except OSError:
             pass
+        if self.stopped_by is not None:
+            raise RunInterrupted(self.stopped_by, results)
         return results
 
     def _run_backends(self, backend_specs, specs, done, results, today) -> None:
         for bspec in backend_specs:
+            self._check_stop()
+            if self._stop.is_set():
+                return
             hello = self.hello(bspec)
             label = hello.get("label", bspec)
+            self.labels[bspec] = label
             # one line per backend: version and device, for the reports' environment section
-            with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"kind": "backend", "backend": label, "spec": bspec,
-                                    "available": bool(hello.get("ok") and hello.get("available")),
-                                    "reason": hello.get("reason") or hello.get("error") or "",
-                                    "version": hello.get("version"), "device": hello.get("device"),
-                                    "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)},
-                                   default=_json_default) + "\n")
+            with self._lock:
+                self._append({"kind": "backend", "backend": label, "spec": bspec,
+                              "available": bool(hello.get("ok") and hello.get("available")),
+                              "reason": hello.get("reason") or hello.get("error") or "",
+                              "version": hello.get("version"), "device": hello.get("device"),
+                              "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)})
             todo = [s for s in specs if (label, s.case_id) not in done]
             self._total += len(todo)
             if not hello.get("ok") or not hello.get("available"):
                 reason = hello.get("reason") or hello.get("error") or "unavailable"
                 for s in todo:
+                    if self._stop.is_set():
+                        return
                     rec = self._record(label, s, "unsupported", f"backend unavailable: {reason}",
                                        evidence={"unavailable": reason})
                     self._write(rec)
@@ -382,8 +500,15 @@ class Runner:
                 continue
             chunks = [todo[i::self.jobs] for i in range(self.jobs)]
             with ThreadPoolExecutor(max_workers=self.jobs) as ex:
-                for part in ex.map(lambda c: self._run_chunk(bspec, label, c, today), chunks):
-                    results.extend(part)
+                futures = [ex.submit(self._run_chunk, bspec, label, c, today) for c in chunks]
+                # the main thread watches for a closed output (and runs the signal handlers) meanwhile
+                while wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION).not_done:
+                    self._check_stop()
+                    if any(f.done() and f.exception() is not None for f in futures):
+                        self._stop.set()  # one chunk failed (an unwritable folder): the others stop too
+                        break
+            for f in futures:
+                results.extend(f.result())  # (re-raises a chunk's error, e.g. OutputUnwritable)
 
     def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
         rec = {"kind": "result", "backend": label, "case_id": spec.case_id, "tier": spec.tier,
@@ -429,15 +554,30 @@ class Runner:
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
             for spec in specs:
+                if self._stop.is_set():
+                    break
                 try:
                     rec = self._run_one(worker, label, spec, tmpdir)
+                except RunInterrupted:
+                    break  # stopped while this case ran: it has no result (a resumed run runs it)
+                except OSError as e:
+                    if is_output_error(e):  # the output folder is full or read-only: the run's fault, not the case's
+                        self._stop.set()
+                        raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
+                    rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                             f"{type(e).__name__}: {e}",
+                                       evidence={"runner": f"{type(e).__name__}: {e}"})
                 except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
                     rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
                                                              f"{type(e).__name__}: {e}",
                                        evidence={"runner": f"{type(e).__name__}: {e}"})
+                _check_worker_output_fault(rec, self.work_dir)
                 rec = self._apply_waiver(label, spec, rec, today)
                 self._write(rec)
                 out.append(rec)
+        except BaseException:
+            self._stop.set()  # the sibling chunks end too
+            raise
         finally:
             worker.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -450,6 +590,8 @@ class Runner:
     def _failed_request(self, label, spec, reply: dict, what: str, t0: float, declared=None) -> dict:
         """The record of a request the worker did not answer with ok: crash, timeout, or a malformed output."""
         kind = reply.get("kind")
+        if kind == "interrupted":  # the run was stopped while this request ran: no verdict for the case
+            raise RunInterrupted(self.stopped_by or signal.SIGINT)
         evidence = dict(reply.get("evidence") or {})
         if kind == "malformed":
             verdict, reason = "fail", f"malformed output: {reply.get('error')}"
@@ -565,6 +707,22 @@ class Runner:
         save_bundle(path, inp, spec=spec.to_json(), backend=label, declared=declared.to_json() if declared else None,
                     verdict=verdict, reason=reason, y=y if y_ok else None, interval=iv)
         return path
+
+
+_DISK_ERRNOS = ("[Errno 28]", "[Errno 122]", "[Errno 27]", "[Errno 30]")  # ENOSPC, EDQUOT, EFBIG, EROFS
+
+
+def _check_worker_output_fault(rec: dict, work_dir: Path) -> None:
+    """A worker that could not write its output file into the run's scratch folder (disk full) is the
+    folder's fault, not the kernel's: the run stops with OutputUnwritable instead of recording a crash."""
+    ev = rec.get("evidence") or {}
+    exc = str(ev.get("exception") or "")
+    if rec.get("verdict") == "crash" and ev.get("worker") == "raised" and exc.startswith("OSError") and \
+            any(code in exc for code in _DISK_ERRNOS) and "save_tensors" in str(ev.get("traceback") or ""):
+        from .resultfile import OutputUnwritable
+
+        raise OutputUnwritable(f"{work_dir}: cannot write: the worker could not write its output ({exc}); "
+                               "make room and continue with --resume")
 
 
 def _json_default(o):
