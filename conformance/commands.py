@@ -233,9 +233,6 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
           + (f" + {len(prop_families)} property search(es)" if prop_families else "")
           + f" x {len(backends)} backend(s) [{', '.join(backends)}], "
           f"profile {args.profile}, results -> {runner.results_path}" + (" (resumed)" if args.resume else ""))
-    if runner.repaired:
-        print(f"qconform run: removed a torn last line ({runner.repaired} bytes) that an interrupted run left in "
-              f"{runner.results_path}")
     sys.stdout.flush()
     t0 = time.perf_counter()
     results: list = []
@@ -255,6 +252,9 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
         results = results or list(e.results)
     if interrupted == signal.SIGPIPE:  # the reader went away: write the files, print nothing more
         _silence(closed_outputs())
+    if runner.repaired:
+        print(f"qconform run: removed a torn last line ({runner.repaired} bytes) that an interrupted run left in "
+              f"{runner.results_path}")
     wall = time.perf_counter() - t0
     src = load_source(out)
     ids = {s.case_id for s in specs} | {r["case_id"] for r in results if r.get("tier") == PROPERTY_TIER}
