@@ -18,7 +18,8 @@ from pathlib import Path
 from emulator import __version__ as emulator_version
 
 from .provenance import environment, git_commit, suite_version  # noqa: F401 - re-exported
-from .runner import BAD, Runner, RunInterrupted, closed_outputs, load_waivers, read_results
+from .runner import BAD, Runner, load_waivers, read_results
+from .runstop import RunInterrupted, closed_outputs, describe_stop
 from .suite import PROFILES, TIERS, case_list, list_hash, parse_shard, shard
 
 
@@ -267,7 +268,7 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
     if prop_families and n_prop < len(prop_families) * len(backends):
         missing["property searches"] = len(prop_families) * len(backends) - n_prop
     enforce(summary, missing=missing, expected=(len(specs) + len(prop_families)) * len(backends),
-            interrupted=_signal_name(interrupted) if interrupted is not None else None)
+            interrupted=describe_stop(interrupted) if interrupted is not None else None)
     print()
     console.print_table(summary)
     console.print_failures(summary)
@@ -295,7 +296,7 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
     console.print_verdict(summary)
     if interrupted is not None:
         resume = _resume_command(args)
-        print(f"qconform run: {_signal_name(interrupted)}: stopped; the {summary['n_results']} result(s) that "
+        print(f"qconform run: {describe_stop(interrupted)}: stopped; the {summary['n_results']} result(s) that "
               f"finished are in {runner.results_path}" + (f"; continue with: {resume}" if resume else ""))
         sys.stdout.flush()
         return 128 + int(interrupted)  # 130 SIGINT, 143 SIGTERM, 141 a closed pipe
@@ -311,15 +312,6 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
     # behaviour); anything else not certified (a backend that judged no case) still is
     others = [n for n in summary["not_certified"] if n["column"] not in (unavailable or {})]
     return 0 if unavailable and not others and summary["n_judged"] else EXIT_NOT_CERTIFIED
-
-
-def _signal_name(signum: int) -> str:
-    if signum == signal.SIGPIPE:
-        return "the reader of the output went away (SIGPIPE)"
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def cmd_replay(args) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from emulator.errors import QconformError
 
-__all__ = ["OutputUnwritable", "append_line", "repair_torn_tail", "is_output_error", "unwritable"]
+__all__ = ["OutputUnwritable", "append_line", "repair_torn_tail", "is_output_error", "unwritable",
+           "check_worker_output_fault"]
 
 #: errors that say the output folder cannot take what the run writes (not a fault of a case or a kernel)
 OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
@@ -107,3 +108,17 @@ def repair_torn_tail(path: "str | Path") -> int:
         f.flush()
         os.fsync(f.fileno())
         return size - keep
+
+
+_DISK_ERRNOS = ("[Errno 28]", "[Errno 122]", "[Errno 27]", "[Errno 30]")  # ENOSPC, EDQUOT, EFBIG, EROFS
+
+
+def check_worker_output_fault(rec: dict, work_dir: "str | Path") -> None:
+    """A worker that could not write its output file into the run's scratch folder (disk full) is the
+    folder's fault, not the kernel's: OutputUnwritable (the run stops) instead of a ``crash`` record."""
+    ev = rec.get("evidence") or {}
+    exc = str(ev.get("exception") or "")
+    if (rec.get("verdict") == "crash" and ev.get("worker") == "raised" and exc.startswith("OSError")
+            and any(code in exc for code in _DISK_ERRNOS) and "save_tensors" in str(ev.get("traceback") or "")):
+        raise OutputUnwritable(f"{work_dir}: cannot write: the worker could not write its output ({exc}); "
+                               "make room and continue with --resume")

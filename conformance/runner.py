@@ -26,14 +26,11 @@ Verdicts:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import select
 import shutil
 import signal
-import stat
 import sys
 import threading
 import time
@@ -49,7 +46,8 @@ from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
 from .refcache import ReferenceCache
-from .resultfile import append_line, is_output_error, repair_torn_tail, unwritable
+from .resultfile import append_line, check_worker_output_fault, is_output_error, repair_torn_tail, unwritable
+from .runstop import RunInterrupted, StopSwitch
 from .suite import CaseSpec
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
@@ -262,33 +260,6 @@ def read_results(path: "str | Path") -> list[dict]:
     return out
 
 
-class RunInterrupted(KeyboardInterrupt):
-    """The run was stopped (SIGINT, SIGTERM, or SIGPIPE: the reader of our output went away) before its
-    last case: ``signum`` says by what, ``results`` holds what finished (each also in results.jsonl);
-    the exit status is 128 + signum (docs/conformance.md#exit-status)."""
-
-    def __init__(self, signum: int, results: "list | None" = None):
-        super().__init__(signal_name(-signum) or f"signal {signum}")
-        self.signum = signum
-        self.results = results or []
-
-
-def closed_outputs(fds=(1, 2)) -> list:
-    """Those of ``fds`` (stdout, stderr) that are pipes whose reader has gone (`qconform run | head -1`)."""
-    out = []
-    for fd in fds:
-        try:
-            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-                continue
-            poll = select.poll()
-            poll.register(fd, select.POLLOUT)
-            if any(ev & select.POLLERR for _, ev in poll.poll(0)):
-                out.append(fd)
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 class Runner:
     """Runs cases on backends, one worker per job, and appends a result line per (backend, case) to
     ``OUT/results.jsonl``. With ``lock=True`` (``qconform run`` and ``certify``) it holds the folder's lock
@@ -333,12 +304,12 @@ class Runner:
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
-        self._stop = threading.Event()  # set: no new case starts, pending requests kill their worker
-        #: the signal that stopped the run (signal.SIGPIPE: our output's reader went away); None: not stopped
-        self.stopped_by: "int | None" = None
+        #: the run's stop flag (conformance/runstop.py): set, no new case starts and pending requests kill
+        #: their worker; ``switch.stopped_by``: the signal that stopped the run
+        self.switch = StopSwitch()
+        self._stop = self.switch.event
         self.labels: dict = {}  # backend spec -> its label (the worker's hello), for the completeness check
         self.repaired = 0  # bytes of a torn last line removed from results.jsonl before a resumed run
-        self._handlers = None
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
         self.refs: "ReferenceCache | None" = None
         self.ref_stats: dict = {}
@@ -351,36 +322,18 @@ class Runner:
         return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit,
                              cancel=self._stop)
 
-    # -- stopping ---------------------------------------------------------------------------------
+    # -- stopping (conformance/runstop.py) ----------------------------------------------------------
+    @property
+    def stopped_by(self) -> "int | None":
+        """The signal that stopped the run (signal.SIGPIPE: our output's reader went away), or None."""
+        return self.switch.stopped_by
+
     def stop(self, signum: int = signal.SIGINT) -> None:
-        """Stop the run: no new case starts, each pending request kills its worker (thread-safe)."""
-        if self.stopped_by is None:
-            self.stopped_by = int(signum)
-        self._stop.set()
+        self.switch.stop(signum)
 
-    def _on_signal(self, signum, _frame) -> None:
-        if self.stopped_by is not None and signum != signal.SIGPIPE:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the cleanup
-        self.stop(signum)
-
-    @contextlib.contextmanager
     def interruptible(self):
-        """SIGINT and SIGTERM stop this runner (instead of raising in whatever the main thread runs)
-        while the block runs; nested uses and threads other than the main one change nothing."""
-        if self._handlers is not None or threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        self._handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for sig, old in self._handlers.items():
-                signal.signal(sig, old)
-            self._handlers = None
-
-    def _check_stop(self) -> None:
-        if self.stopped_by is None and closed_outputs():
-            self.stop(signal.SIGPIPE)
+        """SIGINT and SIGTERM stop this runner while the ``with`` block runs (``StopSwitch.interruptible``)."""
+        return self.switch.interruptible()
 
     def _append(self, rec: dict) -> None:
         """One whole line into results.jsonl, or OutputUnwritable (the run stops)."""
@@ -473,7 +426,7 @@ class Runner:
 
     def _run_backends(self, backend_specs, specs, done, results, today) -> None:
         for bspec in backend_specs:
-            self._check_stop()
+            self.switch.check_outputs()
             if self._stop.is_set():
                 return
             hello = self.hello(bspec)
@@ -503,7 +456,7 @@ class Runner:
                 futures = [ex.submit(self._run_chunk, bspec, label, c, today) for c in chunks]
                 # the main thread watches for a closed output (and runs the signal handlers) meanwhile
                 while wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION).not_done:
-                    self._check_stop()
+                    self.switch.check_outputs()
                     if any(f.done() and f.exception() is not None for f in futures):
                         self._stop.set()  # one chunk failed (an unwritable folder): the others stop too
                         break
@@ -571,7 +524,7 @@ class Runner:
                     rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
                                                              f"{type(e).__name__}: {e}",
                                        evidence={"runner": f"{type(e).__name__}: {e}"})
-                _check_worker_output_fault(rec, self.work_dir)
+                check_worker_output_fault(rec, self.work_dir)
                 rec = self._apply_waiver(label, spec, rec, today)
                 self._write(rec)
                 out.append(rec)
@@ -707,22 +660,6 @@ class Runner:
         save_bundle(path, inp, spec=spec.to_json(), backend=label, declared=declared.to_json() if declared else None,
                     verdict=verdict, reason=reason, y=y if y_ok else None, interval=iv)
         return path
-
-
-_DISK_ERRNOS = ("[Errno 28]", "[Errno 122]", "[Errno 27]", "[Errno 30]")  # ENOSPC, EDQUOT, EFBIG, EROFS
-
-
-def _check_worker_output_fault(rec: dict, work_dir: Path) -> None:
-    """A worker that could not write its output file into the run's scratch folder (disk full) is the
-    folder's fault, not the kernel's: the run stops with OutputUnwritable instead of recording a crash."""
-    ev = rec.get("evidence") or {}
-    exc = str(ev.get("exception") or "")
-    if rec.get("verdict") == "crash" and ev.get("worker") == "raised" and exc.startswith("OSError") and \
-            any(code in exc for code in _DISK_ERRNOS) and "save_tensors" in str(ev.get("traceback") or ""):
-        from .resultfile import OutputUnwritable
-
-        raise OutputUnwritable(f"{work_dir}: cannot write: the worker could not write its output ({exc}); "
-                               "make room and continue with --resume")
 
 
 def _json_default(o):
