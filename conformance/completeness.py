@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["INCOMPLETE", "INTERRUPTED", "header_shortfall", "missing_pairs", "enforce"]
+__all__ = ["INCOMPLETE", "INTERRUPTED", "HEADLINES", "header_shortfall", "missing_pairs", "enforce"]
 
 INCOMPLETE = "incomplete"
 INTERRUPTED = "interrupted"
+#: the headlines of these statuses (conformance/summary.py's HEADLINES takes them from here)
+HEADLINES = {INCOMPLETE: "INCOMPLETE", INTERRUPTED: "INTERRUPTED"}
 #: column / run statuses a shortfall replaces (a found failure stays NOT CONFORMANT: it is a finding)
 _REPLACED = ("conformant", "accurate", "not-certified", "unavailable")
 
@@ -56,8 +58,6 @@ def enforce(summary: dict, *, missing: "dict | None" = None, expected: "int | No
     """Mark ``summary`` (in place; returned) INTERRUPTED (``interrupted``: what stopped the run) or, where
     ``missing`` counts results it lacks, INCOMPLETE; ``ok`` is then False. A summary with nothing missing
     and no interruption is returned unchanged."""
-    from .summary import headline
-
     missing = {k: v for k, v in (missing or {}).items() if v > 0}
     if not missing and not interrupted:
         return summary
@@ -78,5 +78,6 @@ def enforce(summary: dict, *, missing: "dict | None" = None, expected: "int | No
             col["status"] = INCOMPLETE
     summary["ok"] = False
     summary["n_missing"] = n_missing
-    summary["headline"] = headline(summary)
+    if summary["status"] in HEADLINES:  # (a NOT CONFORMANT summary keeps its headline)
+        summary["headline"] = HEADLINES[summary["status"]]
     return summary

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from emulator.schemes import SCHEMES
 
+from .completeness import HEADLINES as COMPLETENESS_HEADLINES
 from .completeness import enforce, header_shortfall
 from .levels import run_level
 
@@ -54,7 +55,7 @@ LEVELS_MEANING = ("Levels (docs/conformance.md#levels): 'canonical' declarations
 HEADLINES = {"conformant": "CONFORMANT", "not-conformant": "NOT CONFORMANT", "not-certified": "NOT CERTIFIED",
              "unavailable": "UNAVAILABLE",
              # fewer results than the run's cases, or a run that was stopped (conformance/completeness.py)
-             "incomplete": "INCOMPLETE", "interrupted": "INTERRUPTED",
+             **COMPLETENESS_HEADLINES,
              # opaque arithmetic judged by SQNR (docs/conformance.md#opaque-arithmetic): never called conformant
              "accurate": "ACCURATE TO DECLARED SQNR FLOORS (OPAQUE ARITHMETIC)"}
 #: a conformant run whose declarations round differently from the checkpoint (docs/conformance.md#levels)
