@@ -147,6 +147,26 @@ def test_fewer_results_than_cases_is_never_conformant(tmp_path, capsys, monkeypa
     assert "INCOMPLETE" in (out / "report.md").read_text()
 
 
+def test_certify_seals_nothing_with_a_result_missing(tmp_path, capsys, monkeypatch):
+    from conformance.cli import main
+
+    real = Runner._append
+    dropped = []
+
+    def lose_one(self, rec):
+        if rec.get("kind") == "result" and not dropped:
+            dropped.append(rec["case_id"])
+            return
+        real(self, rec)
+
+    monkeypatch.setattr(Runner, "_append", lose_one)
+    out = tmp_path / "bundle"
+    rc = main(["certify", "--backend", "emulator", *SELECT, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "1 result(s) missing after the run" in err, err
+    assert not (out / "MANIFEST.json").exists()
+
+
 def test_enforce_keeps_failures_and_never_leaves_a_green():
     base = {"status": "conformant", "ok": True, "n_results": 3, "columns": [{"key": "b", "status": "conformant"}],
             "notes": []}
