@@ -38,11 +38,13 @@ def is_output_error(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in OUTPUT_ERRNOS
 
 
-def unwritable(e: OSError, path: "str | Path | None" = None, *, hint: str = "") -> OutputUnwritable:
-    """The one-line error for ``e``, naming the file (``e.filename`` or ``path``) and the cause."""
-    where = e.filename if e.filename else path
+def unwritable(e: OSError, path: "str | Path | None" = None, *, hint: str = "",
+               verb: str = "cannot write") -> OutputUnwritable:
+    """The one-line error for ``e``, naming the file (``e.filename`` or ``path``) and the cause (``verb``:
+    what could not be done; empty where the caller does not know whether it was a read or a write)."""
+    where = e.filename or path or "an output file"
     why = _WHY.get(e.errno) or e.strerror or str(e)
-    return OutputUnwritable(f"{where}: cannot write: {why}" + (f"; {hint}" if hint else ""))
+    return OutputUnwritable(f"{where}: " + (f"{verb}: " if verb else "") + why + (f"; {hint}" if hint else ""))
 
 
 def append_line(path: "str | Path", line: str, *, sync: bool = True, fault=None) -> None:

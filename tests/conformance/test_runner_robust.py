@@ -327,6 +327,20 @@ def test_a_short_write_is_cut_back_to_a_whole_line(tmp_path):
     assert repair_torn_tail(p) == 0
 
 
+def test_a_worker_that_cannot_write_its_output_stops_the_run_not_a_crash_verdict(tmp_path):
+    """The worker's own write into OUT/.work failing for lack of space is the folder's fault: OutputUnwritable,
+    never a crash recorded against the kernel."""
+    from conformance.resultfile import OutputUnwritable, check_worker_output_fault
+
+    rec = {"verdict": "crash", "evidence": {"worker": "raised",
+                                            "exception": "OSError: [Errno 28] No space left on device",
+                                            "traceback": 'File "worker.py", in main\n    save_tensors(req["out"], ...)'}}
+    with pytest.raises(OutputUnwritable, match="no space|No space"):
+        check_worker_output_fault(rec, tmp_path)
+    kernel = dict(rec, evidence=dict(rec["evidence"], traceback='File "kernel.py", in run\n    open(cache)'))
+    check_worker_output_fault(kernel, tmp_path)  # the kernel's own ENOSPC stays the kernel's crash
+
+
 # -- 5. processes that escape the worker ---------------------------------------------------------------
 @pytest.mark.parametrize("clean_env", [False, True])
 def test_a_setsid_daemon_does_not_outlive_the_run(tmp_path, doubles_env, clean_env):
@@ -372,6 +386,22 @@ def test_a_full_output_at_the_start_is_exit_2_with_one_line(tmp_path):
     lines = stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, stdout + stderr
     assert str(out) in lines[0] and "cannot write" in lines[0] and "internal error" not in lines[0]
+
+
+def test_any_command_writing_into_a_full_folder_is_exit_2_with_one_line(tmp_path):
+    """`qconform report` (it writes summary.json and the reports) under a file-size limit of 0: one line
+    naming the file, exit 2, not an internal error (the CLI's catch-all for output errors)."""
+    from conformance.cli import main
+
+    out = tmp_path / "out"
+    assert main(["run", "--backend", "emulator", *SELECT, "--out", str(out), "--no-progress"]) == 0
+    (out / "summary.json").unlink()
+    rep = _cli("report", out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_fsize_limit(0))
+    stdout, stderr = rep.communicate(timeout=300)
+    lines = stderr.strip().splitlines()
+    assert rep.returncode == 2 and len(lines) == 1, stdout + stderr
+    assert lines[0].startswith(f"qconform report: error: {out}") and "None" not in lines[0]
+    assert "file size limit" in lines[0] and "internal error" not in lines[0]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
