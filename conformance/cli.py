@@ -346,10 +346,20 @@ def _closed_pipe() -> int:
     return 128 + 13
 
 
+def _output_named(args) -> str:
+    """What a command writes, for an error that names no file: its --out / -o, else its first path."""
+    for name in ("out", "output"):
+        if getattr(args, name, None):
+            return str(getattr(args, name))
+    paths = getattr(args, "paths", None)
+    return f"{paths[0]} (the folder written)" if paths else "an output file"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.cli_main = main  # commands that exercise the CLI itself (campaign) get it here, not by importing it
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # (`run` prints its --resume command)
     from emulator.errors import QconformError
 
     try:
@@ -363,11 +373,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"qconform {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        return 128 + int(getattr(e, "signum", 2))  # 130 Ctrl-C; a stopped run (RunInterrupted): 143 SIGTERM
     except Exception as e:  # an emulator bug, not the user's input: still no raw traceback
         if args.debug:
             raise
+        from .resultfile import is_output_error, unwritable
+
+        if is_output_error(e):  # a full, read-only or over-quota output: the user's to fix, one line, exit 2
+            where = _output_named(args)  # (a failed write() carries no file name: name what the command writes)
+            print(f"qconform {args.command}: error: {_one_line(unwritable(e, where, verb=''))}", file=sys.stderr)
+            return EXIT_INPUT
         print(f"qconform {args.command}: internal error ({type(e).__name__}: {_one_line(e)}); rerun with --debug and "
               "report it", file=sys.stderr)
         return EXIT_INTERNAL
