@@ -133,12 +133,14 @@ def test_the_scan_sees_a_misspelt_verdict():
 
 def test_every_table_lists_every_verdict():
     from conformance.console import TABLE_VERDICTS
+    from conformance.report_html import COLOURS, TINTS
     from conformance.runner import VERDICTS
     from conformance.summary import VERDICT_ORDER
 
     every = {v.value for v in Verdict}
     assert {v for v, _ in TABLE_VERDICTS} == every and all(len(t) <= 6 for _, t in TABLE_VERDICTS)
     assert set(VERDICT_ORDER) == every and set(VERDICTS) == every  # runner.VERDICTS once lacked pass-sqnr
+    assert set(COLOURS) == every and set(TINTS) == every
 
 
 # -- the summary never calls an unknown verdict green -------------------------------------------------
