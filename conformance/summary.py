@@ -21,6 +21,8 @@ from pathlib import Path
 
 from emulator.schemes import SCHEMES
 
+from .completeness import HEADLINES as COMPLETENESS_HEADLINES
+from .completeness import enforce, header_shortfall
 from .levels import run_level
 
 __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
@@ -52,6 +54,8 @@ LEVELS_MEANING = ("Levels (docs/conformance.md#levels): 'canonical' declarations
 #: summary status -> headline (the lead's conformance levels add 'CONFORMANT WITH DECLARED VARIANTS')
 HEADLINES = {"conformant": "CONFORMANT", "not-conformant": "NOT CONFORMANT", "not-certified": "NOT CERTIFIED",
              "unavailable": "UNAVAILABLE",
+             # fewer results than the run's cases, or a run that was stopped (conformance/completeness.py)
+             **COMPLETENESS_HEADLINES,
              # opaque arithmetic judged by SQNR (docs/conformance.md#opaque-arithmetic): never called conformant
              "accurate": "ACCURATE TO DECLARED SQNR FLOORS (OPAQUE ARITHMETIC)"}
 #: a conformant run whose declarations round differently from the checkpoint (docs/conformance.md#levels)
@@ -158,6 +162,8 @@ def describe_worst(we: dict | None) -> str:
             f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]")
     if we.get("ulp") is not None:
         text += f", {we['ulp']} ULP from the reference {_num(we.get('reference'))}"
+    if we.get("nonfinite_mismatches"):  # named first (conformance/verdict.py failing_element)
+        text += f"; the first of {we['nonfinite_mismatches']} NaN/Inf mismatch(es)"
     return text
 
 
@@ -203,7 +209,8 @@ def _failure_entry(rec: dict, key: str, src: dict, base: Path | None) -> dict:
              "weight_format": rec.get("weight_format") or "?", "tier": rec.get("tier"), "case_id": rec["case_id"],
              "verdict": rec.get("verdict"), "reason": rec.get("reason", ""),
              "notes": (declared or {}).get("notes") or "", "variants": variant_text(declared),
-             "worst_element": (rec.get("metrics") or {}).get("worst_element"), "bundle": None, "replay": None}
+             "worst_element": (rec.get("metrics") or {}).get("worst_element"), "bundle": None, "replay": None,
+             "localization": rec.get("localization")}
     bp = _bundle_path(rec, Path(src["folder"]))
     if bp is not None:
         rel = _relative(bp, base if base is not None else Path(src["folder"]))
@@ -374,7 +381,12 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                "runs": runs, "environment": envs, "notes": notes,
                "bundles": [src["bundle"] for src in sources if src.get("bundle")]}
     summary["headline"] = headline(summary)
-    return summary
+    short: dict = {}  # the invariant: never CONFORMANT with fewer results than a run's cases
+    for src in sources:
+        for b, n in (header_shortfall(src) or {}).items():
+            key = f"{src['host'] or '?'} / {b}" if by_host else b
+            short[key] = short.get(key, 0) + n
+    return enforce(summary, missing=short)
 
 
 def deviation_lines(summary: dict) -> list[str]:
