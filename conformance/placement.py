@@ -20,11 +20,13 @@ import io
 import os
 import shutil
 import subprocess
-from collections import OrderedDict
+import threading
+from collections import OrderedDict, deque
 from pathlib import Path
 
 __all__ = ["Device", "DeviceError", "Slot", "discover_devices", "parse_nvidia_smi", "intel_devices", "select_devices",
-           "slots", "unit_key", "work_units"]
+           "slots", "unit_key", "work_units", "UnitQueue",
+           "add_options", "open_placement"]
 
 #: the environment variable each vendor's runtime reads to restrict a process to some devices
 VISIBILITY_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
@@ -195,3 +197,67 @@ def work_units(specs: list, jobs: int) -> list[list]:
     for g in groups.values():
         units += [g[i:i + cap] for i in range(0, len(g), cap)]
     return units
+
+
+class UnitQueue:
+    """The units of one backend's cases, pulled by its slots; devices retired mid-run and the cases they
+    handed back (thread-safe)."""
+
+    def __init__(self, units: list[list]):
+        self._units = deque(units)
+        self._lock = threading.Lock()
+        self._retired: dict = {}  # device handle -> (device, why)
+
+    def take(self) -> "list | None":
+        with self._lock:
+            return self._units.popleft() if self._units else None
+
+    def retire(self, device: Device, why: str, rest: list) -> None:
+        """``device`` no longer works: its slots stop, and ``rest`` (its unfinished cases) goes back first."""
+        with self._lock:
+            self._retired[device.handle] = (device, why)
+            if rest:
+                self._units.appendleft(list(rest))
+
+    def is_retired(self, device: "Device | None") -> bool:
+        with self._lock:
+            return device is not None and device.handle in self._retired
+
+    def drain(self) -> list:
+        """Every case still queued (the run's slots all ended: each device was retired)."""
+        with self._lock:
+            left = [s for u in self._units for s in u]
+            self._units.clear()
+            return left
+
+    def retired_text(self) -> str:
+        with self._lock:
+            return "; ".join(f"device {d.index} ({d.model}): {why}" for d, why in self._retired.values())
+
+
+def add_options(parser) -> None:
+    """--devices, --executor, --address (qconform run, target, certify; docs/scaling.md)."""
+    parser.add_argument("--devices", metavar="all|0,1,...",
+                        help="place the worker slots on this host's accelerators, one device each (docs/scaling.md)")
+    parser.add_argument("--executor", choices=("local", "dask"), default="local",
+                        help="where worker processes run: this host (default) or a Dask cluster's nodes")
+    parser.add_argument("--address", help="with --executor dask: the scheduler, e.g. tcp://head:8786")
+
+
+def open_placement(args) -> "tuple[list[Device], object | None]":
+    """(devices, executor) from the options; a request this host cannot honour raises DeviceError (exit 2)."""
+    executor_kind = getattr(args, "executor", "local") or "local"
+    address = getattr(args, "address", None)
+    request = getattr(args, "devices", None)
+    if executor_kind == "local":
+        if address:
+            raise DeviceError("--address needs --executor dask")
+        return select_devices(request, discover_devices()) if request is not None else [], None
+    if not address:
+        raise DeviceError("--executor dask needs --address (the Dask scheduler, e.g. tcp://head:8786)")
+    if request is not None:
+        raise DeviceError("--devices places workers on this host; with --executor dask each node places its own "
+                          "(start one Dask worker per device there: docs/scaling.md)")
+    from .remote import DaskExecutor
+
+    return [], DaskExecutor(address)

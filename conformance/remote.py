@@ -33,7 +33,7 @@ RETRIES = 3
 TRANSIT_S = 120.0
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(ValueError):
     """The cluster cannot be used (no dask, no scheduler at the address, no worker node): one line, exit 2."""
 
 

@@ -79,3 +79,68 @@ def test_work_units_keep_every_case_once_and_group_one_kernel_configuration():
     assert all(len({unit_key(s) for s in u}) == 1 for u in units)
     assert len(units) >= 4 * 4 or len(units) == len({unit_key(s) for s in specs})
     assert max(len(u) for u in units) <= -(-len(specs) // 16)
+
+
+# -- the runner with fake devices: the environment each worker sees ---------------------------------------
+def _double(monkeypatch):
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "fake-device=conformance.doubles.devices:FakeDeviceBackend")
+
+
+def _results(out):
+    import json
+
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()
+            if line and json.loads(line).get("kind") == "result"]
+
+
+def _run(tmp_path, name, bspec, devices, jobs):
+    from conformance.runner import Runner
+
+    specs = case_list(profile="ci", schemes=["w4a16"], tiers=["exact"])[:24]
+    r = Runner(tmp_path / name, jobs=jobs, progress=False, timeout=60, devices=devices)
+    try:
+        r.run([bspec], specs)
+    finally:
+        r.close()
+    return specs, _results(tmp_path / name)
+
+
+def test_workers_see_their_device_and_every_case_is_judged_once_as_without_placement(tmp_path, monkeypatch):
+    import json
+
+    _double(monkeypatch)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    devs = parse_nvidia_smi(SMI_2)
+    specs, placed = _run(tmp_path, "placed", f"fake-device:dir={seen}", devs, jobs=3)
+    _, plain = _run(tmp_path, "plain", f"fake-device:dir={seen}", [], jobs=2)
+    assert sorted(r["case_id"] for r in placed) == sorted(s.case_id for s in specs)  # once each
+    assert {r["case_id"]: r["verdict"] for r in placed} == {r["case_id"]: r["verdict"] for r in plain}
+    assert all(r["device"]["uuid"] in ("GPU-aaaa-1111", "GPU-bbbb-2222") for r in placed)
+    lines = [json.loads(x) for x in (seen / "seen.jsonl").read_text().splitlines()]
+    assert {x["device"] for x in lines if x["device"]} == {"GPU-aaaa-1111", "GPU-bbbb-2222"}
+    assert [x for x in lines if x["device"] is None]  # the unplaced run's workers saw no variable
+
+
+def test_a_lost_device_is_retired_and_its_cases_run_on_the_other(tmp_path, monkeypatch):
+    _double(monkeypatch)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    devs = parse_nvidia_smi(SMI_2)
+    specs, res = _run(tmp_path, "lose1", f"fake-device:dir={seen},lose=GPU-bbbb-2222", devs, jobs=2)
+    assert sorted(r["case_id"] for r in res) == sorted(s.case_id for s in specs)  # nothing lost, nothing twice
+    crashed = [r for r in res if r["verdict"] == "crash"]
+    assert len(crashed) == 1 and crashed[0]["device"]["uuid"] == "GPU-bbbb-2222"
+    ok = [r for r in res if r["verdict"] != "crash"]
+    assert ok and all(r["device"]["uuid"] == "GPU-aaaa-1111" for r in ok)
+
+
+def test_with_every_device_lost_the_rest_is_recorded_not_dropped(tmp_path, monkeypatch):
+    _double(monkeypatch)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    devs = parse_nvidia_smi(SMI_2)[1:]
+    specs, res = _run(tmp_path, "lose-all", f"fake-device:dir={seen},lose=GPU-bbbb-2222", devs, jobs=1)
+    assert sorted(r["case_id"] for r in res) == sorted(s.case_id for s in specs)
+    assert {r["verdict"] for r in res} == {"crash"}
+    assert sum("every device of this run was retired" in r["reason"] for r in res) == len(specs) - 1
