@@ -178,6 +178,8 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         header["property_seed"] = getattr(args, "seed", None)
     if unavailable:
         header["unavailable"] = dict(unavailable)
+    if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
+        header["default_selection"] = list(backends)
     print(f"qconform run: {len(specs)} case(s)"
           + (f" + {len(prop_families)} property search(es)" if prop_families else "")
           + f" x {len(backends)} backend(s) [{', '.join(backends)}], "

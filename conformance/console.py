@@ -116,6 +116,8 @@ def print_verdict(summary: dict, out=None) -> None:
     out = out or sys.stdout
     for nc in summary.get("not_certified", []):
         out.write(f"not certified: {nc['column']}: {nc['why']}\n")
+    for na in summary.get("no_applicable_case", []):
+        out.write(f"not judged: {na['column']}: {na['why']}\n")
     for line in deviation_lines(summary):
         out.write(line + "\n")
     t = summary["totals"]
