@@ -121,8 +121,8 @@ def _selection(args):
     else:
         skipped: list = []
         backends = available_backends(skipped)
-        for name, why in skipped:
-            print(f"not run (unavailable here): {name}: {why}")
+        if skipped:  # one line: `qconform backends` says why each is unavailable
+            print(f"not run (unavailable here): {', '.join(n for n, _ in skipped)} (`qconform backends` says why)")
     specs = case_list(schemes=args.scheme or None, tiers=seeded, profile=args.profile) if seeded else []
     sh = parse_shard(args.shard)
     if sh:
@@ -326,12 +326,15 @@ def cmd_backends(args) -> int:
     if args.json:
         print(json.dumps({"backends": rows, "schemes": list(SCHEMES)}, indent=2))
         return 0
+    nw = max(len(r["name"]) for r in rows)
+    vw = max(len(r["version"] or "-") for r in rows)
     for r in rows:
         status = "available" if r["available"] else "unavailable"
-        print(f"{r['name']:12s} {status:11s} {r['version'] or '-':14s} prio={r['priority']!s:5s} "
-              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}")
+        origin = "" if r["origin"] == "builtin" else f" (origin: {r['origin']})"
+        print(f"{r['name']:{nw}s} {status:11s} {r['version'] or '-':{vw}s} prio={r['priority']!s:5s} "
+              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}{origin}".rstrip())
         if r["reason"]:
-            print(f"{'':12s} reason: {r['reason']}")
+            print(f"{'':{nw}s} reason: {r['reason']}")
     return 0
 
 

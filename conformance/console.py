@@ -13,7 +13,7 @@ from .summary import PASSING, describe_worst, deviation_lines, headline
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
 
-WIDTH = 100  # the console table fits 100 columns
+WIDTH = 110  # the console table fits 110 columns (a 28-character backend name, the longest scheme)
 #: (verdict, column title); titles are at most 6 characters
 TABLE_VERDICTS = (("pass", "pass"), ("pass-with-tie-flips", "ties"), ("quality-warning", "qual"), ("fail", "fail"),
                   ("crash", "crash"), ("timeout", "tmout"), ("unsupported", "unsup"), ("waived", "waived"),
@@ -77,13 +77,17 @@ def _fit(text: str, n: int) -> str:
 
 
 def print_table(summary: dict, out=None) -> None:
-    """One row per (backend, scheme) cell: the verdict counts (at most WIDTH columns)."""
+    """One row per (backend, scheme) cell: the verdict counts. Scheme names are never cut; backend names are
+    cut only past 28 characters; every count column is separated by a space from its neighbour."""
     out = out or sys.stdout
-    head = f"{'backend':22s} {'scheme':12s}" + "".join(f"{t:>6s}" for _, t in TABLE_VERDICTS)
+    cells = sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"]))
+    bw = min(max([len("backend")] + [len(c["column"]) for c in cells]), 28)
+    sw = max([len("scheme")] + [len(c["scheme"]) for c in cells])
+    head = f"{'backend':{bw}s} {'scheme':{sw}s}" + "".join(f" {t:>6s}" for _, t in TABLE_VERDICTS)
     out.write(head + "\n")
-    for c in sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"])):
-        row = f"{_fit(c['column'], 22):22s} {_fit(c['scheme'], 12):12s}" + "".join(
-            f"{c['counts'].get(v, 0):6d}" for v, _ in TABLE_VERDICTS)
+    for c in cells:
+        row = f"{_fit(c['column'], bw):{bw}s} {c['scheme']:{sw}s}" + "".join(
+            f" {c['counts'].get(v, 0):6d}" for v, _ in TABLE_VERDICTS)
         out.write(row + "\n")
 
 
