@@ -110,3 +110,51 @@ def test_later_extra_config_key_still_wins(tmp_path):
     extra = {"model.layers.0.mlp.proj": {"sym": True}, "re:.*proj": {"group_size": 32, "sym": False}}
     ck = Checkpoint(_tiny_gptq(tmp_path / "b", 2, {"extra_config": extra}))
     assert [l.sym for l in ck.layers()] == [False, False]
+
+
+def _dense_header(path: Path, n: int) -> int:
+    """A safetensors file of n one-byte tensors with short names (about 72 header bytes an entry, the density
+    of issue 22's 99 MB / 1.5 M-entry header); returns the header length."""
+    import struct
+
+    hdr = {f"m.x{i:07d}.w": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(n)}
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + bytes(n))
+    return len(h)
+
+
+def test_header_parse_memory_per_entry_is_bounded(tmp_path):
+    """Regression gate on a measured bound (docs/checkpoints.md#limits): parsing keeps each entry as a compact
+    tuple, so the parse's peak allocation stays under 700 bytes an entry and 10 bytes a header byte (before:
+    830 bytes an entry, which made a 99 MB header cost 1.18 GB)."""
+    import tracemalloc
+
+    from emulator.tensorfile import read_header
+
+    n = 20_000
+    nbytes = _dense_header(tmp_path / "h.safetensors", n)
+    tracemalloc.start()
+    try:
+        header, _ = read_header(tmp_path / "h.safetensors")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(header) == n
+    assert peak / n < 700 and peak / nbytes < 10, (peak / n, peak / nbytes)
+    assert header["m.x0000007.w"]["data_offsets"] == [7, 8] and header["m.x0000007.w"]["shape"] == [1]
+
+
+def test_inspect_reads_each_tensor_once(tmp_path, monkeypatch):
+    """The values check of inspect is linear in the layers: each tensor is read exactly once."""
+    from emulator import tensorfile
+    from emulator.layers import dequantize_layer
+
+    reads = []
+    real_get = tensorfile.TensorFile.get
+    monkeypatch.setattr(tensorfile.TensorFile, "get", lambda self, name: reads.append(name) or real_get(self, name))
+    for n_layers in (10, 30):
+        reads.clear()
+        ck = Checkpoint(_tiny_gptq(tmp_path / f"i{n_layers}", n_layers, {}))
+        for info in ck.layers():
+            dequantize_layer(ck, info)
+        assert len(reads) == len(set(reads)) == 4 * n_layers
