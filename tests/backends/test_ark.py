@@ -6,7 +6,10 @@ when auto_round_kernel is absent (CI installs only the test extras). docs/backen
 Host dependence: ARK's bestla core depends on the CPU (``gemm_core``). Tests of the fp32 arithmetic
 (smoke, vLLM glue defects) pin ``cdt=fp32``, which reaches an fp32 core on every x86 host; the
 ``cdt=auto`` behaviour is tested per host (int8 core refused on Intel VNNI/AMX, fp32 core elsewhere).
-``woqgemm_s8`` cases run in a subprocess: on AMX hosts its oneDNN path can abort the process.
+``woqgemm_s8`` cases run in a subprocess (on AMX hosts its oneDNN path can abort the process) and are asserted
+per oneDNN int8 path, read from the CPU flags and checked against ONEDNN_VERBOSE: exact with VNNI, the
+known int16-saturation defect without it (AVX2-only, AVX-512 without VNNI), the Xbyak defect on AMX;
+every host also runs the other paths it can reach through ONEDNN_MAX_CPU_ISA (docs/backends/ark.md#woqgemm_s8-by-isa).
 """
 
 from __future__ import annotations
