@@ -14,7 +14,7 @@ from .summary import PASSING, describe_worst, deviation_lines, headline
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
 
-WIDTH = 110  # the console table fits 110 columns (a 28-character backend name, the longest scheme)
+WIDTH = 100  # the console table fits 100 columns
 #: (verdict, column title); titles are at most 6 characters
 TABLE_VERDICTS = (("pass", "pass"), ("pass-with-tie-flips", "ties"), ("quality-warning", "qual"), ("fail", "fail"),
                   ("crash", "crash"), ("timeout", "tmout"), ("unsupported", "unsup"), ("waived", "waived"),
@@ -77,18 +77,25 @@ def _fit(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+#: verdict columns the table always shows; the others only when some cell has such a case
+TABLE_ALWAYS = ("pass", "fail", "crash", "unsupported")
+
+
 def print_table(summary: dict, out=None) -> None:
-    """One row per (backend, scheme) cell: the verdict counts. Scheme names are never cut; backend names are
-    cut only past 28 characters; every count column is separated by a space from its neighbour."""
+    """One row per (backend, scheme) cell: the verdict counts, within WIDTH columns. Every column is
+    separated from its neighbour by a space; scheme names are never cut; a verdict column that is zero in
+    every cell is left out (TABLE_ALWAYS are always shown); backend names are cut only to fit WIDTH."""
     out = out or sys.stdout
     cells = sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"]))
-    bw = min(max([len("backend")] + [len(c["column"]) for c in cells]), 28)
+    shown = [(v, t) for v, t in TABLE_VERDICTS if v in TABLE_ALWAYS or any(c["counts"].get(v) for c in cells)]
     sw = max([len("scheme")] + [len(c["scheme"]) for c in cells])
-    head = f"{'backend':{bw}s} {'scheme':{sw}s}" + "".join(f" {t:>6s}" for _, t in TABLE_VERDICTS)
+    room = WIDTH - 1 - sw - 7 * len(shown)
+    bw = max(min(max([len("backend")] + [len(c["column"]) for c in cells]), room), 12)
+    head = f"{'backend':{bw}s} {'scheme':{sw}s}" + "".join(f" {t:>6s}" for _, t in shown)
     out.write(head + "\n")
     for c in cells:
         row = f"{_fit(c['column'], bw):{bw}s} {c['scheme']:{sw}s}" + "".join(
-            f" {c['counts'].get(v, 0):6d}" for v, _ in TABLE_VERDICTS)
+            f" {c['counts'].get(v, 0):6d}" for v, _ in shown)
         out.write(row + "\n")
 
 

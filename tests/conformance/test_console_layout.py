@@ -26,12 +26,15 @@ def test_table_titles_are_words_and_columns_line_up(tmp_path):
     buf = io.StringIO()
     print_table(_summary(tmp_path), buf)
     head, *rows = buf.getvalue().splitlines()
-    titles = [t for _, t in TABLE_VERDICTS]
-    assert head.split() == ["backend", "scheme", *titles]  # "unsup" and "waived" no longer run together
+    # the columns with a case (pass, unsupported) and the ones always shown; separate words, not "unsupwaived"
+    titles = [t for v, t in TABLE_VERDICTS if v in ("pass", "fail", "crash", "unsupported")]
+    assert head.split() == ["backend", "scheme", *titles]
+    assert max(len(l) for l in buf.getvalue().splitlines()) <= 100
     ends = [head.index(" " + t) + len(t) + 1 for t in titles]
     assert len(rows) == 4 and "…" not in buf.getvalue()
     for row in rows:
         parts = row.split()
+        assert len(parts) == 2 + len(titles)
         assert parts[0] in ("compressed-tensors", "emulator") and parts[1] in ("q-uint8-tensor", "w4a16")
         for end, value in zip(ends, parts[2:]):  # each count ends under its title
             assert row[end - len(value):end] == value, (row, head)
@@ -71,3 +74,12 @@ def test_every_subcommand_is_in_the_readme():
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     missing = [n for n in subs.choices if not re.search(rf"qconform {re.escape(n)}\b", readme)]
     assert not missing, missing
+
+
+def test_every_verdict_with_a_case_gets_its_own_column(tmp_path):
+    s = _summary(tmp_path)
+    s["cells"][0]["counts"].update({"waived": 3, "unsupported": 2, "mistrusted": 1})
+    buf = io.StringIO()
+    print_table(s, buf)
+    head = buf.getvalue().splitlines()[0]
+    assert "unsup waived" in head and "mistr" in head and max(len(l) for l in buf.getvalue().splitlines()) <= 100
