@@ -21,6 +21,8 @@ from pathlib import Path
 
 from emulator.schemes import SCHEMES
 
+from .completeness import HEADLINES as COMPLETENESS_HEADLINES
+from .completeness import enforce, header_shortfall
 from .levels import run_level
 
 __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
@@ -52,6 +54,8 @@ LEVELS_MEANING = ("Levels (docs/conformance.md#levels): 'canonical' declarations
 #: summary status -> headline (the lead's conformance levels add 'CONFORMANT WITH DECLARED VARIANTS')
 HEADLINES = {"conformant": "CONFORMANT", "not-conformant": "NOT CONFORMANT", "not-certified": "NOT CERTIFIED",
              "unavailable": "UNAVAILABLE",
+             # fewer results than the run's cases, or a run that was stopped (conformance/completeness.py)
+             **COMPLETENESS_HEADLINES,
              # opaque arithmetic judged by SQNR (docs/conformance.md#opaque-arithmetic): never called conformant
              "accurate": "ACCURATE TO DECLARED SQNR FLOORS (OPAQUE ARITHMETIC)"}
 #: a conformant run whose declarations round differently from the checkpoint (docs/conformance.md#levels)
@@ -389,7 +393,12 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                "runs": runs, "environment": envs, "notes": notes,
                "bundles": [src["bundle"] for src in sources if src.get("bundle")]}
     summary["headline"] = headline(summary)
-    return summary
+    short: dict = {}  # the invariant: never CONFORMANT with fewer results than a run's cases
+    for src in sources:
+        for b, n in (header_shortfall(src) or {}).items():
+            key = f"{src['host'] or '?'} / {b}" if by_host else b
+            short[key] = short.get(key, 0) + n
+    return enforce(summary, missing=short)
 
 
 def deviation_lines(summary: dict) -> list[str]:
