@@ -164,8 +164,8 @@ def _selection(args):
     else:
         skipped: list = []
         backends = available_backends(skipped)
-        for name, why in skipped:
-            print(f"not run (unavailable here): {name}: {why}")
+        if skipped:  # one line: `qconform backends` says why each is unavailable
+            print(f"not run (unavailable here): {', '.join(n for n, _ in skipped)} (`qconform backends` says why)")
     specs = case_list(schemes=args.scheme or None, tiers=seeded, profile=args.profile) if seeded else []
     sh = parse_shard(args.shard)
     if sh:
@@ -233,6 +233,8 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
         header["property_seed"] = getattr(args, "seed", None)
     if unavailable:
         header["unavailable"] = dict(unavailable)
+    if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
+        header["default_selection"] = list(backends)
     print(f"qconform run: {len(specs)} case(s)"
           + (f" + {len(prop_families)} property search(es)" if prop_families else "")
           + f" x {len(backends)} backend(s) [{', '.join(backends)}], "
@@ -434,12 +436,15 @@ def cmd_backends(args) -> int:
     if args.json:
         print(json.dumps({"backends": rows, "schemes": list(SCHEMES)}, indent=2))
         return 0
+    nw = max(len(r["name"]) for r in rows)
+    vw = max(len(r["version"] or "-") for r in rows)
     for r in rows:
         status = "available" if r["available"] else "unavailable"
-        print(f"{r['name']:12s} {status:11s} {r['version'] or '-':14s} prio={r['priority']!s:5s} "
-              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}")
+        origin = "" if r["origin"] == "builtin" else f" (origin: {r['origin']})"
+        print(f"{r['name']:{nw}s} {status:11s} {r['version'] or '-':{vw}s} prio={r['priority']!s:5s} "
+              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}{origin}".rstrip())
         if r["reason"]:
-            print(f"{'':12s} reason: {r['reason']}")
+            print(f"{'':{nw}s} reason: {r['reason']}")
     return 0
 
 
