@@ -201,37 +201,51 @@ def work_units(specs: list, jobs: int) -> list[list]:
 
 class UnitQueue:
     """The units of one backend's cases, pulled by its slots; devices retired mid-run and the cases they
-    handed back (thread-safe)."""
+    handed back (thread-safe). ``take`` waits while another slot still runs a unit (a retired device hands
+    its unfinished cases back), so no slot ends while work may still come back."""
 
     def __init__(self, units: list[list]):
         self._units = deque(units)
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._in_flight = 0
         self._retired: dict = {}  # device handle -> (device, why)
 
-    def take(self) -> "list | None":
-        with self._lock:
-            return self._units.popleft() if self._units else None
+    def take(self, stopped=lambda: False) -> "list | None":
+        """The next unit (call ``done`` after it), or None: nothing left and nothing in flight, or ``stopped()``."""
+        with self._cond:
+            while not self._units and self._in_flight and not stopped():
+                self._cond.wait(0.25)
+            if not self._units or stopped():
+                return None
+            self._in_flight += 1
+            return self._units.popleft()
+
+    def done(self) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
 
     def retire(self, device: Device, why: str, rest: list) -> None:
         """``device`` no longer works: its slots stop, and ``rest`` (its unfinished cases) goes back first."""
-        with self._lock:
+        with self._cond:
             self._retired[device.handle] = (device, why)
             if rest:
                 self._units.appendleft(list(rest))
+            self._cond.notify_all()
 
     def is_retired(self, device: "Device | None") -> bool:
-        with self._lock:
+        with self._cond:
             return device is not None and device.handle in self._retired
 
     def drain(self) -> list:
         """Every case still queued (the run's slots all ended: each device was retired)."""
-        with self._lock:
+        with self._cond:
             left = [s for u in self._units for s in u]
             self._units.clear()
             return left
 
     def retired_text(self) -> str:
-        with self._lock:
+        with self._cond:
             return "; ".join(f"device {d.index} ({d.model}): {why}" for d, why in self._retired.values())
 
 

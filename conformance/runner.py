@@ -538,26 +538,29 @@ class Runner:
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
             while not self._stop.is_set() and not queue.is_retired(slot.device):
-                unit = queue.take()
+                unit = queue.take(self._stop.is_set)
                 if unit is None:
                     break
-                for i, spec in enumerate(unit):
-                    if self._stop.is_set():
-                        break
-                    try:
-                        rec = self._run_case_in(worker, label, spec, tmpdir, today)
-                    except RunInterrupted:
-                        return out  # stopped while this case ran: it has no result (a resumed run runs it)
-                    if slot.device is not None:
-                        rec["device"] = slot.device.to_json()
-                    node = getattr(worker, "last_node", None)
-                    if node is not None:
-                        rec["node"] = node.get("host")
-                    self._write(rec)
-                    out.append(rec)
-                    if (slot.device is not None and rec["verdict"] in ("crash", "timeout")
-                            and self._device_lost(worker, slot, queue, unit[i + 1:])):
-                        break
+                try:
+                    for i, spec in enumerate(unit):
+                        if self._stop.is_set():
+                            break
+                        try:
+                            rec = self._run_case_in(worker, label, spec, tmpdir, today)
+                        except RunInterrupted:
+                            return out  # stopped while this case ran: it has no result (a resumed run runs it)
+                        if slot.device is not None:
+                            rec["device"] = slot.device.to_json()
+                        node = getattr(worker, "last_node", None)
+                        if node is not None:
+                            rec["node"] = node.get("host")
+                        self._write(rec)
+                        out.append(rec)
+                        if (slot.device is not None and rec["verdict"] in ("crash", "timeout")
+                                and self._device_lost(worker, slot, queue, unit[i + 1:])):
+                            break
+                finally:
+                    queue.done()
         except BaseException:
             self._stop.set()  # the sibling slots end too
             raise
