@@ -684,6 +684,12 @@ GENERATORS = {
 }
 
 
+# the value classes of the coverage tables (conformance/coverage.py): drawn only by the coverage design
+from .coverage_values import VALUE_GENERATORS  # noqa: E402 - it uses this module's packers, defined above
+
+GENERATORS.update(VALUE_GENERATORS)
+
+
 def generators_for(case: Case, tiers) -> list[str]:
     return [name for name, (tier, _, pred) in GENERATORS.items() if tier in tiers and pred(case)]
 
