@@ -68,7 +68,7 @@ VALUE_CLASS_DOCS = {
     "amax=1.75*2^k": "amax exactly 1.75 * 2^k",
     "act-one-signed": "activation rows (per tensor: the tensor; MX: blocks) of one sign: all positive, all "
                       "negative, positive with a zero",
-    "act-constant-rows": "activation rows holding one non-zero value",
+    "act-constant-rows": "every other activation row holds one non-zero value (the others ordinary)",
     "act-saturation": "MX activation blocks whose largest element scales above 6 (E2M1 saturates)",
     "nan-act": "one NaN activation; every other row finite (its outputs stay finite)",
     "inf-act": "+Inf in one row, -Inf in another; the last row finite",
@@ -253,8 +253,10 @@ def _shape_ok(scheme: str, r: dict) -> bool:
 
 def _value_ok(scheme: str, r: dict) -> bool:
     v = r["values"]
-    if v in NONFINITE_ACT and r.get("M") == "M=1":  # a row whose outputs stay finite needs a second row
-        return False
+    if v in NONFINITE_ACT + ("act-constant-rows",) and r.get("M") == "M=1":
+        return False  # finite rows (constant rows: non-constant rows) beside it need a second row
+    if v in ("code-eq-zero", "scale-subnormal") + NONFINITE_ACT and r.get("N") == "N-min":
+        return False  # one weight row, zero (or NaN): no ordinary output left to judge beside it
     if v == "w-saturation" and r.get("K") == "K-min" and (r.get("grouping") == "channel"
                                                            or r.get("format") == "ct-int-quantized"):
         return False  # channel-wise K-min is one column: it cannot hold both ends of the range
@@ -271,7 +273,9 @@ CONSTRAINTS = (
     (("format", "grouping", "groups", "K"), _shape_ok),
     (("format", "grouping", "N"), _shape_ok),
     (("values", "M", "N", "routing", "K", "grouping", "format"), _value_ok),
-    (("experts", "routing"), lambda scheme, r: not (r["experts"] == "E2" and r["routing"] == "top2")),
+    # asymmetric int8 activations of one element per row: min = max, scale 0, an all-zero output
+    (("activations", "K"), lambda scheme, r: not (r.get("activations") == "asym" and r.get("K") == "K-min")),
+    (("experts", "routing"), lambda scheme, r: not (r.get("experts") == "E2" and r.get("routing") == "top2")),
 )
 
 

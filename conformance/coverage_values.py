@@ -94,8 +94,8 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
             u[:] = v * sign
             if i % 3 == 2 and u.size > 1:
                 u[0] = 0.0
-    elif cls == "act-constant-rows":
-        for m in range(M):
+    elif cls == "act-constant-rows":  # even rows: odd rows stay ordinary, so codes and outputs vary
+        for m in range(0, M, 2):
             x[m] = rng.uniform(0.5, 2.0) * 2.0 ** int(rng.integers(-3, 3)) * rng.choice([-1.0, 1.0])
     elif cls == "act-saturation":  # block amax mantissa 1.625..1.875: amax / 2^(floor(log2 amax) - 2) > 6
         for u in _units(x, "block"):
@@ -170,8 +170,9 @@ def _int_weights(case: Case, cls: str, rng) -> dict:
             if len(cols) >= 2:
                 q[:, cols[0]], q[:, cols[1]] = 0, maxq
     elif cls == "scale-subnormal":
-        s[::2] = _small_scales(s[::2].shape, case.scale_dtype, rng)
-        if s.shape[0] == 1:
+        if s.shape[0] > 1:  # every other group, else every other output channel
+            s[::2] = _small_scales(s[::2].shape, case.scale_dtype, rng)
+        else:
             s[:, ::2] = _small_scales(s[:, ::2].shape, case.scale_dtype, rng)
     elif cls == "scale-extreme":
         s = round_to_dtype(rng.uniform(1.0, 1.9, s.shape) * 2.0 ** _huge_exponent(case), case.scale_dtype)
@@ -222,7 +223,10 @@ def _mx_weights(case: Case, cls: str, rng) -> dict:
     elif cls == "w-saturation":
         codes[:, 0::32], codes[:, 1::32] = 7, 15
     elif cls == "scale-subnormal":
-        sb[:, ::2] = rng.integers(0, 2, sb[:, ::2].shape)
+        if nb > 1:  # every other block, else every other row
+            sb[:, ::2] = rng.integers(0, 2, sb[:, ::2].shape)
+        else:
+            sb[::2] = rng.integers(0, 2, sb[::2].shape)
     elif cls == "scale-extreme":
         r = 1 if N > 1 else 0
         sb[r, 0] = 0xFE
