@@ -24,7 +24,7 @@ import functools
 import itertools
 import random
 
-from backends.base import SCHEMES, Case
+from backends.base import Case
 
 __all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "design", "design_specs", "realize", "case_classes",
            "profile_coverage", "coverage_record", "markdown", "main"]
