@@ -162,7 +162,7 @@ def check_search(files, meta: dict, problems: list, notes: list, *, deep: bool =
                             problems.append(f"{rel}: {b} {fam} searched at seed {e['seed']}, {e['max_examples']} "
                                             f"examples; the record says seed {rec.get('seed')}, "
                                             f"{rec.get('examples_per_family')}")
-                        if e["verdict"] in BAD and (not e.get("replay") or files.get(e["replay"], "replay") is None):
+                        if e["verdict"] in BAD and (not e.get("replay") or files.path(e["replay"], "replay") is None):
                             problems.append(f"{rel}: {b} {fam}: a {e['verdict']} without its replay bundle")
                         if deep and e["verdict"] not in BAD + ("unsupported",) and not e["judged"]:
                             problems.append(f"{rel}: {b} {fam}: verdict {e['verdict']} with no judged example")

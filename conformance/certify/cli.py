@@ -143,7 +143,7 @@ def cmd_verify_bundle(args) -> int:
           + f", {c.get('not_recomputable', 0)} without output (crash/timeout/unsupported: "
             f"{c.get('evidence', 0)} with their evidence checked)"
           + (f", {c.get('rerun', 0)} re-executed ({c.get('rerun_skipped', 0)} skipped: backend unavailable; "
-             f"seed {res.rerun_seed})" if args.rerun else ""))
+             f"seed {res.rerun_seed}), {c.get('search_replayed', 0)} search famil(ies) replayed" if args.rerun else ""))
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
     if res.ok:
         print("bundle OK (its files, records and verdicts check out)")
