@@ -37,7 +37,7 @@ def cmd_certify(args) -> int:
     res = certify(args.backend, args.out, profile=profile, schemes=args.scheme, tiers=args.tier,
                   shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
                   host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
-                  memory_limit=args.memory_limit, families=families, search=not args.no_search,
+                  memory_limit=args.memory_limit, families=families, search=False if args.no_search else None,
                   search_seed=args.search_seed, search_examples=args.search_examples)
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
     print(f"bundle: {res.path} ({counts})")
@@ -201,7 +201,8 @@ def register(sub) -> None:
                    help="examples per family of the search (default: the profile's budget, "
                         "docs/conformance.md#property-tier)")
     s.add_argument("--no-search", action="store_true",
-                   help="skip the property search (the certificate then says no search was run)")
+                   help="skip the property search (the certificate then says no search was run; --for-model "
+                        "runs none: its families are certified at the checkpoint's shapes)")
     s.set_defaults(fn=cmd_certify)
 
     s = sub.add_parser("verify-bundle", help="re-check a certification bundle offline (hashes, every verdict)")

@@ -107,7 +107,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
             timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
             progress: bool = False, log=print, memory_limit=None, families: "list[dict] | None" = None,
-            search: bool = True, search_seed: int = 0, search_examples: "int | None" = None) -> CertifyResult:
+            search: "bool | None" = None, search_seed: int = 0, search_examples: "int | None" = None) -> CertifyResult:
     """Run the suite on ``backends`` and write a certification bundle into ``out``.
 
     The run happens in ``<out>.partial`` (an interrupted certify of the same case list resumes there);
@@ -115,9 +115,10 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
     ``extra_files`` ({name: bytes | str | Path}) are stored under extra/. ``families`` (profile
     ``families``): the case families to certify, recorded in bundle.json (docs/certification.md#families).
-    ``search`` (default on): after the case list, the property tier's bounded search with seed ``search_seed``
-    and ``search_examples`` examples per family (default: the profile's budget), recorded in bundle.json
-    ``search`` and under search/ (docs/certification.md#coverage-and-search).
+    ``search`` (default: on, except for profile ``families``, whose cases are a checkpoint's own shapes): after
+    the case list, the property tier's bounded search with seed ``search_seed`` and ``search_examples``
+    examples per family (default: the profile's budget), recorded in bundle.json ``search`` and under search/
+    (docs/certification.md#coverage-and-search).
     """
     from ..runner import Runner, load_waivers
     from ..suite import PROFILES, TIERS, case_list, list_hash, parse_shard
@@ -135,6 +136,8 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             raise ValueError(f"unknown tier {t!r}; known: {', '.join(TIERS)}")
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    if search is None:
+        search = profile != "families"
     if search:  # the search needs Hypothesis: say so before any case runs
         try:
             import hypothesis  # noqa: F401
