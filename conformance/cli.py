@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_coverage(args) -> int:
-    from .coverage import main as coverage_main
+    from .coverage_report import main as coverage_main
 
     return coverage_main([])
 

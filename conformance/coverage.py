@@ -12,10 +12,8 @@ recorded as such. ``realize`` turns a row into a ``Case`` and the value class's 
 (``vc-<class>``, conformance/coverage_values.py); ``case_classes`` reads the format and shape classes back
 from the realized case, and ``coverage_values.realized`` checks the value class in its tensors, so a
 class counts as covered only where the case really has it. A class added to a table reaches every
-profile that draws a design (``PROFILES[...]["coverage"]``, conformance/specs.py).
-
-    python -m conformance.coverage --markdown     # the coverage tables of docs/conformance.md
-    python -m conformance.coverage --write        # rewrite them there (--check: exit 1 when stale)
+profile that draws a design (``PROFILES[...]["coverage"]``, conformance/specs.py). The docs table and a
+bundle's coverage record: conformance/coverage_report.py. This module imports nothing of the suite.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ import random
 
 from backends.base import Case
 
-__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "design", "design_specs", "realize", "case_classes",
-           "profile_coverage", "coverage_record", "markdown", "main"]
+__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "CONSTRAINTS", "design", "design_specs", "realize",
+           "case_classes", "profile_coverage", "pick_n", "pick_k", "m_class", "n_class", "k_class"]
 
 #: which factors are format features, shape classes and value classes (the docs group them so)
 FACTOR_KINDS = {
@@ -474,15 +472,13 @@ def design_specs(scheme: str, seeds=(0,)) -> list:
     return out
 
 
-# -- what a profile covers --------------------------------------------------------------------------------
-def profile_coverage(profile: str, scheme: str) -> dict:
-    """Classes and pairs of ``TABLES[scheme]`` the profile's coverage cases hold, read from the realized
-    cases (``case_classes``; the value class from the generator, whose realization
+# -- what a design covers ------------------------------------------------------------------------------
+def profile_coverage(scheme: str, seeds=(0,)) -> dict:
+    """Classes and pairs of ``TABLES[scheme]`` that the coverage cases of design seeds ``seeds`` hold, read
+    from the realized cases (``case_classes``; the value class from the generator, whose realization
     coverage_values.realized checks)."""
-    from .specs import PROFILES
-
     table = TABLES[scheme]
-    seeds = tuple(PROFILES[profile].get("coverage", ()))
+    seeds = tuple(seeds)
     factors = list(table)
     singles, pairs = set(), set()
     n = 0
@@ -490,12 +486,10 @@ def profile_coverage(profile: str, scheme: str) -> dict:
         n += 1
         cls = case_classes(case)
         cls["values"] = gen[3:]
-        if "N" in table and case.N == pick_n(scheme, case.weight_format, cls.get("grouping"), "N-min"):
-            cls["N-min"] = True
         got = {(f, cls[f]) for f in factors if f in cls}
         if cls.get("K-min"):
             got.add(("K", "K-min"))
-        if cls.get("N-min"):
+        if "N" in table and case.N == pick_n(scheme, case.weight_format, cls.get("grouping"), "N-min"):
             got.add(("N", "N-min"))
         singles |= got
         for a, b in itertools.combinations(sorted(got, key=lambda x: factors.index(x[0])), 2):
@@ -506,93 +500,9 @@ def profile_coverage(profile: str, scheme: str) -> dict:
     all_pairs = {((f1, a), (f2, b)) for i, f1 in enumerate(factors) for f2 in factors[i + 1:]
                  for a in table[f1] for b in table[f2]}
     feasible = all_pairs - infeasible
-    return {"scheme": scheme, "profile": profile, "design_seeds": list(seeds), "cases": n,
+    return {"scheme": scheme, "design_seeds": list(seeds), "cases": n,
             "classes": len(all_singles), "classes_covered": len(all_singles & singles),
             "classes_missing": sorted(f"{f}={v}" for f, v in all_singles - singles),
             "pairs": len(all_pairs), "pairs_infeasible": len(infeasible), "pairs_feasible": len(feasible),
             "pairs_covered": len(feasible & pairs),
             "pairs_missing": sorted(f"{a[0]}={a[1]} x {b[0]}={b[1]}" for a, b in feasible - pairs)}
-
-
-def coverage_record(profile: str, schemes=None) -> dict:
-    """The coverage a bundle records (bundle.json ``coverage``): per scheme, its table's classes and pairs
-    and what the profile's coverage cases cover; ``table_sha256`` names the tables' exact content."""
-    import hashlib
-    import json
-
-    from .specs import PROFILES
-
-    sha = hashlib.sha256(json.dumps(TABLES, sort_keys=True).encode()).hexdigest()
-    per = {}
-    for s in TABLES:
-        if schemes and s not in schemes:
-            continue
-        c = profile_coverage(profile, s)
-        per[s] = {k: c[k] for k in ("cases", "classes", "classes_covered", "pairs_feasible", "pairs_covered",
-                                    "pairs_infeasible")}
-    return {"profile": profile, "design_seeds": list(PROFILES[profile].get("coverage", ())), "table_sha256": sha,
-            "schemes": per}
-
-
-# -- docs -------------------------------------------------------------------------------------------
-def markdown() -> str:
-    """The feature tables and each profile's coverage, as the docs show them."""
-    from .specs import PROFILES
-
-    out = ["Feature tables (`conformance/coverage.py` `TABLES`): each scheme's factors and classes.", "",
-           "| scheme | format features | shape classes | value classes |", "| --- | --- | --- | --- |"]
-    for s, t in TABLES.items():
-        fmt = "; ".join(f"{f}: {', '.join(t[f])}" for f in FACTOR_KINDS["format"] if f in t)
-        shp = "; ".join(f"{f}: {', '.join(t[f])}" for f in FACTOR_KINDS["shape"] if f in t)
-        out.append(f"| `{s}` | {fmt or '-'} | {shp} | {', '.join(t['values'])} |")
-    out += ["", "Coverage of each profile that draws a design (pairs: of two factors' classes; infeasible: no "
-            "valid case holds both).", "",
-            "| profile | scheme | design seeds | coverage cases | classes covered | feasible pairs covered | "
-            "infeasible pairs |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for p, prof in PROFILES.items():
-        if not prof.get("coverage"):
-            continue
-        for s in TABLES:
-            c = profile_coverage(p, s)
-            out.append(f"| `{p}` | `{s}` | {', '.join(map(str, c['design_seeds']))} | {c['cases']} | "
-                       f"{c['classes_covered']}/{c['classes']} | {c['pairs_covered']}/{c['pairs_feasible']} | "
-                       f"{c['pairs_infeasible']} |")
-    out += ["", "Value classes:", ""]
-    out += [f"- `{k}`: {v}" for k, v in VALUE_CLASS_DOCS.items()]
-    return "\n".join(out)
-
-
-DOC_FILE = "docs/conformance.md"
-BLOCK = "coverage"
-
-
-def main(argv=None) -> int:
-    import argparse
-    import sys
-
-    from .doctables import ROOT, rewrite
-
-    ap = argparse.ArgumentParser(prog="python -m conformance.coverage", description=__doc__.split("\n")[0])
-    ap.add_argument("--markdown", action="store_true", help="print the coverage tables (the default)")
-    ap.add_argument("--write", action="store_true", help=f"rewrite the generated block in {DOC_FILE}")
-    ap.add_argument("--check", action="store_true", help=f"exit 1 when {DOC_FILE}'s block is stale")
-    args = ap.parse_args(argv)
-    md = markdown()
-    path = ROOT / DOC_FILE
-    if args.write or args.check:
-        text = path.read_text(encoding="utf-8")
-        new = rewrite(text, {BLOCK: md})
-        if args.check:
-            if new != text:
-                print(f"{DOC_FILE}: the coverage table is stale; run python -m conformance.coverage --write",
-                      file=sys.stderr)
-                return 1
-            return 0
-        path.write_text(new, encoding="utf-8")
-        return 0
-    print(md)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -187,7 +187,7 @@ def _search_schemes(meta: dict):
 def _deep_coverage(meta: dict, problems: list) -> None:
     """--deep: the coverage record is what this suite's tables and design give for the profile, and every
     class of every table is covered."""
-    from .coverage import coverage_record
+    from .coverage_report import coverage_record
     from .specs import PROFILES
 
     profile = meta.get("profile")

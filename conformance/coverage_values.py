@@ -20,6 +20,7 @@ from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, make_inputs
 from .coverage import AMAX, TABLES, W_INT, W_MX
+from .generators import gen_router_ties, int_weight_tensors, scales_array
 
 __all__ = ["VALUE_GENERATORS", "generate_value", "realized", "activation_units"]
 
@@ -141,8 +142,6 @@ def _small_scales(shape, dtype: str, rng) -> np.ndarray:
 
 
 def _int_weights(case: Case, cls: str, rng) -> dict:
-    from .generators import int_weight_tensors
-
     q, z, s, g_idx, g = _int_parts(case, rng)
     maxq = (1 << case.bits) - 1
     N = case.N
@@ -180,8 +179,6 @@ def _int_weights(case: Case, cls: str, rng) -> dict:
 
 
 def _int8_weights(case: Case, cls: str, rng) -> dict:
-    from .generators import scales_array
-
     N, K = case.N, case.K
     wq = rng.integers(-127, 128, (N, K))
     ws = round_to_dtype(rng.uniform(0.002, 0.01, (N, 1)), case.scale_dtype)
@@ -239,8 +236,6 @@ def _mx_weights(case: Case, cls: str, rng) -> dict:
 def generate_value(case: Case, cls: str, seed: int) -> CaseInputs:
     """Inputs of ``case`` holding value class ``cls``."""
     if cls == "router-ties":
-        from .generators import gen_router_ties
-
         return gen_router_ties(case, seed)
     if case.spec.quantize_only or case.scheme == "w4a16-moe":
         inp = make_inputs(case, seed)
@@ -279,7 +274,8 @@ def _value_generator(cls: str):
     return gen
 
 
-#: generator name -> (tier, function, predicate): drawn only by the coverage design, never by default
+#: generator name -> (tier, function, predicate): drawn only by the coverage design, never by default;
+#: conformance/specs.py adds them to ``generators.GENERATORS``
 VALUE_GENERATORS = {f"vc-{c}": ("edge", _value_generator(c), lambda c: False)
                     for c in dict.fromkeys(v for t in TABLES.values() for v in t["values"])}
 

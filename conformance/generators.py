@@ -681,13 +681,9 @@ GENERATORS = {
     "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),
     # drawn only where a profile names it (the model profile, conformance/model_profile.py): never by default
     "layer-codes": ("random", gen_layer_codes, lambda c: False),
+    # the coverage design's value classes, ``vc-<class>`` (conformance/coverage_values.py), are added by
+    # conformance/specs.py: they are built on this module's packers
 }
-
-
-# the value classes of the coverage tables (conformance/coverage.py): drawn only by the coverage design
-from .coverage_values import VALUE_GENERATORS  # noqa: E402 - it uses this module's packers, defined above
-
-GENERATORS.update(VALUE_GENERATORS)
 
 
 def generators_for(case: Case, tiers) -> list[str]:

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from backends.base import Case
 
-from .generators import generate
+from .coverage_values import VALUE_GENERATORS
+from .generators import GENERATORS, generate
+
+# the coverage design's value-class generators (docs/conformance.md#coverage): every case id names a
+# generator of this table, so they join it wherever a case spec can be read
+GENERATORS.update(VALUE_GENERATORS)
 
 __all__ = ["TIERS", "PROPERTY_TIER", "PROFILES", "CaseSpec", "GOLDEN_DIR", "MANIFEST", "golden_dir", "golden_inputs"]
 

@@ -287,7 +287,7 @@ def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files)
 def _coverage_and_search(folder: Path, bundle: dict, header: dict) -> None:
     """bundle.json's ``coverage`` (the profile's coverage table) and ``search`` (what the property search
     searched and found); a failing search makes the certification fail (docs/certification.md#coverage-and-search)."""
-    from ..coverage import coverage_record
+    from ..coverage_report import coverage_record
     from ..coverage_search import SEARCH_DIR, search_record, search_schemes
     from ..specs import PROFILES
 
