@@ -232,9 +232,8 @@ def cmd_replay(args) -> int:
 
     from .acceptance import declared_interval
     from .bundle import load_bundle_inputs
-    from .runner import WorkerProcess, judge
+    from .runner import WorkerProcess
     from .selection import check_backends
-    from .summary import describe_worst
 
     if args.backend:
         check_backends([args.backend])  # an unknown name or parameter: exit 2 before anything is read or run
@@ -259,13 +258,25 @@ def cmd_replay(args) -> int:
     print(f"declaration notes: {declared.notes or '(none)'}")
     w = WorkerProcess(want)
     out = Path(tempfile.mkdtemp()) / "y.safetensors"
+    bundle = str(Path(args.bundle).resolve())
     try:
-        reply = w.request({"op": "run", "bundle": str(Path(args.bundle).resolve()), "out": str(out)}, timeout=args.timeout)
+        reply = w.request({"op": "run", "bundle": bundle, "out": str(out)}, timeout=args.timeout)
+        if not reply.get("ok"):
+            print(f"replay on {want}: {reply.get('kind')}: {reply.get('error')}")
+            return 1
+        return _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in,
+                             lambda: w.request({"op": "localize", "bundle": bundle, "declared": declared.to_json()},
+                                               timeout=args.timeout))
     finally:
         w.close()
-    if not reply.get("ok"):
-        print(f"replay on {want}: {reply.get('kind')}: {reply.get('error')}")
-        return 1
+
+
+def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, localize) -> int:
+    """The replayed output's verdict; a failure names its failing element and its localization
+    (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights)."""
+    from .localize_text import localization_lines
+    from .runner import judge
+    from .summary import describe_worst
     from emulator.tensorfile import load_tensors
 
     if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
@@ -280,6 +291,11 @@ def cmd_replay(args) -> int:
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")
+        if not inp.case.spec.quantize_only:
+            r = localize()
+            loc = r.get("localization") if r.get("ok") else {"error": f"{r.get('kind')}: {str(r.get('error'))[:300]}"}
+            for line in localization_lines(loc):
+                print(line)
         return 1
     if stand_in:
         print(f"replay: NOT REPLAYED on {args.backend or recorded} (unavailable here); the emulator's verdict above "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+from .localize_text import localization_lines
 from .summary import PASSING, describe_worst, deviation_lines, headline
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
@@ -97,6 +98,8 @@ def print_failures(summary: dict, out=None) -> None:
                   f"[variants {sig['variants']}]: {sig['reason']}\n")
         out.write(f"  example {ex['case_id']}: {ex['reason'][:300]}\n")
         out.write(f"  worst element {describe_worst(ex['worst_element'])}\n")
+        for line in localization_lines(ex.get("localization")):  # docs/conformance.md#failure-localization
+            out.write(f"  {line}\n")
         out.write(f"  declaration notes: {ex['notes'] or '(none)'}\n")
         if ex.get("replay"):
             out.write(f"  reproduce (in the output folder): {ex['replay']}\n")

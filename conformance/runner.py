@@ -264,6 +264,9 @@ class Runner:
     process writing into the same folder is refused. (The pytest plugin's xdist workers share a folder,
     each with its own results-<worker>.jsonl, and take no lock.)"""
 
+    #: failing cases localized per (backend, scheme, format); 0: none (docs/conformance.md#failure-localization)
+    localize_per_group = 2
+
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
                  memory_limit: "int | str | None" = None, lock: bool = False):
@@ -288,6 +291,8 @@ class Runner:
         self.progress = progress
         self.worker_env = worker_env
         self._lock = threading.Lock()
+        #: failing cases localized so far per (backend, scheme, format) (docs/conformance.md#failure-localization)
+        self._localized: dict = {}
         self._done = 0
         self._total = 0
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
@@ -525,11 +530,37 @@ class Runner:
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
                            seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"), prepare_s=reply.get("prepare_s"),
                            **assess(spec.case, declared, inp, y, interval=interval))
+        if verdict == "fail" and self._take_localization(label, spec):
+            rec["localization"] = self._localize(worker, request, declared)
         if verdict == "fail" and write_bundle:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:
             self.on_output(label, spec, inp, declared, iv, y, rec, evidence)
         return rec
+
+    def _take_localization(self, label: str, spec: CaseSpec) -> bool:
+        """Localize the first LOCALIZE_PER_GROUP failures of each (backend, scheme, format): the console and the
+        reports show one example per failure group, and a broken kernel fails hundreds of cases alike."""
+        if self.localize_per_group <= 0:
+            return False
+        key = (label, spec.case.scheme, spec.case.weight_format)
+        with self._lock:
+            n = self._localized.get(key, 0)
+            self._localized[key] = n + 1
+        return n < self.localize_per_group
+
+    def _localize(self, worker: WorkerProcess, request: dict, declared: Declared) -> dict:
+        """The worker's localization of a failing case (conformance/localize.py); a probe that crashes the
+        kernel or raises is reported as the localization's error, never as the case's verdict."""
+        req = {"op": "localize", "declared": declared.to_json(),
+               **{k: request[k] for k in ("bundle", "spec") if k in request}}
+        try:
+            reply = worker.request(req, timeout=self.timeout)
+        except Exception as e:  # noqa: BLE001 - the localization never changes the verdict
+            return {"error": f"{type(e).__name__}: {e}"}
+        if not reply.get("ok"):
+            return {"error": f"{reply.get('kind')}: {str(reply.get('error'))[:500]}"}
+        return reply["localization"]
 
     def _judge_quantized(self, label, spec, inp, declared, ypath, reply, t0, write_bundle) -> dict:
         """A quantize-only case (docs/conformance.md#quantize-only-cases): codes, scales, zero points and

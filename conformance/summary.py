@@ -158,6 +158,8 @@ def describe_worst(we: dict | None) -> str:
             f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]")
     if we.get("ulp") is not None:
         text += f", {we['ulp']} ULP from the reference {_num(we.get('reference'))}"
+    if we.get("nonfinite_mismatches"):  # named first (conformance/verdict.py failing_element)
+        text += f"; the first of {we['nonfinite_mismatches']} NaN/Inf mismatch(es)"
     return text
 
 
@@ -203,7 +205,8 @@ def _failure_entry(rec: dict, key: str, src: dict, base: Path | None) -> dict:
              "weight_format": rec.get("weight_format") or "?", "tier": rec.get("tier"), "case_id": rec["case_id"],
              "verdict": rec.get("verdict"), "reason": rec.get("reason", ""),
              "notes": (declared or {}).get("notes") or "", "variants": variant_text(declared),
-             "worst_element": (rec.get("metrics") or {}).get("worst_element"), "bundle": None, "replay": None}
+             "worst_element": (rec.get("metrics") or {}).get("worst_element"), "bundle": None, "replay": None,
+             "localization": rec.get("localization")}
     bp = _bundle_path(rec, Path(src["folder"]))
     if bp is not None:
         rel = _relative(bp, base if base is not None else Path(src["folder"]))
