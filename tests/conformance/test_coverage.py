@@ -197,5 +197,13 @@ def test_value_generators_are_registered_and_never_drawn_by_default():
     assert not [s for s in case_list(profile="smoke") if s.generator.startswith("vc-")]
 
 
+def test_qconform_coverage_prints_the_tables(capsys):
+    from conformance.cli import main
+
+    assert main(["coverage", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Feature tables") and "| `ci` | `w8a8` |" in out
+
+
 def test_docs_coverage_table_is_current():
     assert report_main(["--check"]) == 0, "run: python -m conformance.coverage_report --write"
