@@ -30,10 +30,11 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +46,15 @@ from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
 from .refcache import ReferenceCache
+from .resultfile import append_line, check_worker_output_fault, is_output_error, repair_torn_tail, unwritable
+from .placement import Slot, UnitQueue, slots, work_units
+from .runstop import RunInterrupted, StopSwitch
 from .suite import CaseSpec
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
-__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size",
-           "signal_name"]
+__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT",
+           "parse_size", "signal_name"]
 
 VERDICTS = ("pass", "pass-with-tie-flips", "quality-warning", "fail", "crash", "timeout", "unsupported", "waived",
             "mistrusted")
@@ -262,14 +266,21 @@ class Runner:
     ``OUT/results.jsonl``. With ``lock=True`` (``qconform run`` and ``certify``) it holds the folder's lock
     (``conformance.outlock``) from construction until ``close()`` (or the end of the process): a second
     process writing into the same folder is refused. (The pytest plugin's xdist workers share a folder,
-    each with its own results-<worker>.jsonl, and take no lock.)"""
+    each with its own results-<worker>.jsonl, and take no lock.)
+
+    ``run`` stops early on SIGINT or SIGTERM (handlers installed for its duration, from the main
+    thread), when its stdout or stderr is a pipe whose reader went away, or on ``stop()``: workers are
+    killed at once, the cases that finished keep their result lines, and ``RunInterrupted`` is raised.
+    Result lines are appended whole (conformance/resultfile.py); an output folder that cannot take
+    them (full, read-only) raises ``OutputUnwritable``."""
 
     #: failing cases localized per (backend, scheme, format); 0: none (docs/conformance.md#failure-localization)
     localize_per_group = 2
 
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
-                 memory_limit: "int | str | None" = None, lock: bool = False):
+                 memory_limit: "int | str | None" = None, lock: bool = False, devices: "list | None" = None,
+                 executor=None):
         self.out_dir = Path(out_dir)
         # scratch files workers read and write: absolute, because a worker process runs in its own
         # directory and a path relative to ours (`qconform run --out qconform-out`) names nothing there
@@ -279,10 +290,15 @@ class Runner:
         #: observed outputs and intervals with it
         self.on_output = on_output
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = OutLock.for_folder(self.out_dir)
         if lock:
-            self.lock.acquire()
+            self.lock.acquire()  # (creates the folder) before anything in it is read, removed or written
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if is_output_error(e):
+                raise unwritable(e, self.out_dir) from None
+            raise
         self.results_path = self.out_dir / "results.jsonl"
         self.log_dir = self.out_dir / "logs"
         self.timeout = timeout
@@ -290,11 +306,21 @@ class Runner:
         self.waivers = waivers or []
         self.progress = progress
         self.worker_env = worker_env
+        #: accelerators the worker slots are placed on (conformance/placement.py; docs/scaling.md); [] = no placement
+        self.devices = list(devices or [])
+        #: where worker processes run: None = this host; a conformance.remote.DaskExecutor = a cluster's nodes
+        self.executor = executor
         self._lock = threading.Lock()
         #: failing cases localized so far per (backend, scheme, format) (docs/conformance.md#failure-localization)
         self._localized: dict = {}
         self._done = 0
         self._total = 0
+        #: the run's stop flag (conformance/runstop.py): set, no new case starts and pending requests kill
+        #: their worker; ``switch.stopped_by``: the signal that stopped the run
+        self.switch = StopSwitch()
+        self._stop = self.switch.event
+        self.labels: dict = {}  # backend spec -> its label (the worker's hello), for the completeness check
+        self.repaired = 0  # bytes of a torn last line removed from results.jsonl before a resumed run
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
         self.refs: "ReferenceCache | None" = None
         self.ref_stats: dict = {}
@@ -303,24 +329,58 @@ class Runner:
         """Release the folder's lock (also released when the process ends)."""
         self.lock.release()
 
-    def _worker(self, bspec: str) -> WorkerProcess:
-        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit)
+    def _worker(self, bspec: str, slot: "Slot | None" = None) -> WorkerProcess:
+        """A worker process for ``bspec`` in ``slot`` (its device's visibility variable set before the library
+        loads); on a cluster (``executor``), the same worker on one of its nodes."""
+        slot = slot if slot is not None else (slots(1, self.devices)[0])
+        env = dict(self.worker_env or {}, **slot.env())
+        if self.executor is not None:
+            return self.executor.worker(bspec, f"{os.getpid()}-{slot.number}", env=env or None,
+                                        memory_limit=self.memory_limit)
+        return WorkerProcess(bspec, env=env or None, log_dir=self.log_dir, memory_limit=self.memory_limit,
+                             cancel=self._stop)
+
+    # -- stopping (conformance/runstop.py) ----------------------------------------------------------
+    @property
+    def stopped_by(self) -> "int | None":
+        """The signal that stopped the run (signal.SIGPIPE: our output's reader went away), or None."""
+        return self.switch.stopped_by
+
+    def stop(self, signum: int = signal.SIGINT) -> None:
+        self.switch.stop(signum)
+
+    def interruptible(self):
+        """SIGINT and SIGTERM stop this runner while the ``with`` block runs (``StopSwitch.interruptible``)."""
+        return self.switch.interruptible()
+
+    def _append(self, rec: dict) -> None:
+        """One whole line into results.jsonl, or OutputUnwritable (the run stops)."""
+        try:
+            append_line(self.results_path, json.dumps(rec, default=_json_default))
+        except OSError as e:
+            if not is_output_error(e):
+                raise
+            self._stop.set()
+            raise unwritable(e, self.results_path, hint="results.jsonl keeps whole lines for the cases that "
+                                                         "finished; make room and continue with --resume") from None
 
     def _write(self, rec: dict) -> None:
         with self._lock:
-            with open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, default=_json_default) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            self._append(rec)
             self._done += 1
-            if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
-                self.progress(self._done, self._total, rec)
-            elif self.progress:
-                width = 30
-                frac = self._done / max(self._total, 1)
-                bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
-                sys.stderr.write(f"\r[{bar}] {self._done}/{self._total} {rec['backend'][:20]:20s} {rec['verdict']:20s}")
-                sys.stderr.flush()
+            try:
+                if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
+                    self.progress(self._done, self._total, rec)
+                elif self.progress:
+                    width = 30
+                    frac = self._done / max(self._total, 1)
+                    bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+                    sys.stderr.write(f"\r[{bar}] {self._done}/{self._total} {rec['backend'][:20]:20s} "
+                                     f"{rec['verdict']:20s}")
+                    sys.stderr.flush()
+            except BrokenPipeError:  # the reader of the progress went away: stop, as for SIGPIPE
+                self.progress = False
+                self.stop(signal.SIGPIPE)
 
     def hello(self, backend_spec: str) -> dict:
         w = self._worker(backend_spec)
@@ -328,25 +388,42 @@ class Runner:
             r = w.request({"op": "hello"}, timeout=self.timeout)
         finally:
             w.close()
+        if r.get("kind") == "interrupted":
+            raise RunInterrupted(self.stopped_by or signal.SIGINT)
         return r
 
     def run(self, backend_specs: list[str], specs: list[CaseSpec], *, resume: bool = True,
             header: dict | None = None) -> list[dict]:
+        """Every (backend, case) not yet in results.jsonl (with ``resume``); the new result records.
+        Raises ``RunInterrupted`` (with the records that finished) when stopped before the end."""
+        with self.interruptible():
+            return self._run(backend_specs, specs, resume=resume, header=header)
+
+    def _run(self, backend_specs, specs, *, resume, header) -> list[dict]:
         if self.lock.held:  # the sole writer: scratch space a killed run left behind can go
             shutil.rmtree(self.work_dir, ignore_errors=True)
+            if resume:  # a line a killed run left half-written would be dropped silently, then appended to
+                try:
+                    self.repaired = repair_torn_tail(self.results_path)
+                except OSError as e:
+                    if is_output_error(e):
+                        raise unwritable(e, self.results_path) from None
+                    raise
         done = set()
         if resume:
             for r in read_results(self.results_path):
                 if r.get("kind") == "result":
                     done.add((r["backend"], r["case_id"]))
         if header is not None:
-            with open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(dict(header, kind="run"), default=_json_default) + "\n")
+            self._append(dict(header, kind="run"))
         results: list[dict] = []
         today = time.strftime("%Y-%m-%d")
         self.refs = ReferenceCache(self.work_dir)
         try:
-            self._run_backends(backend_specs, specs, done, results, today)
+            try:
+                self._run_backends(backend_specs, specs, done, results, today)
+            except RunInterrupted:
+                pass  # (self.stopped_by says by what; raised below once the scratch space is gone)
         finally:
             self.ref_stats = dict(self.refs.stats)  # inputs drawn / reused, intervals computed / reused
             self.refs.close()
@@ -361,34 +438,58 @@ class Runner:
             self.log_dir.rmdir()  # only when empty: logs are kept only for workers that crashed or timed out
         except OSError:
             pass
+        if self.stopped_by is not None:
+            raise RunInterrupted(self.stopped_by, results)
         return results
 
     def _run_backends(self, backend_specs, specs, done, results, today) -> None:
         for bspec in backend_specs:
+            self.switch.check_outputs()
+            if self._stop.is_set():
+                return
             hello = self.hello(bspec)
             label = hello.get("label", bspec)
+            self.labels[bspec] = label
             # one line per backend: version and device, for the reports' environment section
-            with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"kind": "backend", "backend": label, "spec": bspec,
-                                    "available": bool(hello.get("ok") and hello.get("available")),
-                                    "reason": hello.get("reason") or hello.get("error") or "",
-                                    "version": hello.get("version"), "device": hello.get("device"),
-                                    "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)},
-                                   default=_json_default) + "\n")
+            with self._lock:
+                self._append({"kind": "backend", "backend": label, "spec": bspec,
+                              "available": bool(hello.get("ok") and hello.get("available")),
+                              "reason": hello.get("reason") or hello.get("error") or "",
+                              "version": hello.get("version"), "device": hello.get("device"),
+                              "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)})
             todo = [s for s in specs if (label, s.case_id) not in done]
             self._total += len(todo)
             if not hello.get("ok") or not hello.get("available"):
                 reason = hello.get("reason") or hello.get("error") or "unavailable"
                 for s in todo:
+                    if self._stop.is_set():
+                        return
                     rec = self._record(label, s, "unsupported", f"backend unavailable: {reason}",
                                        evidence={"unavailable": reason})
                     self._write(rec)
                     results.append(rec)
                 continue
-            chunks = [todo[i::self.jobs] for i in range(self.jobs)]
-            with ThreadPoolExecutor(max_workers=self.jobs) as ex:
-                for part in ex.map(lambda c: self._run_chunk(bspec, label, c, today), chunks):
-                    results.extend(part)
+            # units of one kernel configuration, pulled by the slots (conformance/placement.py)
+            queue = UnitQueue(work_units(todo, self.jobs))
+            places = slots(self.jobs, self.devices)
+            with ThreadPoolExecutor(max_workers=len(places)) as ex:
+                futures = [ex.submit(self._run_slot, bspec, label, slot, queue, today) for slot in places]
+                # the main thread watches for a closed output (and runs the signal handlers) meanwhile
+                while wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION).not_done:
+                    self.switch.check_outputs()
+                    if any(f.done() and f.exception() is not None for f in futures):
+                        self._stop.set()  # one chunk failed (an unwritable folder): the others stop too
+                        break
+            for f in futures:
+                results.extend(f.result())  # (re-raises a slot's error, e.g. OutputUnwritable)
+            if not self._stop.is_set():  # every device retired before the queue emptied: nothing is lost
+                for spec in queue.drain():
+                    why = (f"not run: every device of this run was retired ({queue.retired_text()}); the device "
+                           "stopped working during the run")
+                    rec = self._apply_waiver(label, spec, self._record(label, spec, "crash", why,
+                                                                       evidence={"runner": why}), today)
+                    self._write(rec)
+                    results.append(rec)
 
     def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
         rec = {"kind": "result", "backend": label, "case_id": spec.case_id, "tier": spec.tier,
@@ -427,22 +528,42 @@ class Runner:
                 return rec
         return rec
 
-    def _run_chunk(self, bspec: str, label: str, specs: list[CaseSpec], today: str) -> list[dict]:
+    def _run_slot(self, bspec: str, label: str, slot: Slot, queue: "UnitQueue", today: str) -> list[dict]:
+        """Run units from ``queue`` in one worker placed in ``slot`` until the queue is empty, the run stops, or
+        the slot's device is retired (a fresh worker finds its backend unavailable after a crash or timeout:
+        the unit's remaining cases go back to the queue for the other slots)."""
         out = []
-        worker = self._worker(bspec)
+        worker = self._worker(bspec, slot)
         tmpdir = self.work_dir / f"{os.getpid()}-{threading.get_ident()}"
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
-            for spec in specs:
+            while not self._stop.is_set() and not queue.is_retired(slot.device):
+                unit = queue.take(self._stop.is_set)
+                if unit is None:
+                    break
                 try:
-                    rec = self._run_one(worker, label, spec, tmpdir)
-                except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
-                    rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
-                                                             f"{type(e).__name__}: {e}",
-                                       evidence={"runner": f"{type(e).__name__}: {e}"})
-                rec = self._apply_waiver(label, spec, rec, today)
-                self._write(rec)
-                out.append(rec)
+                    for i, spec in enumerate(unit):
+                        if self._stop.is_set():
+                            break
+                        try:
+                            rec = self._run_case_in(worker, label, spec, tmpdir, today)
+                        except RunInterrupted:
+                            return out  # stopped while this case ran: it has no result (a resumed run runs it)
+                        if slot.device is not None:
+                            rec["device"] = slot.device.to_json()
+                        node = getattr(worker, "last_node", None)
+                        if node is not None:
+                            rec["node"] = node.get("host")
+                        self._write(rec)
+                        out.append(rec)
+                        if (slot.device is not None and rec["verdict"] in ("crash", "timeout")
+                                and self._device_lost(worker, slot, queue, unit[i + 1:])):
+                            break
+                finally:
+                    queue.done()
+        except BaseException:
+            self._stop.set()  # the sibling slots end too
+            raise
         finally:
             worker.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -452,9 +573,42 @@ class Runner:
                 pass
         return out
 
+    def _device_lost(self, worker, slot: Slot, queue: "UnitQueue", rest: list) -> bool:
+        """After a crash or timeout on a device: does a fresh worker still find its backend available? If not,
+        the device is retired and ``rest`` goes back to the queue (True)."""
+        hello = worker.request({"op": "hello"}, timeout=self.timeout)
+        if hello.get("ok") and hello.get("available"):
+            return False
+        why = hello.get("reason") or hello.get("error") or "unavailable"
+        queue.retire(slot.device, why, rest)
+        return True
+
+    def _run_case_in(self, worker, label: str, spec: CaseSpec, tmpdir: Path, today: str) -> dict:
+        """One case's result record (waiver applied): a verdict whatever happened, except a stop or an
+        output folder that cannot be written (raised)."""
+        try:
+            rec = self._run_one(worker, label, spec, tmpdir)
+        except RunInterrupted:
+            raise
+        except OSError as e:
+            if is_output_error(e):  # the output folder is full or read-only: the run's fault, not the case's
+                self._stop.set()
+                raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
+            rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                     f"{type(e).__name__}: {e}",
+                               evidence={"runner": f"{type(e).__name__}: {e}"})
+        except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
+            rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                     f"{type(e).__name__}: {e}",
+                               evidence={"runner": f"{type(e).__name__}: {e}"})
+        check_worker_output_fault(rec, self.work_dir)
+        return self._apply_waiver(label, spec, rec, today)
+
     def _failed_request(self, label, spec, reply: dict, what: str, t0: float, declared=None) -> dict:
         """The record of a request the worker did not answer with ok: crash, timeout, or a malformed output."""
         kind = reply.get("kind")
+        if kind == "interrupted":  # the run was stopped while this request ran: no verdict for the case
+            raise RunInterrupted(self.stopped_by or signal.SIGINT)
         evidence = dict(reply.get("evidence") or {})
         if kind == "malformed":
             verdict, reason = "fail", f"malformed output: {reply.get('error')}"

@@ -199,6 +199,14 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
                 runner.run(list(backends), specs, resume=True, header=header)
         finally:
             runner.close()
+        from ..completeness import missing_pairs
+        from ..runner import read_results
+
+        missing = missing_pairs(read_results(work / "results.jsonl"), runner.labels, list(backends), ids)
+        if missing:  # the invariant (conformance/completeness.py): nothing is sealed without every result
+            raise QconformError(f"certify: {sum(missing.values())} result(s) missing after the run ("
+                                + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
+                                + f"); nothing sealed; rerun the same command to resume in {work}")
         if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
             from ..coverage_search import run_search, search_schemes
 
