@@ -308,6 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=_cmd_selfcheck)
 
+    s = sub.add_parser("coverage", help="the feature tables and what each profile's covering design covers "
+                                        "(docs/conformance.md#coverage)")
+    s.add_argument("--markdown", action="store_true", help="print the tables as the docs show them (the default)")
+    s.set_defaults(fn=_cmd_coverage)
+
     from .campaign import add_parser as add_campaign
 
     add_campaign(sub)
@@ -320,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_model(sub, certifier_factory=_certifier)
     return p
+
+
+def _cmd_coverage(args) -> int:
+    from .coverage_report import main as coverage_main
+
+    return coverage_main([])
 
 
 def _certifier(bundles):
