@@ -62,7 +62,9 @@ MAX_PROBE_MACS = 1 << 31
 
 def _probe_columns(case: Case) -> np.ndarray:
     K = case.K
-    budget = int(min(MAX_PROBE_COLUMNS, max(64, MAX_PROBE_MACS // max(1, case.N * K))))
+    # at most MAX_CALLS calls of exactly M rows: a chunk of more rows would take another kernel path (M = 1 decode)
+    budget = int(min(MAX_PROBE_COLUMNS, max(1, case.M) * MAX_CALLS,
+                     max(64, MAX_PROBE_MACS // max(1, case.N * K))))
     if K <= budget:
         return np.arange(K)
     g = min(max(case.group, 32), budget // 8)
