@@ -70,3 +70,19 @@ def test_off_grid_against_torch():
             expect = np.isfinite(v) & (t.to(td).float().numpy() != v)
         assert np.array_equal(off_grid(v, name), expect), name
     assert not off_grid(v, "float32").any()
+
+
+def test_verify_bundle_recomputes_the_grid_check():
+    """verify-bundle's recomputed verdict (conformance/certify/offline.py) applies the same rule: a stored
+    bfloat16 output between two grid values, inside the stored interval, is a failure there too."""
+    from conformance.certify.offline import offline_verdict
+
+    lo = np.array([[1.0, 2.0]])
+    hi = np.array([[1.0078125, 2.0]])  # two bf16 values: 1 and 1 + 2^-7
+    d = {"y_ref": np.array([[1.0, 2.0]]), "y_exact_proxy": np.array([[1.003, 2.0]]), "lo": lo, "hi": hi,
+         "jlo": lo, "jhi": hi, "y": np.array([[1.00390625, 2.0]], np.float32)}  # 1 + 2^-8: not a bf16 value
+    assert float(ml_dtypes.bfloat16(1.00390625)) != 1.00390625
+    rec = offline_verdict(d, {"dtype": "bfloat16", "bound_positive": True}, {"variants": {}})
+    assert rec["verdict"] == "fail" and "bfloat16" in rec["reason"], rec
+    d["y"] = np.array([[1.0078125, 2.0]], np.float32)  # control: the grid value passes
+    assert offline_verdict(d, {"dtype": "bfloat16", "bound_positive": True}, {"variants": {}})["verdict"] != "fail"
