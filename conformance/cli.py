@@ -43,6 +43,7 @@ def _cmd_inspect(args) -> int:
     if args.json:
         print(json.dumps({"checkpoint": str(ck.folder), "quant_method": ck.method,
                           "values_checked": not args.headers_only,
+                          "skipped_files": [{"file": f, "why": why} for f, why in ck.skipped_files],
                           "layers": [l.to_json() for l in layers]}, indent=2))
         return EXIT_OK
     cols = ["layer", "format", "shape", "bits", "group", "sym", "act_order", "zeros", "activation"]
@@ -54,6 +55,8 @@ def _cmd_inspect(args) -> int:
                      l.zero_convention or "-", act])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print(f"{ck.folder}  quant_method={ck.method}  layers={len(layers)}")
+    for f, why in ck.skipped_files:
+        print(f"skipped file: {f} ({why})")
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))

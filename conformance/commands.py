@@ -17,6 +17,8 @@ from pathlib import Path
 
 from emulator import __version__ as emulator_version
 
+from .placement import add_options as add_placement_options
+from .placement import open_placement
 from .provenance import environment, git_commit, suite_version  # noqa: F401 - re-exported
 from .runner import BAD, Runner, load_waivers, read_results
 from .runstop import RunInterrupted, closed_outputs, describe_stop
@@ -162,8 +164,8 @@ def _selection(args):
     else:
         skipped: list = []
         backends = available_backends(skipped)
-        for name, why in skipped:
-            print(f"not run (unavailable here): {name}: {why}")
+        if skipped:  # one line: `qconform backends` says why each is unavailable
+            print(f"not run (unavailable here): {', '.join(n for n, _ in skipped)} (`qconform backends` says why)")
     specs = case_list(schemes=args.scheme or None, tiers=seeded, profile=args.profile) if seeded else []
     sh = parse_shard(args.shard)
     if sh:
@@ -199,8 +201,9 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     waivers = load_waivers(args.waivers)
     timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
     # the folder's lock first: a second run into it stops here, before it reads, removes or writes anything
+    devices, executor = open_placement(args)  # (docs/scaling.md) refused before the folder is touched
     runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=False, lock=True,
-                    memory_limit=getattr(args, "memory_limit", None))
+                    memory_limit=getattr(args, "memory_limit", None), devices=devices, executor=executor)
     try:
         return _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable)
     finally:
@@ -231,6 +234,8 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
         header["property_searches"] = len(prop_families)  # result lines per backend (completeness.header_shortfall)
     if unavailable:
         header["unavailable"] = dict(unavailable)
+    if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
+        header["default_selection"] = list(backends)
     print(f"qconform run: {len(specs)} case(s)"
           + (f" + {len(prop_families)} property search(es)" if prop_families else "")
           + f" x {len(backends)} backend(s) [{', '.join(backends)}], "
@@ -432,12 +437,15 @@ def cmd_backends(args) -> int:
     if args.json:
         print(json.dumps({"backends": rows, "schemes": list(SCHEMES)}, indent=2))
         return 0
+    nw = max(len(r["name"]) for r in rows)
+    vw = max(len(r["version"] or "-") for r in rows)
     for r in rows:
         status = "available" if r["available"] else "unavailable"
-        print(f"{r['name']:12s} {status:11s} {r['version'] or '-':14s} prio={r['priority']!s:5s} "
-              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}")
+        origin = "" if r["origin"] == "builtin" else f" (origin: {r['origin']})"
+        print(f"{r['name']:{nw}s} {status:11s} {r['version'] or '-':{vw}s} prio={r['priority']!s:5s} "
+              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}{origin}".rstrip())
         if r["reason"]:
-            print(f"{'':12s} reason: {r['reason']}")
+            print(f"{'':{nw}s} reason: {r['reason']}")
     return 0
 
 
@@ -468,6 +476,7 @@ def add_commands(sub) -> None:
     s.add_argument("--memory-limit", help="memory cap per worker, e.g. 8G or 512M; 0: none (default: half the "
                                           "host's memory); an OOM becomes the case's crash verdict")
     s.add_argument("--no-progress", action="store_true")
+    add_placement_options(s)
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("replay", help="rerun a failing case from its bundle")
@@ -544,7 +553,8 @@ def cmd_target(args) -> int:
                            jobs=args.jobs, shard=args.shard, waivers=args.waivers,
                            timeout=args.timeout if args.timeout is not None else max(300.0, PROFILES[args.profile].get(
                                "timeout", 300.0)),
-                           resume=False, no_progress=args.no_progress)
+                           resume=False, no_progress=args.no_progress, devices=args.devices,
+                           executor=args.executor, address=args.address)
     return cmd_run(a, unavailable=unavailable)
 
 
@@ -581,4 +591,5 @@ def add_target_command(sub) -> None:
     s.add_argument("--waivers")
     s.add_argument("--timeout", type=float, default=None, help="seconds per case (default 300; the model profile: 900)")
     s.add_argument("--no-progress", action="store_true")
+    add_placement_options(s)
     s.set_defaults(fn=cmd_target)

@@ -246,6 +246,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     failures, waived, expired, stale = [], [], [], []
     declared_waivers = []
     unavailable: dict[str, str] = {}
+    # backends a default run chose itself (no --backend): one with no applicable case is reported, not failed
+    optional: set = set()
     schemes_seen = set()
     semantic = []  # judged records whose declaration is an unwaived semantic deviation
 
@@ -300,6 +302,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             for w in h.get("waivers") or []:
                 if w not in declared_waivers:
                     declared_waivers.append(w)
+            for b in h.get("default_selection") or []:
+                optional.add(f"{src['host'] or '?'} / {b}" if by_host else b)
             # backends a `qconform target` could not start at all (no result lines)
             for b, why in (h.get("unavailable") or {}).items():
                 unavailable.setdefault(f"{src['host'] or '?'} / {b}" if by_host else b, why)
@@ -335,11 +339,17 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     n_judged = n_results - totals.get("unsupported", 0)
     # what was not certified, and why: every unavailable backend, every column with no judged case
     not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in unavailable.items()]
+    no_applicable = []  # default-selected backends with no case they implement: reported, not a failed run
     for col in columns.values():
         col["status"] = ("unavailable" if col["key"] in unavailable else "not-certified" if not col["judged"]
                          else "not-conformant" if col["n_bad"] or col["n_semantic"]
                          else "accurate" if col["n_sqnr"] else "conformant")
         if not col["judged"] and col["key"] not in unavailable:
+            if col["key"] in optional:
+                col["status"] = "no-applicable-case"
+                no_applicable.append({"column": col["key"], "why": f"no applicable case: all {col['n']} case(s) "
+                                                                   "unsupported (chosen by the default selection)"})
+                continue
             not_certified.append({"column": col["key"], "why": f"no case judged: all {col['n']} case(s) unsupported"})
     if n_bad or semantic:
         status = "not-conformant"
@@ -362,6 +372,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
         notes.append(f"the sources ran {len(hashes)} different case lists (profiles, schemes or shards differ)")
     for nc in not_certified:
         notes.append(f"not certified: {nc['column']}: {nc['why']}")
+    for na in no_applicable:
+        notes.append(f"not judged: {na['column']}: {na['why']}")
     sem_groups = Counter((s["column"], s["scheme"], ",".join(s["variants"])) for s in semantic)
     for (col, sch, var), n in sorted(sem_groups.items()):
         notes.append(f"semantic deviation (NOT CONFORMANT unless waived): {col} {sch}: {var} declared on {n} "
@@ -375,7 +387,7 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                "semantic_deviations": semantic,
                "n_results": n_results, "n_judged": n_judged, "n_bad": n_bad,
                "totals": dict(totals), "columns": list(columns.values()), "schemes": schemes, "cells": out_cells,
-               "not_certified": not_certified, "unavailable": unavailable,
+               "not_certified": not_certified, "no_applicable_case": no_applicable, "unavailable": unavailable,
                "failures": failures, "failure_groups": _group_failures(failures),
                "waivers": {"declared": declared_waivers, "applied": waived, "expired": expired, "stale": stale},
                "runs": runs, "environment": envs, "notes": notes,

@@ -25,8 +25,8 @@ def _require(module: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError:
-        raise ValueError(f"qconform model needs {module}: pip install 'qconform[test]' (torch==2.13.0, "
-                         "transformers==5.24.0)") from None
+        raise ValueError(f"qconform model needs {module}: pip install 'qconform[torch]' (torch==2.13.0, "
+                         "transformers==5.24.0: the fallback's own extra)") from None
 
 
 def cmd_model(args) -> int:

@@ -501,8 +501,10 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
     v = rec.get("verdict")
     raw_recorded = rec.get("waived_verdict") or v
     bp = rec.get("bundle")
-    if bp and ("bundles/" + Path(bp).name) not in files.ok:
-        problems.append(f"{who}: {raw_recorded}: its replay bundle is not in bundles/")
+    # the run writes OUT/bundles/<name>: a path whose folder is not bundles/ (../../etc/x) names no file of the bundle
+    if bp and (not isinstance(bp, str) or Path(bp).parent.name != "bundles"
+               or ("bundles/" + Path(bp).name) not in files.ok):
+        problems.append(f"{who}: {raw_recorded}: its replay bundle {str(bp)[:120]!r} is not a file in bundles/")
     if entry is None:
         if raw_recorded in JUDGED and not (raw_recorded == "fail" and (rec.get("evidence") or {}).get("malformed")):
             problems.append(f"{who}: verdict {v} but no stored output to recompute it from")
