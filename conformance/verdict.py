@@ -23,11 +23,12 @@ import numpy as np
 from emulator.declaration import Declared, declared_weight
 
 from .acceptance import Interval, compare, declared_interval, round_down, round_to, round_up, ulp_distance
+from .output_grid import off_grid
 
 __all__ = ["Verdict", "PASSING", "BAD", "JUDGED", "Judgement", "judge", "judged_against", "rounded_interval",
            "reference_declaration",
            "QUALITY_MEAN_RATIO", "QUALITY_MAX_RATIO", "Evidence", "decide", "decide_opaque", "degenerate_reference",
-           "failing_element", "sqnr_db"]
+           "failing_element", "require_output_grid", "sqnr_db"]
 
 
 class Verdict(str, enum.Enum):
@@ -471,6 +472,31 @@ def _tie_interval(inp, judged: Interval, declared: Declared):
     return wide.lo, wide.hi, ties_per_row
 
 
+def require_output_grid(j: Judgement, y) -> Judgement:
+    """``j`` made a failure naming the first element of ``y`` off ``j.judged.out_dtype``'s grid, if any: a kernel
+    that declares a 16-bit output but returns float32 values would otherwise pass every element whose judged
+    interval spans two grid values (conformance/output_grid.py; docs/conformance.md#verdicts)."""
+    judged = j.judged
+    y64 = np.asarray(y, np.float64)
+    if j.verdict is Verdict.FAIL or y64.shape != judged.y_exact.shape:
+        return j
+    bad = off_grid(y64, judged.out_dtype)
+    n = int(bad.sum())
+    if not n:
+        return j
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    metrics = dict(j.metrics, worst=list(idx))
+    metrics["worst_element"] = {"index": list(idx), "observed": float(y64[idx]), "expected": float(judged.y_exact[idx]),
+                                "lo": float(judged.lo[idx]), "hi": float(judged.hi[idx]),
+                                "reference": float(judged.y_ref[idx]),
+                                "ulp": ulp_distance(float(round_to(y64[idx], judged.out_dtype)),
+                                                    float(judged.y_ref[idx]), judged.out_dtype)}
+    reason = (f"{n} output element(s) are not values of the declared output dtype {judged.out_dtype} "
+              f"(off its grid: e.g. element {list(idx)} = {float(y64[idx])!r}; the kernel returns another "
+              "dtype's values or rounds to a wider format than it declares)")
+    return dataclasses.replace(j, verdict=Verdict.FAIL, reason=reason, metrics=metrics)
+
+
 def judged_against(inp, declared: Declared) -> Interval:
     """The interval ``judge`` takes for case ``inp`` under ``declared``: that of ``reference_declaration``."""
     return declared_interval(inp, reference_declaration(inp.case, declared))
@@ -487,9 +513,9 @@ def judge(inp, iv: Interval, y, declared: Declared) -> Judgement:
     ``arithmetic=opaque`` is judged by ``decide_opaque`` against the canonical interval.
     """
     if declared.arithmetic == "opaque":
-        return decide_opaque(y, iv, rounded_interval(iv, reference_declaration(inp.case, declared)),
-                             declared.sqnr_floor_db)
+        judged = rounded_interval(iv, reference_declaration(inp.case, declared))
+        return require_output_grid(decide_opaque(y, iv, judged, declared.sqnr_floor_db), y)
     judged = rounded_interval(iv, declared)
-    return decide(y, iv, judged, output_rounding=declared.output_rounding,
-                  alt=lambda: _alternative_rule(inp, y, declared, judged),
-                  tie=lambda: _tie_interval(inp, judged, declared))
+    return require_output_grid(decide(y, iv, judged, output_rounding=declared.output_rounding,
+                                      alt=lambda: _alternative_rule(inp, y, declared, judged),
+                                      tie=lambda: _tie_interval(inp, judged, declared)), y)

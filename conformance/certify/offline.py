@@ -15,7 +15,7 @@ __all__ = ["offline_verdict"]
 def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
     """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``): a ``Judgement``."""
     from ..acceptance import Interval
-    from ..verdict import decide
+    from ..verdict import decide, require_output_grid
 
     bound = np.array([1.0 if meta.get("bound_positive") else 0.0])
     loose = Interval(y_ref=d["y_ref"], y_exact=d["y_exact_proxy"], lo=d["lo"], hi=d["hi"], bound=bound,
@@ -26,7 +26,7 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
         from ..verdict import decide_opaque
 
         with np.errstate(all="ignore"):
-            return decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"]))
+            return require_output_grid(decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"])), d["y"])
     alt = None
     if "alo" in d:
         name = str(meta.get("alt"))
@@ -35,5 +35,5 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
         alt = lambda: (name, mine, d["alo"], d["ahi"])  # noqa: E731
     tie = (lambda: (d["tlo"], d["thi"], d["ties"])) if "tlo" in d else None
     with np.errstate(all="ignore"):
-        return decide(d["y"], loose, judged, output_rounding=declared.get("output_rounding") or "rne", alt=alt,
-                      tie=tie)
+        return require_output_grid(decide(d["y"], loose, judged, output_rounding=declared.get("output_rounding")
+                                          or "rne", alt=alt, tie=tie), d["y"])
