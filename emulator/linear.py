@@ -34,9 +34,9 @@ import numpy as np
 from .errors import FormatError, require
 from .activations import int8 as a8
 from .formats import mxfp4 as mx
-from .numerics.exact_sum import round_exact_products
-from .numerics.floats import round_float64_array, round_to_dtype
-from .numerics.rounding import Rounding, as_float64
+from .numerics import exact_sum, output_grid
+from .numerics.output_grid import gamma, round_output
+from .numerics.rounding import as_float64
 
 __all__ = [
     "LinearResult",
@@ -54,16 +54,7 @@ __all__ = [
     "linear_mxfp4_w4a4",
 ]
 
-_U64 = 2.0 ** -53
-OUT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def gamma(n: int, u: float = _U64) -> float:
-    """Higham's gamma_n = n u / (1 - n u): the relative bound of an n-term float sum."""
-    nu = n * u
-    if nu >= 1:
-        raise ValueError(f"gamma undefined for n={n}, u={u}")
-    return nu / (1.0 - nu)
+OUT_DTYPES = output_grid.OUT_DTYPES
 
 
 @dataclasses.dataclass
@@ -85,36 +76,6 @@ def dtype_name(x) -> str:
     if name not in OUT_DTYPES:
         raise FormatError(f"activations must be float32, float16 or bfloat16, got {name}", tensor="x")
     return name
-
-
-def _rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
-    """``round_to_dtype(v, out_dtype)`` (float64 out) by the float32 fast path (equal to it:
-    tests/emulator/test_fast_paths.py); NaN elements by ``round_to_dtype`` itself (its NaN payload rule)."""
-    v = np.asarray(v, dtype=np.float64)
-    if out_dtype not in OUT_DTYPES or v.ndim == 0:
-        return round_to_dtype(v, out_dtype, Rounding.RNE)
-    out = round_float64_array(v, out_dtype).astype(np.float64)
-    nan = np.isnan(v)
-    if nan.any():
-        out[nan] = round_to_dtype(v[nan], out_dtype, Rounding.RNE)
-    return out
-
-
-def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided.
-
-    The ends of [y - b, y + b] are rounded outward (one float64 step beyond ``y -+ b``): a bound below half a
-    float64 ulp of y makes ``y + b == y``, and where y is itself a midpoint of the output grid the element
-    would otherwise look decided while the exact value may lie on either side."""
-    y = _rne(y_exact, out_dtype)
-    if not np.any(y_bound):
-        return y, np.zeros(y.shape, dtype=bool)
-    pos = y_bound > 0
-    with np.errstate(invalid="ignore", over="ignore"):
-        lo = _rne(np.where(pos, np.nextafter(y_exact - y_bound, -np.inf), y_exact), out_dtype)
-        hi = _rne(np.where(pos, np.nextafter(y_exact + y_bound, np.inf), y_exact), out_dtype)
-    amb = (lo != hi) & np.isfinite(y_exact)
-    return y, amb
 
 
 def _bias64(bias, N: int) -> np.ndarray:
@@ -142,19 +103,46 @@ def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResu
                         acc=acc, parts=parts or {}, mag=mag)
 
 
-def _decide_exactly(res: LinearResult, products_at) -> LinearResult:
-    """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value: ``products_at(m, n)`` lists
-    the tuples of factor arrays whose summed products are that element's exact value (the path's own
-    definition; a bias is a 1-tuple), rounded once by ``round_exact_products``. Everywhere else the float64
-    bound already decided ``y``. Few elements (~1e-5 of them at K = 4096), each O(K)."""
-    if res.y_ambiguous.any():
-        for m, n in np.argwhere(res.y_ambiguous):
-            res.y[m, n] = round_exact_products(products_at(int(m), int(n)), res.out_dtype)
+#: bytes of float64 terms one vectorised decision pass holds at a time (a chunk of undecided elements)
+_DECIDE_BYTES = 32 << 20
+
+
+def _decide_exactly(res: LinearResult, groups_at) -> LinearResult:
+    """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value; everywhere else the float64
+    bound already decided ``y``. ``groups_at(ms, ns)`` lists, for the elements (ms[u], ns[u]), the tuples of
+    [U, L] factor arrays whose summed products are each element's exact value (the path's own definition; a
+    bias is a 1-tuple of [U, 1]).
+
+    All of them at once (docs/formats/activations.md#deciding-the-undecided-elements): the one rounding
+    boundary mu between the two output values the element's bounded interval straddles, and the sign of
+    (exact value - mu) from error-free transformations (emulator/numerics/exact_sum.py ``decide_rows``).
+    An element that proof cannot decide (operands outside TwoProduct's range, intervals spanning more than
+    one boundary, sums that do not distil) is rounded one at a time by ``round_exact_products``."""
+    amb = res.y_ambiguous
+    if not amb.any():
+        return res
+    ms, ns = np.nonzero(amb)
+    lo, hi, mu, ok = output_grid.boundary_between(res.y_exact[ms, ns], res.y_bound[ms, ns], res.out_dtype)
+    tie = output_grid.rne(np.where(ok, mu, 0.0), res.out_dtype)
+    val = np.full(ms.shape, np.nan)
+    todo = np.nonzero(ok)[0]
+    if todo.size:
+        width = sum(max(f.shape[1] for f in g) * (1 << (len(g) - 1)) * 2 for g in groups_at(ms[:1], ns[:1])) + 1
+        step = max(1, _DECIDE_BYTES // (8 * width))
+        for c0 in range(0, todo.size, step):
+            u = todo[c0:c0 + step]
+            sign, decided = exact_sum.decide_rows(lo[u], hi[u], mu[u], groups_at(ms[u], ns[u]))
+            v = np.where(sign < 0, lo[u], np.where(sign > 0, hi[u], tie[u]))
+            val[u[decided]] = v[decided]
+    for i in np.nonzero(np.isnan(val))[0]:  # the one-element path: Python's exact sums, or rationals
+        groups = groups_at(ms[i:i + 1], ns[i:i + 1])
+        val[i] = exact_sum.round_exact_products([tuple(f[0] for f in g) for g in groups], res.out_dtype)
+    res.y[ms, ns] = val
     return res
 
 
-def _bias_term(bias, b: np.ndarray, n: int) -> list:
-    return [] if bias is None else [(b[n:n + 1],)]
+def _bias_term(bias, b: np.ndarray, ns: np.ndarray) -> list:
+    return [] if bias is None else [(b[ns][:, None],)]
 
 
 def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
@@ -256,7 +244,7 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     else:
         y, bound = _add_bias(y, bound, b)
     return _decide_exactly(_finish(y, bound, out_dtype, mag=mag),
-                           lambda m, n: [(x64[m], w64[n])] + _bias_term(bias, b, n))
+                           lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
 
 
 #: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not
@@ -399,7 +387,8 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
-    return _decide_exactly(res, lambda m, n: [(acc[m, n:n + 1], sx[m:m + 1], ws[n:n + 1])] + _bias_term(bias, b, n))
+    return _decide_exactly(res, lambda ms, ns: [(acc[ms, ns][:, None], sx[ms][:, None], ws[ns][:, None])]
+                           + _bias_term(bias, b, ns))
 
 
 def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
@@ -437,8 +426,8 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
-    return _decide_exactly(res, lambda m, n: [(acc[m, :, n], ws[:, n], np.full(n_groups, sx[m]))]
-                           + _bias_term(bias, b, n))
+    return _decide_exactly(res, lambda ms, ns: [(acc[ms, :, ns], ws[:, ns].T, np.repeat(sx[ms][:, None], n_groups, 1))]
+                           + _bias_term(bias, b, ns))
 
 
 def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx.CANONICAL,
@@ -466,7 +455,7 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
     return _decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
-                           lambda m, n: [(xd[m], wd[n])] + _bias_term(bias, b, n))
+                           lambda ms, ns: [(xd[ms], wd[ns])] + _bias_term(bias, b, ns))
 
 
 def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 from .floats import round_to_dtype
 from .rounding import Rounding
 
-__all__ = ["two_product", "exact_terms", "product_terms", "round_exact_sum", "round_exact_products",
+__all__ = ["two_product", "two_sum", "sum_signs", "decide_rows", "exact_terms", "product_terms", "round_exact_sum", "round_exact_products",
            "exact_products_fraction", "round_fraction"]
 
 _SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's splitter for 53-bit significands
@@ -164,3 +164,126 @@ def round_fraction(f: Fraction, out_dtype: str) -> float:
     s = float(f)
     diff = f - Fraction(s)
     return _decide(s, (diff > 0) - (diff < 0), out_dtype)
+
+
+# --------------------------------------------------------------------------- vectorised: many elements at once
+#
+# The elements float64 leaves undecided are decided together (docs/formats/activations.md#deciding-the-
+# undecided-elements): every element's products split exactly into float64 terms (``two_product``, rows
+# outside its proved range are left to ``round_exact_products``), the rounding boundary mu between the two
+# output values its bounded interval straddles appended as the term -mu, and the sign of the exact sum of
+# each row's terms found by error-free distillation (``sum_signs``).
+
+
+def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(s, e) with s = fl(a + b) and a + b = s + e exactly (Knuth's TwoSum; float64, any magnitudes without
+    overflow: an addition that underflows is exact)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _distil(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(S [U], R [U, n']) with S + sum(R) == sum(t) exactly for each row of t [U, n]: a pairwise tree of
+    ``two_sum`` (S the tree's float64 sum, R every addition's error)."""
+    errs = []
+    while t.shape[1] > 1:
+        if t.shape[1] % 2:
+            t = np.concatenate([t, np.zeros((t.shape[0], 1))], axis=1)
+        s, e = two_sum(t[:, 0::2], t[:, 1::2])
+        errs.append(e)
+        t = s
+    r = np.concatenate(errs, axis=1) if errs else np.zeros((t.shape[0], 1))
+    return t[:, 0], r
+
+
+#: distillation passes before an element is left to the one-element path (each pass leaves errors about
+#: 2**-53 of the previous terms; random layers decide in the first)
+MAX_PASSES = 6
+
+
+def sum_signs(t: np.ndarray) -> np.ndarray:
+    """sign(sum_k t[u, k]) of the exact sum of each row (int8: -1, 0, 1), or 2 where MAX_PASSES did not
+    decide it (also rows holding a non-finite term, or whose distillation overflowed).
+
+    Each pass replaces a row's terms by S and R with the same exact sum (``_distil``). With r = fl(sum R)
+    and a = fl(sum |R|): |sum R - r| <= gamma_n sum |R| <= 2 gamma_n a (Higham, any summation order, n the
+    number of terms; additions that underflow are exact). So where |S| > 2 (|r| + 2 gamma_n a) (the factor
+    2 absorbs the rounding of that float64 expression), sum R cannot reach -S and the sign is S's; where
+    S == 0 and a == 0 every term is zero and so is the sum. Other rows are distilled again."""
+    from .output_grid import gamma
+
+    t = np.asarray(t, dtype=np.float64)
+    out = np.full(t.shape[0], 2, dtype=np.int8)
+    idx = np.arange(t.shape[0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = np.all(np.isfinite(t), axis=1)
+        t, idx = t[ok], idx[ok]
+        for _ in range(MAX_PASSES):
+            if idx.size == 0:
+                break
+            S, R = _distil(t)
+            a = np.abs(R).sum(axis=1)
+            r = R.sum(axis=1)
+            g = gamma(max(2, R.shape[1]))
+            margin = 2.0 * (np.abs(r) + 2.0 * g * a)
+            fin = np.isfinite(S) & np.isfinite(a) & np.isfinite(margin)
+            by_s = fin & (np.abs(S) > margin)
+            zero = fin & (S == 0) & (a == 0)
+            out[idx[by_s]] = np.sign(S[by_s]).astype(np.int8)
+            out[idx[zero]] = 0
+            more = fin & ~by_s & ~zero
+            t = np.concatenate([S[more, None], R[more]], axis=1)
+            idx = idx[more]
+    return out
+
+
+def _rows_in_range(a: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Rows where ``two_product(a, b)`` is proved exact (the conditions of ``exact_terms``, per row)."""
+    with np.errstate(invalid="ignore"):
+        ok = np.all(np.isfinite(a), axis=1) & np.all(np.isfinite(b), axis=1)
+        ok &= np.all(np.abs(a) < _MAX_OPERAND, axis=1) & np.all(np.abs(b) < _MAX_OPERAND, axis=1)
+        ok &= ~np.any((p != 0) & (np.abs(p) < _MIN_PRODUCT), axis=1)
+        ok &= ~np.any((p == 0) & (a != 0) & (b != 0), axis=1)  # a product that underflowed to zero
+    return ok
+
+
+def _rows_products(factors) -> tuple[np.ndarray, np.ndarray]:
+    """(terms [U, n], ok [U]): float64 terms whose exact row sums are sum_k prod_i factors[i][u, k] (one, two
+    or three [U, L] factor arrays), exact on the rows ``ok`` marks (``product_terms`` by rows)."""
+    fs = [np.asarray(f, dtype=np.float64) for f in factors]
+    if len(fs) == 1:
+        return fs[0], np.all(np.isfinite(fs[0]), axis=1)
+    if len(fs) > 3:
+        raise ValueError(f"product terms: {len(fs)} factors (at most 3)")
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        p, e = two_product(fs[0], fs[1])
+        ok = _rows_in_range(fs[0], fs[1], p)
+        if len(fs) == 2:
+            return (np.concatenate([p, e], axis=1) if np.any(e) else p), ok
+        c = fs[2]  # (p + e) * c = p * c + e * c, each split again
+        p1, e1 = two_product(p, c)
+        p2, e2 = two_product(e, c)
+        ok &= _rows_in_range(p, c, p1) & _rows_in_range(e, c, p2)
+    return np.concatenate([p1, e1, p2, e2], axis=1), ok
+
+
+def decide_rows(lo: np.ndarray, hi: np.ndarray, mu: np.ndarray, groups) -> tuple[np.ndarray, np.ndarray]:
+    """(sign, decided) for U elements whose exact value v (the sum over ``groups``, each a tuple of 1-3 [U, L]
+    factor arrays: v[u] = sum over groups of sum_k prod_i f_i[u, k]) lies between ``lo`` and ``hi``, adjacent
+    output values with the one rounding boundary ``mu`` between them (output_grid.boundary_between):
+    sign(v - mu) (int8), so v rounds to lo where it is -1, to hi where +1 and to rne(mu) where 0;
+    ``decided`` False where the proof did not hold (operands outside ``two_product``'s range, a sum
+    ``sum_signs`` left undecided): the caller decides those one at a time."""
+    U = lo.shape[0]
+    parts, ok = [], np.ones(U, dtype=bool)
+    for factors in groups:
+        t, good = _rows_products(factors)
+        parts.append(t)
+        ok &= good
+    parts.append(-np.asarray(mu, dtype=np.float64).reshape(U, 1))
+    terms = np.concatenate(parts, axis=1)
+    sign = np.full(U, 2, dtype=np.int8)
+    if ok.any():
+        sign[ok] = sum_signs(terms[ok])
+    return sign, sign != 2
