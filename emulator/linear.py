@@ -122,23 +122,42 @@ def _decide_exactly(res: LinearResult, groups_at) -> LinearResult:
     if not amb.any():
         return res
     ms, ns = np.nonzero(amb)
-    lo, hi, mu, ok = output_grid.boundary_between(res.y_exact[ms, ns], res.y_bound[ms, ns], res.out_dtype)
-    tie = output_grid.rne(np.where(ok, mu, 0.0), res.out_dtype)
     val = np.full(ms.shape, np.nan)
+    _decide_between(val, res.y_exact[ms, ns], res.y_bound[ms, ns], res.out_dtype, ms, ns, groups_at, refine=True)
+    for i in np.nonzero(np.isnan(val))[0]:  # the one-element path: Python's exact sums, or rationals
+        groups = groups_at(ms[i:i + 1], ns[i:i + 1])
+        val[i] = exact_sum.round_exact_products([tuple(f[0] for f in g) for g in groups], res.out_dtype)
+    res.y[ms, ns] = val
+    return res
+
+
+def _decide_between(val, s, b, out_dtype, ms, ns, groups_at, *, refine: bool) -> None:
+    """Fill ``val`` (NaN: not yet decided) for the elements (ms, ns) whose exact value lies in s +- b: by the sign
+    of (exact value - the one rounding boundary in that interval); where the interval holds more than one
+    boundary (a sum that cancels), first narrow it by ``exact_sum.refined_values`` (``refine``)."""
+    lo, hi, mu, ok = output_grid.boundary_between(s, b, out_dtype)
+    tie = output_grid.rne(np.where(ok, mu, 0.0), out_dtype)
     todo = np.nonzero(ok)[0]
     if todo.size:
-        width = sum(max(f.shape[1] for f in g) * (1 << (len(g) - 1)) * 2 for g in groups_at(ms[:1], ns[:1])) + 1
+        g1 = groups_at(ms[:1], ns[:1])
+        width = sum(max(f.shape[1] for f in g) * (1 << (len(g) - 1)) * 2 for g in g1) + 1
         step = max(1, _DECIDE_BYTES // (8 * width))
         for c0 in range(0, todo.size, step):
             u = todo[c0:c0 + step]
             sign, decided = exact_sum.decide_rows(lo[u], hi[u], mu[u], groups_at(ms[u], ns[u]))
             v = np.where(sign < 0, lo[u], np.where(sign > 0, hi[u], tie[u]))
             val[u[decided]] = v[decided]
-    for i in np.nonzero(np.isnan(val))[0]:  # the one-element path: Python's exact sums, or rationals
-        groups = groups_at(ms[i:i + 1], ns[i:i + 1])
-        val[i] = exact_sum.round_exact_products([tuple(f[0] for f in g) for g in groups], res.out_dtype)
-    res.y[ms, ns] = val
-    return res
+    wide = np.nonzero(~ok & np.isfinite(s) & np.isfinite(b))[0]
+    if refine and wide.size:
+        s2, b2, good = exact_sum.refined_values(groups_at(ms[wide], ns[wide]))
+        wide, s2, b2 = wide[good], s2[good], b2[good]
+        y2, amb2 = output_grid.round_output(s2, b2, out_dtype)
+        val[wide[~amb2]] = y2[~amb2]  # the narrowed interval decides these by itself
+        sub = np.full(int(amb2.sum()), np.nan)
+        w2 = wide[amb2]
+        if w2.size:
+            _decide_between(sub, s2[amb2], b2[amb2], out_dtype, ms[w2], ns[w2], groups_at, refine=False)
+            val[w2] = sub
 
 
 def _bias_term(bias, b: np.ndarray, ns: np.ndarray) -> list:
@@ -222,10 +241,15 @@ def _check_x(x, K: int) -> np.ndarray:
     return x64
 
 
-def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult:
+def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes: bool = False) -> LinearResult:
     """A16 with dequantized weights w [N, K] (W4A16, W8A16, MXFP4 W4A16): x @ w^T + bias.
 
     ``w`` is the exact dequantized weight (float32 or float64 values).
+
+    ``fp32_magnitudes`` (speed; float32 ``w`` only): sum_k |x w| is taken from a float32 GEMM, raised to a
+    rigorous upper bound (``_fp32_magnitudes``), instead of a second float64 GEMM. ``y`` is the same (every
+    element the bound leaves undecided is decided from its exact value); ``y_ambiguous`` may mark a few more
+    elements and ``mag`` is that upper bound.
     """
     out_dtype = out_dtype or dtype_name(x)
     w_in = np.asarray(w)
@@ -236,7 +260,9 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     b = _bias64(bias, N)
     with np.errstate(invalid="ignore", over="ignore"):
         y = x64 @ w64.T
-        mag = np.abs(x64) @ np.abs(w64).T
+        mag = _fp32_magnitudes(x64, w_in) if fp32_magnitudes and w_in.dtype == np.float32 else None
+        if mag is None:
+            mag = np.abs(x64) @ np.abs(w64).T
     # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
     bound = np.where(exact_in_float64(x64, w_in if w_in.dtype == np.float32 else w64, mag), 0.0, gamma(K) * mag)
     if bias is None:
@@ -245,6 +271,24 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
         y, bound = _add_bias(y, bound, b)
     return _decide_exactly(_finish(y, bound, out_dtype, mag=mag),
                            lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
+
+
+def _fp32_magnitudes(x64: np.ndarray, w32: np.ndarray) -> np.ndarray | None:
+    """An upper bound of sum_k |x[m, k] w[n, k]| (float64 [M, N]) from one float32 GEMM, or None where x is not
+    float32-valued or the float32 GEMM overflows.
+
+    The terms are non-negative, so the float32 result c32 of any summation order (blocked, with or without
+    FMA) satisfies c <= c32 / (1 - gamma_K(2**-24)) plus, for products that underflow, at most 2**-150 each
+    (additions of subnormals are exact): c <= (c32 + K 2**-149) / (1 - gamma_K(2**-24)). The float64
+    evaluation of that expression rounds at most four times; the factor 1 + 2**-40 covers it."""
+    x32 = x64.astype(np.float32)
+    if not np.array_equal(x32, x64):
+        return None
+    K = x64.shape[1]
+    c32 = np.abs(x32) @ np.abs(w32).T
+    if not np.all(np.isfinite(c32)):
+        return None
+    return (c32.astype(np.float64) + K * 2.0 ** -149) * ((1.0 + 2.0 ** -40) / (1.0 - gamma(K, 2.0 ** -24)))
 
 
 #: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not

@@ -32,8 +32,8 @@ import numpy as np
 
 from emulator import linear as lin
 from emulator.checkpoint import LayerInfo
-from emulator.errors import FormatError
-from emulator.layers import dequantize_layer, linear_layer
+from emulator.errors import FormatError, UnsupportedFormatError
+from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
 from emulator.tensorfile import Tensor
 
 __all__ = ["row_slicer", "reference", "exact_by_rows", "validate_by_rows", "block_rows", "BYTES_PER_WEIGHT", "BYTES_PER_OUTPUT",
@@ -134,10 +134,20 @@ def row_slicer(info: LayerInfo, tensors: dict[str, Tensor]):
 
 
 def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str) -> lin.LinearResult:
-    """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert."""
+    """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert.
+
+    A16 layers bound their float64 error from a float32 magnitude GEMM (``linear_w16(fp32_magnitudes=True)``):
+    the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py), one float64 GEMM fewer."""
     if len(info.shape) == 3:
         w = dequantize_layer(src, info)[0]
-        return lin.linear_w16(x32, w, None, out_dtype=dtype)
+        return lin.linear_w16(x32, w, None, out_dtype=dtype, fp32_magnitudes=True)
+    try:
+        a16 = declared_activation(info) == "a16"
+    except UnsupportedFormatError:
+        a16 = False  # linear_layer says why
+    if a16:
+        w = dequantize_layer(src, info)  # validates every tensor and the bias, as linear_layer does
+        return lin.linear_w16(x32, w, layer_bias(src, info), out_dtype=dtype, fp32_magnitudes=True)
     return linear_layer(src, info, x32, out_dtype=dtype)
 
 

@@ -248,6 +248,11 @@ def _rows_in_range(a: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
     return ok
 
 
+def _float32_valued(a: np.ndarray) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.all(np.isfinite(a))) and np.array_equal(a.astype(np.float32), a)
+
+
 def _rows_products(factors) -> tuple[np.ndarray, np.ndarray]:
     """(terms [U, n], ok [U]): float64 terms whose exact row sums are sum_k prod_i factors[i][u, k] (one, two
     or three [U, L] factor arrays), exact on the rows ``ok`` marks (``product_terms`` by rows)."""
@@ -257,6 +262,10 @@ def _rows_products(factors) -> tuple[np.ndarray, np.ndarray]:
     if len(fs) > 3:
         raise ValueError(f"product terms: {len(fs)} factors (at most 3)")
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        if len(fs) == 2 and _float32_valued(fs[0]) and _float32_valued(fs[1]):
+            # two float32 values: the product of two 24-bit significands is a float64 (48 bits, |p| between
+            # 2**-298 and 2**256 when nonzero), so fl(a * b) is exact and TwoProduct's error term zero
+            return fs[0] * fs[1], np.ones(fs[0].shape[0], dtype=bool)
         p, e = two_product(fs[0], fs[1])
         ok = _rows_in_range(fs[0], fs[1], p)
         if len(fs) == 2:
@@ -287,3 +296,29 @@ def decide_rows(lo: np.ndarray, hi: np.ndarray, mu: np.ndarray, groups) -> tuple
     if ok.any():
         sign[ok] = sum_signs(terms[ok])
     return sign, sign != 2
+
+
+def refined_values(groups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(s, b, ok) with |v - s| <= b for each element's exact value v (the sum over ``groups``, as in
+    ``decide_rows``), b about one float64 rounding of v: for elements whose first float64 interval spans
+    several output values (a sum that cancels). One distillation: v = S + sum R exactly, r = fl(sum R),
+    a = fl(sum |R|); s = fl(S + r); |v - s| <= 2 gamma_n a + u |s| (1 + u), raised by 1 + 2**-40 for the
+    float64 evaluation of the bound itself. ``ok`` False where the terms are outside ``two_product``'s range
+    or not finite."""
+    from .output_grid import U64, gamma
+
+    parts, ok = [], None
+    for factors in groups:
+        t, good = _rows_products(factors)
+        parts.append(t)
+        ok = good if ok is None else ok & good
+    terms = np.concatenate(parts, axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok &= np.all(np.isfinite(terms), axis=1)
+        S, R = _distil(np.where(ok[:, None], terms, 0.0))
+        r = R.sum(axis=1)
+        a = np.abs(R).sum(axis=1)
+        s = S + r
+        b = (2.0 * gamma(max(2, R.shape[1])) * a + 2.0 * U64 * np.abs(s)) * (1.0 + 2.0 ** -40)
+        ok &= np.isfinite(s) & np.isfinite(b)
+    return s, b, ok

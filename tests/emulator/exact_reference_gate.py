@@ -36,7 +36,7 @@ def _x(key: str, m: int, k: int, dtype: str) -> np.ndarray:
     return x.astype(_DT[dtype])
 
 
-def _checkpoint_cases():
+def _checkpoint_cases(fp32_magnitudes: bool = False):
     from emulator.checkpoint import open_checkpoint
     from emulator.layers import dequantize_layer, linear_layer
     from emulator.linear import linear_w16
@@ -51,7 +51,8 @@ def _checkpoint_cases():
                 key = f"{rel}|{info.name}|e0|a16|float32"
                 x = _x(key, 6, K, "float32")
                 yield key, (lambda ck=ck, info=info, x=x: linear_w16(x, dequantize_layer(ck, info)[0], None,
-                                                                     out_dtype="float32"))
+                                                                     out_dtype="float32",
+                                                                     fp32_magnitudes=fp32_magnitudes))
                 continue
             # Quark's dynamic int8 observer is no emulator variant: its layers run the canonical int8 one
             declared = "int8" if info.format == "quark-int" and info.activation else None
@@ -66,7 +67,7 @@ def _checkpoint_cases():
                 yield key, (lambda ck=ck, info=info, x=x, act=act: linear_layer(ck, info, x, act=act))
 
 
-def _synthetic_cases():
+def _synthetic_cases(fp32_magnitudes: bool = False):
     from emulator.formats import mxfp4 as mx
     from emulator.linear import linear_mxfp4_w4a4, linear_w4a8, linear_w8a8, linear_w16
 
@@ -75,7 +76,7 @@ def _synthetic_cases():
         w = (r.standard_normal((n, k)) * 0.02).astype(np.float32)
         x = _x(key, m, k, dtype)
         b = (r.standard_normal(n) * 0.1).astype(np.float32) if bias else None
-        return linear_w16(x, w, b, out_dtype=dtype)
+        return linear_w16(x, w, b, out_dtype=dtype, fp32_magnitudes=fp32_magnitudes)
 
     def w8a8(key, m, n, k, dtype):
         r = _rng(key)
@@ -108,10 +109,11 @@ def _synthetic_cases():
         yield key, (lambda fn=fn, key=key: fn(key))
 
 
-def cases():
-    """(key, thunk returning a LinearResult) for every case of the gate, in a fixed order."""
-    yield from _checkpoint_cases()
-    yield from _synthetic_cases()
+def cases(fp32_magnitudes: bool = False):
+    """(key, thunk returning a LinearResult) for every case of the gate, in a fixed order; ``fp32_magnitudes``
+    passed to the direct ``linear_w16`` calls (the stored outputs are those of the default)."""
+    yield from _checkpoint_cases(fp32_magnitudes)
+    yield from _synthetic_cases(fp32_magnitudes)
 
 
 def write(path: Path = GOLDEN) -> dict:

@@ -292,3 +292,26 @@ def test_three_factor_path_decides_exact_ties(dtype, no_one_element_path):
             for n in range(3)]
     assert list(r.y[0]) == want
     assert want[0] > want[1] == want[2]  # up, down, and the tie to the even (lower) neighbour
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.sampled_from([1.0, 1e-20, 1e-38, 1e20]), st.integers(0, 2 ** 31))
+def test_fp32_magnitudes_bound_the_exact_magnitudes(K, scale, seed):
+    """linear._fp32_magnitudes is >= sum_k |x w| (exact: math.fsum of float64 products of float32 values, which
+    are exact), also where float32 products underflow (scale 1e-38 / 1e-20 squared)."""
+    import math
+
+    from emulator.linear import _fp32_magnitudes
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((3, K)) * scale).astype(np.float32)
+    w = (rng.standard_normal((4, K)) * scale).astype(np.float32)
+    got = _fp32_magnitudes(x.astype(np.float64), w)
+    if got is None:
+        assert not np.all(np.isfinite(np.abs(x) @ np.abs(w).T))
+        return
+    for m in range(3):
+        for n in range(4):
+            exact = math.fsum(abs(float(a) * float(b)) for a, b in zip(x[m], w[n]))
+            assert got[m, n] >= exact
+            assert got[m, n] <= exact * 1.01 + K * 2.0 ** -140

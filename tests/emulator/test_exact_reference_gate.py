@@ -33,3 +33,14 @@ def test_exact_reference_is_unchanged(key, run):
     assert np.array_equal(got, want.astype(np.float64), equal_nan=True), (
         f"{key}: {int(np.sum(got != want))} elements differ from the stored exact reference")
     assert np.array_equal(r.y_ambiguous, _STORED[key + "|ambiguous"].astype(bool)), key
+
+
+_W16 = [(k, run) for k, run in cases(fp32_magnitudes=True) if "|e0|" in k or "|w16" in k]
+
+
+@pytest.mark.parametrize("key,run", _W16, ids=[k for k, _ in _W16])
+def test_fp32_magnitudes_give_the_same_outputs(key, run):
+    """``linear_w16(..., fp32_magnitudes=True)`` (the bound from a float32 GEMM raised to an upper bound, what
+    the fallback's exact reference uses) returns the stored outputs bit for bit (regression gate)."""
+    r = run()
+    assert np.array_equal(np.asarray(r.y, np.float64), _STORED[key + "|y"].astype(np.float64), equal_nan=True), key
