@@ -247,7 +247,7 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
     ``w`` is the exact dequantized weight (float32 or float64 values).
 
     ``fp32_magnitudes`` (speed; float32 ``w`` only): sum_k |x w| is taken from a float32 GEMM, raised to a
-    rigorous upper bound (``_fp32_magnitudes``), instead of a second float64 GEMM. ``y`` is the same (every
+    rigorous upper bound (``magnitudes_upper_bound_fp32``), instead of a second float64 GEMM. ``y`` is the same (every
     element the bound leaves undecided is decided from its exact value); ``y_ambiguous`` may mark a few more
     elements and ``mag`` is that upper bound.
     """
@@ -260,7 +260,7 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
     b = _bias64(bias, N)
     with np.errstate(invalid="ignore", over="ignore"):
         y = x64 @ w64.T
-        mag = _fp32_magnitudes(x64, w_in) if fp32_magnitudes and w_in.dtype == np.float32 else None
+        mag = magnitudes_upper_bound_fp32(x64, w_in) if fp32_magnitudes and w_in.dtype == np.float32 else None
         if mag is None:
             mag = np.abs(x64) @ np.abs(w64).T
     # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
@@ -273,7 +273,7 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
                            lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
 
 
-def _fp32_magnitudes(x64: np.ndarray, w32: np.ndarray) -> np.ndarray | None:
+def magnitudes_upper_bound_fp32(x64: np.ndarray, w32: np.ndarray) -> np.ndarray | None:
     """An upper bound of sum_k |x[m, k] w[n, k]| (float64 [M, N]) from one float32 GEMM, or None where x is not
     float32-valued or the float32 GEMM overflows.
 

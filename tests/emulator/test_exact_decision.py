@@ -296,17 +296,17 @@ def test_three_factor_path_decides_exact_ties(dtype, no_one_element_path):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 300), st.sampled_from([1.0, 1e-20, 1e-38, 1e20]), st.integers(0, 2 ** 31))
-def test_fp32_magnitudes_bound_the_exact_magnitudes(K, scale, seed):
-    """linear._fp32_magnitudes is >= sum_k |x w| (exact: math.fsum of float64 products of float32 values, which
+def testmagnitudes_upper_bound_fp32_bound_the_exact_magnitudes(K, scale, seed):
+    """linear.magnitudes_upper_bound_fp32 is >= sum_k |x w| (exact: math.fsum of float64 products of float32 values, which
     are exact), also where float32 products underflow (scale 1e-38 / 1e-20 squared)."""
     import math
 
-    from emulator.linear import _fp32_magnitudes
+    from emulator.linear import magnitudes_upper_bound_fp32
 
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((3, K)) * scale).astype(np.float32)
     w = (rng.standard_normal((4, K)) * scale).astype(np.float32)
-    got = _fp32_magnitudes(x.astype(np.float64), w)
+    got = magnitudes_upper_bound_fp32(x.astype(np.float64), w)
     if got is None:
         assert not np.all(np.isfinite(np.abs(x) @ np.abs(w).T))
         return
