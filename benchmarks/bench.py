@@ -191,9 +191,9 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
     if scheme == "w8a8":
         # the exact int32 accumulator alone against the float64 dgemm it replaced, on the same int8 codes
         # (issue #12: faster than a dgemm and >= 2x faster than the dgemm accumulator): NumPy's float32
-        # sgemm over K-chunks (emulator.linear.ExactIntMatmul) and, where torch is installed, the engine
+        # sgemm over K-chunks (emulator.fast_linear.ExactIntMatmul) and, where torch is installed, the engine
         # the fallback op uses
-        from emulator.linear import ExactIntMatmul
+        from emulator.fast_linear import ExactIntMatmul
 
         mm = ExactIntMatmul(b.astype(np.int8), a_max=128)
         a32 = a.astype(np.float32)
@@ -215,7 +215,7 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
             t_acc, t_dgemm = _best_pair(lambda: eng(a32), lambda: a @ b.T, repeat, 0.4)
             engine = "torch int8 GEMM (torch._int_mm), qconform_torch/int_kernels.py"
         else:
-            t_acc, engine = t_np, "float32 sgemm over K-chunks (emulator.linear.ExactIntMatmul)"
+            t_acc, engine = t_np, "float32 sgemm over K-chunks (emulator.fast_linear.ExactIntMatmul)"
         rec.update({"acc_seconds": t_acc, "acc_engine": engine, "acc_dgemm_seconds": t_dgemm,
                     "acc_speedup": t_dgemm / t_acc, "acc_target": ">= 2 (and > 1: faster than a float64 dgemm)",
                     "acc_missed": t_dgemm / t_acc < 2})

@@ -133,11 +133,12 @@ def row_slicer(info: LayerInfo, tensors: dict[str, Tensor]):
     return mult, take
 
 
-def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str) -> lin.LinearResult:
+def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None) -> lin.LinearResult:
     """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert.
 
     A16 layers bound their float64 error from a float32 magnitude GEMM (``linear_w16(fp32_magnitudes=True)``):
-    the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py), one float64 GEMM fewer."""
+    the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py), one float64 GEMM fewer.
+    ``int_engine``: the W8A8 exact accumulator's engine (emulator/fast_linear.py; speed only)."""
     if len(info.shape) == 3:
         w = dequantize_layer(src, info)[0]
         return lin.linear_w16(x32, w, None, out_dtype=dtype, fp32_magnitudes=True)
@@ -148,7 +149,7 @@ def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str) -> lin.LinearRe
     if a16:
         w = dequantize_layer(src, info)  # validates every tensor and the bias, as linear_layer does
         return lin.linear_w16(x32, w, layer_bias(src, info), out_dtype=dtype, fp32_magnitudes=True)
-    return linear_layer(src, info, x32, out_dtype=dtype)
+    return linear_layer(src, info, x32, out_dtype=dtype, int_engine=int_engine)
 
 
 def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
@@ -159,7 +160,8 @@ def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
     return min(N, max(mult, rows))
 
 
-def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_bytes: int) -> tuple[np.ndarray, dict]:
+def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_bytes: int,
+                  int_engine=None) -> tuple[np.ndarray, dict]:
     """(y as float32 holding values of ``dtype``, stats) of the canonical reference, computed by row blocks
     whose working set stays within max(``budget_bytes``, MIN_BLOCK_BYTES) where the layout allows.
 
@@ -172,7 +174,7 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
     sl = row_slicer(info, tensors)
     rows = N if sl is None else block_rows(N, K, M, budget_bytes, sl[0])
     if rows >= N:
-        res = reference(src, info, x32, dtype)
+        res = reference(src, info, x32, dtype, int_engine)
         at = [(int(m), int(n)) for m, n in np.argwhere(res.y_ambiguous)]
         return np.asarray(res.y, np.float32), {"blocks": 1, "rows": N, "ambiguous": len(at), "ambiguous_at": at}
     take = sl[1]
@@ -182,7 +184,7 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
         for n0 in range(0, N, rows):
             n1 = min(N, n0 + rows)
             sub, by_role = take(n0, n1)
-            res = reference(BlockTensors(sub, by_role), sub, x32, dtype)
+            res = reference(BlockTensors(sub, by_role), sub, x32, dtype, int_engine)
             y[:, n0:n1] = res.y
             if res.y_ambiguous.any():
                 at += [(int(m), int(n) + n0) for m, n in np.argwhere(res.y_ambiguous)]

@@ -43,12 +43,11 @@ from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
-from emulator.linear import exact_int_engine
 from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
-from .int_kernels import torch_int8_engine
+from .int_kernels import fastest_int_engine
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
@@ -381,8 +380,9 @@ def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor])
 
 def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
     """The canonical reference (``qconform linear``; a [1, N, K] layer is one stacked expert), by row blocks
-    whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py)."""
-    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget)
+    whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py); W8A8's exact
+    accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
+    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=fastest_int_engine)
     with _CACHE._lock:
         _CACHE.exact_calls += 1
         _CACHE.exact_blocked += st["blocks"] > 1
@@ -392,9 +392,8 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
 
 def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
     """The op's CPU computation, as a float32 NumPy array holding values of x's dtype. Exact integer
-    accumulators (W8A8) run on torch's int8 GEMM where it covers them (qconform_torch/int_kernels.py)."""
-    with exact_int_engine(torch_int8_engine):
-        return _run_layer(x, weights, spec, backend)
+    accumulators (W8A8) run on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
+    return _run_layer(x, weights, spec, backend)
 
 
 def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
@@ -484,6 +483,7 @@ def _run_prepared(b, case, src, info: LayerInfo, weights, spec: str, x32: np.nda
         tensors = case_tensors(src, info, case)
         if b.name == "emulator":  # one backend instance per cached layer: it holds that layer's fp32 weight
             b = create(b.label)
+            b.int_engine = fastest_int_engine  # its W8A8 accumulator: the faster exact engine here
         prepared = (b, b.prepare(case, tensors), list(weights))
         _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
     kernel, prep, _ = prepared
