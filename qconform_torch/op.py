@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 
 import numpy as np
 import torch
