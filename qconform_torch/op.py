@@ -376,7 +376,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
     bias = layer_bias(src, info)
     if isinstance(b, _Timed):
         b = _fastest(b, case, src, info, weights, spec, x32, bias)
-    if b.name == "emulator" and not b.params and b._fast(case):
+    if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
         key = _prepared_key(spec, b, case, weights)
         if not _CACHE.admits(key, _prepared_bytes_estimate(case, weights)):
             # not kept (over the budget, or the cache holds layers requested as often): dequantize row blocks
