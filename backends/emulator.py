@@ -164,7 +164,7 @@ class EmulatorBackend(Backend):
         """Canonical W8A8 (docs/formats/activations.md) with NumPy's IEEE fp32 ops, exact int sums (sgemm over K-chunks).
 
         fl32(amax / 127), fl32(x / scale) and np.rint (RNE) are exactly the canonical steps; every
-        chunk of <= 1024 int8 x int8 products sums exactly in fp32 (emulator.linear.ExactIntMatmul).
+        chunk of <= 1024 int8 x int8 products sums exactly in fp32 (emulator.fast_linear.ExactIntMatmul).
         The conformance suite checks this path against the exact reference on every case.
         """
         case = prepared.case
