@@ -198,9 +198,12 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
     N, K = w64.shape
     x64 = _check_x(x, K)
     b = _bias64(bias, N)
+    fast = fp32_magnitudes and w_in.dtype == np.float32
     with np.errstate(invalid="ignore", over="ignore"):
-        y = x64 @ w64.T
-        mag = magnitudes_upper_bound_fp32(x64, w_in) if fp32_magnitudes and w_in.dtype == np.float32 else None
+        # speed: y^T = w @ x^T measured faster in OpenBLAS here for M >= 16 (docs/performance.md); a fresh [K, M]
+        # x^T (a transposed view of a [1, K] x keeps a K-stride on its unit axis, which leaves BLAS)
+        y = _t_matmul(w64, x64) if fast else x64 @ w64.T
+        mag = magnitudes_upper_bound_fp32(x64, w_in) if fast else None
         if mag is None:
             mag = np.abs(x64) @ np.abs(w64).T
     # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
@@ -211,6 +214,13 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
         y, bound = _add_bias(y, bound, b)
     return _decide_exactly(_finish(y, bound, out_dtype, mag=mag),
                            lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
+
+
+def _t_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ w^T computed as (w @ x^T)^T, C-contiguous [M, N] (a float sum in another order: callers bound it)."""
+    xt = np.empty((x.shape[1], x.shape[0]), dtype=x.dtype)
+    xt[...] = x.T
+    return np.ascontiguousarray((w @ xt).T)
 
 
 def magnitudes_upper_bound_fp32(x64: np.ndarray, w32: np.ndarray) -> np.ndarray | None:
@@ -225,7 +235,7 @@ def magnitudes_upper_bound_fp32(x64: np.ndarray, w32: np.ndarray) -> np.ndarray 
     if not np.array_equal(x32, x64):
         return None
     K = x64.shape[1]
-    c32 = np.abs(x32) @ np.abs(w32).T
+    c32 = _t_matmul(np.abs(w32), np.abs(x32))
     if not np.all(np.isfinite(c32)):
         return None
     return (c32.astype(np.float64) + K * 2.0 ** -149) * ((1.0 + 2.0 ** -40) / (1.0 - gamma(K, 2.0 ** -24)))
