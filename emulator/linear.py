@@ -131,6 +131,9 @@ def _decide_between(val, s, b, out_dtype, ms, ns, groups_at, *, refine: bool) ->
     of (exact value - the one rounding boundary in that interval); where the interval holds more than one
     boundary (a sum that cancels), first narrow it by ``exact_sum.refined_values`` (``refine``)."""
     lo, hi, mu, ok = output_grid.boundary_between(s, b, out_dtype)
+    # a zero neighbour: the sign of a zero result is the exact value's, which the sign of (v - mu) does not
+    # give (|v| below the output dtype's smallest subnormal): left to the one-element path
+    ok &= (lo != 0) & (hi != 0)
     tie = output_grid.rne(np.where(ok, mu, 0.0), out_dtype)
     todo = np.nonzero(ok)[0]
     if todo.size:
@@ -147,7 +150,8 @@ def _decide_between(val, s, b, out_dtype, ms, ns, groups_at, *, refine: bool) ->
         s2, b2, good = exact_sum.refined_values(groups_at(ms[wide], ns[wide]))
         wide, s2, b2 = wide[good], s2[good], b2[good]
         y2, amb2 = output_grid.round_output(s2, b2, out_dtype)
-        val[wide[~amb2]] = y2[~amb2]  # the narrowed interval decides these by itself
+        done = ~amb2 & (y2 != 0)  # a zero's sign is the exact value's: the one-element path decides those
+        val[wide[done]] = y2[done]  # the narrowed interval decides these by itself
         sub = np.full(int(amb2.sum()), np.nan)
         w2 = wide[amb2]
         if w2.size:

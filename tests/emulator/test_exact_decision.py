@@ -315,3 +315,15 @@ def testmagnitudes_upper_bound_fp32_bound_the_exact_magnitudes(K, scale, seed):
             exact = math.fsum(abs(float(a) * float(b)) for a, b in zip(x[m], w[n]))
             assert got[m, n] >= exact
             assert got[m, n] <= exact * 1.01 + K * 2.0 ** -140
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_results_next_to_zero_keep_the_exact_values_sign(sign):
+    """Exact values on either side of the float16 midpoint between 0 and its smallest subnormal (2**-25), plus
+    or minus a tail float64 cannot see: the ones rounding to zero must be zeros of the exact value's sign."""
+    x = np.array([[1.0, 1.0, 1.0]], np.float32)
+    w = np.array([[sign * 2.0 ** -25, sign * t, 0.0] for t in (2.0 ** -80, -(2.0 ** -80))], np.float32)
+    r = linear_w16(x, w, out_dtype="float16")
+    for n in range(2):
+        want = oracle_round(_frac_dot(x[0], w[n]), "float16")
+        assert r.y[0, n] == want and np.signbit(r.y[0, n]) == np.signbit(want), (n, r.y[0, n], want)
