@@ -2,7 +2,7 @@
 
 Semantics: docs/conformance.md#golden-tensors.
 
-``conformance/golden_data/`` (package data: it ships with ``pip install .``) holds one safetensors file per case (inputs + the canonical
+``golden/`` (package data: it ships with ``pip install .``) holds one safetensors file per case (inputs + the canonical
 reference ``y_ref``/``y_exact``) and ``MANIFEST.json`` (sha256 of each file,
 the case spec that generated it, the emulator version, the oracle that
 cross-checked it). ``qconform golden regenerate`` rewrites them byte for byte;

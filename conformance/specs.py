@@ -78,12 +78,12 @@ class CaseSpec:
 
 
 def golden_dir() -> Path:
-    """QCONFORM_GOLDEN_DIR, else the package's own golden_data/ (found through importlib.resources, so an
+    """QCONFORM_GOLDEN_DIR, else the top-level data package ``golden/`` (found through importlib.resources, so an
     installed copy and an editable checkout read the same files). Never a folder relative to the cwd:
     a missing golden set is an error (``golden_specs``), not fewer cases."""
     if os.environ.get("QCONFORM_GOLDEN_DIR"):
         return Path(os.environ["QCONFORM_GOLDEN_DIR"])
-    return Path(str(resources.files("conformance").joinpath("golden_data")))
+    return Path(str(resources.files("golden")))
 
 
 GOLDEN_DIR = golden_dir()

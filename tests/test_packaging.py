@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPS = ("emulator", "backends", "conformance", "benchmarks", "qconform_torch")
+TOPS = ("emulator", "backends", "conformance", "benchmarks", "qconform_torch", "golden")
 
 
 def test_every_package_is_listed_in_pyproject():

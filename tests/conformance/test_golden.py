@@ -17,9 +17,20 @@ def test_committed_golden_files_verify():
                        "q-uint8-tensor", "q-mxfp4"}
 
 
+def _data_files(folder) -> list[str]:
+    """The golden data of a folder: its safetensors files and the manifest (not the package's __init__.py)."""
+    return sorted(p.name for p in folder.iterdir() if p.suffix == ".safetensors" or p.name == golden.MANIFEST)
+
+
+def test_golden_package_holds_only_data_and_its_docstring():
+    """golden/ is a data package: anything else in it (a stray file, a module) would ship unchecked."""
+    names = {p.name for p in golden.GOLDEN_DIR.iterdir()} - {"__pycache__"}
+    assert names - set(_data_files(golden.GOLDEN_DIR)) == {"__init__.py"}
+
+
 def test_regenerate_reproduces_every_byte(tmp_path):
     golden.regenerate(tmp_path)
-    committed = sorted(p.name for p in golden.GOLDEN_DIR.iterdir())
+    committed = _data_files(golden.GOLDEN_DIR)
     fresh = sorted(p.name for p in tmp_path.iterdir())
     assert committed == fresh
     for name in committed:
@@ -87,10 +98,10 @@ def test_golden_folder_is_the_package_data_found_through_importlib_resources():
     env = {k: v for k, v in os.environ.items() if k != "QCONFORM_GOLDEN_DIR"}
     env["PYTHONPATH"] = str(root)
     code = ("from importlib import resources; from conformance import golden; "
-            "print(golden.GOLDEN_DIR); print(resources.files('conformance').joinpath('golden_data'))")
+            "print(golden.GOLDEN_DIR); print(resources.files('golden'))")
     r = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=120)
     lines = r.stdout.split()
-    assert r.returncode == 0 and lines[0] == lines[1] == str(root / "conformance" / "golden_data"), r.stderr
+    assert r.returncode == 0 and lines[0] == lines[1] == str(root / "golden"), r.stderr
 
 
 def test_pyproject_package_data_lists_every_golden_file():
@@ -100,9 +111,9 @@ def test_pyproject_package_data_lists_every_golden_file():
 
     root = Path(__file__).resolve().parents[2]
     conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "conformance" in conf["packages"]
-    globs = conf["package-data"]["conformance"]
-    files = sorted(p.relative_to(root / "conformance").as_posix() for p in golden.GOLDEN_DIR.iterdir())
+    assert "golden" in conf["packages"]
+    globs = conf["package-data"]["golden"]
+    files = _data_files(golden.GOLDEN_DIR)
     assert len(files) == len(golden.golden_specs()) + 1  # + MANIFEST.json
     assert [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)] == []
 
@@ -125,8 +136,8 @@ def test_wheel_carries_the_golden_tensors(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     whl = next((tmp_path / "dist").glob("qconform-*.whl"))
     with zipfile.ZipFile(whl) as z:
-        for p in golden.GOLDEN_DIR.iterdir():
-            assert z.read(f"conformance/golden_data/{p.name}") == p.read_bytes(), p.name
+        for name in _data_files(golden.GOLDEN_DIR):
+            assert z.read(f"golden/{name}") == (golden.GOLDEN_DIR / name).read_bytes(), name
 
 
 def test_missing_golden_set_is_an_error_not_fewer_cases(tmp_path):
@@ -145,3 +156,45 @@ def test_missing_golden_set_is_an_error_not_fewer_cases(tmp_path):
     assert not (tmp_path / "o" / "results.jsonl").exists()
     with pytest.raises(Exception, match="golden tensors not found"):
         golden.golden_specs(tmp_path)
+
+
+@pytest.mark.slow
+def test_non_editable_install_judges_the_golden_tier_from_another_folder(tmp_path):
+    """A wheel installed into a fresh venv (no checkout on its path), run from an unrelated folder: the golden tier
+    is found as package data of the top-level ``golden`` package and judged, not skipped or shrunk."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import venv
+    from pathlib import Path
+
+    pytest.importorskip("wheel")
+    root = Path(__file__).resolve().parents[2]
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "build", "dist", "__pycache__",
+                                                              ".tox", ".venv", "qconform-out", "tests"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    whl = next((tmp_path / "dist").glob("qconform-*.whl"))
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(whl)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "QCONFORM_GOLDEN_DIR")}
+    r = subprocess.run([str(py), "-c", "import conformance, golden; print(conformance.__file__); print(golden.__file__)"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and all(line.startswith(str(env_dir)) for line in r.stdout.split()), r.stdout + r.stderr
+    r = subprocess.run([str(py), "-m", "conformance.cli", "run", "--backend", "emulator", "--scheme", "w4a16",
+                        "--tier", "golden", "--out", str(work / "out"), "-j", "1"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = [json.loads(line) for line in (work / "out" / "results.jsonl").read_text().splitlines() if line]
+    judged = [x for x in results if x.get("kind") == "result" and x.get("tier") == "golden" and x["verdict"] == "pass"]
+    expected = [s for s in golden.golden_specs() if s.case.scheme == "w4a16"]
+    assert expected and len(judged) == len(expected), r.stdout[-3000:]
