@@ -15,7 +15,7 @@ Each function returns a ``LinearResult``:
 - ``y_ambiguous``: elements where y_exact +- y_bound straddles a rounding
   boundary of the output dtype, so float64 alone cannot say which neighbour the
   exact value rounds to; ``y`` there is decided from the exact value
-  (``_decide_exactly``, emulator/numerics/exact_sum.py), so ``y`` is the exact
+  (``decide_exactly``, emulator/numerics/exact_sum.py), so ``y`` is the exact
   result rounded once at every element, whatever the float64 evaluation order.
 - ``acc``: the exact integer accumulator for int paths ([M, N], or
   [M, n_groups, N] for W4A8).
@@ -38,6 +38,7 @@ from .numerics.output_grid import gamma, round_output
 from .numerics.rounding import as_float64
 
 __all__ = [
+    "decide_exactly",
     "LinearResult",
     "gamma",
     "round_output",
@@ -102,7 +103,7 @@ def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResu
 _DECIDE_BYTES = 32 << 20
 
 
-def _decide_exactly(res: LinearResult, groups_at) -> LinearResult:
+def decide_exactly(res: LinearResult, groups_at) -> LinearResult:
     """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value; everywhere else the float64
     bound already decided ``y``. ``groups_at(ms, ns)`` lists, for the elements (ms[u], ns[u]), the tuples of
     [U, L] factor arrays whose summed products are each element's exact value (the path's own definition; a
@@ -222,7 +223,7 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
         y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
     else:
         y, bound = _add_bias(y, bound, b)
-    return _decide_exactly(_finish(y, bound, out_dtype, mag=mag),
+    return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
                            lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
 
 
@@ -280,7 +281,7 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
-    return _decide_exactly(res, lambda ms, ns: [(acc[ms, ns][:, None], sx[ms][:, None], ws[ns][:, None])]
+    return decide_exactly(res, lambda ms, ns: [(acc[ms, ns][:, None], sx[ms][:, None], ws[ns][:, None])]
                            + _bias_term(bias, b, ns))
 
 
@@ -319,7 +320,7 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
-    return _decide_exactly(res, lambda ms, ns: [(acc[ms, :, ns], ws[:, ns].T, np.repeat(sx[ms][:, None], n_groups, 1))]
+    return decide_exactly(res, lambda ms, ns: [(acc[ms, :, ns], ws[:, ns].T, np.repeat(sx[ms][:, None], n_groups, 1))]
                            + _bias_term(bias, b, ns))
 
 
@@ -347,7 +348,7 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     bound = np.where(np.isnan(bound), 0.0, bound)
     y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
-    return _decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
+    return decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
                            lambda ms, ns: [(xd[ms], wd[ns])] + _bias_term(bias, b, ns))
 
 

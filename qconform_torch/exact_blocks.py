@@ -16,7 +16,7 @@ sum differently from the dgemm of the whole layer (measured: tens of percent of 
 random 512-row layer differ in their last bits between the two). Both are within the rigorous bound of
 the exact sum, so the rounded outputs agree wherever the bound decides the rounding; where it straddles
 a rounding boundary (``y_ambiguous``, which ``exact_by_rows`` counts as ``ambiguous``) the reference
-decides the element from its exact value (emulator/linear.py ``_decide_exactly``). So the result is
+decides the element from its exact value (emulator/linear.py ``decide_exactly``). So the result is
 ``qconform linear``'s bit for bit at every element: the exact sum rounded once.
 
 Layouts not sliced here (Quark int, unknown tensor roles, a tensor whose row axis has another length

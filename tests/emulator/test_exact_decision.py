@@ -1,5 +1,5 @@
 """The reference decides the elements its float64 bound leaves undecided from their exact value
-(emulator/numerics/exact_sum.py, emulator/linear.py ``_decide_exactly``).
+(emulator/numerics/exact_sum.py, emulator/linear.py ``decide_exactly``).
 
 Oracles, independent of the code under test: Python's ``fractions.Fraction`` for the exact sums and
 products, and rounding to the output dtype by brute force (the two neighbours of the value in that dtype,
