@@ -223,8 +223,12 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes
         y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
     else:
         y, bound = _add_bias(y, bound, b)
+    if fast:  # float32 factors: their products are exact float64s (exact_sum._rows_products)
+        x32 = x64.astype(np.float32)
+        return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
+                              lambda ms, ns: [(x32[ms], w_in[ns])] + _bias_term(bias, b, ns))
     return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
-                           lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
+                          lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
 
 
 def _t_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:

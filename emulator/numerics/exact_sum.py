@@ -197,22 +197,27 @@ def _distil(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return t[:, 0], r
 
 
-#: distillation passes before an element is left to the one-element path (each pass leaves errors about
-#: 2**-53 of the previous terms; random layers decide in the first)
-MAX_PASSES = 6
+#: extraction passes before an element is left to the one-element path (each pass leaves terms at most
+#: 2**-53 n of the previous largest; random layers decide in the first)
+MAX_PASSES = 40
+_EPS = 2.0 ** -53
 
 
 def sum_signs(t: np.ndarray) -> np.ndarray:
     """sign(sum_k t[u, k]) of the exact sum of each row (int8: -1, 0, 1), or 2 where MAX_PASSES did not
-    decide it (also rows holding a non-finite term, or whose distillation overflowed).
+    decide it (also rows holding a non-finite term, and rows whose magnitudes leave float64's normal range).
 
-    Each pass replaces a row's terms by S and R with the same exact sum (``_distil``). With r = fl(sum R)
-    and a = fl(sum |R|): |sum R - r| <= gamma_n sum |R| <= 2 gamma_n a (Higham, any summation order, n the
-    number of terms; additions that underflow are exact). So where |S| > 2 (|r| + 2 gamma_n a) (the factor
-    2 absorbs the rounding of that float64 expression), sum R cannot reach -S and the sign is S's; where
-    S == 0 and a == 0 every term is zero and so is the sum. Other rows are distilled again."""
-    from .output_grid import gamma
-
+    Each pass splits every term exactly at one power of two per row (Rump, Ogita and Oishi, "Accurate
+    floating-point summation part I: faithful rounding", SIAM J. Sci. Comput. 31(1), 2008, Lemma 3.2,
+    ExtractScalar): with mu = max |t_k|, 2**e > mu and sigma = 2**(M + e), 2**M >= n + 2, each
+    q_k = fl(fl(sigma + t_k) - sigma) and r_k = fl(t_k - q_k) satisfy q_k + r_k = t_k exactly, q_k a multiple of
+    eps sigma (eps = 2**-53) and |r_k| <= eps sigma. Every partial sum of the q_k is then a multiple of
+    eps sigma below sigma in magnitude, so tau = fl(sum q_k) is exact in any order. The exact sum is
+    tau + sum r_k with |sum r_k| <= n eps sigma: where |tau| exceeds that (an exact comparison: powers of
+    two times integers), the sign is tau's; where tau and every r_k are zero, the sum is zero; other rows
+    continue with the terms (tau, r_1, ..., r_n). A row whose eps sigma would fall below float64's normal
+    range (the lemma's condition) is first scaled by 2**600 (exact: its terms are all below 2**-900); one
+    whose sigma would overflow (terms near 2**1000) is refused (2)."""
     t = np.asarray(t, dtype=np.float64)
     out = np.full(t.shape[0], 2, dtype=np.int8)
     idx = np.arange(t.shape[0])
@@ -222,19 +227,33 @@ def sum_signs(t: np.ndarray) -> np.ndarray:
         for _ in range(MAX_PASSES):
             if idx.size == 0:
                 break
-            S, R = _distil(t)
-            a = np.abs(R).sum(axis=1)
-            r = R.sum(axis=1)
-            g = gamma(max(2, R.shape[1]))
-            margin = 2.0 * (np.abs(r) + 2.0 * g * a)
-            fin = np.isfinite(S) & np.isfinite(a) & np.isfinite(margin)
-            by_s = fin & (np.abs(S) > margin)
-            zero = fin & (S == 0) & (a == 0)
-            out[idx[by_s]] = np.sign(S[by_s]).astype(np.int8)
+            n = t.shape[1]
+            M = int(np.ceil(np.log2(n + 2)))
+            mu = np.maximum(t.max(axis=1), -t.min(axis=1))
+            zero = mu == 0
             out[idx[zero]] = 0
-            more = fin & ~by_s & ~zero
-            t = np.concatenate([S[more, None], R[more]], axis=1)
-            idx = idx[more]
+            e = np.frexp(mu)[1].astype(np.int64)  # mu < 2**e (mu = f 2**e, f in [0.5, 1))
+            tiny = ~zero & (e + M - 53 < -1022)
+            if tiny.any():  # scaled by 2**600: exact for every float64 of such a row, the sign unchanged
+                t[tiny] *= 2.0 ** 600
+                e[tiny] += 600
+            k = e + M
+            fit = ~zero & (k <= 1023) & (k - 53 >= -1022)
+            t, idx, k = t[fit], idx[fit], k[fit]
+            sigma = np.ldexp(1.0, k)[:, None]
+            q = sigma + t
+            q -= sigma
+            tau = q.sum(axis=1)
+            room = n * np.ldexp(_EPS, k)  # n eps sigma: exact (an integer times a power of two)
+            by_tau = np.abs(tau) > room
+            out[idx[by_tau]] = np.sign(tau[by_tau]).astype(np.int8)
+            rest = ~by_tau
+            r = t[rest] - q[rest]  # the low parts, only for the rows that continue
+            tau, idx = tau[rest], idx[rest]
+            zero = (tau == 0) & ~np.any(r, axis=1)
+            out[idx[zero]] = 0
+            t = np.concatenate([tau[~zero, None], r[~zero]], axis=1)
+            idx = idx[~zero]
     return out
 
 
@@ -256,7 +275,12 @@ def _float32_valued(a: np.ndarray) -> bool:
 def _rows_products(factors) -> tuple[np.ndarray, np.ndarray]:
     """(terms [U, n], ok [U]): float64 terms whose exact row sums are sum_k prod_i factors[i][u, k] (one, two
     or three [U, L] factor arrays), exact on the rows ``ok`` marks (``product_terms`` by rows)."""
-    fs = [np.asarray(f, dtype=np.float64) for f in factors]
+    raw = [np.asarray(f) for f in factors]
+    if len(raw) == 2 and raw[0].dtype == np.float32 and raw[1].dtype == np.float32:
+        # two float32 values: the product of two 24-bit significands is a float64 (48 bits, |p| between
+        # 2**-298 and 2**256 when nonzero): fl(a * b) is exact; non-finite rows are left to sum_signs
+        return raw[0].astype(np.float64) * raw[1], np.ones(raw[0].shape[0], dtype=bool)
+    fs = [np.asarray(f, dtype=np.float64) for f in raw]
     if len(fs) == 1:
         return fs[0], np.all(np.isfinite(fs[0]), axis=1)
     if len(fs) > 3:
