@@ -172,7 +172,7 @@ def round_fraction(f: Fraction, out_dtype: str) -> float:
 # undecided-elements): every element's products split exactly into float64 terms (``two_product``, rows
 # outside its proved range are left to ``round_exact_products``), the rounding boundary mu between the two
 # output values its bounded interval straddles appended as the term -mu, and the sign of the exact sum of
-# each row's terms found by error-free distillation (``sum_signs``).
+# each row's terms found by exact extraction (``sum_signs``).
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
