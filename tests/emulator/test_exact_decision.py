@@ -327,3 +327,20 @@ def test_results_next_to_zero_keep_the_exact_values_sign(sign):
     for n in range(2):
         want = oracle_round(_frac_dot(x[0], w[n]), "float16")
         assert r.y[0, n] == want and np.signbit(r.y[0, n]) == np.signbit(want), (n, r.y[0, n], want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(1, 300), st.sampled_from([0.0, 1.0, -1.0]))
+def test_sum_signs_over_wide_exponent_ranges(seed, n, residual_sign):
+    """Rows of n terms spanning 2**-300..2**300 that cancel exactly, plus a residual far below the largest term
+    (2**-500 times a sign, or nothing): several extraction passes, against the rational sum's sign."""
+    from emulator.numerics.exact_sum import sum_signs
+
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-300, 300, n))
+    row = np.concatenate([v, -v[rng.permutation(n)], [residual_sign * 2.0 ** -500]])
+    rows = np.stack([row, row[rng.permutation(row.size)]])
+    got = sum_signs(rows)
+    for r, g in zip(rows, got):
+        f = _frac_row(r)
+        assert g == (f > 0) - (f < 0)
