@@ -97,6 +97,8 @@ __all__ = [
     "params_scales",
     "ArkLayout",
     "host_cpu",
+    "s8_matmul_path",
+    "onednn_isa_cap",
     "gemm_core",
     "unpack_gptq_qweight",
     "unpack_gptq_qzeros",
@@ -183,6 +185,62 @@ def gemm_core(cdt: str, wbits: int, group: int, asym: bool, host: HostCpu | None
 
 _CORE_COMPUTE = {"avx2": "float32", "avx512f": "float32", "amx_bf16": "bfloat16", "amx_fp16": "float16",
                  "amx_int8": "int8", "avx512_vnni": "int8", "avx_vnni": "int8"}
+
+
+# -- woqgemm_s8: which oneDNN int8 matmul the library's oneDNN build reaches ----------------------
+#: oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA; DNNL_MAX_CPU_ISA is the older name), honoured by ARK's oneDNN
+ONEDNN_ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+_ONEDNN_ISA_RANK = {"sse41": 1, "avx": 2, "avx2": 3, "avx2_vnni": 4, "avx2_vnni_2": 5, "avx512_core": 6,
+                    "avx512_core_vnni": 7, "avx512_core_bf16": 8, "avx512_core_fp16": 9, "avx10_1_512": 9,
+                    "avx512_core_amx": 10, "avx10_1_512_amx": 10, "avx512_core_amx_fp16": 11,
+                    "avx10_1_512_amx_fp16": 11}
+#: woqgemm_s8 on a host whose oneDNN has no VNNI int8 matmul (AVX2-only, AVX-512 without VNNI, or an ISA cap
+#: below it): oneDNN's gemm:jit s8s8 path shifts the activations to u8 (+128, compensated afterwards) and
+#: multiplies with vpmaddubsw, whose int16 pair sums saturate. Measured (ONEDNN_MAX_CPU_ISA=AVX2 on a Zen 5,
+#: the AVX2-only Zen 3 of issue 22): the accumulator is exactly sum_j sat16((x[2j]+128) w[2j] + (x[2j+1]+128)
+#: w[2j+1]) - 128 sum_k w[k] for K <= 256. docs/backends/ark.md#woqgemm_s8-by-isa.
+S8_NO_VNNI_SATURATION = ("KNOWN KERNEL DEFECT (docs/backends/ark.md#woqgemm_s8-by-isa): woqgemm_s8 without a VNNI "
+                         "int8 matmul (oneDNN gemm:jit, AVX2 / AVX-512 without VNNI) saturates vpmaddubsw's int16 "
+                         "pair sums of (x+128)*w: wrong answers (thousands of ulps) for ordinary inputs")
+#: woqgemm_s8 on an AMX-INT8 host: the library's oneDNN AMX matmul JIT throws Xbyak "not supported" for all
+#: but tiny problems (RuntimeError with one thread, SIGABRT with more). docs/backends/ark.md.
+S8_AMX_XBYAK = ("KNOWN KERNEL DEFECT (docs/backends/ark.md#intel-host-with-amx-measured): woqgemm_s8's oneDNN AMX "
+                "matmul raises Xbyak 'not supported' (RuntimeError, or SIGABRT from a worker thread)")
+#: the oneDNN int8 matmul woqgemm_s8 reaches: path -> the defect it has (None: exact int32 accumulation)
+S8_PATH_DEFECT = {"amx": S8_AMX_XBYAK, "avx512_vnni": None, "avx2_vnni": None, "no_vnni": S8_NO_VNNI_SATURATION}
+
+
+def onednn_isa_cap(environ=None) -> int | None:
+    """The rank of oneDNN's ISA cap from the environment (None: no cap, or ALL/DEFAULT/unknown)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    for key in ONEDNN_ISA_ENV:
+        val = env.get(key, "").strip().lower()
+        if val:
+            return _ONEDNN_ISA_RANK.get(val)
+    return None
+
+
+def s8_matmul_path(host: HostCpu | None = None, environ=None) -> str:
+    """The oneDNN int8 matmul ``woqgemm_s8`` reaches on ``host`` under oneDNN's ISA cap: ``amx``,
+    ``avx512_vnni``, ``avx2_vnni`` (brgemm with VNNI dot products: exact int32) or ``no_vnni`` (gemm:jit
+    with vpmaddubsw: int16 pair saturation). Read from CPU flags, never assumed (tests/backends/test_ark.py
+    checks it against ONEDNN_VERBOSE's implementation name)."""
+    f = (host or host_cpu()).flags
+    cap = onednn_isa_cap(environ)
+
+    def allowed(isa: str) -> bool:
+        return cap is None or cap >= _ONEDNN_ISA_RANK[isa]
+
+    avx512_core = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= f
+    if avx512_core and {"amx_int8", "amx_tile"} <= f and allowed("avx512_core_amx"):
+        return "amx"
+    if avx512_core and "avx512_vnni" in f and allowed("avx512_core_vnni"):
+        return "avx512_vnni"
+    if "avx_vnni" in f and allowed("avx2_vnni"):
+        return "avx2_vnni"
+    return "no_vnni"
 
 
 # -- the backend --------------------------------------------------------------------------------
@@ -354,9 +412,17 @@ class ArkBackend(Backend):
         return yes()
 
     # -- 3. declared
+    def known_defect(self, case: Case) -> str | None:
+        """woqgemm_s8 (W8A8) by this host's oneDNN int8 path (S8_PATH_DEFECT): saturating without VNNI, Xbyak
+        errors on AMX; exact on the VNNI brgemm paths."""
+        if case.scheme == "w8a8":
+            return S8_PATH_DEFECT[s8_matmul_path()]
+        return None
+
     def declared(self, case: Case) -> Declared:
         out = case.output_dtype
         if case.scheme == "w8a8":
+            defect = self.known_defect(case)
             return Declared(
                 variants={"act_rounding": "rne", "reciprocal": "recip_scale", "act_scale_dtype": "float32",
                           "qmin": -128, "qmax": 127, "zero_row": "zero", "act_granularity": "per_tensor",
@@ -365,7 +431,8 @@ class ArkBackend(Backend):
                 notes="woqgemm_s8: dynamic per-TENSOR int8 (one amax over all rows, act_granularity=per_tensor); "
                       "scale = fl32(amax * fl32(1/127)) (act_scale_formula=recip_mul); oneDNN reorder with a dst "
                       "scale (x * fl32(1/scale), RNE, saturating); s8s8 matmul, int32 accumulation, fp32 scaling "
-                      "and bias; output fp32 then RNE to the activation dtype")
+                      "and bias; output fp32 then RNE to the activation dtype"
+                      + (f"; oneDNN int8 path here: {s8_matmul_path()}; {defect}" if defect else ""))
         variants: dict = {}
         notes = []
         if case.weight_format in ("gptq", "awq") and self.engine == "vllm" and case.act_dtype != "float32":

@@ -1,10 +1,11 @@
-"""The dispatcher as a backend: ``auto`` runs each case on the backend ``registry.select`` picks for it.
+"""The dispatcher as a backend: ``auto`` runs each case on the backend its ``Dispatcher`` picks for it.
 
 Semantics: docs/backends.md#dispatcher.
 
 ``qconform run --backend auto`` judges what a user of the dispatcher gets on this host: every case
 goes to the highest-priority available backend that can implement it, declares no semantic deviation
-for it and has no known defect for it, else to the emulator. The declaration judged is the chosen
+for it and has no known defect for it, else to the emulator (backends/dispatch.py, the
+declaration-and-priority policy: the suite asks before it has an input to time on). The declaration judged is the chosen
 backend's own (its notes name the choice), so a rounding-level variant is reported with its measured
 distance from the canonical reference, as for any backend.
 
@@ -26,7 +27,7 @@ __all__ = ["AutoBackend"]
 
 class AutoBackend(Backend):
     name = "auto"
-    covers = "the dispatcher (backends/registry.py select): the best backend for each case on this host"
+    covers = "the dispatcher (backends/dispatch.py Dispatcher): the best backend for each case on this host"
     priority = -1000  # never a candidate of the dispatcher itself
 
     def __init__(self, **params: str):
@@ -43,19 +44,16 @@ class AutoBackend(Backend):
 
             for c in self.candidates:  # unknown names or parameters: an error now, not 'skipped' later
                 create(c)
-        self._selected: dict[str, object] = {}
+        from .registry import dispatcher
+
+        self.dispatcher = dispatcher(candidates=self.candidates, allow_opaque=self.allow_opaque)
 
     def availability(self) -> Availability:
         return Availability(True, "always available (the emulator is the fallback)", emulator_version, "cpu")
 
     def select(self, case: Case):
-        """The registry's Selection for ``case`` (cached per case)."""
-        from .registry import select
-
-        key = repr(case)
-        if key not in self._selected:
-            self._selected[key] = select(case, self.candidates, allow_opaque=self.allow_opaque)
-        return self._selected[key]
+        """The dispatcher's Choice for ``case`` (its contenders kept per case)."""
+        return self.dispatcher.choose(case)
 
     def can_implement(self, case: Case) -> Support:
         sel = self.select(case)

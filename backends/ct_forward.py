@@ -89,8 +89,10 @@ class CompressedTensorsBackend(QuantizeOnlyBackend):
         if case.scheme == "q-mxfp4":
             # calculate_qparams -> generate_mx_scales: amax rounded to E2M1's mantissa width, then floor(log2):
             # the EVEN rule; a -0 element comes back as +0 (torch's E2M1 rounding in quantize); an amax that EVEN
-            # rounds past 2**127 becomes the scale 2**128 = +Inf, byte 0xFF (a NaN block)
-            v.update(mx_scale_rule="even", e2m1_zero_sign="positive", mx_scale_overflow="nan")
+            # rounds past 2**127 becomes the scale 2**128 = +Inf, byte 0xFF (a NaN block); x / scale is a torch op in
+            # x's dtype, so a quotient that underflows there is -0, then +0 (mx_quotient_dtype=input)
+            v.update(mx_scale_rule="even", e2m1_zero_sign="positive", mx_scale_overflow="nan",
+                     mx_quotient_dtype="input")
         return Declared(variants=v, output=case.output_dtype, notes=f"compressed-tensors {_state()[0][1]} forward")
 
     def _args(self, case: Case):

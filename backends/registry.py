@@ -9,25 +9,22 @@ register through the entry-point group ``qconform.backends``:
     [project.entry-points."qconform.backends"]
     mykernel = "mypkg.backend:MyKernelBackend"
 
-The dispatcher ``select(case)`` returns the available backend with the highest
-priority that can implement the case, else the emulator, and logs why it
+``select(case)`` asks the dispatcher (backends/dispatch.py ``Dispatcher``) once: the available
+backend with the highest priority that may take the case, else the emulator; it logs why it
 skipped each other backend.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 from importlib import metadata
 
-from emulator.variants import Level
-
 from .base import Availability, Backend, Case
+from .dispatch import INT8_PRODUCT_MAX, Dispatcher, Policy, dispatch_refusal, refusal
+from .dispatch import Choice as Selection
 
 __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "parse_spec", "registered", "create", "select", "Selection", "refusal",
-           "dispatch_refusal"]
-
-log = logging.getLogger("qconform.dispatch")
+           "dispatch_refusal", "INT8_PRODUCT_MAX", "dispatcher"]
 
 ENTRY_POINT_GROUP = "qconform.backends"
 
@@ -149,96 +146,21 @@ def create(spec: str) -> Backend:
     return cls(**params)
 
 
-class Selection:
-    """The dispatcher's answer: the chosen backend and why each other one was skipped."""
-
-    def __init__(self, backend: Backend, skipped: list[tuple[str, str]]):
-        self.backend = backend
-        self.skipped = skipped
-
-    def __repr__(self) -> str:
-        return f"Selection({self.backend.label}, skipped={self.skipped})"
-
-
-#: the largest |activation code x weight code| of an int8 W8A8 product: asymmetric activations (q - zp) span
-#: up to 255 in magnitude, int8 weights 128
-INT8_PRODUCT_MAX = 255 * 128
-
-
-def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None) -> str | None:
-    """Why the dispatcher must not route ``case`` to ``backend`` although it can implement it.
-
-    - a declared *semantic deviation* (emulator/variants.py levels: other weights, zero points, scales,
-      activation scheme or granularity than the checkpoint defines, e.g. ARK through vLLM reading v1 GPTQ
-      zero points without the +1, or per-tensor activations where the checkpoint is per-token): the suite
-      certifies such a backend against its own declaration, but its answer is not the checkpoint's;
-    - an int32 accumulator whose partial sums can wrap at this K (the declared interval assumes exact sums);
-    - a kernel defect the adapter knows for this case (``Backend.known_defect``);
-    - no declaration at all.
-    """
-    try:
-        declared = backend.declared(case)
-    except Exception as e:  # a backend that cannot say what it computes is not selected
-        return f"no declaration ({type(e).__name__}: {e})"
-    if declared.arithmetic == "opaque" and not allow_opaque:
-        return (f"opaque arithmetic (judged by SQNR >= {declared.sqnr_floor_db:g} dB only, not by a declared "
-                "interval): not dispatched unless opted in (select(..., allow_opaque=True), auto:opaque=allow)")
-    semantic = [str(d) for d in declared.deviations(case, tensors) if d.level is Level.SEMANTIC]
-    if semantic:
-        return (f"declares {', '.join(semantic)}: a semantic deviation (it would compute other numbers than the "
-                "checkpoint defines)")
-    if declared.accumulate == "int32" and case.K * INT8_PRODUCT_MAX >= 2 ** 31:
-        return (f"its int32 accumulator can wrap at K = {case.K} (|product| up to {INT8_PRODUCT_MAX}: K must stay "
-                f"below {2 ** 31 // INT8_PRODUCT_MAX + 1} for every sum to fit)")
-    defect = backend.known_defect(case)
-    if defect:
-        return f"known kernel defect for this case: {defect}"
-    return None
-
-
-def dispatch_refusal(backend: Backend, case: Case, allow_opaque: bool = False,
-                     tensors: dict | None = None) -> str | None:
-    """Why the dispatcher must not route ``case`` to ``backend``: unavailable here, cannot implement it, or
-    ``refusal``; None where it may (``select``, and qconform_torch's certified dispatch on top of it)."""
-    av = backend.availability()
-    if not av.available:
-        return f"unavailable: {av.reason}"
-    sup = backend.can_implement(case)
-    if not sup.ok:
-        return f"cannot implement {case.describe()}: {sup.reason}"
-    return refusal(backend, case, allow_opaque, tensors)
-
-
 def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: bool = False,
            tensors: dict | None = None) -> Selection:
-    """Best available backend for ``case`` by priority; the emulator when nothing else can.
+    """Best available backend for ``case`` by declaration and priority; the emulator when nothing else can.
 
+    A one-off question to a fresh ``Dispatcher`` (backends/dispatch.py) under its declaration-and-priority
+    policy: callers that ask repeatedly hold a Dispatcher instead (its instances and choices are kept).
     ``allow_opaque``: also consider backends declaring ``arithmetic=opaque`` (judged by SQNR only).
     ``tensors``: the layer's checkpoint tensors, for the levels that depend on them (a GPTQ reading
     that ignores qzeros is canonical only where every field is the symmetric midpoint); without them
     such a backend is skipped, the conservative choice."""
-    names = candidates if candidates is not None else list(registered())
-    backends = []
-    skipped: list[tuple[str, str]] = []
-    for spec in names:
-        try:
-            backends.append(create(spec))
-        except Exception as e:
-            skipped.append((spec, f"cannot be created: {e}"))
-    backends.sort(key=lambda b: -b.priority)
-    for b in backends:
-        if b.name in ("emulator", "auto"):  # the fallback comes last; "auto" is the dispatcher itself
-            continue
-        why_not = dispatch_refusal(b, case, allow_opaque, tensors)
-        if why_not:
-            skipped.append((b.label, why_not))
-            continue
-        for name, why in skipped:
-            log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)
-        log.info("dispatch %s: selected %s", case.describe(), b.label)
-        return Selection(b, skipped)
-    emu = next((b for b in backends if b.name == "emulator"), None) or create("emulator")
-    for name, why in skipped:
-        log.info("dispatch %s: skipped %s (%s)", case.describe(), name, why)
-    log.info("dispatch %s: falling back to the emulator", case.describe())
-    return Selection(emu, skipped)
+    return dispatcher(candidates=candidates, allow_opaque=allow_opaque).choose(case, tensors=tensors)
+
+
+def dispatcher(policy: Policy | None = None, **options) -> Dispatcher:
+    """A ``Dispatcher`` (backends/dispatch.py) over this registry's backends; ``options`` as its own."""
+    import sys
+
+    return Dispatcher(policy, registry=sys.modules[__name__], **options)

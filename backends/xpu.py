@@ -464,7 +464,10 @@ class XpuBackend(Backend):
                                   "every block's scale >= 2**-33 from eps 1e-10, NaN skipped by the amax); "
                                   "oneDNN fp4_gemm with e8m0 block scales, f32 accumulation")
         if case.scheme == "w4a16-moe":
-            return Declared(variants={"moe_renormalize": True}, weight_dtype=act, act_compute_dtype=None,
+            # weight_formation=float32_then_round: what the MoE reference formed for weight_dtype before the axis
+            # existed (the exact weights rounded once to act), kept unchanged
+            return Declared(variants={"moe_renormalize": True, "weight_formation": "float32_then_round"},
+                            weight_dtype=act, act_compute_dtype=None,
                             accumulate="float32", output=act,
                             notes="grouped GEMMs with int4 (uint4b8 -> s4) weights and %s scales; gate/up and "
                                   "expert outputs in %s; routing softmax/top-k/renormalize in fp32" % (act, act))

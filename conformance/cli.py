@@ -5,6 +5,7 @@ Commands (contract fixed by issue #2; more arrive with the suite):
 - ``qconform inspect CKPT [--json]``            every quantized layer and its format
 - ``qconform dequant CKPT --layer NAME -o OUT``   exact float32 weight as safetensors tensor ``weight``
 - ``qconform linear CKPT --layer NAME -i X -o Y`` reference y (x's dtype) and y_exact (float64)
+- ``qconform quantize -i X -o Q [--preset NAME]`` activations to codes, scales, zero points (quantize_cmd.py)
 - ``qconform run``                                the main job: conformance of every available backend
 - ``qconform selfcheck``                          the emulator end to end through checkpoint folders
 
@@ -42,6 +43,7 @@ def _cmd_inspect(args) -> int:
     if args.json:
         print(json.dumps({"checkpoint": str(ck.folder), "quant_method": ck.method,
                           "values_checked": not args.headers_only,
+                          "skipped_files": [{"file": f, "why": why} for f, why in ck.skipped_files],
                           "layers": [l.to_json() for l in layers]}, indent=2))
         return EXIT_OK
     cols = ["layer", "format", "shape", "bits", "group", "sym", "act_order", "zeros", "activation"]
@@ -53,6 +55,8 @@ def _cmd_inspect(args) -> int:
                      l.zero_convention or "-", act])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print(f"{ck.folder}  quant_method={ck.method}  layers={len(layers)}")
+    for f, why in ck.skipped_files:
+        print(f"skipped file: {f} ({why})")
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
@@ -62,7 +66,7 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_dequant(args) -> int:
     from emulator.checkpoint import Checkpoint
-    from emulator.layers import dequantize_layer
+    from emulator.layers import dequantize_layer, overflowing_weights
     from emulator.tensorfile import save_tensors
 
     ck = Checkpoint(args.checkpoint)
@@ -71,6 +75,11 @@ def _cmd_dequant(args) -> int:
     save_tensors(args.output, {"weight": np.ascontiguousarray(w, dtype=np.float32)},
                  metadata={"layer": info.name, "format": info.format, "producer": "qconform"})
     print(f"{info.name}: {info.format} {list(w.shape)} -> {args.output}")
+    n_inf = overflowing_weights(info, w)
+    if n_inf:
+        first = [int(i) for i in np.argwhere(np.isinf(w))[0]]
+        print(f"note: {n_inf} weight(s) exceed float32 (first at {first}): written as +-Inf, the RNE rounding of "
+              "the exact value, as ONNX DequantizeLinear and torch give (docs/formats/mxfp4.md#dequantization)")
     return EXIT_OK
 
 
@@ -89,30 +98,29 @@ def linear_variant_keys() -> list[str]:
     return [k for k, a in AXES.items() if not a.field or k in LINEAR_FIELDS]
 
 
-def _linear_variants(opts: list[str]):
-    """``--variant KEY=VALUE ...`` -> (the Declared they name, its int8 and MX activation quantizers, whether the
-    direct path applies them all).
+def _linear_variants(opts: list[str], preset: str | None = None):
+    """``--variant KEY=VALUE ...`` (and ``--preset NAME`` / ``--variant preset=NAME``) -> (the Declared they
+    name, its int8 and MX activation quantizers, whether the direct path applies them all).
 
-    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md). Activation
-    variants run on the direct path; weight, epilogue and field variants need the Case path.
+    Keys and values come from the variant vocabulary (emulator/variants.py, docs/variants.md); a preset is a
+    reference quantizer's whole declaration (emulator/reference_quantizers.py). Activation variants run on
+    the direct path; weight, epilogue and field variants need the Case path.
     """
     from emulator.declaration import Declared, int8_variant, mx_variant
-    from emulator.variants import axis
+    from emulator.variants import AXES
 
-    pairs, fields = {}, {}
+    from .quantize_cmd import parse_variant_options
+
     for o in opts or []:
-        if "=" not in o:
-            raise ValueError(f"--variant expects key=value, got {o!r}")
-        k, v = (t.strip() for t in o.split("=", 1))
-        a = axis(k)
-        if a.field and k not in LINEAR_FIELDS:
+        k = o.split("=", 1)[0].strip()
+        if k in AXES and AXES[k].field and k not in LINEAR_FIELDS:
             raise ValueError(f"--variant {k}: describes a kernel, not the reference; linear takes the fields "
                              f"{', '.join(LINEAR_FIELDS)} and the variants of docs/variants.md")
-        (fields if a.field else pairs)[k] = v
+    pairs, fields = parse_variant_options(opts, preset, linear_variant_keys(), "linear", LINEAR_FIELDS)
     if "act_compute_dtype" in fields and fields["act_compute_dtype"].lower() == "none":
         fields["act_compute_dtype"] = None
     decl = Declared(variants=pairs, **fields)
-    direct = not fields and all(axis(k).stage.value in LINEAR_STAGES for k in pairs)
+    direct = not fields and all(AXES[k].stage.value in LINEAR_STAGES for k in pairs)
     return decl, int8_variant(decl), mx_variant(decl), direct
 
 
@@ -136,9 +144,11 @@ def _cmd_linear(args) -> int:
         raise FormatError(f"{args.input}: tensor 'x' must be 2-D [M, K], got shape {list(x.shape)}")
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
-    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant)
+    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant, args.preset)
     if int8_variant.arith_dtype == "input":  # x travels as float32 here: name its own dtype
         int8_variant = dataclasses.replace(int8_variant, arith_dtype=dtype)
+    if mx_variant.quotient_dtype == "input":
+        mx_variant = dataclasses.replace(mx_variant, quotient_dtype=dtype)
     if args.backend:
         return _linear_backend(args, ck, info, x, dtype, decl)
     act = args.act or declared_activation(info)
@@ -281,10 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--act", choices=["a16", "int8", "mxfp4"], help="activation scheme (default: the checkpoint's)")
     s.add_argument("--variant", action="append", metavar="KEY=VALUE",
                    help="a variant from docs/variants.md, e.g. act_rounding=rhaz, zero_read=v1_literal, "
-                        "mx_scale_rule=even; keys: " + ", ".join(linear_variant_keys()))
+                        "mx_scale_rule=even, or preset=NAME; keys: " + ", ".join(linear_variant_keys()))
+    s.add_argument("--preset", metavar="NAME", help="a reference quantizer's declaration (emulator/"
+                   "reference_quantizers.py), e.g. torchao-mx-floor, compressed-tensors-int8-sym; also "
+                   "--variant preset=NAME")
     s.add_argument("--backend", metavar="auto|NAME", help="run the layer on a backend (auto: the dispatcher's "
                                                          "choice, printed with why it skipped the others)")
     s.set_defaults(fn=_cmd_linear)
+
+    from .quantize_cmd import add_parser as add_quantize
+
+    add_quantize(sub)
 
     s = sub.add_parser("selfcheck", help="end-to-end check of the emulator through checkpoint folders")
     s.add_argument("--out", default="qconform-out", help="output folder")
@@ -332,10 +349,20 @@ def _closed_pipe() -> int:
     return 128 + 13
 
 
+def _output_named(args) -> str:
+    """What a command writes, for an error that names no file: its --out / -o, else its first path."""
+    for name in ("out", "output"):
+        if getattr(args, name, None):
+            return str(getattr(args, name))
+    paths = getattr(args, "paths", None)
+    return f"{paths[0]} (the folder written)" if paths else "an output file"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.cli_main = main  # commands that exercise the CLI itself (campaign) get it here, not by importing it
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # (`run` prints its --resume command)
     from emulator.errors import QconformError
 
     try:
@@ -349,11 +376,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"qconform {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        return 128 + int(getattr(e, "signum", 2))  # 130 Ctrl-C; a stopped run (RunInterrupted): 143 SIGTERM
     except Exception as e:  # an emulator bug, not the user's input: still no raw traceback
         if args.debug:
             raise
+        from .resultfile import is_output_error, unwritable
+
+        if is_output_error(e):  # a full, read-only or over-quota output: the user's to fix, one line, exit 2
+            where = _output_named(args)  # (a failed write() carries no file name: name what the command writes)
+            print(f"qconform {args.command}: error: {_one_line(unwritable(e, where, verb=''))}", file=sys.stderr)
+            return EXIT_INPUT
         print(f"qconform {args.command}: internal error ({type(e).__name__}: {_one_line(e)}); rerun with --debug and "
               "report it", file=sys.stderr)
         return EXIT_INTERNAL

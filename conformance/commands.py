@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
@@ -16,6 +19,7 @@ from emulator import __version__ as emulator_version
 
 from .provenance import environment, git_commit, suite_version  # noqa: F401 - re-exported
 from .runner import BAD, Runner, load_waivers, read_results
+from .runstop import RunInterrupted, closed_outputs, describe_stop
 from .suite import PROFILES, TIERS, case_list, list_hash, parse_shard, shard
 
 
@@ -71,8 +75,7 @@ def prepare_out(out: Path, *, resume: bool, case_hash: str, backends: list[str])
     """
     from emulator.errors import QconformError
 
-    if (out / "MANIFEST.json").exists():
-        raise QconformError(f"{out}: holds a sealed certification bundle (MANIFEST.json); choose another --out")
+    _refuse_sealed(out)
     if resume:
         headers = _run_headers(out)
         if not headers:
@@ -91,13 +94,51 @@ def prepare_out(out: Path, *, resume: bool, case_hash: str, backends: list[str])
         return
     import shutil
 
+    from .resultfile import is_output_error, unwritable
+
     found = [n for n in RUN_OUTPUTS if (out / n).exists()] + sorted(p.name for p in out.glob("results-*.jsonl"))
     if found:
         print(f"qconform run: {out} held an earlier run; starting a fresh result set (removed {', '.join(found)}; "
               "--resume continues a run instead)")
         for n in found:
             p = out / n
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            try:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            except OSError as e:
+                if is_output_error(e):
+                    raise unwritable(e, p) from None
+                raise
+
+
+def _refuse_sealed(out: Path) -> None:
+    from emulator.errors import QconformError
+
+    if (out / "MANIFEST.json").exists():
+        raise QconformError(f"{out}: holds a sealed certification bundle (MANIFEST.json); choose another --out")
+
+
+def _resume_command(args) -> "str | None":
+    """The command that continues this run (`qconform run ... --resume`); None for other commands."""
+    if getattr(args, "command", None) != "run":
+        return None
+    argv = [str(a) for a in (getattr(args, "argv", None) or sys.argv[1:])]
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return "qconform " + shlex.join(argv)
+
+
+def _silence(fds) -> None:
+    """Point closed pipes (our reader went away) at /dev/null, so what is left to print goes nowhere quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            os.dup2(devnull, fd)
+        except OSError:
+            pass
+    os.close(devnull)
 
 
 def _selection(args):
@@ -121,8 +162,8 @@ def _selection(args):
     else:
         skipped: list = []
         backends = available_backends(skipped)
-        for name, why in skipped:
-            print(f"not run (unavailable here): {name}: {why}")
+        if skipped:  # one line: `qconform backends` says why each is unavailable
+            print(f"not run (unavailable here): {', '.join(n for n, _ in skipped)} (`qconform backends` says why)")
     specs = case_list(schemes=args.scheme or None, tiers=seeded, profile=args.profile) if seeded else []
     sh = parse_shard(args.shard)
     if sh:
@@ -138,16 +179,13 @@ def _selection(args):
 def cmd_run(args, *, unavailable: dict | None = None) -> int:
     """The main job. ``unavailable`` ({backend: reason}, from `qconform target`) is recorded in the run
     header: backends of the target that could not start here."""
-    from . import console
-    from .report import load_source, summarize_sources, write_reports
-
     from .specs import PROPERTY_TIER
 
     backends, tiers, specs = _selection(args)
     prop_families = []
     if PROPERTY_TIER in tiers:  # Hypothesis is needed only here (a plain `pip install .` runs without it)
         try:
-            from .property import families, run_property
+            from .property import families
         except ModuleNotFoundError as e:
             if e.name != "hypothesis":
                 raise
@@ -155,20 +193,34 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         prop_families = families(args.scheme or None)
     out = Path(args.out)
     case_hash = list_hash(specs)
-    if out.exists():
-        prepare_out(out, resume=args.resume, case_hash=case_hash, backends=backends)
-    elif args.resume:
+    if args.resume and not out.exists():
         raise ValueError(f"--resume: {out} does not exist (drop --resume to start a run)")
+    _refuse_sealed(out)
     waivers = load_waivers(args.waivers)
+    timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
+    # the folder's lock first: a second run into it stops here, before it reads, removes or writes anything
+    runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=False, lock=True,
+                    memory_limit=getattr(args, "memory_limit", None))
+    try:
+        return _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable)
+    finally:
+        runner.close()
+
+
+def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable) -> int:
+    from . import console
+    from .completeness import enforce, missing_pairs
+    from .report import load_source, summarize_sources, write_reports
+    from .resultfile import is_output_error, unwritable
+    from .specs import PROPERTY_TIER
+
+    prepare_out(out, resume=args.resume, case_hash=case_hash, backends=backends)
     n_todo = (len(specs) + len(prop_families)) * len(backends)
     if args.resume:
         ids = {s.case_id for s in specs}
         n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
                        if r.get("kind") == "result" and r.get("case_id") in ids})
-    progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress)
-    timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
-    runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=progress or False, lock=True,
-                    memory_limit=getattr(args, "memory_limit", None))
+    runner.progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress) or False
     header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
               "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
               "case_count": len(specs), "case_list_sha256": case_hash, "environment": environment(),
@@ -178,21 +230,47 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         header["property_seed"] = getattr(args, "seed", None)
     if unavailable:
         header["unavailable"] = dict(unavailable)
+    if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
+        header["default_selection"] = list(backends)
     print(f"qconform run: {len(specs)} case(s)"
           + (f" + {len(prop_families)} property search(es)" if prop_families else "")
           + f" x {len(backends)} backend(s) [{', '.join(backends)}], "
           f"profile {args.profile}, results -> {runner.results_path}" + (" (resumed)" if args.resume else ""))
     sys.stdout.flush()
     t0 = time.perf_counter()
-    results = runner.run(backends, specs, resume=args.resume, header=header)
-    if prop_families:
-        results += run_property(runner, backends, profile=args.profile, seed=getattr(args, "seed", None),
-                                schemes=args.scheme or None)
+    results: list = []
+    interrupted = None
+    try:
+        with runner.interruptible():  # Ctrl-C, SIGTERM, a closed pipe: stop, then report what finished
+            results = runner.run(backends, specs, resume=args.resume, header=header)
+            if prop_families:
+                from .property import run_property
+
+                results += run_property(runner, backends, profile=args.profile, seed=getattr(args, "seed", None),
+                                        schemes=args.scheme or None)
+                if runner.stopped_by is not None:
+                    raise RunInterrupted(runner.stopped_by)
+    except RunInterrupted as e:
+        interrupted = runner.stopped_by or e.signum
+        results = results or list(e.results)
+    if interrupted == signal.SIGPIPE:  # the reader went away: write the files, print nothing more
+        _silence(closed_outputs())
+    if runner.repaired:
+        print(f"qconform run: removed a torn last line ({runner.repaired} bytes) that an interrupted run left in "
+              f"{runner.results_path}")
     wall = time.perf_counter() - t0
     src = load_source(out)
     ids = {s.case_id for s in specs} | {r["case_id"] for r in results if r.get("tier") == PROPERTY_TIER}
     src["results"] = [r for r in src["results"] if r["case_id"] in ids]  # this invocation's cases only
     summary = summarize_sources([src], base=out)
+    # the invariant, in one place before any verdict is printed or an exit status chosen: a result for every
+    # (backend, case) this run was asked for, or INCOMPLETE / INTERRUPTED (conformance/completeness.py)
+    missing = missing_pairs(src["results"], runner.labels, backends, [s.case_id for s in specs])
+    n_prop = sum(1 for r in results if r.get("tier") == PROPERTY_TIER)
+    if prop_families and n_prop < len(prop_families) * len(backends):
+        missing["property searches"] = len(prop_families) * len(backends) - n_prop
+    enforce(summary, missing=missing, expected=(len(specs) + len(prop_families)) * len(backends),
+            interrupted=describe_stop(interrupted) if interrupted is not None else None)
     print()
     console.print_table(summary)
     console.print_failures(summary)
@@ -206,15 +284,30 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
         print(f"shared references: inputs drawn {st['inputs_drawn']}, reused {st['inputs_reused']}; intervals computed "
               f"{st['intervals_computed']}, reused {st['intervals_reused']}")
     print(f"wall time {wall:.1f} s")
+    unwritten = None
     try:  # the reports (docs/certification.md#reports); a report problem never changes the run's verdict
         written = write_reports(out, summary)
         print("reports: " + ", ".join(str(p) for p in written))
     except Exception as e:  # noqa: BLE001
-        print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
-              f"retry with: qconform report {args.out}", file=sys.stderr)
+        if is_output_error(e):  # a full or read-only folder: exit 2 naming it, after the verdict
+            unwritten = unwritable(e, out, hint=f"the results are complete; write the reports with: qconform report "
+                                                f"{args.out}")
+        else:
+            print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
+                  f"retry with: qconform report {args.out}", file=sys.stderr)
     console.print_verdict(summary)
+    if interrupted is not None:
+        resume = _resume_command(args)
+        print(f"qconform run: {describe_stop(interrupted)}: stopped; the {summary['n_results']} result(s) that "
+              f"finished are in {runner.results_path}" + (f"; continue with: {resume}" if resume else ""))
+        sys.stdout.flush()
+        return 128 + int(interrupted)  # 130 SIGINT, 143 SIGTERM, 141 a closed pipe
+    if unwritten is not None:
+        raise unwritten
     if summary["n_bad"] or summary["status"] == "not-conformant":  # failures, or an unwaived semantic deviation
         return 1
+    if summary.get("n_missing"):  # the invariant: fewer results than cases is never an exit 0
+        return EXIT_NOT_CERTIFIED
     if summary["ok"] or summary["status"] == "accurate":  # accurate: opaque cases met their SQNR floors
         return 0
     # `qconform target`: its backends that cannot start here are reported, not failed (documented tox
@@ -232,9 +325,8 @@ def cmd_replay(args) -> int:
 
     from .acceptance import declared_interval
     from .bundle import load_bundle_inputs
-    from .runner import WorkerProcess, judge
+    from .runner import WorkerProcess
     from .selection import check_backends
-    from .summary import describe_worst
 
     if args.backend:
         check_backends([args.backend])  # an unknown name or parameter: exit 2 before anything is read or run
@@ -259,13 +351,25 @@ def cmd_replay(args) -> int:
     print(f"declaration notes: {declared.notes or '(none)'}")
     w = WorkerProcess(want)
     out = Path(tempfile.mkdtemp()) / "y.safetensors"
+    bundle = str(Path(args.bundle).resolve())
     try:
-        reply = w.request({"op": "run", "bundle": str(Path(args.bundle).resolve()), "out": str(out)}, timeout=args.timeout)
+        reply = w.request({"op": "run", "bundle": bundle, "out": str(out)}, timeout=args.timeout)
+        if not reply.get("ok"):
+            print(f"replay on {want}: {reply.get('kind')}: {reply.get('error')}")
+            return 1
+        return _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in,
+                             lambda: w.request({"op": "localize", "bundle": bundle, "declared": declared.to_json()},
+                                               timeout=args.timeout))
     finally:
         w.close()
-    if not reply.get("ok"):
-        print(f"replay on {want}: {reply.get('kind')}: {reply.get('error')}")
-        return 1
+
+
+def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, localize) -> int:
+    """The replayed output's verdict; a failure names its failing element and its localization
+    (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights)."""
+    from .localize_text import localization_lines
+    from .runner import judge
+    from .summary import describe_worst
     from emulator.tensorfile import load_tensors
 
     if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
@@ -280,6 +384,11 @@ def cmd_replay(args) -> int:
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")
+        if not inp.case.spec.quantize_only:
+            r = localize()
+            loc = r.get("localization") if r.get("ok") else {"error": f"{r.get('kind')}: {str(r.get('error'))[:300]}"}
+            for line in localization_lines(loc):
+                print(line)
         return 1
     if stand_in:
         print(f"replay: NOT REPLAYED on {args.backend or recorded} (unavailable here); the emulator's verdict above "
@@ -324,12 +433,15 @@ def cmd_backends(args) -> int:
     if args.json:
         print(json.dumps({"backends": rows, "schemes": list(SCHEMES)}, indent=2))
         return 0
+    nw = max(len(r["name"]) for r in rows)
+    vw = max(len(r["version"] or "-") for r in rows)
     for r in rows:
         status = "available" if r["available"] else "unavailable"
-        print(f"{r['name']:12s} {status:11s} {r['version'] or '-':14s} prio={r['priority']!s:5s} "
-              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}")
+        origin = "" if r["origin"] == "builtin" else f" (origin: {r['origin']})"
+        print(f"{r['name']:{nw}s} {status:11s} {r['version'] or '-':{vw}s} prio={r['priority']!s:5s} "
+              f"{'schemes: ' + ', '.join(r['schemes']) if r['schemes'] else ''}{origin}".rstrip())
         if r["reason"]:
-            print(f"{'':12s} reason: {r['reason']}")
+            print(f"{'':{nw}s} reason: {r['reason']}")
     return 0
 
 

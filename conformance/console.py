@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+from .localize_text import localization_lines
 from .summary import PASSING, describe_worst, deviation_lines, headline
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
@@ -76,14 +77,25 @@ def _fit(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+#: verdict columns the table always shows; the others only when some cell has such a case
+TABLE_ALWAYS = ("pass", "fail", "crash", "unsupported")
+
+
 def print_table(summary: dict, out=None) -> None:
-    """One row per (backend, scheme) cell: the verdict counts (at most WIDTH columns)."""
+    """One row per (backend, scheme) cell: the verdict counts, within WIDTH columns. Every column is
+    separated from its neighbour by a space; scheme names are never cut; a verdict column that is zero in
+    every cell is left out (TABLE_ALWAYS are always shown); backend names are cut only to fit WIDTH."""
     out = out or sys.stdout
-    head = f"{'backend':22s} {'scheme':12s}" + "".join(f"{t:>6s}" for _, t in TABLE_VERDICTS)
+    cells = sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"]))
+    shown = [(v, t) for v, t in TABLE_VERDICTS if v in TABLE_ALWAYS or any(c["counts"].get(v) for c in cells)]
+    sw = max([len("scheme")] + [len(c["scheme"]) for c in cells])
+    room = WIDTH - 1 - sw - 7 * len(shown)
+    bw = max(min(max([len("backend")] + [len(c["column"]) for c in cells]), room), 12)
+    head = f"{'backend':{bw}s} {'scheme':{sw}s}" + "".join(f" {t:>6s}" for _, t in shown)
     out.write(head + "\n")
-    for c in sorted(summary["cells"], key=lambda c: (c["column"], c["scheme"])):
-        row = f"{_fit(c['column'], 22):22s} {_fit(c['scheme'], 12):12s}" + "".join(
-            f"{c['counts'].get(v, 0):6d}" for v, _ in TABLE_VERDICTS)
+    for c in cells:
+        row = f"{_fit(c['column'], bw):{bw}s} {c['scheme']:{sw}s}" + "".join(
+            f" {c['counts'].get(v, 0):6d}" for v, _ in shown)
         out.write(row + "\n")
 
 
@@ -97,6 +109,8 @@ def print_failures(summary: dict, out=None) -> None:
                   f"[variants {sig['variants']}]: {sig['reason']}\n")
         out.write(f"  example {ex['case_id']}: {ex['reason'][:300]}\n")
         out.write(f"  worst element {describe_worst(ex['worst_element'])}\n")
+        for line in localization_lines(ex.get("localization")):  # docs/conformance.md#failure-localization
+            out.write(f"  {line}\n")
         out.write(f"  declaration notes: {ex['notes'] or '(none)'}\n")
         if ex.get("replay"):
             out.write(f"  reproduce (in the output folder): {ex['replay']}\n")
@@ -116,6 +130,8 @@ def print_verdict(summary: dict, out=None) -> None:
     out = out or sys.stdout
     for nc in summary.get("not_certified", []):
         out.write(f"not certified: {nc['column']}: {nc['why']}\n")
+    for na in summary.get("no_applicable_case", []):
+        out.write(f"not judged: {na['column']}: {na['why']}\n")
     for line in deviation_lines(summary):
         out.write(line + "\n")
     t = summary["totals"]

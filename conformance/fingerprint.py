@@ -293,6 +293,27 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     return res
 
 
+def _unless_inputs_wrong(prober: _Prober, scheme: str, axis: Axis, act: str, rec: dict) -> None:
+    """Withdraw the accumulation bracket when the failure localization (conformance/localize.py, run by the
+    worker on the axis's case) shows the weights or the activation quantization wrong: an accumulator
+    cannot be named from outputs whose inputs are already wrong (docs/fingerprints.md)."""
+    from .localize import WEIGHTS_OR_ACTIVATIONS
+
+    case, base, _ = _pick_case(prober, scheme, axis, act)
+    if case is None:
+        return
+    spec = CaseSpec(case, "random", "gaussian", 0)  # the case with seeded ordinary weights and activations
+    r = prober.worker.request({"op": "localize", "spec": spec.to_json(), "declared": base.to_json()},
+                              timeout=prober.timeout)
+    loc = r.get("localization") if r.get("ok") else None
+    if not loc or loc.get("stage") not in WEIGHTS_OR_ACTIVATIONS:
+        return
+    for k in ("contradiction", "identified", "identified_by", "bracket"):
+        rec.pop(k, None)
+    rec.update(status="not-named", consistent=[], excluded={}, unseparated=[], localization=loc,
+               reason=f"no accumulation named: {loc['summary']}")
+
+
 def _bracket(consistent: list, excluded: dict) -> str:
     cons = [p for p in _PREC_ORDER if p in consistent]
     exc = [p for p in _PREC_ORDER if p in excluded]
@@ -367,6 +388,8 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
                 t1 = time.perf_counter()
                 rec = _run_axis(prober, scheme, ax, act_dtype, found, max_trials=max_trials,
                                 seed=seed + sum(map(ord, scheme + name)))
+                if name == "accumulate" and rec["status"] == "ok":
+                    _unless_inputs_wrong(prober, scheme, ax, act_dtype, rec)
                 rec["seconds"] = round(time.perf_counter() - t1, 2)
                 if rec["status"] == "ok":
                     found[name] = rec

@@ -185,6 +185,11 @@ TUNING: dict[str, dict] = {
     "weight_rounding": dict(modes=("cancel", "random"), probe="dequant",
                             requires=("dequant", ("bfloat16/", "float16/"),
                                       "acts only where the weights are formed in a 16-bit dtype")),
+    # (the scale is float16 on the probes: bfloat16 weights separate the formations, float16 ones only under
+    # the orders with intermediate roundings)
+    "weight_formation": dict(modes=("random",), probe="dequant",
+                             requires=("dequant", ("bfloat16/", "float16/"),
+                                       "acts only where the weights are formed in a 16-bit dtype")),
     "act_compute_dtype": dict(modes=("wide",), note="activations already in the rounded-to dtype are unchanged"),
     "output_rounding": dict(modes=("random",)),
     "output": dict(modes=("random",)),

@@ -20,6 +20,8 @@ def axis_line(scheme: str, a: dict) -> str:
         return f"{head} not applicable: {a.get('reason', '')[:200]}"
     if a["status"] in ("crash", "error"):
         return f"{head} {a['status']}: {a.get('reason', '')[:200]}"
+    if a["status"] == "not-named":  # the localization shows the weights or activations wrong (fingerprint.py)
+        return f"{head} not named: {a.get('reason', '')[:300]}"
     cons = ", ".join(a.get("consistent", [])) or "NONE"
     if a["axis"] == "accumulate" and a.get("bracket"):
         cons = f"{a['bracket']} (consistent: {cons})"
@@ -91,6 +93,8 @@ def _cell(a: dict | None) -> str:
         return "n/a"
     if st in ("crash", "error"):
         return st
+    if st == "not-named":
+        return "not named (inputs wrong)"
     cons = a.get("consistent") or []
     if a["axis"] == "accumulate" and a.get("bracket"):
         b = a["bracket"]

@@ -23,6 +23,13 @@ SAME_NUMBERS: dict[tuple, tuple] = {
     ("e2m1_nan", "zero_sign_flipped"): ("zero", "the codes +0 and -0 add the same 0"),
     ("e2m1_zero_sign", "positive"): ("keep", "the codes +0 and -0 add the same 0"),
     ("uint8_zp128", True): (False, "codes q + 128 held in uint8 are the same values as q in int8"),
+    ("azp_clamp_nan", "high"): ("keep", "a NaN real zero point comes only from a scale that underflowed to 0, "
+                                        "which makes every code add 0"),
+    # x / 2**s of an fp32/fp16/bf16 x is exact in each dtype down to its subnormals, where the E2M1 code is 0
+    ("mx_quotient_dtype", "input"): ("exact", "a quotient only changes where it underflows: to a +-0 code"),
+    ("mx_quotient_dtype", "float32"): ("exact", "a quotient only changes where it underflows: to a +-0 code"),
+    ("mx_quotient_dtype", "bfloat16"): ("exact", "a quotient only changes where it underflows: to a +-0 code"),
+    ("mx_quotient_dtype", "float16"): ("exact", "a quotient only changes where it underflows: to a +-0 code"),
     ("mx_zero_block", "half"): ("min", "an all-zero block adds 0 whatever its scale byte"),
     ("mx_zero_block", "eps_fp32"): ("min", "an all-zero block adds 0 whatever its scale byte"),
     ("mx_zero_block", "eps_1e10"): ("min", "an all-zero block adds 0 whatever its scale byte"),

@@ -49,6 +49,16 @@ class OutLock:
     def acquire(self) -> "OutLock":
         if self.held:
             return self
+        try:
+            return self._acquire()
+        except OSError as e:  # a read-only, full or foreign folder: exit 2 with one line, never an internal error
+            from .resultfile import is_output_error, unwritable
+
+            if is_output_error(e):
+                raise unwritable(e, self.lock_file) from None
+            raise
+
+    def _acquire(self) -> "OutLock":
         self.lock_file.parent.mkdir(parents=True, exist_ok=True)
         key = str(self.lock_file.resolve())
         with _guard:
@@ -66,8 +76,12 @@ class OutLock:
                     os.close(fd)
                 raise OutputLocked(f"{self.what}: another qconform process (pid {holder}) is writing into this "
                                    "folder; wait for it to end or choose another --out") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                os.close(fd)
+                raise
             _held[key] = [fd, 1]
         self.held = True
         return self

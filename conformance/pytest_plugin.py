@@ -93,6 +93,9 @@ class QconformItem(pytest.Item):
                 from .summary import describe_worst
 
                 msg += f"\n  worst element {describe_worst(we)}"
+            from .localize_text import localization_lines
+
+            msg += "".join(f"\n  {line}" for line in localization_lines(rec.get("localization")))
             notes = (rec.get("declared") or {}).get("notes")
             if notes:
                 msg += f"\n  declaration notes: {notes}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import math
 
+from .localize_text import localization_lines
 from .summary import (LEVELS_MEANING, PASS_MEANING, deviation_lines, RATIO_BINS, VERDICT_ORDER, cell_index, counts_text, describe_worst, fmt_ratio,
                       fmt_sqnr)
 
@@ -192,6 +193,8 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
             out.append(f'<div class="example"><b>example</b> <code>{esc(ex["case_id"])}</code>: '
                        f'{esc(ex["reason"] or "")}<br><b>worst element</b> {esc(describe_worst(ex["worst_element"]))}'
                        f'<br><b>declaration notes</b>: {esc(ex["notes"] or "(none)")}'
+                       + "".join(f'<br><span class="localization">{esc(line)}</span>'
+                                 for line in localization_lines(ex.get("localization")))
                        + (f'<br><b>replay</b> <code class="replay">{esc(ex["replay"])}</code>' if ex.get("replay")
                           else "") + "</div>")
             out.append('<table class="failures"><colgroup><col style="width:40%"><col style="width:38%">'

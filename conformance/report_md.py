@@ -5,6 +5,7 @@ Semantics: docs/certification.md#reports. Input: the summary of conformance/summ
 
 from __future__ import annotations
 
+from .localize_text import localization_lines
 from .summary import LEVELS_MEANING, PASS_MEANING, RATIO_BINS, cell_index, deviation_lines, counts_text, describe_worst, fmt_ratio, fmt_sqnr
 
 __all__ = ["render_markdown", "MAX_LISTED"]
@@ -70,6 +71,7 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
               f"Example `{ex['case_id']}`: {_md(ex['reason'] or '')}", "",
               f"- worst element {describe_worst(ex['worst_element'])}",
               f"- declaration notes: {_md(ex['notes'] or '(none)')}"]
+        L += [f"- {_md(line.strip())}" for line in localization_lines(ex.get("localization"))]
         if ex.get("replay"):
             L.append(f"- replay: `{ex['replay']}`")
         L += ["", "| case | worst element | replay |", "| --- | --- | --- |"]

@@ -30,10 +30,11 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +46,14 @@ from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
 from .refcache import ReferenceCache
+from .resultfile import append_line, check_worker_output_fault, is_output_error, repair_torn_tail, unwritable
+from .runstop import RunInterrupted, StopSwitch
 from .suite import CaseSpec
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
-__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size",
-           "signal_name"]
+__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT",
+           "parse_size", "signal_name"]
 
 VERDICTS = ("pass", "pass-with-tie-flips", "quality-warning", "fail", "crash", "timeout", "unsupported", "waived",
             "mistrusted")
@@ -262,7 +265,16 @@ class Runner:
     ``OUT/results.jsonl``. With ``lock=True`` (``qconform run`` and ``certify``) it holds the folder's lock
     (``conformance.outlock``) from construction until ``close()`` (or the end of the process): a second
     process writing into the same folder is refused. (The pytest plugin's xdist workers share a folder,
-    each with its own results-<worker>.jsonl, and take no lock.)"""
+    each with its own results-<worker>.jsonl, and take no lock.)
+
+    ``run`` stops early on SIGINT or SIGTERM (handlers installed for its duration, from the main
+    thread), when its stdout or stderr is a pipe whose reader went away, or on ``stop()``: workers are
+    killed at once, the cases that finished keep their result lines, and ``RunInterrupted`` is raised.
+    Result lines are appended whole (conformance/resultfile.py); an output folder that cannot take
+    them (full, read-only) raises ``OutputUnwritable``."""
+
+    #: failing cases localized per (backend, scheme, format); 0: none (docs/conformance.md#failure-localization)
+    localize_per_group = 2
 
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
@@ -276,10 +288,15 @@ class Runner:
         #: observed outputs and intervals with it
         self.on_output = on_output
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = OutLock.for_folder(self.out_dir)
         if lock:
-            self.lock.acquire()
+            self.lock.acquire()  # (creates the folder) before anything in it is read, removed or written
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if is_output_error(e):
+                raise unwritable(e, self.out_dir) from None
+            raise
         self.results_path = self.out_dir / "results.jsonl"
         self.log_dir = self.out_dir / "logs"
         self.timeout = timeout
@@ -288,8 +305,16 @@ class Runner:
         self.progress = progress
         self.worker_env = worker_env
         self._lock = threading.Lock()
+        #: failing cases localized so far per (backend, scheme, format) (docs/conformance.md#failure-localization)
+        self._localized: dict = {}
         self._done = 0
         self._total = 0
+        #: the run's stop flag (conformance/runstop.py): set, no new case starts and pending requests kill
+        #: their worker; ``switch.stopped_by``: the signal that stopped the run
+        self.switch = StopSwitch()
+        self._stop = self.switch.event
+        self.labels: dict = {}  # backend spec -> its label (the worker's hello), for the completeness check
+        self.repaired = 0  # bytes of a torn last line removed from results.jsonl before a resumed run
         #: inputs and intervals shared by the backends of one ``run`` (conformance/refcache.py); None outside it
         self.refs: "ReferenceCache | None" = None
         self.ref_stats: dict = {}
@@ -299,23 +324,50 @@ class Runner:
         self.lock.release()
 
     def _worker(self, bspec: str) -> WorkerProcess:
-        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit)
+        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit,
+                             cancel=self._stop)
+
+    # -- stopping (conformance/runstop.py) ----------------------------------------------------------
+    @property
+    def stopped_by(self) -> "int | None":
+        """The signal that stopped the run (signal.SIGPIPE: our output's reader went away), or None."""
+        return self.switch.stopped_by
+
+    def stop(self, signum: int = signal.SIGINT) -> None:
+        self.switch.stop(signum)
+
+    def interruptible(self):
+        """SIGINT and SIGTERM stop this runner while the ``with`` block runs (``StopSwitch.interruptible``)."""
+        return self.switch.interruptible()
+
+    def _append(self, rec: dict) -> None:
+        """One whole line into results.jsonl, or OutputUnwritable (the run stops)."""
+        try:
+            append_line(self.results_path, json.dumps(rec, default=_json_default))
+        except OSError as e:
+            if not is_output_error(e):
+                raise
+            self._stop.set()
+            raise unwritable(e, self.results_path, hint="results.jsonl keeps whole lines for the cases that "
+                                                         "finished; make room and continue with --resume") from None
 
     def _write(self, rec: dict) -> None:
         with self._lock:
-            with open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, default=_json_default) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            self._append(rec)
             self._done += 1
-            if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
-                self.progress(self._done, self._total, rec)
-            elif self.progress:
-                width = 30
-                frac = self._done / max(self._total, 1)
-                bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
-                sys.stderr.write(f"\r[{bar}] {self._done}/{self._total} {rec['backend'][:20]:20s} {rec['verdict']:20s}")
-                sys.stderr.flush()
+            try:
+                if callable(self.progress):  # e.g. conformance/console.py's line printer for logs and pipes
+                    self.progress(self._done, self._total, rec)
+                elif self.progress:
+                    width = 30
+                    frac = self._done / max(self._total, 1)
+                    bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+                    sys.stderr.write(f"\r[{bar}] {self._done}/{self._total} {rec['backend'][:20]:20s} "
+                                     f"{rec['verdict']:20s}")
+                    sys.stderr.flush()
+            except BrokenPipeError:  # the reader of the progress went away: stop, as for SIGPIPE
+                self.progress = False
+                self.stop(signal.SIGPIPE)
 
     def hello(self, backend_spec: str) -> dict:
         w = self._worker(backend_spec)
@@ -323,25 +375,42 @@ class Runner:
             r = w.request({"op": "hello"}, timeout=self.timeout)
         finally:
             w.close()
+        if r.get("kind") == "interrupted":
+            raise RunInterrupted(self.stopped_by or signal.SIGINT)
         return r
 
     def run(self, backend_specs: list[str], specs: list[CaseSpec], *, resume: bool = True,
             header: dict | None = None) -> list[dict]:
+        """Every (backend, case) not yet in results.jsonl (with ``resume``); the new result records.
+        Raises ``RunInterrupted`` (with the records that finished) when stopped before the end."""
+        with self.interruptible():
+            return self._run(backend_specs, specs, resume=resume, header=header)
+
+    def _run(self, backend_specs, specs, *, resume, header) -> list[dict]:
         if self.lock.held:  # the sole writer: scratch space a killed run left behind can go
             shutil.rmtree(self.work_dir, ignore_errors=True)
+            if resume:  # a line a killed run left half-written would be dropped silently, then appended to
+                try:
+                    self.repaired = repair_torn_tail(self.results_path)
+                except OSError as e:
+                    if is_output_error(e):
+                        raise unwritable(e, self.results_path) from None
+                    raise
         done = set()
         if resume:
             for r in read_results(self.results_path):
                 if r.get("kind") == "result":
                     done.add((r["backend"], r["case_id"]))
         if header is not None:
-            with open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(dict(header, kind="run"), default=_json_default) + "\n")
+            self._append(dict(header, kind="run"))
         results: list[dict] = []
         today = time.strftime("%Y-%m-%d")
         self.refs = ReferenceCache(self.work_dir)
         try:
-            self._run_backends(backend_specs, specs, done, results, today)
+            try:
+                self._run_backends(backend_specs, specs, done, results, today)
+            except RunInterrupted:
+                pass  # (self.stopped_by says by what; raised below once the scratch space is gone)
         finally:
             self.ref_stats = dict(self.refs.stats)  # inputs drawn / reused, intervals computed / reused
             self.refs.close()
@@ -356,25 +425,32 @@ class Runner:
             self.log_dir.rmdir()  # only when empty: logs are kept only for workers that crashed or timed out
         except OSError:
             pass
+        if self.stopped_by is not None:
+            raise RunInterrupted(self.stopped_by, results)
         return results
 
     def _run_backends(self, backend_specs, specs, done, results, today) -> None:
         for bspec in backend_specs:
+            self.switch.check_outputs()
+            if self._stop.is_set():
+                return
             hello = self.hello(bspec)
             label = hello.get("label", bspec)
+            self.labels[bspec] = label
             # one line per backend: version and device, for the reports' environment section
-            with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"kind": "backend", "backend": label, "spec": bspec,
-                                    "available": bool(hello.get("ok") and hello.get("available")),
-                                    "reason": hello.get("reason") or hello.get("error") or "",
-                                    "version": hello.get("version"), "device": hello.get("device"),
-                                    "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)},
-                                   default=_json_default) + "\n")
+            with self._lock:
+                self._append({"kind": "backend", "backend": label, "spec": bspec,
+                              "available": bool(hello.get("ok") and hello.get("available")),
+                              "reason": hello.get("reason") or hello.get("error") or "",
+                              "version": hello.get("version"), "device": hello.get("device"),
+                              "covers": hello.get("covers"), "deterministic": hello.get("deterministic", True)})
             todo = [s for s in specs if (label, s.case_id) not in done]
             self._total += len(todo)
             if not hello.get("ok") or not hello.get("available"):
                 reason = hello.get("reason") or hello.get("error") or "unavailable"
                 for s in todo:
+                    if self._stop.is_set():
+                        return
                     rec = self._record(label, s, "unsupported", f"backend unavailable: {reason}",
                                        evidence={"unavailable": reason})
                     self._write(rec)
@@ -382,8 +458,15 @@ class Runner:
                 continue
             chunks = [todo[i::self.jobs] for i in range(self.jobs)]
             with ThreadPoolExecutor(max_workers=self.jobs) as ex:
-                for part in ex.map(lambda c: self._run_chunk(bspec, label, c, today), chunks):
-                    results.extend(part)
+                futures = [ex.submit(self._run_chunk, bspec, label, c, today) for c in chunks]
+                # the main thread watches for a closed output (and runs the signal handlers) meanwhile
+                while wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION).not_done:
+                    self.switch.check_outputs()
+                    if any(f.done() and f.exception() is not None for f in futures):
+                        self._stop.set()  # one chunk failed (an unwritable folder): the others stop too
+                        break
+            for f in futures:
+                results.extend(f.result())  # (re-raises a chunk's error, e.g. OutputUnwritable)
 
     def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
         rec = {"kind": "result", "backend": label, "case_id": spec.case_id, "tier": spec.tier,
@@ -429,15 +512,30 @@ class Runner:
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
             for spec in specs:
+                if self._stop.is_set():
+                    break
                 try:
                     rec = self._run_one(worker, label, spec, tmpdir)
+                except RunInterrupted:
+                    break  # stopped while this case ran: it has no result (a resumed run runs it)
+                except OSError as e:
+                    if is_output_error(e):  # the output folder is full or read-only: the run's fault, not the case's
+                        self._stop.set()
+                        raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
+                    rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                             f"{type(e).__name__}: {e}",
+                                       evidence={"runner": f"{type(e).__name__}: {e}"})
                 except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
                     rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
                                                              f"{type(e).__name__}: {e}",
                                        evidence={"runner": f"{type(e).__name__}: {e}"})
+                check_worker_output_fault(rec, self.work_dir)
                 rec = self._apply_waiver(label, spec, rec, today)
                 self._write(rec)
                 out.append(rec)
+        except BaseException:
+            self._stop.set()  # the sibling chunks end too
+            raise
         finally:
             worker.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -450,6 +548,8 @@ class Runner:
     def _failed_request(self, label, spec, reply: dict, what: str, t0: float, declared=None) -> dict:
         """The record of a request the worker did not answer with ok: crash, timeout, or a malformed output."""
         kind = reply.get("kind")
+        if kind == "interrupted":  # the run was stopped while this request ran: no verdict for the case
+            raise RunInterrupted(self.stopped_by or signal.SIGINT)
         evidence = dict(reply.get("evidence") or {})
         if kind == "malformed":
             verdict, reason = "fail", f"malformed output: {reply.get('error')}"
@@ -525,11 +625,37 @@ class Runner:
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
                            seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"), prepare_s=reply.get("prepare_s"),
                            **assess(spec.case, declared, inp, y, interval=interval))
+        if verdict == "fail" and self._take_localization(label, spec):
+            rec["localization"] = self._localize(worker, request, declared)
         if verdict == "fail" and write_bundle:
             rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
         if self.on_output is not None:
             self.on_output(label, spec, inp, declared, iv, y, rec, evidence)
         return rec
+
+    def _take_localization(self, label: str, spec: CaseSpec) -> bool:
+        """Localize the first LOCALIZE_PER_GROUP failures of each (backend, scheme, format): the console and the
+        reports show one example per failure group, and a broken kernel fails hundreds of cases alike."""
+        if self.localize_per_group <= 0:
+            return False
+        key = (label, spec.case.scheme, spec.case.weight_format)
+        with self._lock:
+            n = self._localized.get(key, 0)
+            self._localized[key] = n + 1
+        return n < self.localize_per_group
+
+    def _localize(self, worker: WorkerProcess, request: dict, declared: Declared) -> dict:
+        """The worker's localization of a failing case (conformance/localize.py); a probe that crashes the
+        kernel or raises is reported as the localization's error, never as the case's verdict."""
+        req = {"op": "localize", "declared": declared.to_json(),
+               **{k: request[k] for k in ("bundle", "spec") if k in request}}
+        try:
+            reply = worker.request(req, timeout=self.timeout)
+        except Exception as e:  # noqa: BLE001 - the localization never changes the verdict
+            return {"error": f"{type(e).__name__}: {e}"}
+        if not reply.get("ok"):
+            return {"error": f"{reply.get('kind')}: {str(reply.get('error'))[:500]}"}
+        return reply["localization"]
 
     def _judge_quantized(self, label, spec, inp, declared, ypath, reply, t0, write_bundle) -> dict:
         """A quantize-only case (docs/conformance.md#quantize-only-cases): codes, scales, zero points and

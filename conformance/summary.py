@@ -21,6 +21,8 @@ from pathlib import Path
 
 from emulator.schemes import SCHEMES
 
+from .completeness import HEADLINES as COMPLETENESS_HEADLINES
+from .completeness import enforce, header_shortfall
 from .levels import run_level
 
 __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
@@ -52,6 +54,8 @@ LEVELS_MEANING = ("Levels (docs/conformance.md#levels): 'canonical' declarations
 #: summary status -> headline (the lead's conformance levels add 'CONFORMANT WITH DECLARED VARIANTS')
 HEADLINES = {"conformant": "CONFORMANT", "not-conformant": "NOT CONFORMANT", "not-certified": "NOT CERTIFIED",
              "unavailable": "UNAVAILABLE",
+             # fewer results than the run's cases, or a run that was stopped (conformance/completeness.py)
+             **COMPLETENESS_HEADLINES,
              # opaque arithmetic judged by SQNR (docs/conformance.md#opaque-arithmetic): never called conformant
              "accurate": "ACCURATE TO DECLARED SQNR FLOORS (OPAQUE ARITHMETIC)"}
 #: a conformant run whose declarations round differently from the checkpoint (docs/conformance.md#levels)
@@ -158,6 +162,8 @@ def describe_worst(we: dict | None) -> str:
             f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]")
     if we.get("ulp") is not None:
         text += f", {we['ulp']} ULP from the reference {_num(we.get('reference'))}"
+    if we.get("nonfinite_mismatches"):  # named first (conformance/verdict.py failing_element)
+        text += f"; the first of {we['nonfinite_mismatches']} NaN/Inf mismatch(es)"
     return text
 
 
@@ -203,7 +209,8 @@ def _failure_entry(rec: dict, key: str, src: dict, base: Path | None) -> dict:
              "weight_format": rec.get("weight_format") or "?", "tier": rec.get("tier"), "case_id": rec["case_id"],
              "verdict": rec.get("verdict"), "reason": rec.get("reason", ""),
              "notes": (declared or {}).get("notes") or "", "variants": variant_text(declared),
-             "worst_element": (rec.get("metrics") or {}).get("worst_element"), "bundle": None, "replay": None}
+             "worst_element": (rec.get("metrics") or {}).get("worst_element"), "bundle": None, "replay": None,
+             "localization": rec.get("localization")}
     bp = _bundle_path(rec, Path(src["folder"]))
     if bp is not None:
         rel = _relative(bp, base if base is not None else Path(src["folder"]))
@@ -239,6 +246,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     failures, waived, expired, stale = [], [], [], []
     declared_waivers = []
     unavailable: dict[str, str] = {}
+    # backends a default run chose itself (no --backend): one with no applicable case is reported, not failed
+    optional: set = set()
     schemes_seen = set()
     semantic = []  # judged records whose declaration is an unwaived semantic deviation
 
@@ -293,6 +302,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             for w in h.get("waivers") or []:
                 if w not in declared_waivers:
                     declared_waivers.append(w)
+            for b in h.get("default_selection") or []:
+                optional.add(f"{src['host'] or '?'} / {b}" if by_host else b)
             # backends a `qconform target` could not start at all (no result lines)
             for b, why in (h.get("unavailable") or {}).items():
                 unavailable.setdefault(f"{src['host'] or '?'} / {b}" if by_host else b, why)
@@ -328,11 +339,17 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     n_judged = n_results - totals.get("unsupported", 0)
     # what was not certified, and why: every unavailable backend, every column with no judged case
     not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in unavailable.items()]
+    no_applicable = []  # default-selected backends with no case they implement: reported, not a failed run
     for col in columns.values():
         col["status"] = ("unavailable" if col["key"] in unavailable else "not-certified" if not col["judged"]
                          else "not-conformant" if col["n_bad"] or col["n_semantic"]
                          else "accurate" if col["n_sqnr"] else "conformant")
         if not col["judged"] and col["key"] not in unavailable:
+            if col["key"] in optional:
+                col["status"] = "no-applicable-case"
+                no_applicable.append({"column": col["key"], "why": f"no applicable case: all {col['n']} case(s) "
+                                                                   "unsupported (chosen by the default selection)"})
+                continue
             not_certified.append({"column": col["key"], "why": f"no case judged: all {col['n']} case(s) unsupported"})
     if n_bad or semantic:
         status = "not-conformant"
@@ -355,6 +372,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
         notes.append(f"the sources ran {len(hashes)} different case lists (profiles, schemes or shards differ)")
     for nc in not_certified:
         notes.append(f"not certified: {nc['column']}: {nc['why']}")
+    for na in no_applicable:
+        notes.append(f"not judged: {na['column']}: {na['why']}")
     sem_groups = Counter((s["column"], s["scheme"], ",".join(s["variants"])) for s in semantic)
     for (col, sch, var), n in sorted(sem_groups.items()):
         notes.append(f"semantic deviation (NOT CONFORMANT unless waived): {col} {sch}: {var} declared on {n} "
@@ -368,13 +387,18 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                "semantic_deviations": semantic,
                "n_results": n_results, "n_judged": n_judged, "n_bad": n_bad,
                "totals": dict(totals), "columns": list(columns.values()), "schemes": schemes, "cells": out_cells,
-               "not_certified": not_certified, "unavailable": unavailable,
+               "not_certified": not_certified, "no_applicable_case": no_applicable, "unavailable": unavailable,
                "failures": failures, "failure_groups": _group_failures(failures),
                "waivers": {"declared": declared_waivers, "applied": waived, "expired": expired, "stale": stale},
                "runs": runs, "environment": envs, "notes": notes,
                "bundles": [src["bundle"] for src in sources if src.get("bundle")]}
     summary["headline"] = headline(summary)
-    return summary
+    short: dict = {}  # the invariant: never CONFORMANT with fewer results than a run's cases
+    for src in sources:
+        for b, n in (header_shortfall(src) or {}).items():
+            key = f"{src['host'] or '?'} / {b}" if by_host else b
+            short[key] = short.get(key, 0) + n
+    return enforce(summary, missing=short)
 
 
 def deviation_lines(summary: dict) -> list[str]:

@@ -16,6 +16,7 @@ import numpy as np
 from .acceptance import Interval, compare, ulp_distance
 
 __all__ = ["QUALITY_MEAN_RATIO", "QUALITY_MAX_RATIO", "Evidence", "decide", "decide_opaque", "degenerate_reference",
+           "failing_element",
            "sqnr_db"]
 
 #: a pass whose error/bound ratio averages above this (with a maximum above QUALITY_MAX_RATIO) is a
@@ -44,7 +45,59 @@ def degenerate_reference(ref: np.ndarray) -> bool:
     return (not finite.any()) or bool(np.all(ref[finite] == 0)) or (ref.size > 1 and np.unique(ref[finite]).size <= 1)
 
 
+def failing_element(y, judged: Interval, loose: Interval) -> "tuple[tuple, int] | None":
+    """(index, count of NaN/Inf mismatches) of the element a failure names: the first NaN/Inf mismatch
+    (reference or output non-finite, and not the same NaN/Inf) if any, else the element outside ``judged``
+    farthest outside ``loose`` (error/bound ratio); None when no element is outside (docs/conformance.md#verdicts)."""
+    y64 = np.asarray(y, np.float64)
+    if y64.shape != judged.y_exact.shape:
+        return None
+    ref = judged.y_exact
+    with np.errstate(invalid="ignore"):
+        same = (np.isnan(ref) & np.isnan(y64)) | (np.isinf(ref) & (y64 == ref))
+        nonfinite_bad = (~np.isfinite(ref) | ~np.isfinite(y64)) & ~same
+        outside = np.where(np.isfinite(ref), ~((y64 >= judged.lo) & (y64 <= judged.hi)), ~same)
+    n_nf = int(nonfinite_bad.sum())
+    if n_nf:
+        return tuple(int(i) for i in np.argwhere(nonfinite_bad)[0]), n_nf
+    if not outside.any():
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        side = np.where(y64 >= loose.y_ref, loose.hi - loose.y_ref, loose.y_ref - loose.lo)
+        ratio = np.where(y64 == loose.y_ref, 0.0, np.abs(y64 - loose.y_ref) / side)
+    ratio = np.where(outside, np.nan_to_num(ratio, nan=np.inf, posinf=np.inf), -1.0)
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape)), 0
+
+
+def _name_failing_element(rec: dict, y, loose: Interval, judged: Interval) -> dict:
+    """A failing record's worst element made a failing one (item: the element a report names must fail)."""
+    if rec.get("verdict") != "fail":
+        return rec
+    found = failing_element(y, judged, loose)
+    if found is None:
+        return rec
+    idx, n_nf = found
+    y64 = np.asarray(y, np.float64)
+    rec["n_nonfinite_mismatch"] = n_nf
+    rec["worst"] = list(idx)
+    rec["worst_element"] = {"index": list(idx), "observed": float(y64[idx]), "expected": float(judged.y_exact[idx]),
+                            "lo": float(judged.lo[idx]), "hi": float(judged.hi[idx]),
+                            "reference": float(judged.y_ref[idx]),
+                            "ulp": ulp_distance(float(y64[idx]), float(judged.y_ref[idx]), judged.out_dtype)}
+    if n_nf:
+        rec["worst_element"]["nonfinite_mismatches"] = n_nf
+    return rec
+
+
 def decide(y, loose: Interval, judged: Interval, *, output_rounding: str = "rne",
+           alt=None, tie=None, evidence: "Evidence | None" = None) -> dict:
+    """Verdict and metrics of output ``y`` (``_decide``); a failure's worst element is a failing element,
+    NaN/Inf mismatches first (``failing_element``)."""
+    return _name_failing_element(_decide(y, loose, judged, output_rounding=output_rounding, alt=alt, tie=tie,
+                                         evidence=evidence), y, loose, judged)
+
+
+def _decide(y, loose: Interval, judged: Interval, *, output_rounding: str = "rne",
            alt: "Callable[[], tuple[str, str, np.ndarray, np.ndarray] | None] | None" = None,
            tie: "Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None" = None,
            evidence: "Evidence | None" = None) -> dict:
@@ -134,6 +187,11 @@ def sqnr_db(y, ref) -> float:
 
 
 def decide_opaque(y, loose: Interval, judged: Interval, floor_db: float) -> dict:
+    """``_decide_opaque``, its failure naming a failing element (NaN/Inf mismatches first)."""
+    return _name_failing_element(_decide_opaque(y, loose, judged, floor_db), y, loose, judged)
+
+
+def _decide_opaque(y, loose: Interval, judged: Interval, floor_db: float) -> dict:
     """Verdict of a kernel declaring ``arithmetic=opaque`` (docs/conformance.md#opaque-arithmetic).
 
     Its arithmetic cannot be emulated, so it is judged against the intervals of its declared semantics

@@ -18,6 +18,8 @@ Requests:
   {"op": "run", "bundle": "case.safetensors", "out": ...}  (inputs from a bundle: a replay, or the run's
                                                   shared inputs with "inputs_sha256", checked before running)
   (a quantize-only case writes its named tensors "q.<name>" instead of "y": docs/conformance.md#quantize-only-cases)
+  {"op": "localize", "spec" | "bundle", "declared": {...}} -> {"localization": {...}}: probes run on the
+                                                  case's own weights (conformance/localize.py)
   {"op": "exit"}
 A kernel output that is not a real-valued array (None, a scalar, complex, object) is refused with
 ``{"ok": false, "kind": "malformed", "error": ...}``; a Python exception (MemoryError under the
@@ -195,6 +197,22 @@ def main(argv=None) -> int:
                     continue
                 save_tensors(req["out"], {"y": y})
                 reply({"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1})
+            elif op == "localize":  # docs/conformance.md#failure-localization: probes on the case's own weights
+                from backends.base import Declared
+
+                from .localize import localize, to_json
+
+                inp = load_bundle_inputs(req["bundle"])[0] if "bundle" in req else CaseSpec.from_json(req["spec"]).inputs()
+                prepared = backend.prepare(inp.case, inp.tensors)
+
+                def probe(x, bias, _p=prepared):
+                    y, problem = output_problem(backend.run(_p, x, bias=bias, router_logits=None))
+                    if problem:
+                        raise ValueError(problem)
+                    return y
+
+                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias)
+                reply({"ok": True, "localization": to_json(loc)})
             elif op == "exit":
                 reply({"ok": True})
                 return 0

@@ -58,12 +58,36 @@ def _load_json(path: Path, what: str, limit: int = MAX_CONFIG_JSON_BYTES) -> dic
     if len(raw) > limit:
         raise FormatError(f"{path}: {what} grew past the {limit}-byte limit while being read")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as e:
+        raise FormatError(f"{path}: {what} has the key {_clip(repr(e.args[0]), 120)} twice in one object (the "
+                          "readers disagree on which wins); refused") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise FormatError(f"{path}: malformed JSON ({type(e).__name__}: {_clip(str(e))})") from None
     if not isinstance(data, dict):
         raise FormatError(f"{path}: {what} is not a JSON object")
     return data
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a key twice in one object is an error (as in safetensors headers), not last-wins."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return out
+
+
+def _inside(root: Path, path: Path) -> bool:
+    """``path`` (symlinks resolved) lies inside ``root`` (resolved)."""
+    return root in path.resolve().parents
 
 
 def _clip(text: str, n: int = 200) -> str:
@@ -101,6 +125,8 @@ class Checkpoint:
                 f"supported: {', '.join(SUPPORTED_METHODS)}")
         self.method = method
         self._header_bytes = 0
+        #: (file name, why) for every *.safetensors in the folder that is not read (docs/checkpoints.md)
+        self.skipped_files: list[tuple[str, str]] = []
         self._files = self._index_files()
         self._layers: dict[str, LayerInfo] | None = None
 
@@ -115,6 +141,9 @@ class Checkpoint:
             files: dict[str, TensorFile] = {}
             root = self.folder.resolve()
             for tname, fname in wm.items():
+                if isinstance(fname, str) and "\0" in fname:
+                    raise FormatError(f"{index}: weight_map entry for tensor {_clip(repr(tname), 120)} names the file "
+                                      f"{_clip(repr(fname), 120)}, which holds a NUL byte (no file has such a name)")
                 if not isinstance(fname, str) or not fname:
                     raise FormatError(f"{index}: weight_map entry for tensor {_clip(repr(tname), 120)} is not a file name: {_clip(repr(fname), 120)}")
                 if fname not in files:
@@ -129,17 +158,36 @@ class Checkpoint:
                 if tname not in tf.header or tname == "__metadata__":
                     raise FormatError(f"{index}: tensor {_clip(repr(tname), 120)} is not in shard {_clip(fname, 120)}")
                 names[tname] = tf
+            listed = {Path(f).name for f in files}
+            self.skipped_files = [(p.name, "not read: model.safetensors.index.json does not list it")
+                                  for p in sorted(self.folder.glob("*.safetensors")) if p.name not in listed]
             return names
-        shards = sorted(p for p in self.folder.glob("*.safetensors") if p.name != "toolkit_dequant.safetensors")
-        if not shards:
-            raise FormatError(f"{self.folder}: no *.safetensors files")
-        for p in shards:
-            tf = self._open_shard(p)
-            for k in tf.keys():
-                if k in names:
-                    raise FormatError(f"{self.folder}: tensor {k!r} appears in both {names[k].path.name} and {p.name}")
-                names[k] = tf
+        chosen = self._single_file()
+        tf = self._open_shard(chosen)
+        for k in tf.keys():
+            names[k] = tf
         return names
+
+    def _single_file(self) -> Path:
+        """No index: the file transformers reads (``model.safetensors``, else the folder's only ``*.safetensors``),
+        inside the folder after symlinks; every other ``*.safetensors`` beside it is named in ``skipped_files``."""
+        present = sorted(p.name for p in self.folder.glob("*.safetensors"))
+        if not present:
+            raise FormatError(f"{self.folder}: no *.safetensors files")
+        if "model.safetensors" in present:
+            name = "model.safetensors"
+        elif len(present) == 1:
+            name = present[0]
+        else:
+            raise FormatError(f"{self.folder}: {len(present)} *.safetensors files ({_clip(', '.join(present), 160)}), "
+                              "none named model.safetensors and no model.safetensors.index.json to say which hold the "
+                              "model (transformers reads model.safetensors, an index, or a single file)")
+        path = self.folder / name
+        if not _inside(self.folder.resolve(), path):
+            raise FormatError(f"{path}: a symlink to {_clip(str(path.resolve()), 160)}, outside the checkpoint folder; "
+                              "refused")
+        self.skipped_files = [(n, f"not read: {name} holds the model (no index)") for n in present if n != name]
+        return path
 
     def _open_shard(self, path: Path) -> TensorFile:
         self._header_bytes += header_length(path)

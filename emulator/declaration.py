@@ -26,7 +26,7 @@ from .schemes import Case
 from .variants import AXES, FIELD_AXES, Level, VariantError, normalize_variants
 
 __all__ = ["Declared", "Deviation", "Reference", "int8_variant", "mx_variant", "moe_variant", "weight_kwargs",
-           "round_weights", "declared_weight", "declared_reference", "declared_output", "canonical_declaration"]
+           "arithmetic_dtype", "rounds_after_arithmetic", "round_weights", "declared_weight", "declared_reference", "declared_output", "canonical_declaration"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +48,13 @@ class Declared:
 
     ``variants`` maps variant keys of emulator/variants.py (docs/variants.md) to values, e.g.
     ``{"act_rounding": "rne", "reciprocal": "recip_scale", "zero_read": "ignore_qzeros"}``; an absent
-    key means the canonical value. ``weight_dtype`` is the dtype dequantized weights are rounded to
-    before the product ("exact" when they are used exactly), ``act_compute_dtype`` the dtype
+    key means the canonical value. ``weight_dtype`` is the dtype of the weights that enter the product
+    ("exact": the canonical float32 weights); how they are formed in it is the variant
+    ``weight_formation`` (docs/formats/gptq.md#weight-formation): ``in_weight_dtype`` (canonical: the
+    scale converted to ``weight_dtype`` and every step of the dequantization rounded to it),
+    ``float32_then_round`` (formed in float32, then rounded once to ``weight_dtype``) or
+    ``in_scale_dtype`` (formed in the scale's dtype, then rounded once to ``weight_dtype``);
+    ``act_compute_dtype`` the dtype
     activations are rounded to before the product (None: used as given), ``accumulate`` the
     accumulation dtype, ``output`` the output dtype, rounded once from the accumulator with
     ``output_rounding`` ("rne", or "rtz" for a kernel that truncates). Unknown keys or values raise
@@ -119,11 +124,16 @@ class Declared:
                 continue
             if key == "weight_rounding" and self.weight_dtype in ("exact", "float32"):
                 continue
+            if (key == "weight_formation" and self.weight_dtype in ("exact", "float32")
+                    and self.value(key) != "in_scale_dtype"):
+                continue  # float32 arithmetic either way: the canonical weights
             v = self.value(key)
             if key == "act_symmetric" and key not in self.variants:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
             if key in _ASYM_ONLY and self._act_symmetric(case):
                 continue  # no zero point: the axis changes nothing
+            if key == "azp_clamp_nan" and not self.value("azp_clamp"):
+                continue  # no clamp, nothing to do with NaN
             if key == "azp_fused" and not (self.value("azp_before_rounding") and
                                            self.value("reciprocal") == "recip_scale"):
                 continue  # nothing to fuse
@@ -151,7 +161,7 @@ class Declared:
 
 
 #: int8-activation axes that change nothing for symmetric activations (they act on the zero point or the min/max)
-_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range")
+_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range", "azp_clamp_nan")
 
 
 def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:
@@ -167,11 +177,12 @@ INT8_VARIANT_FIELDS = {"act_rounding": "rounding", "reciprocal": "reciprocal", "
                 "act_dequant_scale_dtype": "dequant_scale_dtype", "act_sym_divisor": "sym_divisor",
                 "act_range": "range_rule", "act_arith_dtype": "arith_dtype", "azp_clamp": "azp_clamp",
                 "azp_domain": "azp_domain", "int32_saturation": "int32_saturation", "azp_overflow": "azp_overflow",
-                "azp_fused": "azp_fused"}
+                "azp_fused": "azp_fused", "azp_clamp_nan": "azp_clamp_nan"}
 #: vocabulary key -> MxVariant field (and INT8_VARIANT_FIELDS: -> Int8ActVariant field)
 MX_VARIANT_FIELDS = {"mx_scale_rule": "scale_rule", "e2m1_rounding": "element_rounding", "e2m1_nan": "element_nan",
               "mx_zero_block": "zero_block", "mx_nan_block": "nan_block", "e2m1_zero_sign": "element_zero_sign",
-              "mx_byte0_divisor": "byte0_divisor", "mx_scale_overflow": "scale_overflow"}
+              "mx_byte0_divisor": "byte0_divisor", "mx_scale_overflow": "scale_overflow",
+              "mx_quotient_dtype": "quotient_dtype"}
 
 
 def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVariant:
@@ -192,9 +203,13 @@ def int8_variant(declared: Declared, case: Case | None = None) -> a8.Int8ActVari
     return a8.Int8ActVariant(**kw)
 
 
-def mx_variant(declared: Declared) -> mxfp4.MxVariant:
-    """The MXFP4 activation quantizer a declaration names."""
-    return mxfp4.MxVariant(**{f: declared.variants[k] for k, f in MX_VARIANT_FIELDS.items() if k in declared.variants})
+def mx_variant(declared: Declared, case: Case | None = None) -> mxfp4.MxVariant:
+    """The MXFP4 activation quantizer a declaration names; ``mx_quotient_dtype=input`` resolves to the case's
+    activation dtype (without a case, to the dtype of the array quantized)."""
+    kw = {f: declared.variants[k] for k, f in MX_VARIANT_FIELDS.items() if k in declared.variants}
+    if kw.get("quotient_dtype") == "input" and case is not None:
+        kw["quotient_dtype"] = case.act_dtype  # the reference quantizes float32 copies: the case names the dtype
+    return mxfp4.MxVariant(**kw)
 
 
 def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant:
@@ -217,8 +232,37 @@ def _moe_act_quant(declared: Declared, case: Case | None) -> a8.Int8ActVariant:
     return q
 
 
-def weight_kwargs(declared: Declared) -> dict:
-    """The declared weight formation as ``dequantize_*`` keyword arguments."""
+def arithmetic_dtype(declared: Declared, case: Case | None = None) -> str | None:
+    """The dtype C the dequantization arithmetic runs in under ``weight_formation`` (None: float32, the
+    canonical arithmetic; docs/formats/gptq.md#weight-formation).
+
+    ``in_weight_dtype``: C = ``weight_dtype``; ``float32_then_round``: float32; ``in_scale_dtype``: the
+    scale's dtype (``weight_scale_dtype``, else the checkpoint's ``case.scale_dtype``).
+    """
+    formation = declared.value("weight_formation")
+    if formation == "in_weight_dtype":
+        return None if declared.weight_dtype in ("exact", "float32") else declared.weight_dtype
+    if formation == "float32_then_round":
+        return None
+    s = declared.value("weight_scale_dtype")
+    if s == "checkpoint":
+        if case is None:
+            raise ValueError("weight_formation=in_scale_dtype needs the case (the checkpoint's scale dtype)")
+        s = case.scale_dtype
+    return None if s == "float32" else s
+
+
+def rounds_after_arithmetic(declared: Declared) -> bool:
+    """Whether the formed weights are rounded once more, to a 16-bit ``weight_dtype``, after the arithmetic
+    (``float32_then_round``, ``in_scale_dtype``); under ``in_weight_dtype`` the arithmetic's own roundings
+    put them there."""
+    return (declared.weight_dtype not in ("exact", "float32")
+            and declared.value("weight_formation") != "in_weight_dtype")
+
+
+def weight_kwargs(declared: Declared, case: Case | None = None) -> dict:
+    """The declared weight arithmetic as ``dequantize_*`` keyword arguments (order, scale and zero dtypes, the
+    arithmetic dtype of ``weight_formation``); the rounding after it is ``round_weights``."""
     v = declared.variants
     kw = {}
     if "dequant_order" in v:
@@ -227,18 +271,21 @@ def weight_kwargs(declared: Declared) -> dict:
         kw["scale_dtype"] = v["weight_scale_dtype"]
     if v.get("zero_dtype", "weight") != "weight":
         kw["zero_dtype"] = v["zero_dtype"]
-    if "weight_rounding" in v:
-        kw["compute_rounding"] = v["weight_rounding"]
-    if declared.weight_dtype != "exact":
-        kw["compute_dtype"] = declared.weight_dtype
+    c = arithmetic_dtype(declared, case)
+    if c is not None:
+        kw["compute_dtype"] = c
+        if "weight_rounding" in v and declared.value("weight_formation") == "in_weight_dtype":
+            kw["compute_rounding"] = v["weight_rounding"]  # every conversion to weight_dtype rounds this way
     return kw
 
 
 def round_weights(w: np.ndarray, declared: Declared) -> np.ndarray:
-    """Exact weights rounded to ``Declared.weight_dtype`` with the declared ``weight_rounding``."""
-    if declared.weight_dtype == "exact":
+    """Formed weights rounded once to a 16-bit ``Declared.weight_dtype`` with the declared ``weight_rounding``,
+    where ``weight_formation`` rounds after the arithmetic (``rounds_after_arithmetic``); else ``w`` itself."""
+    if not rounds_after_arithmetic(declared):
         return w
-    return round_to_dtype(w, declared.weight_dtype, Rounding.parse(declared.value("weight_rounding")))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return round_to_dtype(w, declared.weight_dtype, Rounding.parse(declared.value("weight_rounding")))
 
 
 def declared_weight(case: Case, tensors: dict, declared: Declared, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -255,8 +302,20 @@ def declared_weight(case: Case, tensors: dict, declared: Declared, *, out: np.nd
 
 
 def _declared_weight(case: Case, tensors: dict, declared: Declared, out) -> np.ndarray:
+    w = _formed_weight(case, tensors, declared, out)
+    if not rounds_after_arithmetic(declared):
+        return w
+    r = round_weights(w, declared)
+    if out is not None:
+        out[...] = r
+        return out
+    return r.astype(np.float32)
+
+
+def _formed_weight(case: Case, tensors: dict, declared: Declared, out) -> np.ndarray:
+    """The weights after the declared arithmetic (before the rounding of ``round_weights``)."""
     fmt = case.weight_format
-    kw = weight_kwargs(declared)
+    kw = weight_kwargs(declared, case)
     if fmt == "gptq":
         p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
                             zero_convention=case.gptq_zero_convention)
@@ -277,11 +336,25 @@ def _declared_weight(case: Case, tensors: dict, declared: Declared, out) -> np.n
     if fmt == "ct-int-quantized":
         return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
     if fmt == "ct-mxfp4":
-        if declared.weight_dtype == "exact":
-            return mxfp4.dequantize_mxfp4_ct(tensors, out=out)  # exact float32 values (fast path)
-        w = mxfp4.dequantize_mxfp4_ct(tensors, dtype=np.float64)
-        return round_weights(w, declared).astype(np.float32)
+        c = arithmetic_dtype(declared, case) if declared.value("weight_formation") == "in_weight_dtype" else None
+        if c is None:  # float32 arithmetic (the E8M0 scale is a float32 power of two): the exact product, RNE
+            return mxfp4.dequantize_mxfp4_ct(tensors, out=out)
+        return _mx_in_dtype(tensors, c, Rounding.parse(declared.value("weight_rounding")))
     raise ValueError(f"no declared weight for format {fmt!r}")
+
+
+def _mx_in_dtype(tensors: dict, dtype: str, mode: Rounding) -> np.ndarray:
+    """MXFP4 weights formed in ``dtype``: the E2M1 value (exact in every 16-bit dtype) times the E8M0 scale
+    converted to ``dtype``, the product rounded to ``dtype`` (float16 cannot hold most 2**e: they overflow or
+    underflow on conversion, as a kernel converting the scale would)."""
+    from .numerics.e2m1 import decode_e2m1
+    from .numerics.e8m0 import decode_e8m0
+
+    codes, sb = mxfp4.unpack_mxfp4_ct(tensors)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = round_to_dtype(decode_e8m0(sb), dtype, mode)
+        s = np.repeat(s, mxfp4.BLOCK, axis=-1)
+        return round_to_dtype(decode_e2m1(codes).astype(np.float64) * s, dtype, mode).astype(np.float32)
 
 
 # -- the declared reference ------------------------------------------------------------------------------
@@ -326,7 +399,10 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
             r = lin.linear_w8a8(x.astype(np.float32), tensors["weight"], ws, b, act=v, out_dtype=out_dtype)
             return Reference(r.y_exact, r.y_bound, out_dtype, {"ws": ws, "acc": r.acc, "bias": b}, r.parts)
         # W4A8: integer weights (q - z) and group scales under the declared weight reading
-        w = declared_weight(case, tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
+        # (weight_dtype and weight_formation do not apply: the integer weights (q - z) enter the group sums)
+        plain = {k: v for k, v in declared.variants.items() if k not in ("weight_formation", "weight_rounding")}
+        w = declared_weight(case, tensors, dataclasses.replace(declared, weight_dtype="exact", variants=plain)
+                            ).astype(np.float64)
         q = a8.quantize_int8_per_token(x.astype(np.float32), v)
         xd = a8.dequantize_int8_per_token(q)
         r = lin.linear_w16(xd, w, b, out_dtype=out_dtype)
@@ -334,7 +410,8 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
         return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": w, "bias": b, "mag": r.mag}, parts)
     if acts == "mxfp4":
         codes, sb = mxfp4.unpack_mxfp4_ct(tensors)
-        r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared), out_dtype=out_dtype)
+        r = lin.linear_mxfp4_w4a4(x.astype(np.float32), codes, sb, b, act=mx_variant(declared, case),
+                                  out_dtype=out_dtype)
         xd = mxfp4.dequantize_mxfp4(r.parts["x_codes"], r.parts["x_scale"], dtype=np.float64)
         wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
         return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b, "mag": r.mag}, r.parts)
@@ -342,8 +419,8 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
 
 
 def _experts(qweight, scales, group: int, kw: dict, used, declared: Declared, tensor: str) -> np.ndarray:
-    """float64 [E, out, in] of the experts ``used`` under ``declared`` (weights rounded to its weight_dtype);
-    the other experts zeros."""
+    """float64 [E, out, in] of the experts ``used`` formed as ``declared`` says (``weight_kwargs``, then
+    ``round_weights``); the other experts zeros."""
     out = None
     for e in used:  # one expert at a time: at most one float32 expert materialised besides the result
         w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[e], **kw)[e]
@@ -357,7 +434,7 @@ def _experts(qweight, scales, group: int, kw: dict, used, declared: Declared, te
 
 
 def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Reference:
-    kw = weight_kwargs(dataclasses.replace(declared, weight_dtype="exact"))
+    kw = weight_kwargs(declared, case)
     mv = moe_variant(declared, case)  # the case resolves act_arith_dtype=input
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier

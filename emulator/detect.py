@@ -16,7 +16,10 @@ from .layer_info import LayerInfo
 if TYPE_CHECKING:  # annotations only: checkpoint.py calls into this module
     from .checkpoint import Checkpoint
 from .errors import FormatError, UnsupportedFormatError
-from .saferegex import Budget, compile_safe
+from .saferegex import MAX_CONFIG_PATTERNS, Budget
+
+#: config_groups one compressed-tensors config may hold (each name is tested against each group's targets)
+MAX_CONFIG_GROUPS = 1_000
 
 _GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 
@@ -31,6 +34,7 @@ def detect_layers(ckpt: Checkpoint, rule=None) -> list[LayerInfo]:
         "mxfp4": _detect_gptoss_mxfp4,
     }[ckpt.method]
     check_config_types(ckpt.qconfig, str(ckpt.qconfig_source))
+    check_config_sizes(ckpt.qconfig, str(ckpt.qconfig_source))
     # one budget for all the re: matching of this checkpoint (emulator/saferegex.py)
     layers = rule(ckpt, ckpt.qconfig, Budget(where=str(ckpt.qconfig_source)))
     if not layers:
@@ -152,6 +156,55 @@ def check_config_types(qc: dict, where: str) -> None:
                                              "is not an integer")
             if key in STR_KEYS and not isinstance(value, str):
                 raise UnsupportedFormatError(f"{where}: quantization_config {prefix}{key}={_short(value)} is not a string")
+
+
+def _config_strings(qc: dict):
+    """Every string a detection rule matches names against: extra_config keys, ignore, every targets."""
+    extra = qc.get("extra_config")
+    if isinstance(extra, dict):
+        yield from extra
+    for key in ("ignore", "targets"):
+        v = qc.get(key)
+        yield from ([v] if isinstance(v, str) else v if isinstance(v, list) else [])
+    groups = qc.get("config_groups")
+    if isinstance(groups, dict):
+        for g in groups.values():
+            v = g.get("targets") if isinstance(g, dict) else None
+            yield from ([v] if isinstance(v, str) else v if isinstance(v, list) else [])
+
+
+def check_config_sizes(qc: dict, where: str) -> None:
+    """The counted limits of docs/checkpoints.md#limits, before any pattern is compiled or any name matched:
+    at most MAX_CONFIG_PATTERNS ``re:`` patterns and MAX_CONFIG_GROUPS config_groups."""
+    n = sum(1 for t in _config_strings(qc) if isinstance(t, str) and t.startswith("re:"))
+    if n > MAX_CONFIG_PATTERNS:
+        raise UnsupportedFormatError(f"{where}: quantization_config holds {n} re: patterns (extra_config, targets, "
+                                     f"ignore), more than the {MAX_CONFIG_PATTERNS} qconform matches; refused")
+    groups = qc.get("config_groups")
+    if isinstance(groups, dict) and len(groups) > MAX_CONFIG_GROUPS:
+        raise UnsupportedFormatError(f"{where}: quantization_config holds {len(groups)} config_groups, more than "
+                                     f"the {MAX_CONFIG_GROUPS} qconform matches; refused")
+
+
+def _split_patterns(entries, budget: Budget, key) -> tuple:
+    """(plain names as a set, [re: patterns in order]) of a list, built once per checkpoint (budget.memo)."""
+    hit = budget.memo.get(key)
+    if hit is None:
+        plain = {t for t in entries if not t.startswith("re:")}
+        hit = budget.memo[key] = (plain, [t for t in entries if t.startswith("re:")])
+    return hit
+
+
+def _suffix_hit(name: str, plain: set) -> bool:
+    """``name == t or name.endswith("." + t)`` for some t of ``plain``, in O(len(name)) set look-ups."""
+    if name in plain:
+        return True
+    i = name.find(".")
+    while i >= 0:
+        if name[i + 1:] in plain:
+            return True
+        i = name.find(".", i + 1)
+    return False
 
 
 def _cfg_int(cfg: dict, key: str, default: int, where: str) -> int:
@@ -291,7 +344,7 @@ def _written_by_gptqmodel(cfg: dict) -> bool:
 def _re(pattern: str, name: str, budget: Budget, *, full: bool = False) -> bool:
     """Match a config's ``re:`` pattern with the linear-time matcher (emulator/saferegex.py): same
     answers as ``re.match`` / ``re.fullmatch``; a pattern that does not compile is the config's error."""
-    rx = compile_safe(pattern[3:], where=budget.where)
+    rx = budget.compile(pattern[3:])
     return rx.fullmatch(name, budget) if full else rx.match(name, budget)
 
 
@@ -303,12 +356,21 @@ def _layer_cfg(cfg: dict, prefix: str, budget: Budget) -> dict:
         return out
     if not isinstance(extra, dict):
         raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config={_short(extra)} is not an object")
-    for key, over in extra.items():
-        if not isinstance(over, dict):
-            raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config[{_short(key)}]={_short(over)} "
-                                         "is not an object")
-        if key == prefix or (key.startswith("re:") and _re(key, prefix, budget, full=True)):
-            out.update(over)
+    memo = budget.memo.get(("extra_config", id(extra)))
+    if memo is None:  # once per checkpoint: the key order, and which keys are patterns
+        for key, over in extra.items():
+            if not isinstance(over, dict):
+                raise UnsupportedFormatError(f"{prefix}: quantization_config extra_config[{_short(key)}]="
+                                             f"{_short(over)} is not an object")
+        order = {key: i for i, key in enumerate(extra)}
+        memo = budget.memo[("extra_config", id(extra))] = (order, [k for k in extra if k.startswith("re:")])
+    order, patterns = memo
+    # the keys that apply, in the config's order (a later key overrides an earlier one, as before)
+    hits = [k for k in patterns if _re(k, prefix, budget, full=True)]
+    if prefix in order:
+        hits.append(prefix)
+    for key in sorted(hits, key=order.__getitem__):
+        out.update(extra[key])
     return out
 
 
@@ -387,20 +449,17 @@ def _detect_awq(ckpt: Checkpoint, cfg: dict, budget: Budget) -> list[LayerInfo]:
 
 # -- compressed-tensors ------------------------------------------------------------------
 def _ct_targets_match(targets, name: str, budget: Budget, where: str) -> bool:
-    for t in _str_list(targets, "targets", where):
-        if t.startswith("re:"):
-            if _re(t, name, budget):
-                return True
-        elif t == "Linear" or name == t or name.endswith("." + t):
-            return True
-    return False
+    plain, patterns = _split_patterns(_str_list(targets, "targets", where), budget, ("targets", id(targets)))
+    budget.spend(1, "targets")
+    if "Linear" in plain or _suffix_hit(name, plain):
+        return True
+    return any(_re(t, name, budget) for t in patterns)
 
 
 def _ct_ignored(cfg: dict, name: str, budget: Budget, where: str) -> bool:
-    for t in _str_list(cfg.get("ignore"), "ignore", where):
-        if (t.startswith("re:") and _re(t, name, budget)) or name == t or name.endswith("." + t):
-            return True
-    return False
+    ignore = cfg.get("ignore")
+    plain, patterns = _split_patterns(_str_list(ignore, "ignore", where), budget, ("ignore", id(ignore)))
+    return _suffix_hit(name, plain) or any(_re(t, name, budget) for t in patterns)
 
 
 def _ct_scheme_for(cfg: dict, name: str, budget: Budget, where: str) -> dict | None:

@@ -56,7 +56,10 @@ def layer_case(info: LayerInfo, M: int, act_dtype: str, act: str) -> Case:
     if scheme == "w8a8":  # a W8A8 Case's sym is its activations' (its int8 weights are symmetric)
         sym = bool((info.activation or {}).get("symmetric", True))
     scale_dtype = _DTYPES.get(info.scale_dtype or "", None) if info.format != "ct-mxfp4" else None
-    return Case(scheme, info.format, M, N, K, group_size=info.group_size, sym=sym, act_order=info.act_order,
+    # compressed-tensors actorder "weight" orders calibration only, not the stored format (quant_args.py
+    # ActivationOrdering): without weight_g_idx the groups are contiguous, as the reference reads them
+    act_order = info.act_order and (info.format != "ct-pack-quantized" or "weight_g_idx" in info.tensors)
+    return Case(scheme, info.format, M, N, K, group_size=info.group_size, sym=sym, act_order=act_order,
                 zero_convention=info.zero_convention if info.format == "gptq" else None, act_dtype=act_dtype,
                 bias="bias" in info.tensors, bits=info.bits, scale_dtype=scale_dtype)
 

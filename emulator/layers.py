@@ -18,7 +18,7 @@ from .errors import FormatError, UnsupportedFormatError, require
 from . import quark
 from .formats import awq, compressed_tensors as ct, gptq, mxfp4
 
-__all__ = ["dequantize_layer", "linear_layer", "layer_bias"]
+__all__ = ["dequantize_layer", "linear_layer", "layer_bias", "overflowing_weights", "MX_FORMATS"]
 
 
 def _data(tensors: dict, role: str):
@@ -55,8 +55,10 @@ def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
     """Exact dequantized weight, float32 [N, K] (stacked experts: [E, N, K]).
 
     Every tensor of the layer is validated, its bias too (a finite float vector of N), so a
-    checkpoint this returns for is one every command accepts; a weight whose exact value does
-    not fit float32 (e.g. E8M0 scale 2^127 times E2M1 4) is an error, never an inf."""
+    checkpoint this returns for is one every command accepts. An MXFP4 weight whose exact value
+    does not fit float32 (e.g. E8M0 scale 2^127 times E2M1 4) is its RNE rounding, +-Inf, as ONNX
+    DequantizeLinear and every peer return (``overflowing_weights`` counts them; docs/formats/mxfp4.md
+    #dequantization); an integer format's overflowing weight is an error."""
     layer_bias(ckpt, info)
     tensors = ckpt.layer_tensors(info)
     w = _dequantize(info, tensors)
@@ -67,18 +69,25 @@ def dequantize_layer(ckpt: Checkpoint, info: LayerInfo) -> np.ndarray:
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
+MX_FORMATS = ("ct-mxfp4", "gptoss-mxfp4", "quark-mxfp4")
+
+
+def overflowing_weights(info: LayerInfo, w: np.ndarray) -> int:
+    """How many elements of an MXFP4 layer's weight ``w`` are +-Inf: exact values beyond float32, rounded
+    (RNE) to +-Inf (0 for the other formats, which refuse them)."""
+    return int(np.isinf(w).sum()) if info.format in MX_FORMATS else 0
+
+
 def _require_finite(info: LayerInfo, tensors: dict, w: np.ndarray) -> None:
-    """The exact weight must be a float32 value. Skips the full pass when the stored scales
-    cannot overflow (int formats: max|scale| x 2^bits; MXFP4: every scale byte <= 252)."""
-    if info.format in ("ct-mxfp4", "gptoss-mxfp4", "quark-mxfp4"):
-        role = "scales" if info.format == "gptoss-mxfp4" else "weight_scale"
-        if int(np.max(tensors[role].data, initial=0)) <= 252:  # 6 x 2^125 < float32 max
-            return
-    else:
-        role = "scales" if "scales" in tensors else "weight_scale"
-        s = np.asarray(tensors[role].data, dtype=np.float64)
-        if s.size == 0 or float(np.max(np.abs(s))) * 2.0 ** (info.bits + 1) < _F32_MAX:
-            return
+    """An integer format's exact weight must be a float32 value (MXFP4: +-Inf is the canonical RNE rounding
+    of an exact value beyond float32, docs/formats/mxfp4.md#dequantization). Skips the full pass when the
+    stored scales cannot overflow (max|scale| x 2^bits)."""
+    if info.format in MX_FORMATS:
+        return
+    role = "scales" if "scales" in tensors else "weight_scale"
+    s = np.asarray(tensors[role].data, dtype=np.float64)
+    if s.size == 0 or float(np.max(np.abs(s))) * 2.0 ** (info.bits + 1) < _F32_MAX:
+        return
     bad = ~np.isfinite(w)
     if bad.any():
         idx = [int(i) for i in np.argwhere(bad)[0]]

@@ -74,7 +74,7 @@ def quantize_reference(case: Case, x: np.ndarray, declared: Declared) -> dict[st
         return {"codes": acts.q, "scale": acts.scale, "zero_point": acts.zero_point,
                 "dequantized": _to_act(u8.dequantize_uint8_per_tensor(acts), case.act_dtype)}
     if case.scheme == "q-mxfp4":
-        codes, sb = mxfp4.quantize_mxfp4(x, mx_variant(declared))
+        codes, sb = mxfp4.quantize_mxfp4(x, mx_variant(declared, case))
         with np.errstate(over="ignore", invalid="ignore"):
             deq = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64, what="x")
         return {"codes": codes.astype(np.uint8), "scale": sb.astype(np.uint8), "dequantized": _to_act(deq, case.act_dtype)}

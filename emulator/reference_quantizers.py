@@ -39,7 +39,10 @@ REFERENCE_QUANTIZERS: dict[str, ReferenceQuantizer] = {e.name: e for e in [
     _entry("onnx-dynamicquantizelinear",
            "onnx 1.23 reference/ops/op_dynamic_quantize_linear.py (uint8 codes and zero point, one scale per tensor)",
            act_symmetric=False, act_range="zero_inclusive", azp_clamp=True, azp_domain="uint8",
-           zero_row="unit_range", uint8_zp128=True, act_granularity="per_tensor"),
+           zero_row="unit_range", uint8_zp128=True, act_granularity="per_tensor",
+           # a range whose fp32 scale underflows to 0: zp = max(0, min(255, NaN or +Inf)) = 255 and
+           # rint(0 / 0) = NaN clipped and cast to uint8 is 0 (x86 and Arm conversions of NaN give 0)
+           azp_clamp_nan="high", nan_to_int="low"),
     _entry("vllm-cuda-int8-azp",
            "vLLM csrc/quantization/compressed_tensors/int8_quant_kernels.cu dynamic_scaled_int8_azp_quant_kernel",
            act_symmetric=False, int32_saturation="full"),
@@ -55,7 +58,7 @@ REFERENCE_QUANTIZERS: dict[str, ReferenceQuantizer] = {e.name: e for e in [
            mx_scale_rule="rceil_log2f", mx_byte0_divisor="one"),
     _entry("compressed-tensors-mxfp4-act",
            "compressed_tensors 0.20 MXFP4 input_activations: calculate_qparams -> generate_mx_scales, forward quantize",
-           mx_scale_rule="even", e2m1_zero_sign="positive", mx_scale_overflow="nan"),
+           mx_scale_rule="even", e2m1_zero_sign="positive", mx_scale_overflow="nan", mx_quotient_dtype="input"),
 ]}
 
 

@@ -32,10 +32,13 @@ except ImportError:  # pragma: no cover - Python 3.10
         import sre_constants as _c  # type: ignore[no-redef]
         import sre_parse as _p  # type: ignore[no-redef]
 
-__all__ = ["SafeRegex", "Budget", "compile_safe", "MAX_PATTERN_CHARS", "MAX_STATES"]
+__all__ = ["SafeRegex", "Budget", "compile_safe", "MAX_PATTERN_CHARS", "MAX_STATES", "MAX_CONFIG_PATTERNS"]
 
 MAX_PATTERN_CHARS = 4096
 MAX_STATES = 5_000
+#: ``re:`` patterns one checkpoint config may hold in all (extra_config keys, targets, ignore): counted before
+#: any is compiled (a toolkit writes a handful; compiling costs about 1 ms each)
+MAX_CONFIG_PATTERNS = 1_000
 _CACHE_LIMIT = 50_000  # transition-cache entries kept per pattern before the cache is dropped
 
 _CHAR, _SPLIT, _ASSERT, _MATCH = range(4)
@@ -259,20 +262,37 @@ class SafeRegex:
         return False  # pragma: no cover - the loop returns at pos == n
 
     def match(self, s: str, budget: "Budget | None" = None) -> bool:
+        if budget is not None:
+            budget.spend(len(s) + 1, self.pattern)  # the characters this match can read, cached or not
         return self._run(s, False, budget)
 
     def fullmatch(self, s: str, budget: "Budget | None" = None) -> bool:
+        if budget is not None:
+            budget.spend(len(s) + 1, self.pattern)
         return self._run(s, True, budget)
 
 
 class Budget:
-    """Work allowed to all the matching one command does (NFA state visits, cache misses only),
-    so a config with many patterns and a header with many long names cannot add up to a hang."""
+    """Work allowed to all the matching one command does, so a config with many patterns and a header with
+    many long names cannot add up to a hang: NFA state visits on a cache miss, one step per character a match
+    reads (cache hits included), one per (name, config entry) test, and each pattern's compilation (its
+    states plus its characters). ``memo`` holds what one checkpoint's matching prepares once (its compiled
+    patterns, the plain-name sets of its lists), so nothing is rebuilt per layer."""
 
     def __init__(self, limit: int = 20_000_000, where: str = "quantization_config"):
         self.left = limit
         self.limit = limit
         self.where = where
+        self.memo: dict = {}
+        self.compiled: dict = {}
+
+    def compile(self, pattern: str) -> "SafeRegex":
+        """``compile_safe`` once per pattern for this budget, its cost charged."""
+        rx = self.compiled.get(pattern)
+        if rx is None:
+            rx = self.compiled[pattern] = compile_safe(pattern, where=self.where)
+            self.spend(len(rx._states) + len(pattern), pattern)
+        return rx
 
     def spend(self, n: int, pattern: str) -> None:
         self.left -= n

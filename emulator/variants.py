@@ -80,6 +80,9 @@ _INT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.weights in ("int4", "int
 _INT8_ACT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations in ("int8", "moe"))
 _MX_ACT_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations == "mxfp4")
 _MOE_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations == "moe")
+# the schemes whose product takes float weights formed from the codes (a16 and the MoE block); the int8- and
+# MXFP4-activation schemes multiply the codes themselves, so a weight dtype means nothing there
+_WEIGHT_DTYPE_SCHEMES = tuple(n for n, s in SCHEMES.items() if s.activations in ("a16", "moe") and not s.quantize_only)
 
 
 def _bool(raw: Any) -> bool:
@@ -224,38 +227,46 @@ def _act_compute_level(value, case, tensors=None) -> Level:
 
 _DOC_ACT = "formats/activations.md"
 _DOC_MX = "formats/mxfp4.md"
-_DOC_INT = "formats/int-weights.md"
+_DOC_INT = "formats/gptq.md"
 _DOC_MOE = "formats/moe.md"
-_DOC_ACC = "conformance.md#acceptance"
+_DOC_ACC = "variants.md#declared-fields"  # (the interval they imply: conformance.md#acceptance)
 
 AXES: dict[str, Axis] = {a.key: a for a in [
     # -- weights ----------------------------------------------------------------------------------------
     Axis("zero_read", "how GPTQ qzeros are read", Stage.WEIGHTS,
          ("canonical", "v1_packed_add", "v1_wrap", "ignore_qzeros", "v1_literal"), "canonical", Level.SEMANTIC,
-         schemes=_INT_SCHEMES, target="gptq.dequantize_gptq(zero_read=)", doc=_DOC_INT + "#gptq-zero-points",
+         schemes=_INT_SCHEMES, target="gptq.dequantize_gptq(zero_read=)", doc=_DOC_INT + "#reading-v1-zero-points-gptqzeroread",
          source="GPTQModel convert_gptq_v1_to_v2_format_module (v1_packed_add); GPTQ-for-LLaMa Triton forks "
                 "(v1_wrap); vLLM gptq_marlin uint4b8 (ignore_qzeros); vLLM INC/ARK glue, auto-round QuantLinear "
                 "ZP_BIAS=0 (v1_literal)", case_level=_zero_read_level),
     Axis("dequant_order", "order of the dequantization steps", Stage.WEIGHTS,
          ("sub_then_mul", "mul_then_sub", "float_zero"), "sub_then_mul", schemes=_INT_SCHEMES,
-         target="int_common.dequantize_affine(order=)", doc=_DOC_INT + "#dequantization-order",
+         target="int_common.dequantize_affine(order=)", doc=_DOC_INT + "#dequantization",
          source="tinygemm / torch _weight_int4pack_mm (float_zero); Marlin (mul_then_sub)"),
     Axis("weight_scale_dtype", "dtype the weight scales are read in", Stage.WEIGHTS,
          ("checkpoint",) + _DTYPES, "checkpoint", schemes=_INT_SCHEMES, target="dequantize_*(scale_dtype=)",
-         doc=_DOC_INT + "#scale-dtype", source="vLLM loads scales in params_dtype (the activation dtype)",
+         doc=_DOC_INT + "#dequantization", source="vLLM loads scales in params_dtype (the activation dtype)",
          case_level=_same_as_case_scale),
     Axis("zero_dtype", "dtype of the float zero point under dequant_order=float_zero", Stage.WEIGHTS,
          ("weight",) + _DTYPES, "weight", schemes=_INT_SCHEMES, target="dequantize_*(zero_dtype=)",
-         doc=_DOC_INT + "#dequantization-order", source="tinygemm keeps its zero point in bf16"),
+         doc=_DOC_INT + "#float-zero-point-dequantorderfloat_zero", source="tinygemm keeps its zero point in bf16"),
     Axis("weight_rounding", "rounding of the weights to Declared.weight_dtype", Stage.WEIGHTS,
-         ("rne", "rtz"), "rne", target="dequantize_*(compute_rounding=)", doc=_DOC_INT + "#dequantization-order",
+         ("rne", "rtz"), "rne", schemes=_WEIGHT_DTYPE_SCHEMES, target="dequantize_*(compute_rounding=)",
+         doc=_DOC_INT + "#weight-formation",
          source="fp32 -> bf16 conversions that drop the low 16 bits (vLLM _C_AVX512)"),
-    Axis("weight_dtype", "dtype the dequantized weights are formed in", Stage.WEIGHTS,
-         ("exact", "float32", "float16", "bfloat16"), "exact", levels=(("float32", Level.CANONICAL),),
-         target="Declared.weight_dtype", doc=_DOC_ACC, field=True,
-         source="16-bit weight formation of W4A16 kernels (tinygemm, oneDNN, ARK)",
+    Axis("weight_dtype", "dtype of the weights that enter the product (how they get there: weight_formation)",
+         Stage.WEIGHTS, ("exact", "float32", "float16", "bfloat16"), "exact", levels=(("float32", Level.CANONICAL),),
+         schemes=_WEIGHT_DTYPE_SCHEMES, target="Declared.weight_dtype", doc=_DOC_INT + "#weight-formation",
+         field=True, source="16-bit weight formation of W4A16 kernels (tinygemm, oneDNN, ZenDNN, vLLM CPU)",
          value_notes=(("float32", "canonical: every int and MX weight is formed exactly in float32 "
-                                  "(docs/formats/int-weights.md)"),)),
+                                  "(docs/formats/gptq.md#dequantization)"),)),
+    Axis("weight_formation", "how the weights of a 16-bit weight_dtype are formed", Stage.WEIGHTS,
+         ("in_weight_dtype", "float32_then_round", "in_scale_dtype"), "in_weight_dtype",
+         schemes=_WEIGHT_DTYPE_SCHEMES, target="declaration.declared_weight", doc=_DOC_INT + "#weight-formation",
+         source="in_weight_dtype: torch CUDA _weight_int4pack_mm (aten/src/ATen/native/cuda/int4mm.cu, one bf16 FMA), "
+                "oneDNN fpmath_mode apply_to_int; float32_then_round: compressed-tensors _dequantize with float32 scales, "
+                "vLLM CPU cpu_gemm_wna16 (fp32 LUT, then the activation dtype); in_scale_dtype: compressed-tensors _dequantize "
+                "(quantization/lifecycle/forward_helpers.py: (q - z) * s in the scale's dtype, then .to(dtype))"),
     # -- GEMM --------------------------------------------------------------------------------------------
     Axis("act_compute_dtype", "dtype activations are rounded to before the product", Stage.GEMM,
          ("none",) + _DTYPES, "none", target="Declared.act_compute_dtype", doc=_DOC_ACC, field=True,
@@ -284,55 +295,55 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          source="vLLM csrc/cpu/dnnl_kernels.cpp (oneDNN azp compensation)"),
     # -- dynamic int8 activations ------------------------------------------------------------------------
     Axis("act_rounding", "int8 activation rounding (ties)", Stage.INT8_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
-         "rne", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.rounding", doc=_DOC_ACT + "#rounding",
+         "rne", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.rounding", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="std::round in vLLM CPU fp16 paths (rhaz); RTZ float->int casts"),
     Axis("reciprocal", "quotient form", Stage.INT8_ACTIVATIONS, ("divide", "recip_amax", "recip_scale"), "divide",
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.reciprocal", doc=_DOC_ACT + "#reciprocal",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.reciprocal", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="vLLM CUDA/Triton/SGL (x * 127/amax); vLLM x86 oneDNN, torchao (x * 1/scale)"),
     Axis("act_scale_dtype", "dtype of the activation scale", Stage.INT8_ACTIVATIONS, _DTYPES, "float32",
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.scale_dtype", doc=_DOC_ACT + "#scale-dtype",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.scale_dtype", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="kernels storing per-token scales in the activation dtype"),
     Axis("act_dequant_scale_dtype", "dtype of the scale that multiplies the accumulator", Stage.INT8_ACTIVATIONS,
          ("same",) + _DTYPES, "same", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.dequant_scale_dtype",
-         doc=_DOC_ACT + "#scale-dtype", source="zentorch zentorch_dynamic_qlinear (bf16 epilogue scale)"),
+         doc=_DOC_ACT + "#named-variants-int8actvariant", source="zentorch zentorch_dynamic_qlinear (bf16 epilogue scale)"),
     Axis("act_scale_formula", "how the scale is formed from the range", Stage.INT8_ACTIVATIONS,
          ("divide", "recip_mul"), "divide", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.scale_formula",
-         doc=_DOC_ACT + "#scale-formula", source="ARK DnnlWrapper::dyn_quant_s8 (amax * fl32(1/127))"),
+         doc=_DOC_ACT + "#named-variants-int8actvariant", source="ARK DnnlWrapper::dyn_quant_s8 (amax * fl32(1/127))"),
     Axis("qmin", "lower int8 clamp", Stage.INT8_ACTIVATIONS, canonical=-128, kind="int", bounds=(-128, 126),
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmin", doc=_DOC_ACT + "#saturation",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmin", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="symmetric [-127, 127] ranges (vLLM CUDA/Triton)"),
     Axis("qmax", "upper int8 clamp", Stage.INT8_ACTIVATIONS, canonical=127, kind="int", bounds=(-127, 127),
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmax", doc=_DOC_ACT + "#saturation"),
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.qmax", doc=_DOC_ACT + "#named-variants-int8actvariant"),
     Axis("zero_row", "zero-row / amax-eps rule", Stage.INT8_ACTIVATIONS,
          ("zero", "eps", "nan", "dtype_eps", "unit_range"), "zero",
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.zero_row", doc=_DOC_ACT + "#zero-rows",
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.zero_row", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="Triton 1e-10, XPU 1e-5, SGL CPU 1e-7, torchao eps clamps; x86 oneDNN (no guard); compressed-tensors "
                 "calculate_qparams (dtype_eps: a zero scale becomes finfo(dtype).eps); ONNX reference "
                 "DynamicQuantizeLinear (unit_range: scale 1/255 when max == min)"),
     Axis("eps", "amax clamp under zero_row=eps", Stage.INT8_ACTIVATIONS, canonical=0.0, kind="float",
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#zero-rows"),
-    Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan)", Stage.INT8_ACTIVATIONS,
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#named-variants-int8actvariant"),
+    Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan, or a scale that underflowed to 0)", Stage.INT8_ACTIVATIONS,
          ("zero", "low", "raise"), "zero", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.nan_to_int",
-         doc=_DOC_ACT + "#zero-rows", source="the emulator raises where NaN means bad input; ONNX reference "
+         doc=_DOC_ACT + "#named-variants-int8actvariant", source="the emulator raises where NaN means bad input; ONNX reference "
                                               "QuantizeLinear (NaN -> int32 min -> clipped: low)"),
     Axis("act_symmetric", "symmetric (amax) or asymmetric (min/max + zero point) activations",
          Stage.INT8_ACTIVATIONS, canonical=True, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
-         target="Int8ActVariant.symmetric", doc=_DOC_ACT + "#asymmetric",
+         target="Int8ActVariant.symmetric", doc=_DOC_ACT + "#canonical-asymmetric-azp",
          source="compressed-tensors input_activations.symmetric; vLLM azp kernels",
          case_level=_act_symmetric_level),
     Axis("uint8_zp128", "codes stored as q + 128 in uint8 (same values)", Stage.INT8_ACTIVATIONS, canonical=False,
-         kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.uint8_zp128", doc=_DOC_ACT + "#uint8",
+         kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.uint8_zp128", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="vLLM SGL CPU W4A8 (csrc/cpu/sgl-kernels)"),
     Axis("act_granularity", "which elements share a scale", Stage.INT8_ACTIVATIONS, ("per_token", "per_tensor"),
          "per_token", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.granularity",
-         doc=_DOC_ACT + "#granularity", source="ARK woqgemm_s8 (one scale for the whole tensor)"),
+         doc=_DOC_ACT + "#named-variants-int8actvariant", source="ARK woqgemm_s8 (one scale for the whole tensor)"),
     Axis("act_scheme", "the activation quantization scheme as a whole", Stage.INT8_ACTIVATIONS,
          ("minmax", "kai_qa8dx"), "minmax", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
-         target="Int8ActVariant.scheme", doc=_DOC_ACT + "#kleidiai",
+         target="Int8ActVariant.scheme", doc=_DOC_ACT + "#kleidiai-qa8dx-schemekai_qa8dx",
          source="KleidiAI kai_lhs_quant_pack_qai8dxp_f32; torch _dyn_quant_matmul_4bit"),
     Axis("azp_before_rounding", "zero point added before the integer rounding", Stage.INT8_ACTIVATIONS,
          canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_before_rounding",
-         doc=_DOC_ACT + "#asymmetric", source="vLLM csrc/cpu/dnnl_kernels.cpp dynamic_scaled_int8_quant_impl; "
+         doc=_DOC_ACT + "#canonical-asymmetric-azp", source="vLLM csrc/cpu/dnnl_kernels.cpp dynamic_scaled_int8_quant_impl; "
                                               "compressed-tensors forward _quantize (x / scale + zero_point)"),
     Axis("act_sym_divisor", "divisor of the symmetric scale amax / D", Stage.INT8_ACTIVATIONS,
          ("qmax", "half_range"), "qmax", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.sym_divisor",
@@ -352,6 +363,10 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          doc=_DOC_ACT + "#reference-implementations",
          source="compressed-tensors calculate_qparams (clamp to [-128, 127], then round); ONNX DynamicQuantizeLinear "
                 "(saturate to [0, 255])"),
+    Axis("azp_clamp_nan", "what azp_clamp makes of a NaN real zero point (a scale underflowed to 0)",
+         Stage.INT8_ACTIVATIONS, ("keep", "high"), "keep", schemes=_INT8_ACT_SCHEMES,
+         target="Int8ActVariant.azp_clamp_nan", doc=_DOC_ACT + "#reference-implementations",
+         source="ONNX reference DynamicQuantizeLinear (high: max(qmin, min(qmax, NaN)) is qmax in Python)"),
     Axis("azp_domain", "integer domain the zero point is formed in", Stage.INT8_ACTIVATIONS, ("int8", "uint8"),
          "int8", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_domain",
          doc=_DOC_ACT + "#reference-implementations", source="ONNX DynamicQuantizeLinear (uint8: zp = round(-min / scale))"),
@@ -371,7 +386,7 @@ AXES: dict[str, Axis] = {a.key: a for a in [
     # -- MXFP4 activations -------------------------------------------------------------------------------
     Axis("mx_scale_rule", "MX shared-scale rule", Stage.MX_ACTIVATIONS,
          ("floor", "even", "rceil", "ceil", "rceil_log2f"), "floor",
-         schemes=_MX_ACT_SCHEMES, target="MxVariant.scale_rule", doc=_DOC_MX + "#scale-rules",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.scale_rule", doc=_DOC_MX + "#variants-mxvariant",
          source="OCP MX v1.0 §6.3 (floor); torchao ScaleCalculationMode (even, rceil, ceil); torchao 0.18 "
                 "_to_mx_rceil eager fallback (rceil_log2f: ceil of an fp32 torch.log2)"),
     Axis("mx_byte0_divisor", "what the elements of a scale-byte-0 block are divided by", Stage.MX_ACTIVATIONS,
@@ -384,22 +399,27 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          doc=_DOC_MX + "#reference-implementations",
          source="compressed-tensors 0.20 dynamic MXFP4 activations (nan: EVEN rounding of amax >= 1.75 * 2**127 "
                 "gives the scale 2**128, byte 0xFF)"),
+    Axis("mx_quotient_dtype", "dtype the quotient x / scale is computed in before the E2M1 rounding",
+         Stage.MX_ACTIVATIONS, ("exact", "input", "float32", "bfloat16", "float16"), "exact",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.quotient_dtype", doc=_DOC_MX + "#variants-mxvariant",
+         source="compressed-tensors 0.20 forward _quantize (x / scale in the activation's dtype: a quotient that "
+                "underflows there is +-0, and e2m1_zero_sign=positive makes it +0)"),
     Axis("e2m1_rounding", "E2M1 element rounding (ties)", Stage.MX_ACTIVATIONS, ("rne", "rhaz", "rtz", "rhtz"),
-         "rne", schemes=_MX_ACT_SCHEMES, target="MxVariant.element_rounding", doc=_DOC_MX + "#element-rounding",
+         "rne", schemes=_MX_ACT_SCHEMES, target="MxVariant.element_rounding", doc=_DOC_MX + "#variants-mxvariant",
          source="vllm-xpu-kernels mxfp4_quant.h (ties toward zero)"),
     Axis("e2m1_nan", "what a NaN element encodes to", Stage.MX_ACTIVATIONS,
          ("zero", "saturate", "saturate_positive", "zero_signed", "zero_sign_flipped", "raise"), "zero",
-         schemes=_MX_ACT_SCHEMES, target="MxVariant.element_nan", doc=_DOC_MX + "#nan",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.element_nan", doc=_DOC_MX + "#variants-mxvariant",
          source="triton_kernels (saturate), vllm-xpu-kernels (saturate_positive), ml_dtypes (zero_sign_flipped)"),
     Axis("e2m1_zero_sign", "code of a -0 element (same value)", Stage.MX_ACTIVATIONS, ("keep", "positive"), "keep",
-         schemes=_MX_ACT_SCHEMES, target="MxVariant.element_zero_sign", doc=_DOC_MX + "#nan",
+         schemes=_MX_ACT_SCHEMES, target="MxVariant.element_zero_sign", doc=_DOC_MX + "#variants-mxvariant",
          source="vllm-xpu-kernels float_to_fp4_e2m1; compressed-tensors 0.20"),
     Axis("mx_zero_block", "scale byte of an all-zero block", Stage.MX_ACTIVATIONS,
          ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor"), "min", schemes=_MX_ACT_SCHEMES,
-         target="MxVariant.zero_block", doc=_DOC_MX + "#zero-blocks",
+         target="MxVariant.zero_block", doc=_DOC_MX + "#variants-mxvariant",
          source="auto-round quant_mx (half), Quark observers (eps_fp32), vllm-xpu-kernels (eps_1e10_floor)"),
     Axis("mx_nan_block", "what a NaN in a block does to its scale", Stage.MX_ACTIVATIONS, ("scale_nan", "ignore"),
-         "scale_nan", Level.SEMANTIC, schemes=_MX_ACT_SCHEMES, target="MxVariant.nan_block", doc=_DOC_MX + "#nan",
+         "scale_nan", Level.SEMANTIC, schemes=_MX_ACT_SCHEMES, target="MxVariant.nan_block", doc=_DOC_MX + "#variants-mxvariant",
          source="vllm-xpu-kernels sycl::fmax amax (NaN skipped: a NaN input becomes a finite value)"),
     # -- fused MoE ---------------------------------------------------------------------------------------
     Axis("moe_renormalize", "top-k routing weights renormalized to sum 1", Stage.MOE, canonical=True, kind="bool",

@@ -10,13 +10,14 @@ Semantics: docs/fallback.md#the-op.
 - ``layer``: ``layer_spec(info, expert)``, the layer's ``LayerInfo`` as JSON (and, for stacked
   experts, which expert);
 - ``backend``: ``"emulator"`` (the canonical reference: emulator/layers.py ``linear_layer``, equal
-  to ``qconform linear`` bit for bit), ``"auto"`` (the dispatcher's choice for the layer's Case on
-  this host, backends/registry.py ``select``: the highest-priority available backend that declares
-  no semantic deviation and has no known defect, else the emulator backend) or a backend name.
+  to ``qconform linear`` bit for bit), ``"auto"`` (the op's ``Dispatcher``, backends/dispatch.py: the
+  fastest, timed on the layer's first call at each shape class, of the backends whose declaration is
+  canonical or a rounding-level variant for this layer's tensors and of the emulator backend's fast path;
+  with certifications, certified kernels only) or a backend name.
 
 Layers a Case cannot describe (GPTQModel packed-add v1 zeros, gpt-oss stacked experts, asymmetric
 int8 weights) always run the reference, with that reason logged. Each layer's choice is logged once
-(logger ``qconform.fallback``) with the reason each other backend was skipped.
+(logger ``qconform.fallback``) with what was measured and the reason each other backend was skipped.
 
 Memory: the canonical reference (``"emulator"``, and layers no kernel can take) runs by row blocks whose
 working set stays within max(budget, 1 MiB) (qconform_torch/exact_blocks.py); prepared kernels (for
@@ -33,11 +34,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 
 import numpy as np
 import torch
 
-from backends.registry import Selection, create, dispatch_refusal, registered, select
+from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, MeasuredFastest
+from backends.registry import create
+from backends.registry import dispatcher as new_dispatcher
 from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
@@ -51,7 +55,7 @@ from .prepared_cache import PreparedCache
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
-           "certifier", "clear_selections"]
+           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -164,79 +168,53 @@ def _prepared_bytes(backend, prepared) -> int:
 
 # --------------------------------------------------------------------------------------------- selection
 
-#: layer spec -> the choice lines logged for it so far (one line per layer and choice)
-_SELECTIONS: dict[str, list[str]] = {}
-_SELECT_CACHE: dict[str, object] = {}
-_NAMED: dict[str, object] = {}
-#: repr(case) -> {backend name: why it failed when run}: the dispatcher is asked again without them
-_FAILED: dict[str, dict[str, str]] = {}
+#: the op's one dispatcher (backends/dispatch.py): its backend instances, the contenders admitted per
+#: layer (judged on the layer's own tensors), the timings per shape class, the kernels that failed when
+#: run, and the choice lines logged per layer. ``auto`` measures by default (docs/fallback.md#the-dispatcher).
+_DISPATCH = new_dispatcher(MeasuredFastest())
 
 
-#: certified dispatch (docs/fallback.md#certified-dispatch): the certifier, or None (``auto`` then
-#: dispatches by declaration and priority, backends/registry.py ``select``)
-_CERTS: dict = {"store": None}
+def dispatcher() -> Dispatcher:
+    """The op's dispatcher (one per process)."""
+    return _DISPATCH
 
 
 def use_certifications(certifier) -> None:
-    """Certified dispatch for ``auto``: only backends ``certifier`` certifies for a layer's Case, the fastest of
-    them, else the emulator; None turns it off. A certifier has ``labels()`` (the backend specs it knows)
-    and ``why_not(label, version, case)`` (None: certified). The suite's is
-    ``conformance.certify.CertificationStore(bundles)``, read from ``qconform certify`` bundles."""
-    _CERTS["store"] = certifier
-    _SELECT_CACHE.clear()
+    """Certified dispatch for ``auto``: only backends ``certifier`` certifies for a layer's Case, timed against
+    the emulator's fast path, the fastest kept; None: back to measured dispatch among every admitted backend.
+    A certifier has ``labels()`` (the backend specs it knows) and ``why_not(label, version, case)`` (None:
+    certified). The suite's is ``conformance.certify.CertificationStore(bundles)``, read from ``qconform
+    certify`` bundles."""
+    _DISPATCH.set_policy(MeasuredFastest() if certifier is None else CertifiedFastest(certifier))
 
 
 def certifier():
     """The certifier ``auto`` uses now, or None."""
-    return _CERTS["store"]
+    return getattr(_DISPATCH.policy, "certifier", None)
 
 
-class _Timed:
-    """Several certified candidates for one Case: the first call times them on its input (``run_layer``)."""
-
-    def __init__(self, candidates: list, skipped: list[tuple[str, str]]):
-        self.candidates = candidates
-        self.skipped = skipped
+def use_fast_path_only(why: str | None) -> None:
+    """``auto`` runs every layer on the emulator backend's fast path (``why`` says why in each line); None:
+    back to measured dispatch."""
+    _DISPATCH.set_policy(MeasuredFastest() if why is None else FallbackOnly(why))
 
 
-def _certified_selection(case, store, failed: dict):
-    """The certified candidates for ``case``: a Selection (one, or the emulator), or _Timed (several)."""
-    skipped: list[tuple[str, str]] = []
-    cands = []
-    for label in store.labels():
-        if label in failed or label.split(":", 1)[0] in failed:
-            continue
-        try:
-            b = create(label)
-        except Exception as e:  # noqa: BLE001 - named in the log line, never hidden
-            skipped.append((label, f"cannot be created: {e}"))
-            continue
-        why = dispatch_refusal(b, case) or store.why_not(label, b.availability().version, case)
-        if why:
-            skipped.append((label, why))
-            continue
-        cands.append(b)
-    others = [n for n in registered() if n not in ("emulator", "auto") and n not in store.labels()]
-    if others:
-        skipped.append((", ".join(others), "no certification bundle given for it"))
-    if not cands:
-        return Selection(create("emulator"), skipped)
-    if len(cands) == 1:
-        return Selection(cands[0], skipped)
-    return _Timed(cands, skipped)
+def use_floor(db: float | None) -> None:
+    """With a model-level check asked for (``qconform model --check``): a contender whose output on its
+    timing input is below ``db`` SQNR against the layer's reference is not chosen (None: no gate)."""
+    _DISPATCH.floor_db = db
+    _DISPATCH.set_policy(_DISPATCH.policy)
 
 
 def clear_selections() -> None:
     """Forget every dispatch choice and its log lines (a new run: ``qconform model``)."""
-    _SELECTIONS.clear()
-    _SELECT_CACHE.clear()
-    _FAILED.clear()
+    _DISPATCH.clear()
 
 
 def selections() -> dict[str, list[str]]:
     """What each layer ran on so far: layer name -> the choice lines logged for it."""
     out: dict[str, list[str]] = {}
-    for spec, lines in _SELECTIONS.items():  # the experts of a stacked layer share its name: one line each
+    for spec, lines in _DISPATCH.notes.items():  # the experts of a stacked layer share its name: one line each
         seen = out.setdefault(parse_spec(spec)[0].name, [])
         seen.extend(l for l in lines if l not in seen)
     return out
@@ -244,65 +222,13 @@ def selections() -> dict[str, list[str]]:
 
 def selection_lines(spec: str) -> list[str]:
     """The choice lines logged for the layer of ``spec`` (a QuantLinear's ``_spec``)."""
-    return list(_SELECTIONS.get(spec, []))
+    return list(_DISPATCH.notes.get(spec, []))
 
 
 def _log_choice(spec: str, name: str, line: str) -> None:
     """Once per layer and chosen backend (a new M that keeps the choice logs nothing new)."""
-    seen = _SELECTIONS.setdefault(spec, [])
-    choice = line.split(" (", 1)[0]
-    if not any(l.split(" (", 1)[0] == choice for l in seen):
-        seen.append(line)
+    if _DISPATCH.note(spec, line):
         log.info("%s: %s", name, line)
-
-
-def _skipped_text(pairs) -> str:
-    """The skipped backends of a choice line: each with its reason, except those unavailable on this host
-    (no library, no device), named together: their reasons do not depend on the layer (`qconform
-    backends` prints them)."""
-    away = [n for n, why in pairs if why.startswith("unavailable")]
-    rest = [f"{n}: {why}" for n, why in pairs if not why.startswith("unavailable")]
-    if away:
-        rest.append(f"unavailable here: {', '.join(away)} (`qconform backends` says why)")
-    return "; ".join(rest) or "none"
-
-
-def _backend_for(spec: str, case, name: str, layer: str):
-    if spec == "auto":
-        key = repr(case)
-        sel = _SELECT_CACHE.get(key)
-        failed = _FAILED.get(key, {})
-        store = certifier()
-        if sel is None:
-            if store is not None:
-                sel = _certified_selection(case, store, failed)
-            else:
-                cands = [n for n in registered() if n not in failed] if failed else None
-                sel = select(case, cands)
-            _SELECT_CACHE[key] = sel
-        if isinstance(sel, _Timed):
-            return sel  # run_layer times the candidates, then logs the choice
-        skipped = _skipped_text(list(sel.skipped) + [(n, f"failed when run ({why})") for n, why in failed.items()])
-        how = "certified on this host" if store is not None else "uncertified: by declaration and priority"
-        chosen = sel.backend.label
-        if sel.backend.name == "emulator":
-            how = "no backend certified for this case on this host" if store is not None else "no kernel takes it"
-            # not the reference: the emulator backend's declared fp32 accumulation (docs/fallback.md#the-op)
-            chosen = f"{chosen} fast path (fp32 accumulation; --backend emulator is the reference)"
-        _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {chosen} [{how}] "
-                                 f"(skipped: {skipped})")
-        return sel.backend
-    b = _NAMED.get(spec)
-    if b is None:
-        b = _NAMED[spec] = create(spec)
-    av = b.availability()
-    if not av.available:
-        raise RuntimeError(f"backend {b.label} is unavailable here: {av.reason}")
-    sup = b.can_implement(case)
-    if not sup.ok:
-        raise RuntimeError(f"backend {b.label} cannot implement {case.describe()}: {sup.reason}")
-    _log_choice(layer, name, f"{case.scheme} {case.weight_format} -> {b.label} (named)")
-    return b
 
 
 # --------------------------------------------------------------------------------------------- compute
@@ -372,58 +298,61 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
             raise RuntimeError(f"backend {backend} cannot run {info.name}: {e}") from None
         _log_choice(spec, info.name, f"{info.format} -> emulator reference (no backend can take it: {e})")
         return _reference(src, info, x32, dtype)
-    b = _backend_for(backend, case, info.name, spec)
     bias = layer_bias(src, info)
-    if isinstance(b, _Timed):
-        b = _fastest(b, case, src, info, weights, spec, x32, bias)
+    if backend != "auto":
+        try:
+            b = _DISPATCH.named(backend, case)
+            _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {b.label} (named)")
+            return _compute(b, case, src, info, weights, spec, x32, bias)
+        except Exception as e:  # noqa: BLE001 - one line naming the layer (a kernel's error may name none)
+            raise RuntimeError(f"{info.name}: {' '.join(str(e).split())[:400]}" if str(e).startswith("backend ")
+                               else f"{info.name}: backend {backend} failed ({type(e).__name__}: "
+                                    f"{' '.join(str(e).split())[:400]})") from None
+
+    def timer(b, bound):  # one warm-up (prepare, first touch), then the best of three runs on this input;
+        # a run already 3x slower than the best contender so far is not repeated (it cannot win)
+        y = _compute(b, case, src, info, weights, spec, x32, bias)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            y = _compute(b, case, src, info, weights, spec, x32, bias)
+            best = min(best, time.perf_counter() - t0)
+            if best > 3 * bound:
+                break
+        return best, y
+
+    choice = _DISPATCH.choose(case, tensors=lambda: case_tensors(src, info, case), layer=(spec, _identity(weights)),
+                              timer=timer, reference=lambda: _reference(src, info, x32, dtype))
+    b = choice.backend
+    try:
+        y = choice.output if choice.output is not None else _compute(b, case, src, info, weights, spec, x32, bias)
+    except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        if choice.fallback:  # not even the fast path takes it: the reference answers (and says why)
+            _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> emulator reference (the emulator "
+                                         f"backend's fast path failed: {why}) (skipped: {choice.skipped_text()})")
+            return _reference(src, info, x32, dtype)
+        _DISPATCH.fail(case, b.label, why)
+        log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, b.label, why)
+        return _run_layer(x, weights_in, spec, backend)
+    _log_choice(spec, info.name, choice.line(case))
+    return y
+
+
+def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias) -> np.ndarray:
+    """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
+    its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
+    (qconform_torch/prepared_cache.py)."""
     if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
         key = _prepared_key(spec, b, case, weights)
         if not _CACHE.admits(key, _prepared_bytes_estimate(case, weights)):
             # not kept (over the budget, or the cache holds layers requested as often): dequantize row blocks
-            # straight into the sgemm (qconform_torch/blocked.py)
+            # (max(budget, 16 MiB)) straight into the sgemm
             y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
             if y is not None:
                 _CACHE.count_streamed(key)
                 return y
-    try:
-        return _run_prepared(b, case, src, info, weights, spec, x32, bias)
-    except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
-        if backend != "auto" or b.name == "emulator":
-            raise
-        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        _FAILED.setdefault(repr(case), {})[b.name] = why
-        _SELECT_CACHE.pop(repr(case), None)
-        log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, b.label, why)
-        return _run_layer(x, weights_in, spec, backend)
-
-
-def _fastest(timed: _Timed, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias):
-    """The fastest certified candidate on this input (one warm-up, best of three runs each); the choice is
-    kept for this Case and logged with every candidate's time."""
-    import time
-
-    times = {}
-    for b in timed.candidates:
-        try:
-            _run_prepared(b, case, src, info, weights, spec, x32, bias)
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.perf_counter()
-                _run_prepared(b, case, src, info, weights, spec, x32, bias)
-                best = min(best, time.perf_counter() - t0)
-            times[b.label] = best
-        except Exception as e:  # noqa: BLE001 - a kernel that fails is not chosen; the reason is logged
-            timed.skipped.append((b.label, f"failed when timed ({type(e).__name__}: {e})"[:300]))
-    if not times:
-        chosen = create("emulator")
-    else:
-        chosen = next(b for b in timed.candidates if b.label == min(times, key=times.get))
-    _SELECT_CACHE[repr(case)] = Selection(chosen, timed.skipped)
-    skipped = _skipped_text(timed.skipped)
-    timing = ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
-    how = f"fastest certified on this host at M = {case.M}: {timing}" if times else "no certified backend ran"
-    _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {chosen.label} [{how}] (skipped: {skipped})")
-    return chosen
+    return _run_prepared(b, case, src, info, weights, spec, x32, bias)
 
 
 def _prepared_key(spec: str, b, case, weights) -> tuple:

@@ -29,9 +29,11 @@ a layer's Case only if all of this holds:
 5. the dispatcher's own rules still hold for this Case (``backends.registry.refusal``: no semantic
    deviation, no known kernel defect, a declaration).
 
-Among the backends that pass, the op times each on the layer's first call at that M (one warm-up and
-the best of three runs on the real input; qconform_torch/op.py) and keeps the fastest. None passes:
-the emulator.
+The store is the certifier of the dispatcher's ``CertifiedFastest`` policy (backends/dispatch.py), handed
+to it from above (``op.use_certifications``): backends never import the suite. Among the backends that pass,
+the op's dispatcher times each, with the emulator backend's fast path, on the layer's first call at each
+shape class (one warm-up and the best of three runs on the real input) and keeps the fastest. None passes:
+the fast path.
 """
 
 from __future__ import annotations

@@ -26,6 +26,11 @@ from .offline import offline_verdict  # noqa: E402 - the verdict rule on stored 
 
 BAD = ("fail", "crash", "timeout")
 _PARSED = (".json", ".jsonl", ".txt", ".md", ".html", ".log")
+RESULTS = "results.jsonl"  # read as a stream, at most as many lines as the case list allows (``results_bound``)
+#: run and backend lines a results.jsonl may hold besides its results: one run line and a line per backend
+#: for each invocation of an interrupted and resumed certify, up to this many invocations
+MAX_RUNS = 256
+MAX_LINE = 16 << 20  # bytes of one results.jsonl line (a result line is a few KiB)
 LOG_TAIL = 600  # = conformance.workerproc.LOG_TAIL: the log excerpt a crash/timeout record carries
 
 
@@ -116,7 +121,7 @@ def _check_files(folder: Path, res: VerifyResult) -> "tuple[_Files, dict] | None
         if rel not in on_disk:
             problems.append(f"{rel}: missing (or not a regular file)")
             continue
-        keep = rel.endswith(_PARSED) and on_disk[rel] <= MAX_PARSED_BYTES
+        keep = rel.endswith(_PARSED) and on_disk[rel] <= MAX_PARSED_BYTES and rel != RESULTS
         try:
             got, n, data = hash_file(folder / rel, MAX_FILE_BYTES, keep=keep)
         except (BundleFileError, OSError) as e:
@@ -147,9 +152,9 @@ def _json(files: _Files, rel: str, what: str):
         return None
 
 
-def _jsonl(data: bytes, rel: str, problems: list) -> list[dict]:
+def _jsonl(data: bytes, rel: str, problems: list, *, first: int = 1) -> list[dict]:
     out = []
-    for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+    for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), first):
         if not line.strip():
             continue
         try:
@@ -159,6 +164,48 @@ def _jsonl(data: bytes, rel: str, problems: list) -> list[dict]:
             out.append(r)
         except (ValueError, RecursionError) as e:
             problems.append(f"{rel}: line {i} is not a JSON object ({type(e).__name__}: {e})")
+    return out
+
+
+def results_bound(n_cases: int, n_backends: int) -> int:
+    """The most lines a sealed results.jsonl of ``n_cases`` cases and ``n_backends`` backends can hold: a
+    result per (backend, case), and a run line and backend lines per invocation (``MAX_RUNS`` of them)."""
+    b = max(1, n_backends)
+    return n_cases * b + MAX_RUNS * (1 + b)
+
+
+def _read_results(files: _Files, listed: dict, bound: int, problems: list) -> "list[dict] | None":
+    """results.jsonl's records, read line by line and hashed again as read (it was verified unread), or None
+    (with the problem) as soon as it holds more than ``bound`` lines: a padded file costs no more than a
+    full one (issue 22: 40 M ``{}`` lines, resealed)."""
+    path = files.path(RESULTS, "results")
+    if path is None:
+        return None
+    h = hashlib.sha256()
+    out, n = [], 0
+    try:
+        with open(path, "rb") as f:
+            while True:
+                raw = f.readline(MAX_LINE + 1)
+                if not raw:
+                    break
+                h.update(raw)
+                n += 1
+                if n > bound:
+                    problems.append(f"{RESULTS}: more than {bound} lines, the most its case list allows (a result "
+                                    f"per backend and case, and the run lines of at most {MAX_RUNS} runs): refused, "
+                                    "not read further (padded?)")
+                    return None
+                if len(raw) > MAX_LINE:
+                    problems.append(f"{RESULTS}: line {n} is longer than {MAX_LINE} bytes: refused, not read further")
+                    return None
+                out.extend(_jsonl(raw, RESULTS, problems, first=n))
+    except OSError as e:
+        problems.append(f"{RESULTS}: {e}")
+        return None
+    if h.hexdigest() != (listed.get(RESULTS) or {}).get("sha256"):
+        problems.append(f"{RESULTS}: changed while it was verified (sha256 differs from MANIFEST.json's)")
+        return None
     return out
 
 
@@ -182,7 +229,7 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
     got = _check_files(folder, res)
     if got is None:
         return res
-    files, _listed = got
+    files, listed = got
     # 2. the bundle's own records agree with each other
     meta = _json(files, "bundle.json", "bundle.json")
     if not isinstance(meta, dict):
@@ -203,10 +250,10 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
     if len(ids) != meta.get("case_count"):
         problems.append(f"{cases_rel}: {len(ids)} case(s), bundle.json says {meta.get('case_count')}")
     _check_golden(files, meta, deep, problems, notes)
-    raw = files.get("results.jsonl", "results")
-    if raw is None:
+    backends = meta.get("backends") if isinstance(meta.get("backends"), dict) else {}
+    lines = _read_results(files, listed, results_bound(len(ids), len(backends)), problems)
+    if lines is None:
         return res
-    lines = _jsonl(raw, "results.jsonl", problems)
     headers = run_headers(lines)
     if not headers:
         problems.append("results.jsonl: no run header")
@@ -223,7 +270,6 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
         problems.append(f"results.jsonl: the run headers ask for backends {sorted(requested)}, the backend lines "
                         f"are of {sorted(ran)}")
     labels = list(dict.fromkeys(r["backend"] for r in latest.values()))
-    backends = meta.get("backends") if isinstance(meta.get("backends"), dict) else {}
     idset = set(ids)
     for (b, cid) in latest:
         if b not in backends:
@@ -455,8 +501,10 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
     v = rec.get("verdict")
     raw_recorded = rec.get("waived_verdict") or v
     bp = rec.get("bundle")
-    if bp and ("bundles/" + Path(bp).name) not in files.ok:
-        problems.append(f"{who}: {raw_recorded}: its replay bundle is not in bundles/")
+    # the run writes OUT/bundles/<name>: a path whose folder is not bundles/ (../../etc/x) names no file of the bundle
+    if bp and (not isinstance(bp, str) or Path(bp).parent.name != "bundles"
+               or ("bundles/" + Path(bp).name) not in files.ok):
+        problems.append(f"{who}: {raw_recorded}: its replay bundle {str(bp)[:120]!r} is not a file in bundles/")
     if entry is None:
         if raw_recorded in JUDGED and not (raw_recorded == "fail" and (rec.get("evidence") or {}).get("malformed")):
             problems.append(f"{who}: verdict {v} but no stored output to recompute it from")

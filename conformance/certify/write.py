@@ -183,6 +183,14 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
                 runner.run(list(backends), specs, resume=True, header=header)
         finally:
             runner.close()
+        from ..completeness import missing_pairs
+        from ..runner import read_results
+
+        missing = missing_pairs(read_results(work / "results.jsonl"), runner.labels, list(backends), ids)
+        if missing:  # the invariant (conformance/completeness.py): nothing is sealed without every result
+            raise QconformError(f"certify: {sum(missing.values())} result(s) missing after the run ("
+                                + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
+                                + f"); nothing sealed; rerun the same command to resume in {work}")
         (work / LOCK_NAME).unlink(missing_ok=True)
         shutil.rmtree(work / ".work", ignore_errors=True)  # the runner's scratch space, if a kill left it
         res = _assemble(work, staging, ids, dict(header, host_label=host), extra_files)

@@ -273,3 +273,89 @@ class RefuseAllBackend(_Faulty):
         from backends.base import no
 
         return no("test: this backend implements nothing")
+
+
+# -- runner robustness (issue 22): slow, noisy and escaping kernels ---------------------------------------
+class SlowBackend(_Faulty):
+    """Sleeps ``seconds`` (default 0.5) before each correct answer; appends its worker pid to ``pidfile``:
+    a run long enough to interrupt, whose workers a test can look for afterwards."""
+
+    name = "faulty-slow"
+
+    def __init__(self, **params):
+        self.seconds = float(params.pop("seconds", 0.5))
+        pidfile = params.pop("pidfile", None)
+        super().__init__(**params)
+        self.pidfile = pidfile
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            if self.pidfile:
+                with open(self.pidfile, "a", encoding="utf-8") as f:
+                    f.write(f"{os.getpid()}\n")
+            time.sleep(self.seconds)
+        return super().run(prepared, x, **inputs)
+
+
+class FloodBackend(_Faulty):
+    """Writes ``mib`` MiB (default 64) to fd 2 (and a marker line first and last), then answers correctly
+    or, with ``crash=true``, aborts: the runner must keep the log's head and tail, not the flood."""
+
+    name = "faulty-flood"
+
+    def __init__(self, **params):
+        self.mib = float(params.pop("mib", 64))
+        self.crash = str(params.pop("crash", "false")).lower() in ("1", "true", "yes")
+        super().__init__(**params)
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            os.write(2, b"FLOOD-START\n")
+            block = b"x" * 1023 + b"\n"
+            for _ in range(int(self.mib * 1024)):
+                os.write(2, block)
+            os.write(2, b"FLOOD-END\n")
+            if self.crash:
+                os.abort()
+        return super().run(prepared, x, **inputs)
+
+
+class SetsidBackend(_Faulty):
+    """Starts a daemon the classic way (fork, setsid, fork again, the middle process exits) that sleeps an
+    hour; its pid goes to ``pidfile``. ``clean_env=true``: the daemon execs ``sleep`` with an empty
+    environment (nothing of the worker's environment is left to find it by)."""
+
+    name = "faulty-setsid"
+
+    def __init__(self, **params):
+        pidfile = params.pop("pidfile", None)
+        self.clean_env = str(params.pop("clean_env", "false")).lower() in ("1", "true", "yes")
+        super().__init__(**params)
+        self.pidfile = pidfile
+
+    def run(self, prepared, x, **inputs):
+        if self._triggered(prepared):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the middle process
+                try:
+                    os.close(r)
+                    os.setsid()
+                    grandchild = os.fork()
+                    if grandchild == 0:
+                        os.close(w)
+                        if self.clean_env:
+                            os.execve("/bin/sleep", ["sleep", "3600"], {})
+                        time.sleep(3600)
+                        os._exit(0)
+                    os.write(w, f"{grandchild}\n".encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            with os.fdopen(r) as f:
+                daemon = f.read().strip()
+            os.waitpid(pid, 0)
+            if self.pidfile and daemon:
+                with open(self.pidfile, "a", encoding="utf-8") as f:
+                    f.write(f"{daemon}\n")
+        return super().run(prepared, x, **inputs)

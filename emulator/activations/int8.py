@@ -37,6 +37,7 @@ from ..numerics.rounding import NanToInt, Rounding, as_float64, quantize_to_int,
 __all__ = [
     "Reciprocal",
     "ZeroRowRule",
+    "AzpClampNan",
     "ScaleFormula",
     "Granularity",
     "Int8Scheme",
@@ -151,6 +152,18 @@ class AzpDomain(str, enum.Enum):
     UINT8 = "uint8"
 
 
+class AzpClampNan(str, enum.Enum):
+    """What ``azp_clamp`` does with a NaN real zero point (min / scale = 0 / 0: a scale that underflowed to 0).
+
+    - KEEP: the clamp keeps NaN (canonical; ``torch.clamp``, ``std::clamp``)
+    - HIGH: NaN becomes the upper bound (ONNX reference ``DynamicQuantizeLinear``: Python's
+      ``max(qmin, min(qmax, v))`` returns ``qmax`` for NaN, since ``NaN < qmax`` is false)
+    """
+
+    KEEP = "keep"
+    HIGH = "high"
+
+
 class Int32Saturation(str, enum.Enum):
     """The range a saturating float -> int32 conversion clamps to (the quotient, and the zero point).
 
@@ -254,6 +267,7 @@ class Int8ActVariant:
     int32_saturation: Int32Saturation = Int32Saturation.SYMMETRIC
     azp_overflow: AzpOverflow = AzpOverflow.SATURATE
     azp_fused: bool = False  # azp_before_rounding with a reciprocal: fl(x * inv + azp) rounded once (an FMA)
+    azp_clamp_nan: AzpClampNan = AzpClampNan.KEEP  # what azp_clamp makes of a NaN real zero point
 
     def __post_init__(self):
         object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
@@ -268,6 +282,7 @@ class Int8ActVariant:
         object.__setattr__(self, "azp_domain", AzpDomain(self.azp_domain))
         object.__setattr__(self, "int32_saturation", Int32Saturation(self.int32_saturation))
         object.__setattr__(self, "azp_overflow", AzpOverflow(self.azp_overflow))
+        object.__setattr__(self, "azp_clamp_nan", AzpClampNan(self.azp_clamp_nan))
         if self.arith_dtype not in ("float32", "bfloat16", "float16", "input"):
             raise ValueError(f"arith_dtype must be float32, bfloat16, float16 or input, got {self.arith_dtype!r}")
         if self.scale_dtype not in ("float32", "bfloat16", "float16"):
@@ -469,6 +484,8 @@ def _zero_point(xmin: np.ndarray, scale: np.ndarray, v: Int8ActVariant, rnd) -> 
             real, lo, hi, shift = rnd(-128.0 - min_q), float(v.qmin), float(v.qmax), 0
     if v.azp_clamp:
         real = np.where(np.isnan(real), real, np.clip(real, lo, hi))  # a clamp keeps NaN (torch.clamp, std::clamp)
+        if v.azp_clamp_nan is AzpClampNan.HIGH:
+            real = np.where(np.isnan(real), hi, real)
     if v.zero_row is ZeroRowRule.ZERO:
         real = np.where(scale == 0, float(shift), real)  # max == min: the canonical zero point is 0
     rounded = round_to_integer(real, Rounding.RNE)  # nearbyint / torch.round / np.rint

@@ -8,8 +8,11 @@ fp32 operation::
     rmax  = max(0, max x),  rmin = min(0, min x)        (the range always includes 0)
     scale = fl32(fl32(rmax - rmin) / 255)                (fl32(1 / 255) when rmax == rmin: the spec is
                                                           silent there; the reference fills in 1/255)
-    zp    = RNE(clamp(fl32(0 - fl32(rmin / scale)), 0, 255))
-    q     = clamp(RNE(fl32(x / scale)) + zp, 0, 255)     (stored as uint8; the zero point too)
+    zp    = RNE(clamp(fl32(0 - fl32(rmin / scale)), 0, 255))   (clamp = max(0, min(255, v)): NaN -> 255)
+    q     = clamp(RNE(fl32(x / scale)) + zp, 0, 255)     (stored as uint8; the zero point too; NaN -> 0)
+
+A range whose scale underflows to 0 (|rmax - rmin| < 255 * 2**-150) gives NaN or +-Inf quotients; the
+reference's Python clamp and uint8 conversion make zp = 255 and the codes 255 (x > 0), 0 (x <= 0).
 
 The scheme is defined by ONNX as a whole, so it is its own function here rather than a variant of the
 per-token int8 quantizer (emulator/activations/int8.py).
@@ -52,8 +55,11 @@ def quantize_uint8_per_tensor(x) -> Uint8Activations:
         span = f(1.0) if rmax == rmin else f(rmax - rmin)
         scale = f(span / f(255))
         zp_real = f(f(0) - f(rmin / scale))
-        zp = f(np.rint(min(f(255), max(f(0), zp_real))))
+        # the reference's own clamp order, max(qmin, min(qmax, v)): a scale that underflowed to 0 makes v NaN
+        # (0 / 0) or +Inf, and Python's min(255, NaN) is 255 (NaN < 255 is false), so zp = 255
+        zp = f(np.rint(max(f(0), min(f(255), zp_real))))
         q = np.clip(np.rint((x32 / scale).astype(f)) + zp, 0, 255)
+        q = np.where(np.isnan(q), 0, q)  # 0 / 0: NaN clipped stays NaN; its uint8 conversion gives 0 (x86, Arm)
     return Uint8Activations(q=q.astype(np.uint8), scale=np.array([scale], f), zero_point=np.array([zp], np.uint8))
 
 

@@ -109,8 +109,16 @@ class MxVariant:
     element_zero_sign: E2M1ZeroSign = E2M1ZeroSign.KEEP
     byte0_divisor: Byte0Divisor = Byte0Divisor.BYTE
     scale_overflow: ScaleOverflow = ScaleOverflow.CLAMP
+    #: dtype the quotient x / 2**s is rounded to (RNE) before the E2M1 rounding: "exact" (canonical),
+    #: float32 | float16 | bfloat16, or "input" (the dtype of x as passed: float16 and ml_dtypes bfloat16
+    #: arrays, float32 otherwise). Only quotients below that dtype's normal range change: they lose bits or
+    #: become +-0 (whose code ``element_zero_sign`` decides): compressed-tensors divides in x's dtype
+    quotient_dtype: str = "exact"
 
     def __post_init__(self):
+        if self.quotient_dtype not in ("exact", "input", "float32", "float16", "bfloat16"):
+            raise ValueError(f"quotient_dtype must be exact, input, float32, float16 or bfloat16, "
+                             f"got {self.quotient_dtype!r}")
         object.__setattr__(self, "scale_rule", MxScaleRule(self.scale_rule))
         object.__setattr__(self, "element_rounding", Rounding.parse(self.element_rounding))
         object.__setattr__(self, "element_nan", E2M1NanRule(self.element_nan))
@@ -121,7 +129,7 @@ class MxVariant:
         object.__setattr__(self, "scale_overflow", ScaleOverflow(self.scale_overflow))
 
     def describe(self) -> dict:
-        return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
+        return {f.name: getattr(getattr(self, f.name), "value", getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 CANONICAL = MxVariant()
@@ -162,6 +170,14 @@ def quantize_mxfp4(x, variant: MxVariant = CANONICAL, *, what: str = "x") -> tup
     s = np.where(scale == E8M0_NAN, 0, scale.astype(np.int64) - 127)
     s = np.where(scale == 0, _BYTE0_EXPONENT[variant.byte0_divisor], s)
     y = np.ldexp(xb.astype(np.float64), -s[..., None])
+    qd = variant.quotient_dtype
+    if qd == "input":
+        qd = np.asarray(x).dtype.name if np.asarray(x).dtype.name in ("float16", "bfloat16") else "float32"
+    if qd != "exact":
+        from ..numerics.floats import round_to_dtype
+
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = round_to_dtype(y, qd)
     codes = encode_e2m1(y, variant.element_rounding, variant.element_nan, variant.element_zero_sign)
     # A 0xFF block decodes to NaN whatever its elements hold: canonically they are code 0
     # (OCP leaves them unspecified), so a comparison of packed data is deterministic.

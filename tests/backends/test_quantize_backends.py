@@ -108,3 +108,24 @@ def test_onnx_passes_the_smoke_cases_and_refuses_asymmetric_per_token(tmp_path):
     assert all(r["verdict"] == "pass" for r in judged), [r["reason"] for r in judged if r["verdict"] != "pass"]
     refused = [r for r in recs if r["verdict"] == "unsupported"]
     assert refused and all("asymmetric" in r["reason"] for r in refused)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compressed_tensors_mxfp4_quotient_underflow_is_declared(dtype):
+    """A negative element whose quotient x / scale underflows in x's dtype: the library gives code 0 (+0), which
+    its declaration names (mx_quotient_dtype=input), so the backend's output equals its declared reference."""
+    _need("compressed_tensors")
+    from emulator.numerics.floats import round_to_dtype
+    from emulator.quantize_only import quantize_reference
+
+    case = Case("q-mxfp4", "none", 2, 0, 64, group_size=32, act_dtype=dtype)
+    x = -np.abs(np.random.default_rng(1).standard_normal((2, 64))) * (2.0 ** -21 if dtype == "bfloat16" else 2.0 ** -40)
+    x[:, ::32] = 2.0 ** 120
+    x = round_to_dtype(x, dtype).astype(np.float32)
+    b = create("compressed-tensors")
+    d = b.declared(case)
+    assert d.variants["mx_quotient_dtype"] == "input"
+    out = b.quantize(b.prepare(case, {}), x)
+    ref = quantize_reference(case, x, d)
+    assert np.array_equal(out["codes"], ref["codes"]) and np.array_equal(out["scale"], ref["scale"])
+    assert (out["codes"][:, 1:32] == 0).all()

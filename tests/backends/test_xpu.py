@@ -295,7 +295,8 @@ def test_declared():
     d = b.declared(Case("w4a16", "awq", 3, 64, 128, act_dtype="float16"))
     assert (d.weight_dtype, d.variants["weight_scale_dtype"], d.output) == ("float16", "float16", "float16")
     d = b.declared(Case("w4a16-moe", "gptq", 3, 64, 128, E=4, top_k=2))
-    assert d.variants == {"moe_renormalize": True} and d.weight_dtype == "bfloat16"
+    assert d.variants == {"moe_renormalize": True, "weight_formation": "float32_then_round"} and \
+        d.weight_dtype == "bfloat16"
     d = xpu.XpuBackend(lib="ark").declared(Case("w4a16", "gptq", 3, 64, 128))
     assert "int8" in d.notes and d.arithmetic == "opaque" and d.sqnr_floor_db == 30.0  # W4A8 inside: SQNR-judged
     from backends.ark import INT8_CORE_SQNR_FLOOR_DB
@@ -312,7 +313,8 @@ def test_declared_mx_variant_differs_from_canonical():
     v = _xpu_variant()
     assert v.describe() == {"scale_rule": "rceil", "element_rounding": "rhtz", "element_nan": "saturate_positive",
                             "zero_block": "eps_1e10_floor", "nan_block": "ignore", "element_zero_sign": "positive",
-                            "byte0_divisor": "byte", "scale_overflow": "clamp"}  # no byte-0 block; RCEIL cannot overflow
+                            "byte0_divisor": "byte", "scale_overflow": "clamp",
+                            "quotient_dtype": "exact"}  # no byte-0 block; RCEIL cannot overflow
     x = np.zeros((6, 32), np.float32)
     x[0, :8] = [6, 0.75, 1.75, 3.5, 5, 2.5, 0.25, 1.25]  # scale 1 under both rules: ties only
     x[1, 0] = 1.6  # FLOOR: 2**(0-2) -> byte 125; RCEIL: 2**ceil(log2(1.6/6)) = 2**-1 -> byte 126

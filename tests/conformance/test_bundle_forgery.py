@@ -439,3 +439,19 @@ def test_a_backend_dropped_from_the_bundle_fails(rich, tmp_path):
     (b / "bundle.json").write_text(json.dumps(meta))
     _forge(b)
     assert any("the run headers ask for backends" in p for p in verify_bundle(b).problems)
+
+
+# issue 22 item 9: a result's replay-bundle path must name a file of bundles/, not only share its basename
+def test_bundle_path_outside_bundles_folder_fails(rich, tmp_path):
+    b = copy_bundle(rich, tmp_path / "b")
+    lines = _lines(b)
+    victim = next(r for r in lines if r.get("kind") == "result" and r.get("bundle"))
+    name = Path(victim["bundle"]).name
+    assert (b / "bundles" / name).is_file()  # the basename is a real file of the bundle
+    victim["bundle"] = "../../../../etc/" + name
+    _write_lines(b, lines)
+    _forge(b)
+    res = verify_bundle(b)
+    assert not res.ok
+    assert any(victim["case_id"] in p and "replay bundle" in p and "../../../../etc/" in p for p in res.problems), \
+        res.problems

@@ -98,14 +98,84 @@ def test_sharded_checkpoint_detects_and_dequantizes_identically(tmp_path, scheme
     assert straddles  # the test really reads one layer from two files
 
 
-def test_unindexed_shards_with_a_duplicate_tensor_are_rejected(tmp_path):
+def test_extra_safetensors_beside_model_are_skipped_and_named(tmp_path, capsys):
+    """Issue 22 item 10: transformers reads model.safetensors (no index); a reference dump or optimizer state
+    beside it, even one repeating a model tensor name, is not read, and inspect names it."""
+    from conformance.cli import main
+
     cases.write(tmp_path, "gptq-w4g32-sym-v1")
     t = load_tensors(tmp_path / "model.safetensors")
-    save_tensors(tmp_path / "extra.safetensors", {f"{cases.LAYER}.scales": t[f"{cases.LAYER}.scales"]})
+    save_tensors(tmp_path / "extra.safetensors", {f"{cases.LAYER}.scales": np.zeros_like(t[f"{cases.LAYER}.scales"].data)})
+    save_tensors(tmp_path / "optimizer.safetensors", {"step": np.zeros(1, np.int64)})
+    ck = Checkpoint(tmp_path)
+    assert [f for f, _ in ck.skipped_files] == ["extra.safetensors", "optimizer.safetensors"]
+    assert ck._files[f"{cases.LAYER}.scales"].path.name == "model.safetensors"
+    assert main(["inspect", str(tmp_path), "--headers-only"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped file: extra.safetensors (not read: model.safetensors holds the model" in out
+    assert "skipped file: optimizer.safetensors" in out
+
+
+def test_single_unnamed_file_is_read_and_several_without_index_are_refused(tmp_path):
+    cases.write(tmp_path, "gptq-w4g32-sym-v1")
+    (tmp_path / "model.safetensors").rename(tmp_path / "weights.safetensors")
+    assert Checkpoint(tmp_path).layers() and Checkpoint(tmp_path).skipped_files == []
+    save_tensors(tmp_path / "other.safetensors", {"x": np.zeros(1, np.float32)})
     with pytest.raises(FormatError) as e:
         Checkpoint(tmp_path)
-    assert f"{cases.LAYER}.scales" in str(e.value)
-    assert "extra.safetensors" in str(e.value) and "model.safetensors" in str(e.value)
+    assert "other.safetensors, weights.safetensors" in str(e.value) and "index" in str(e.value)
+
+
+def test_index_names_files_it_does_not_list(tmp_path):
+    cases.write(tmp_path, "gptq-w4g32-sym-v1")
+    cases.shard(tmp_path, 2)
+    save_tensors(tmp_path / "reference_dump.safetensors", {"y": np.zeros(1, np.float32)})
+    ck = Checkpoint(tmp_path)
+    assert ck.skipped_files == [("reference_dump.safetensors", "not read: model.safetensors.index.json does not list it")]
+
+
+def test_symlinked_model_outside_the_folder_is_refused_without_an_index(tmp_path):
+    """Issue 22 item 9: with an index such a shard was refused; without one it was read."""
+    outside = tmp_path / "elsewhere"
+    cases.write(outside, "gptq-w4g32-sym-v1")
+    folder = tmp_path / "ckpt"
+    cases.write(folder, "gptq-w4g32-sym-v1")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(outside / "model.safetensors")
+    with pytest.raises(FormatError) as e:
+        Checkpoint(folder)
+    assert "outside the checkpoint folder" in str(e.value) and "model.safetensors" in str(e.value)
+    inside = folder / "real.bin"
+    (outside / "model.safetensors").rename(inside)  # a symlink within the folder stays readable
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(inside)
+    assert Checkpoint(folder).layers()
+
+
+def test_duplicate_keys_in_config_json_are_refused(tmp_path):
+    """Issue 22 item 9: json.loads keeps the last of two equal keys; the safetensors header reader refuses them,
+    and so does the config reader now (here the duplicate would flip sym)."""
+    cases.write(tmp_path, "gptq-w4g32-sym-v1")
+    text = (tmp_path / "config.json").read_text()
+    assert '"sym": true' in text
+    (tmp_path / "config.json").write_text(text.replace('"sym": true', '"sym": true, "sym": false'))
+    with pytest.raises(FormatError) as e:
+        Checkpoint(tmp_path)
+    assert "config.json" in str(e.value) and "'sym' twice" in str(e.value)
+
+
+def test_nul_byte_in_index_names_the_entry(tmp_path):
+    cases.write(tmp_path, "gptq-w4g32-sym-v1")
+    cases.shard(tmp_path, 2)
+    idx = tmp_path / "model.safetensors.index.json"
+    data = json.loads(idx.read_text())
+    name = sorted(data["weight_map"])[0]
+    data["weight_map"][name] = "model-00001\u0000-of-00002.safetensors"
+    idx.write_text(json.dumps(data))
+    with pytest.raises(FormatError) as e:
+        Checkpoint(tmp_path)
+    msg = str(e.value)
+    assert "NUL byte" in msg and name in msg and "model.safetensors.index.json" in msg
 
 
 def test_toolkit_dequant_file_is_not_a_shard(tmp_path):

@@ -393,7 +393,7 @@ def test_linear_variant_rounding_rhaz_changes_ties_only(capsys, ckpts, tmp_path)
 
 @pytest.mark.parametrize("variant,needle", [("nonsense=1", "nonsense"), ("act_rounding=sideways", "sideways"),
                                             ("act_rounding", "key=value"), ("act_symmetric=maybe", "act_symmetric"),
-                                            ("rounding=rhaz", "known: "), ("moe_renormalize=false", "applies to w4a16-moe"),
+                                            ("rounding=rhaz", "it takes: preset, zero_read"), ("moe_renormalize=false", "applies to w4a16-moe"),
                                             ("accumulate=float32", "describes a kernel"),
                                             ("qmin=-200", "qmin")])
 def test_linear_bad_variant(capsys, ckpts, tmp_path, variant, needle):
@@ -537,3 +537,30 @@ def test_synthetic_bf16_activations_round_to_nearest(tmp_path):
     assert got.dtype == torch.bfloat16
     assert got.double().numpy().tolist() == [[round_exact(float(v), "bfloat16") for v in x[0]]]
     assert got.double().numpy()[0, :3].tolist() == [1 + 2.0 ** -7, -(1 + 2.0 ** -7), 1.0]
+
+
+def test_linear_preset_equals_its_variants_and_unknown_keys_list_linear_keys(capsys, ckpts, tmp_path):
+    """--preset NAME and --variant preset=NAME give the bytes --variant with the preset's own keys gives
+    (regression gate), and differ from canonical on the MX layer; an unknown key lists only the keys linear
+    takes (not the kernel-only fields accumulate, output, arithmetic)."""
+    from conformance.cli import linear_variant_keys
+    from emulator.reference_quantizers import reference_variants
+
+    folder, _ = ckpts["ct-mxfp4-w4a16"]
+    xp = tmp_path / "x.safetensors"
+    x = np.random.default_rng(0).standard_normal((4, cases.K)) * 4  # EVEN rounds some block's amax up, FLOOR not
+    _write_x(xp, x.astype(np.float32), "float32")
+    outs = {}
+    spelled = [f"--variant={k}={v}" for k, v in reference_variants("torchao-mx-even").items()]
+    for name, extra in (("preset", ["--preset", "torchao-mx-even"]), ("key", ["--variant", "preset=torchao-mx-even"]),
+                        ("spelled", spelled), ("canonical", [])):
+        out = tmp_path / f"{name}.safetensors"
+        rc, o, err = cli(capsys, "linear", folder, "--layer", LAYER, "-i", xp, "-o", out, "--act", "mxfp4", *extra)
+        assert rc == 0, err
+        outs[name] = out.read_bytes()
+    assert outs["preset"] == outs["key"] == outs["spelled"] != outs["canonical"]
+    rc, out, err = cli(capsys, "linear", folder, "--layer", LAYER, "-i", xp, "-o", tmp_path / "y.safetensors",
+                       "--variant", "no_such_key=1")
+    listed = err.split("takes:")[1]
+    assert rc == 2 and all(k in listed for k in linear_variant_keys())
+    assert "accumulate" not in listed and "arithmetic" not in listed

@@ -182,7 +182,8 @@ def test_device_file_as_shard_is_refused(tmp_path):
     (folder / "model.safetensors").unlink()
     (folder / "model.safetensors").symlink_to("/dev/zero")
     r = cli_sub("inspect", folder, timeout=60)
-    one_error_line(r.returncode, r.stderr, "model.safetensors", "character device")
+    # refused before it is opened: a symlink out of the folder is never followed (issue 22, item 9)
+    one_error_line(r.returncode, r.stderr, "model.safetensors", "/dev/zero", "outside the checkpoint folder")
 
 
 def test_huge_config_is_refused_before_reading(tmp_path):
@@ -341,13 +342,57 @@ def test_inspect_of_a_good_checkpoint_reports_values_checked(capsys, tmp_path):
 
 
 # -- found by the campaign (qconform campaign) --------------------------------------------------------------
-def test_e8m0_scale_whose_weight_overflows_float32_is_an_error_not_inf(capsys, tmp_path):
+def _onnx_dequantize_mxfp4(codes: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
+    """ONNX's reference DequantizeLinear (opset 23): FLOAT4E2M1 codes, FLOAT8E8M0 block scales (axis 1,
+    block 32), float32 output."""
+    pytest.importorskip("onnx")
+    import ml_dtypes
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    N, K = codes.shape
+    node = helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=1, block_size=32,
+                            output_dtype=TensorProto.FLOAT)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT4E2M1, [N, K]),
+                                        helper.make_tensor_value_info("s", TensorProto.FLOAT8E8M0, [N, K // 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, K])])
+    # the E2M1 value of each code from its bits (ml_dtypes' float4_e2m1fn holds one code per byte)
+    x = codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+    with np.errstate(over="ignore"):
+        return ReferenceEvaluator(helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])).run(
+            None, {"x": x, "s": scale_bytes.astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)})[0]
+
+
+def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """compressed-tensors' layout: byte j holds element 2j in its low nibble, 2j + 1 in its high one."""
+    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
+    out[:, 0::2], out[:, 1::2] = packed & 0xF, packed >> 4
+    return out
+
+
+def test_e8m0_scale_whose_weight_overflows_float32_is_inf_as_onnx_gives(capsys, tmp_path):
+    """Exact values beyond float32 (4 x 2^127, ...) are +-Inf, the RNE rounding every peer returns: the written
+    weight equals ONNX's reference DequantizeLinear on the same codes and bytes bit for bit, and a note says so."""
     folder = tmp_path / "ckpt"
     cases.write(folder, "ct-mxfp4-w4a16")
-    _edit(folder, lambda t: t[f"{LAYER}.weight_scale"].data.__setitem__(slice(None), 254))  # 2^127: 4 x 2^127 > max
+    bytes_ = np.array([254, 253, 127, 0], np.uint8)
+
+    def plant(t):
+        sc = t[f"{LAYER}.weight_scale"].data
+        sc[...] = bytes_[np.arange(sc.shape[1]) % 4][None, :]
+        t[f"{LAYER}.weight_packed"].data[0, :8] = np.array([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], np.uint8)
+    _edit(folder, plant)
     rc, out, err = cli(capsys, "dequant", folder, "--layer", LAYER, "-o", tmp_path / "w.safetensors")
-    one_error_line(rc, err, LAYER, "weight_scale", "overflows float32")
-    assert not (tmp_path / "w.safetensors").exists()
+    assert rc == 0, err
+    w = load_tensors(tmp_path / "w.safetensors")["weight"].data
+    t = Checkpoint(folder).layer_tensors(Checkpoint(folder).layer(LAYER))
+    ref = _onnx_dequantize_mxfp4(_unpack_nibbles(np.asarray(t["weight_packed"].data)), np.asarray(t["weight_scale"].data))
+    assert ref.dtype == np.float32 and np.array_equal(w.view(np.uint32), ref.view(np.uint32))
+    n_inf = int(np.isinf(ref).sum())
+    assert n_inf > 0 and (ref[0, :16] == np.float32([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4,
+                                                     -6]) * np.float32(2.0 ** 127)).all()
+    assert np.isposinf(ref[0, 4:8]).all() and np.isneginf(ref[0, 12:16]).all()
+    assert f"note: {n_inf} weight(s) exceed float32" in out and "+-Inf" in out
 
 
 def test_e8m0_scale_252_is_still_exact(tmp_path):

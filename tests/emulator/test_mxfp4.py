@@ -353,10 +353,12 @@ def test_variant_describe_and_parse():
     v = MxVariant(scale_rule="even", element_rounding="RHAZ", zero_block="half")
     assert v.describe() == {"scale_rule": "even", "element_rounding": "rhaz", "element_nan": "zero",
                             "zero_block": "half", "nan_block": "scale_nan", "element_zero_sign": "keep",
-                            "byte0_divisor": "byte", "scale_overflow": "clamp"}
+                            "byte0_divisor": "byte", "scale_overflow": "clamp", "quotient_dtype": "exact"}
     assert CANONICAL == MxVariant()
     with pytest.raises(ValueError):
         MxVariant(scale_rule="round")
+    with pytest.raises(ValueError):
+        MxVariant(quotient_dtype="float8")
 
 
 # --------------------------------------------------------------------------- torchao (optional)

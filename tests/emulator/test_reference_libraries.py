@@ -297,3 +297,55 @@ def test_every_reference_quantizer_is_checked_here():
                "torchao-mx-rceil", "compressed-tensors-mxfp4-act"}
     source_only = {"vllm-cuda-int8-azp"}
     assert set(REFERENCE_QUANTIZERS) == checked | source_only
+
+
+# ----------------------------------------------------------------------------------- scales that underflow
+#: rows whose fp32 scale (max(0, max) - min(0, min)) / 255 underflows to 0, or lands in the subnormals
+_TINY = np.float32(2.0 ** -149)
+_UNDERFLOW_ROWS = [[_TINY, 0, 0, 0], [-_TINY, 0, 0, 0], [_TINY, -_TINY, 0, 0], [3 * _TINY, -2 * _TINY, _TINY, 0],
+                   [-_TINY, _TINY, 3 * _TINY, 0], [2.0 ** -140, -2.0 ** -141, 0, 0], [-2.0 ** -130, 0, 0, 0],
+                   [1e-38, -1e-38, 0, 0]]
+
+
+def test_onnx_zero_point_when_the_scale_underflows():
+    """ONNX DynamicQuantizeLinear where the fp32 scale underflows to 0: the reference's clamp
+    max(0, min(255, NaN or +Inf)) gives zp 255, and 0 / 0 codes convert to 0. The named preset and the
+    q-uint8-tensor scheme (emulator/activations/uint8_tensor.py) equal the reference evaluator bit for bit;
+    the preset without the two named behaviours does not."""
+    from emulator.activations.uint8_tensor import quantize_uint8_per_tensor
+
+    v = int8_variant(Declared(variants=reference_variants("onnx-dynamicquantizelinear")))
+    loose = dict(reference_variants("onnx-dynamicquantizelinear"))
+    del loose["azp_clamp_nan"], loose["nan_to_int"]
+    v_loose = int8_variant(Declared(variants=loose))
+    differs = 0
+    for r in _UNDERFLOW_ROWS:
+        x = np.array([r], np.float32)
+        y, s, zp = _onnx_dql(x)
+        a = quantize_int8_per_token(x, v)
+        assert np.array_equal(a.stored(v), y) and a.scale[0, 0] == s and int(a.zero_point[0, 0]) + 128 == zp, r
+        u = quantize_uint8_per_tensor(x)
+        assert np.array_equal(u.q, y) and u.scale[0] == s and int(u.zero_point[0]) == zp, r
+        b = quantize_int8_per_token(x, v_loose)
+        differs += not (np.array_equal(b.stored(v_loose), y) and int(b.zero_point[0, 0]) + 128 == zp)
+    assert _onnx_dql(np.array([[_TINY, 0, 0, 0]], np.float32))[1:] == (0.0, 255)  # the case itself: scale 0, zp 255
+    assert differs >= 4
+
+
+def test_compressed_tensors_mxfp4_quotient_that_underflows_in_the_activation_dtype_is_positive_zero():
+    """compressed-tensors divides x / scale in x's dtype: a negative element whose quotient underflows there is
+    -0, whose code its rule makes +0 (code 0); the exact quotient is a tiny negative whose E2M1 rounding keeps
+    the sign (code 8). The preset names it (mx_quotient_dtype=input) and equals the library bit for bit."""
+    rng = np.random.default_rng(5)
+    for dtype, big in (("bfloat16", 2.0 ** 120), ("float32", 2.0 ** 120)):
+        r = -np.abs(rng.standard_normal((2, 32))) * (2.0 ** -21 if dtype == "bfloat16" else 2.0 ** -40)
+        r[:, 0] = big
+        x = round_to_dtype(r, dtype).astype(np.float32)
+        codes, sb = _ct_mxfp4_act(x, dtype)
+        case = _mx_case(dtype)
+        v = mx_variant(Declared(variants=reference_variants("compressed-tensors-mxfp4-act")), case)
+        ec, es = quantize_mxfp4(x, v)
+        assert np.array_equal(es, sb) and np.array_equal(ec, codes), dtype
+        assert (codes[:, 1:] == 0).all()  # +0 everywhere the quotient underflowed
+        exact = dict(reference_variants("compressed-tensors-mxfp4-act"), mx_quotient_dtype="exact")
+        assert (quantize_mxfp4(x, mx_variant(Declared(variants=exact), case))[0][:, 1:] == 8).all()
