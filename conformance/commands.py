@@ -17,6 +17,8 @@ from pathlib import Path
 
 from emulator import __version__ as emulator_version
 
+from .placement import add_options as add_placement_options
+from .placement import open_placement
 from .provenance import environment, git_commit, suite_version  # noqa: F401 - re-exported
 from .runner import BAD, Runner, load_waivers, read_results
 from .runstop import RunInterrupted, closed_outputs, describe_stop
@@ -199,8 +201,9 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     waivers = load_waivers(args.waivers)
     timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
     # the folder's lock first: a second run into it stops here, before it reads, removes or writes anything
+    devices, executor = open_placement(args)  # (docs/scaling.md) refused before the folder is touched
     runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=False, lock=True,
-                    memory_limit=getattr(args, "memory_limit", None))
+                    memory_limit=getattr(args, "memory_limit", None), devices=devices, executor=executor)
     try:
         return _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable)
     finally:
@@ -228,6 +231,7 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
               "waivers": [w.__dict__ for w in waivers]}
     if prop_families:
         header["property_seed"] = getattr(args, "seed", None)
+        header["property_searches"] = len(prop_families)  # result lines per backend (completeness.header_shortfall)
     if unavailable:
         header["unavailable"] = dict(unavailable)
     if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
@@ -472,6 +476,7 @@ def add_commands(sub) -> None:
     s.add_argument("--memory-limit", help="memory cap per worker, e.g. 8G or 512M; 0: none (default: half the "
                                           "host's memory); an OOM becomes the case's crash verdict")
     s.add_argument("--no-progress", action="store_true")
+    add_placement_options(s)
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("replay", help="rerun a failing case from its bundle")
@@ -548,7 +553,8 @@ def cmd_target(args) -> int:
                            jobs=args.jobs, shard=args.shard, waivers=args.waivers,
                            timeout=args.timeout if args.timeout is not None else max(300.0, PROFILES[args.profile].get(
                                "timeout", 300.0)),
-                           resume=False, no_progress=args.no_progress)
+                           resume=False, no_progress=args.no_progress, devices=args.devices,
+                           executor=args.executor, address=args.address)
     return cmd_run(a, unavailable=unavailable)
 
 
@@ -585,4 +591,5 @@ def add_target_command(sub) -> None:
     s.add_argument("--waivers")
     s.add_argument("--timeout", type=float, default=None, help="seconds per case (default 300; the model profile: 900)")
     s.add_argument("--no-progress", action="store_true")
+    add_placement_options(s)
     s.set_defaults(fn=cmd_target)

@@ -681,6 +681,8 @@ GENERATORS = {
     "outlier-channels": ("random", gen_outlier_channels, lambda c: c.scheme != "w4a16-moe"),
     # drawn only where a profile names it (the model profile, conformance/model_profile.py): never by default
     "layer-codes": ("random", gen_layer_codes, lambda c: False),
+    # the coverage design's value classes, ``vc-<class>`` (conformance/coverage_values.py), are added by
+    # conformance/specs.py: they are built on this module's packers
 }
 
 

@@ -47,8 +47,10 @@ from .levels import assess
 from .outlock import OutLock
 from .refcache import ReferenceCache
 from .resultfile import append_line, check_worker_output_fault, is_output_error, repair_torn_tail, unwritable
+from .placement import Slot, UnitQueue, slots, work_units
 from .runstop import RunInterrupted, StopSwitch
 from .suite import CaseSpec
+from .output_grid import require_output_grid
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
@@ -174,12 +176,12 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared, evidence: "Evide
     ``arithmetic=opaque`` is judged by ``decide_opaque`` against the canonical interval ``iv``.
     """
     if declared.arithmetic == "opaque":
-        return decide_opaque(y, iv, rounded_interval(iv, reference_declaration(inp.case, declared)),
-                             declared.sqnr_floor_db)
+        judged = rounded_interval(iv, reference_declaration(inp.case, declared))
+        return require_output_grid(decide_opaque(y, iv, judged, declared.sqnr_floor_db), y, judged)
     judged = rounded_interval(iv, declared)
-    return decide(y, iv, judged, output_rounding=declared.output_rounding,
-                  alt=lambda: _alternative_rule(inp, y, declared, judged),
-                  tie=lambda: _tie_interval(inp, judged, declared), evidence=evidence)
+    return require_output_grid(decide(y, iv, judged, output_rounding=declared.output_rounding,
+                                      alt=lambda: _alternative_rule(inp, y, declared, judged),
+                                      tie=lambda: _tie_interval(inp, judged, declared), evidence=evidence), y, judged)
 
 
 # -- waivers --------------------------------------------------------------------------------------
@@ -278,7 +280,8 @@ class Runner:
 
     def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
                  progress: bool = True, worker_env: dict | None = None, on_output=None,
-                 memory_limit: "int | str | None" = None, lock: bool = False):
+                 memory_limit: "int | str | None" = None, lock: bool = False, devices: "list | None" = None,
+                 executor=None):
         self.out_dir = Path(out_dir)
         # scratch files workers read and write: absolute, because a worker process runs in its own
         # directory and a path relative to ours (`qconform run --out qconform-out`) names nothing there
@@ -304,6 +307,10 @@ class Runner:
         self.waivers = waivers or []
         self.progress = progress
         self.worker_env = worker_env
+        #: accelerators the worker slots are placed on (conformance/placement.py; docs/scaling.md); [] = no placement
+        self.devices = list(devices or [])
+        #: where worker processes run: None = this host; a conformance.remote.DaskExecutor = a cluster's nodes
+        self.executor = executor
         self._lock = threading.Lock()
         #: failing cases localized so far per (backend, scheme, format) (docs/conformance.md#failure-localization)
         self._localized: dict = {}
@@ -323,8 +330,15 @@ class Runner:
         """Release the folder's lock (also released when the process ends)."""
         self.lock.release()
 
-    def _worker(self, bspec: str) -> WorkerProcess:
-        return WorkerProcess(bspec, env=self.worker_env, log_dir=self.log_dir, memory_limit=self.memory_limit,
+    def _worker(self, bspec: str, slot: "Slot | None" = None) -> WorkerProcess:
+        """A worker process for ``bspec`` in ``slot`` (its device's visibility variable set before the library
+        loads); on a cluster (``executor``), the same worker on one of its nodes."""
+        slot = slot if slot is not None else (slots(1, self.devices)[0])
+        env = dict(self.worker_env or {}, **slot.env())
+        if self.executor is not None:
+            return self.executor.worker(bspec, f"{os.getpid()}-{slot.number}", env=env or None,
+                                        memory_limit=self.memory_limit)
+        return WorkerProcess(bspec, env=env or None, log_dir=self.log_dir, memory_limit=self.memory_limit,
                              cancel=self._stop)
 
     # -- stopping (conformance/runstop.py) ----------------------------------------------------------
@@ -456,9 +470,11 @@ class Runner:
                     self._write(rec)
                     results.append(rec)
                 continue
-            chunks = [todo[i::self.jobs] for i in range(self.jobs)]
-            with ThreadPoolExecutor(max_workers=self.jobs) as ex:
-                futures = [ex.submit(self._run_chunk, bspec, label, c, today) for c in chunks]
+            # units of one kernel configuration, pulled by the slots (conformance/placement.py)
+            queue = UnitQueue(work_units(todo, self.jobs))
+            places = slots(self.jobs, self.devices)
+            with ThreadPoolExecutor(max_workers=len(places)) as ex:
+                futures = [ex.submit(self._run_slot, bspec, label, slot, queue, today) for slot in places]
                 # the main thread watches for a closed output (and runs the signal handlers) meanwhile
                 while wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION).not_done:
                     self.switch.check_outputs()
@@ -466,7 +482,15 @@ class Runner:
                         self._stop.set()  # one chunk failed (an unwritable folder): the others stop too
                         break
             for f in futures:
-                results.extend(f.result())  # (re-raises a chunk's error, e.g. OutputUnwritable)
+                results.extend(f.result())  # (re-raises a slot's error, e.g. OutputUnwritable)
+            if not self._stop.is_set():  # every device retired before the queue emptied: nothing is lost
+                for spec in queue.drain():
+                    why = (f"not run: every device of this run was retired ({queue.retired_text()}); the device "
+                           "stopped working during the run")
+                    rec = self._apply_waiver(label, spec, self._record(label, spec, "crash", why,
+                                                                       evidence={"runner": why}), today)
+                    self._write(rec)
+                    results.append(rec)
 
     def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
         rec = {"kind": "result", "backend": label, "case_id": spec.case_id, "tier": spec.tier,
@@ -505,36 +529,41 @@ class Runner:
                 return rec
         return rec
 
-    def _run_chunk(self, bspec: str, label: str, specs: list[CaseSpec], today: str) -> list[dict]:
+    def _run_slot(self, bspec: str, label: str, slot: Slot, queue: "UnitQueue", today: str) -> list[dict]:
+        """Run units from ``queue`` in one worker placed in ``slot`` until the queue is empty, the run stops, or
+        the slot's device is retired (a fresh worker finds its backend unavailable after a crash or timeout:
+        the unit's remaining cases go back to the queue for the other slots)."""
         out = []
-        worker = self._worker(bspec)
+        worker = self._worker(bspec, slot)
         tmpdir = self.work_dir / f"{os.getpid()}-{threading.get_ident()}"
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
-            for spec in specs:
-                if self._stop.is_set():
+            while not self._stop.is_set() and not queue.is_retired(slot.device):
+                unit = queue.take(self._stop.is_set)
+                if unit is None:
                     break
                 try:
-                    rec = self._run_one(worker, label, spec, tmpdir)
-                except RunInterrupted:
-                    break  # stopped while this case ran: it has no result (a resumed run runs it)
-                except OSError as e:
-                    if is_output_error(e):  # the output folder is full or read-only: the run's fault, not the case's
-                        self._stop.set()
-                        raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
-                    rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
-                                                             f"{type(e).__name__}: {e}",
-                                       evidence={"runner": f"{type(e).__name__}: {e}"})
-                except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
-                    rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
-                                                             f"{type(e).__name__}: {e}",
-                                       evidence={"runner": f"{type(e).__name__}: {e}"})
-                check_worker_output_fault(rec, self.work_dir)
-                rec = self._apply_waiver(label, spec, rec, today)
-                self._write(rec)
-                out.append(rec)
+                    for i, spec in enumerate(unit):
+                        if self._stop.is_set():
+                            break
+                        try:
+                            rec = self._run_case_in(worker, label, spec, tmpdir, today)
+                        except RunInterrupted:
+                            return out  # stopped while this case ran: it has no result (a resumed run runs it)
+                        if slot.device is not None:
+                            rec["device"] = slot.device.to_json()
+                        node = getattr(worker, "last_node", None)
+                        if node is not None:
+                            rec["node"] = node.get("host")
+                        self._write(rec)
+                        out.append(rec)
+                        if (slot.device is not None and rec["verdict"] in ("crash", "timeout")
+                                and self._device_lost(worker, slot, queue, unit[i + 1:])):
+                            break
+                finally:
+                    queue.done()
         except BaseException:
-            self._stop.set()  # the sibling chunks end too
+            self._stop.set()  # the sibling slots end too
             raise
         finally:
             worker.close()
@@ -544,6 +573,37 @@ class Runner:
             except OSError:
                 pass
         return out
+
+    def _device_lost(self, worker, slot: Slot, queue: "UnitQueue", rest: list) -> bool:
+        """After a crash or timeout on a device: does a fresh worker still find its backend available? If not,
+        the device is retired and ``rest`` goes back to the queue (True)."""
+        hello = worker.request({"op": "hello"}, timeout=self.timeout)
+        if hello.get("ok") and hello.get("available"):
+            return False
+        why = hello.get("reason") or hello.get("error") or "unavailable"
+        queue.retire(slot.device, why, rest)
+        return True
+
+    def _run_case_in(self, worker, label: str, spec: CaseSpec, tmpdir: Path, today: str) -> dict:
+        """One case's result record (waiver applied): a verdict whatever happened, except a stop or an
+        output folder that cannot be written (raised)."""
+        try:
+            rec = self._run_one(worker, label, spec, tmpdir)
+        except RunInterrupted:
+            raise
+        except OSError as e:
+            if is_output_error(e):  # the output folder is full or read-only: the run's fault, not the case's
+                self._stop.set()
+                raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
+            rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                     f"{type(e).__name__}: {e}",
+                               evidence={"runner": f"{type(e).__name__}: {e}"})
+        except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
+            rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
+                                                     f"{type(e).__name__}: {e}",
+                               evidence={"runner": f"{type(e).__name__}: {e}"})
+        check_worker_output_fault(rec, self.work_dir)
+        return self._apply_waiver(label, spec, rec, today)
 
     def _failed_request(self, label, spec, reply: dict, what: str, t0: float, declared=None) -> dict:
         """The record of a request the worker did not answer with ok: crash, timeout, or a malformed output."""

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from backends.base import Case
 
-from .generators import generate
+from .coverage_values import VALUE_GENERATORS
+from .generators import GENERATORS, generate
+
+# the coverage design's value-class generators (docs/conformance.md#coverage): every case id names a
+# generator of this table, so they join it wherever a case spec can be read
+GENERATORS.update(VALUE_GENERATORS)
 
 __all__ = ["TIERS", "PROPERTY_TIER", "PROFILES", "CaseSpec", "GOLDEN_DIR", "MANIFEST", "golden_dir", "golden_inputs"]
 
@@ -22,13 +27,16 @@ TIERS = ("exact", "edge", "random", "golden")
 PROPERTY_TIER = "property"
 
 #: profile -> knobs. ci: derandomised, bounded, reproducible. nightly: fresh seeds, more shapes and seeds.
+#: ``coverage``: the seeds of the covering designs over the feature tables whose cases the profile adds
+#: (conformance/coverage.py; docs/conformance.md#coverage)
 PROFILES = {
     "smoke": {"seeds": 1, "shapes": [(1, 64, 128), (5, 96, 256)], "fresh_seeds": False},
-    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (24, 64, 128)], "fresh_seeds": False},
+    "ci": {"seeds": 2, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (24, 64, 128)], "fresh_seeds": False,
+           "coverage": (0,)},
     "certification": {"seeds": 3, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512)],
-                      "fresh_seeds": False},
+                      "fresh_seeds": False, "coverage": (0, 1)},
     "nightly": {"seeds": 6, "shapes": [(1, 64, 128), (5, 96, 256), (16, 72, 128), (33, 256, 512), (128, 512, 1024)],
-                "fresh_seeds": True},
+                "fresh_seeds": True, "coverage": (0, 1, 2)},
     # real layer shapes (Llama-3-8B, Qwen1.5-MoE, gpt-oss-20b) at M = 1, 16, 128, 512: its own case list
     # (conformance/model_profile.py), no golden files, a per-case time limit for layer sizes on a loaded
     # 2-core host (the exact MoE reference at M = 512); docs/conformance.md#model-profile

@@ -154,6 +154,19 @@ def case_list(schemes=None, tiers=TIERS, profile: str = "ci", formats=None,
                 if spec.case_id not in seen:
                     seen.add(spec.case_id)
                     specs.append(spec)
+    if "edge" in tiers and prof.get("coverage"):  # the covering design over the feature tables
+        from .coverage import TABLES, design_specs
+
+        for scheme in TABLES:
+            if schemes and scheme not in schemes:
+                continue
+            for _row, case, gen, d in design_specs(scheme, tuple(prof["coverage"])):
+                if formats and case.weight_format not in formats:
+                    continue
+                spec = CaseSpec(case, "edge", gen, _seed(case, gen, base_seed + d))
+                if spec.case_id not in seen:
+                    seen.add(spec.case_id)
+                    specs.append(spec)
     if "golden" in tiers and prof.get("golden", True):
         from .golden import golden_specs
 

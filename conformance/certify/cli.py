@@ -37,11 +37,13 @@ def cmd_certify(args) -> int:
     res = certify(args.backend, args.out, profile=profile, schemes=args.scheme, tiers=args.tier,
                   shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
                   host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
-                  memory_limit=args.memory_limit, families=families)
+                  memory_limit=args.memory_limit, families=families, search=False if args.no_search else None,
+                  search_seed=args.search_seed, search_examples=args.search_examples)
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
     print(f"bundle: {res.path} ({counts})")
     for label, verdicts in _per_backend(res.path).items():  # which backend failed, not only how many cases
         print(f"  {label}: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())))
+    _print_coverage_and_search(res.path)
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
     print(f"report: {res.path / 'report.html'}")
     print(f"verify: qconform verify-bundle {res.path}")
@@ -64,6 +66,30 @@ def cmd_certify(args) -> int:
         print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results}; {head}, "
               f"level {summary.get('level') if summary else '?'})")
     return 0 if res.ok else 1
+
+
+def _print_coverage_and_search(folder) -> None:
+    """What the certificate covers (certificate.md): the coverage table's totals and the search."""
+    try:
+        meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    cov = meta.get("coverage")
+    if isinstance(cov, dict):
+        per = cov.get("schemes") or {}
+        print(f"coverage: {sum(c['classes_covered'] for c in per.values())}/{sum(c['classes'] for c in per.values())} "
+              f"classes, {sum(c['pairs_covered'] for c in per.values())}/"
+              f"{sum(c['pairs_feasible'] for c in per.values())} feasible class pairs of {len(per)} scheme(s) "
+              f"(design seeds {cov.get('design_seeds')})")
+    rec = meta.get("search")
+    if isinstance(rec, dict):
+        print(f"search: seed {rec['seed']}, {rec['examples_per_family']} examples per family, "
+              f"{len(rec.get('families_searched') or [])} families x {len(rec.get('backends') or {})} backend(s), "
+              f"{rec['examples_judged']} examples judged: "
+              + ("no failure" if rec["ok"] else f"{rec['n_bad']} failing (see {rec['results']})"))
+    else:
+        print("search: not run (--no-search)")
+    print(f"certificate: {folder / 'certificate.md'}")
 
 
 def _per_backend(folder) -> dict:
@@ -117,7 +143,7 @@ def cmd_verify_bundle(args) -> int:
           + f", {c.get('not_recomputable', 0)} without output (crash/timeout/unsupported: "
             f"{c.get('evidence', 0)} with their evidence checked)"
           + (f", {c.get('rerun', 0)} re-executed ({c.get('rerun_skipped', 0)} skipped: backend unavailable; "
-             f"seed {res.rerun_seed})" if args.rerun else ""))
+             f"seed {res.rerun_seed}), {c.get('search_replayed', 0)} search famil(ies) replayed" if args.rerun else ""))
     print(f"bundle sha256 (of MANIFEST.json): {res.manifest_sha256}")
     if res.ok:
         print("bundle OK (its files, records and verdicts check out)")
@@ -169,6 +195,14 @@ def register(sub) -> None:
     s.add_argument("--memory-limit", default=None,
                    help="memory cap per worker, e.g. 8G or 512M; 0: none (default: half the host's memory)")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--search-seed", type=int, default=0,
+                   help="seed of the property search certify runs after the case list (recorded in the bundle)")
+    s.add_argument("--search-examples", type=int, default=None, metavar="N",
+                   help="examples per family of the search (default: the profile's budget, "
+                        "docs/conformance.md#property-tier)")
+    s.add_argument("--no-search", action="store_true",
+                   help="skip the property search (the certificate then says no search was run; --for-model "
+                        "runs none: its families are certified at the checkpoint's shapes)")
     s.set_defaults(fn=cmd_certify)
 
     s = sub.add_parser("verify-bundle", help="re-check a certification bundle offline (hashes, every verdict)")

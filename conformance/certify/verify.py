@@ -282,6 +282,9 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
             problems.append(f"{b}: {len(missing)} case(s) of cases.txt have no result (first: {missing[0]})")
     if recompute:  # (the derived files come from the judging and report code of the suite that wrote them)
         _check_derived(files, meta, lines, latest, blines, headers, labels, problems)
+        from ..coverage_search import check_search
+
+        check_search(files, meta, problems, notes, deep=deep)  # the search, coverage and certificate records
     wj = _json(files, "waivers.json", "waivers") or {}
     from ..runner import Waiver
 
@@ -332,6 +335,9 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
         from .audit import rerun_cases
 
         res.rerun_seed = rerun_cases(folder, meta, latest, stored_all, rerun, rerun_seed, timeout, res)
+        from ..coverage_search import replay_search
+
+        checked["search_replayed"] = replay_search(folder, meta, problems, notes, timeout or 120.0)
     return res
 
 
@@ -356,6 +362,9 @@ def _check_golden(files: _Files, meta: dict, deep: bool, problems: list, notes: 
 def _check_derived(files, meta, lines, latest, blines, headers, labels, problems) -> None:
     """bundle.json's counts and ``ok``, and every file derived from the results, recomputed and compared."""
     vs = json.loads(json_bytes(verdict_summary(latest, labels, blines)))
+    from ..coverage_search import search_ok
+
+    vs["ok"] = vs["ok"] and search_ok(files, meta)  # a failing property search fails the certification
     for k, v in vs.items():
         if meta.get(k) != v:
             problems.append(f"bundle.json: {k} is {meta.get(k)!r}, the results give {v!r}")

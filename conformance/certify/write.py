@@ -106,7 +106,8 @@ def _check_target(folder: Path) -> None:
 def certify(backends: list[str], out: "str | Path" = "qconform-certification", *, profile: str = "certification",
             schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
             timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
-            progress: bool = False, log=print, memory_limit=None, families: "list[dict] | None" = None) -> CertifyResult:
+            progress: bool = False, log=print, memory_limit=None, families: "list[dict] | None" = None,
+            search: "bool | None" = None, search_seed: int = 0, search_examples: "int | None" = None) -> CertifyResult:
     """Run the suite on ``backends`` and write a certification bundle into ``out``.
 
     The run happens in ``<out>.partial`` (an interrupted certify of the same case list resumes there);
@@ -114,6 +115,10 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
     ``extra_files`` ({name: bytes | str | Path}) are stored under extra/. ``families`` (profile
     ``families``): the case families to certify, recorded in bundle.json (docs/certification.md#families).
+    ``search`` (default: on, except for profile ``families``, whose cases are a checkpoint's own shapes): after
+    the case list, the property tier's bounded search with seed ``search_seed`` and ``search_examples``
+    examples per family (default: the profile's budget), recorded in bundle.json ``search`` and under search/
+    (docs/certification.md#coverage-and-search).
     """
     from ..runner import Runner, load_waivers
     from ..suite import PROFILES, TIERS, case_list, list_hash, parse_shard
@@ -131,6 +136,16 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             raise ValueError(f"unknown tier {t!r}; known: {', '.join(TIERS)}")
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    if search is None:
+        search = profile != "families"
+    if search:  # the search needs Hypothesis: say so before any case runs
+        try:
+            import hypothesis  # noqa: F401
+        except ModuleNotFoundError:
+            raise ValueError("certify runs the property search, which needs Hypothesis: pip install hypothesis "
+                             "(or --no-search: the certificate then says no search was run)") from None
+        if search_examples is not None and int(search_examples) < 1:
+            raise ValueError(f"--search-examples expects a number >= 1, got {search_examples}")
     _check_target(folder)
     lock = OutLock.beside(folder).acquire()
     try:
@@ -170,6 +185,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
                   "certify": True, "host_label": host, "waiver_date": time.strftime("%Y-%m-%d")}
         if families is not None:
             header["families"] = families
+        search_args = {"seed": int(search_seed), "examples": search_examples} if search else None
         runner = Runner(work, timeout=timeout, jobs=jobs, waivers=wv, progress=progress,
                         on_output=Stager(staging), memory_limit=memory_limit, lock=True)
         log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
@@ -191,9 +207,14 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             raise QconformError(f"certify: {sum(missing.values())} result(s) missing after the run ("
                                 + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
                                 + f"); nothing sealed; rerun the same command to resume in {work}")
+        if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
+            from ..coverage_search import run_search, search_schemes
+
+            run_search(work, list(backends), profile=profile, schemes=search_schemes(schemes, families),
+                       seed=search_args["seed"], examples=search_examples, timeout=timeout, waivers=wv, log=log)
         (work / LOCK_NAME).unlink(missing_ok=True)
         shutil.rmtree(work / ".work", ignore_errors=True)  # the runner's scratch space, if a kill left it
-        res = _assemble(work, staging, ids, dict(header, host_label=host), extra_files)
+        res = _assemble(work, staging, ids, dict(header, host_label=host, search=search_args), extra_files)
         sha = seal(work)
         if folder.exists():
             folder.rmdir()  # empty (checked above, under the lock)
@@ -258,13 +279,38 @@ def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files)
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **vs}
     if header.get("families") is not None:
         bundle["families"] = header["families"]
+    _coverage_and_search(folder, bundle, header)
     raw = json_bytes(bundle)
     (folder / "bundle.json").write_bytes(raw)
     meta = json.loads(raw)
     for name, data in reports(lines, meta, report_title(labels, header["host_label"])).items():
         (folder / name).write_bytes(data)
-    return CertifyResult(folder, vs["ok"], vs["n_results"], vs["n_bad"], "", vs["verdicts"], vs["unavailable"],
+    from ..coverage_search import CERTIFICATE, certificate_text
+
+    (folder / CERTIFICATE).write_text(certificate_text(meta), encoding="utf-8")
+    return CertifyResult(folder, bundle["ok"], vs["n_results"], vs["n_bad"], "", vs["verdicts"], vs["unavailable"],
                          vs["no_judged_case"])
+
+
+def _coverage_and_search(folder: Path, bundle: dict, header: dict) -> None:
+    """bundle.json's ``coverage`` (the profile's coverage table) and ``search`` (what the property search
+    searched and found); a failing search makes the certification fail (docs/certification.md#coverage-and-search)."""
+    from ..coverage_report import coverage_record
+    from ..coverage_search import SEARCH_DIR, search_record, search_schemes
+    from ..specs import PROFILES
+
+    profile = header["profile"]
+    schemes = header["schemes"] if header["schemes"] != "all" else None
+    if PROFILES.get(profile, {}).get("coverage"):
+        bundle["coverage"] = coverage_record(profile, schemes)
+    s = header.get("search")
+    if s is None:
+        bundle["search"] = None
+        return
+    raw = (folder / SEARCH_DIR / "results.jsonl").read_bytes()
+    bundle["search"] = search_record(raw, profile=profile, schemes=search_schemes(schemes, header.get("families")),
+                                     seed=s["seed"], examples=s["examples"])
+    bundle["ok"] = bool(bundle["ok"] and bundle["search"]["ok"])
 
 
 def _put_extra(folder: Path, name: str, data) -> Path:

@@ -49,6 +49,10 @@ def _forge(folder: Path, **meta_overrides) -> None:
     (folder / "bundle.json").write_bytes(raw)
     for name, data in reports(lines, json.loads(raw), report_title(labels, meta["host_label"])).items():
         (folder / name).write_bytes(data)
+    if (folder / "certificate.md").exists():  # derived from bundle.json too (conformance/coverage_search.py)
+        from conformance.coverage_search import certificate_text
+
+        (folder / "certificate.md").write_text(certificate_text(json.loads(raw)), encoding="utf-8")
     _reseal(folder)
 
 
@@ -164,7 +168,8 @@ def test_failing_cases_removed_and_profile_relabelled_nightly_fails_deep(rich, t
     (b / "bundle.json").write_text(json.dumps(meta))
     for bp in (b / "bundles").iterdir():
         bp.unlink()
-    _forge(b, profile="nightly")
+    shutil.rmtree(b / "search")  # the property search failed too: the forger claims none was run
+    _forge(b, profile="nightly", search=None)
     assert verify_bundle(b).ok  # self-consistent: offline cannot know which cases should be there ...
     deep = verify_bundle(b, deep=True)
     # ... but --deep re-derives the list: a nightly bundle must record its seed

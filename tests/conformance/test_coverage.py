@@ -1,0 +1,209 @@
+"""Coverage by construction (docs/conformance.md#coverage): the feature tables reach the ci and
+certification profiles, every class is realized in the generated tensors, and the docs table is current."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from backends.base import Case
+from conformance import coverage as cov
+from conformance.coverage_report import coverage_of
+from conformance.coverage_report import main as report_main
+from conformance.coverage_values import activation_units, generate_value, realized
+from conformance.generators import GENERATORS, generate
+from conformance.suite import case_list
+
+
+def _coverage_specs(profile):
+    return [s for s in case_list(profile=profile, tiers=("edge",)) if s.generator.startswith("vc-")]
+
+
+@pytest.fixture(scope="module")
+def ci_specs():
+    return _coverage_specs("ci")
+
+
+@pytest.mark.parametrize("profile", ["ci", "certification"])
+@pytest.mark.parametrize("scheme", list(cov.TABLES))
+def test_every_class_and_every_feasible_pair_reaches_the_profile(profile, scheme):
+    c = coverage_of(profile, scheme)
+    assert c["classes_missing"] == [], f"{profile}/{scheme}: classes with no case: {c['classes_missing']}"
+    assert c["pairs_missing"] == [], f"{profile}/{scheme}: feasible pairs with no case: {c['pairs_missing'][:10]}"
+    assert c["classes_covered"] == c["classes"] > 0
+
+
+def test_coverage_cases_are_in_the_case_list_with_their_classes(ci_specs):
+    """The profile's case list holds the design's cases: counted from case_list itself (not from the design),
+    every class of every table is present for its scheme."""
+    seen = {s: set() for s in cov.TABLES}
+    for spec in ci_specs:
+        c = spec.case
+        cls = cov.case_classes(c)
+        seen[c.scheme] |= {(f, v) for f, v in cls.items() if f in cov.TABLES[c.scheme]}
+        seen[c.scheme].add(("values", spec.generator[3:]))
+    for s, t in cov.TABLES.items():
+        want = {(f, v) for f in t for v in t[f] if f not in ("N", "K") or not v.endswith("-min")}
+        assert want <= seen[s], f"{s}: {sorted(want - seen[s])[:10]}"
+
+
+def test_every_coverage_case_realizes_its_row():
+    """The row's format and shape classes are the realized case's (read back from its fields and tensors:
+    a permuted g_idx for act order), and the value class is in the generated tensors (``realized``)."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    bad = []
+    for scheme in cov.TABLES:
+        for row, case, gen, d in cov.design_specs(scheme, (0, 1)):  # ci: 0; certification: 0 and 1
+            inp = generate(case, gen, 1000 + d)
+            cls = cov.case_classes(case, inp.tensors)
+            for f, v in row.items():
+                if f == "values":
+                    continue
+                if v == "K-min":
+                    ok = cls.get("K-min") is True
+                elif v == "N-min":
+                    ok = case.N == cov.pick_n(scheme, case.weight_format, row.get("grouping"), "N-min")
+                else:
+                    ok = cls[f] == v
+                if not ok:
+                    bad.append((case.describe(), f, v, cls.get(f)))
+            ok, why = realized(row["values"], inp)
+            if not ok:
+                bad.append((case.describe(), gen, why))
+    assert not bad, bad[:10]
+
+
+def test_issue_21_holes_are_filled(ci_specs):
+    """The holes an independent engineer found (issue 21), each checked on the ci case list itself."""
+    cases = [(s.case, s.generator) for s in ci_specs]
+    assert any(c.scheme == "w8a8" and not c.act_symmetric for c, _ in cases), "no asymmetric W8A8"
+    assert any(c.scheme == "w4a16" and c.K % 128 for c, _ in cases), "every W4A16 K a multiple of 128"
+    assert any(c.weight_format == "ct-pack-quantized" and c.act_order for c, _ in cases), "no CT act order"
+    assert any(c.channelwise and c.K % 8 and c.weight_format != "none" for c, _ in cases), "no channel-wise K % 8"
+    assert any(c.scheme == "w8a8" and not c.act_symmetric and g == "vc-act-one-signed" for c, g in cases)
+    assert any(c.spec.activations == "mxfp4" and g == "vc-amax=2^k-ulp" for c, g in cases)
+    assert any(c.weight_format == "ct-mxfp4" and g == "vc-nan-scale" for c, g in cases)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_amax_one_ulp_below_a_power_of_two_is_what_ml_dtypes_says(dtype):
+    """Independent oracle: ml_dtypes' / NumPy's own representation of the value just below 2^k."""
+    case = Case("q-mxfp4", "none", 3, 0, 64, group_size=32, act_dtype=dtype)
+    inp = generate_value(case, "amax=2^k-ulp", 5)
+    t = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[dtype]
+    finfo = ml_dtypes.finfo(t)
+    for m in range(3):
+        for b in range(2):
+            a = float(np.max(np.abs(inp.x[m, 32 * b:32 * b + 32])))
+            k = int(np.ceil(np.log2(a)))
+            assert a == 2.0 ** k * (1 - float(finfo.epsneg)), (a, k)  # epsneg: the gap below 1, relative
+    assert realized("amax=2^k-ulp", inp)[0]
+    assert not realized("amax=2^k", inp)[0] and not realized("amax=2^k+ulp", inp)[0]
+
+
+def test_realization_checks_can_fail():
+    """A class the tensors lack is not counted: ordinary inputs do not realize the special classes."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    w = Case("w8a8", "ct-int-quantized", 4, 16, 64, group_size=-1, sym=False, act_dtype="bfloat16")
+    plain = generate_value(w, "ordinary", 3)
+    for cls in ("act-one-signed", "act-constant-rows", "amax=1.75*2^k", "w-one-signed", "w-constant-rows",
+                "code-eq-zero", "scale-subnormal"):
+        assert not realized(cls, plain)[0], cls
+        assert realized(cls, generate_value(w, cls, 3))[0], cls
+    mx = Case("w4a16-mxfp4", "ct-mxfp4", 4, 16, 64, group_size=32, act_dtype="bfloat16")
+    assert not realized("nan-scale", generate_value(mx, "ordinary", 3))[0]
+
+
+def test_nonfinite_classes_keep_the_output_finite_elsewhere():
+    """NaN/Inf inputs, each alone, next to outputs that stay finite (the E8M0 0xFF block of issue 21 was
+    only ever paired with inputs that made every output NaN)."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    from emulator.declaration import canonical_declaration
+
+    from conformance.acceptance import declared_interval
+
+    mx = Case("w4a16-mxfp4", "ct-mxfp4", 3, 16, 64, group_size=32, act_dtype="bfloat16")
+    inp = generate_value(mx, "nan-scale", 2)
+    y = np.asarray(declared_interval(inp, canonical_declaration(mx)).y_ref)
+    sb = np.asarray(inp.tensors["weight_scale"])
+    n_bad = int(np.flatnonzero((sb == 0xFF).any(axis=1))[0])
+    assert np.isnan(y[:, n_bad]).all()
+    assert np.isfinite(np.delete(y, n_bad, axis=1)).all()
+    a16 = Case("w4a16", "gptq", 3, 16, 64, group_size=32, sym=True, zero_convention="v1", act_dtype="float16")
+    inp = generate_value(a16, "nan-act", 2)
+    y = np.asarray(declared_interval(inp, canonical_declaration(a16)).y_ref)
+    assert np.isnan(inp.x[0]).any() and np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+
+
+def test_one_signed_rows_under_asymmetric_activations_are_one_signed():
+    case = Case("q-int8-token", "none", 6, 0, 40, group_size=-1, sym=False, act_dtype="float32")
+    x = generate_value(case, "act-one-signed", 1).x
+    assert activation_units(case) == "row"
+    assert (x[0] > 0).all() and (x[1] < 0).all() and (x[2] >= 0).all() and (x[2] == 0).any()
+
+
+def test_a_new_class_reaches_every_profile(monkeypatch):
+    """Adding a class to a table is all it takes: the design of every profile then holds it with every
+    class of every other factor it can pair with."""
+    before = cov.design("q-uint8-tensor", 0)[1]
+    table = dict(cov.TABLES["q-uint8-tensor"], act_dtype=("float32", "bfloat16"))
+    monkeypatch.setitem(cov.TABLES, "q-uint8-tensor", table)
+    cov.design.cache_clear()
+    cov._checker.cache_clear()
+    try:
+        rows, infeasible = cov.design("q-uint8-tensor", 0)
+        for v in table["values"]:
+            assert any(r["act_dtype"] == "bfloat16" and r["values"] == v for r in rows), v
+        for m in table["M"]:
+            assert any(r["act_dtype"] == "bfloat16" and r["M"] == m for r in rows), m
+        assert infeasible == before  # the new class pairs with everything
+    finally:
+        cov.design.cache_clear()
+        cov._checker.cache_clear()
+
+
+def test_the_design_is_pairwise_by_its_own_definition():
+    """Every pair of two factors' classes is in some row or named infeasible; an infeasible pair is one
+    the constraints refuse for every completion (checked here by exhaustive search on a small scheme)."""
+    scheme = "q-int8-token"
+    t = cov.TABLES[scheme]
+    rows, infeasible = cov.design(scheme, 0)
+    fs = list(t)
+    covered = {((f1, r[f1]), (f2, r[f2])) for r in rows for f1, f2 in itertools.combinations(fs, 2)}
+    chk = cov._checker(scheme)
+    valid = [dict(zip(fs, combo)) for combo in itertools.product(*(t[f] for f in fs))]
+    valid = [r for r in valid if chk.ok(r)]
+    possible = {((f1, r[f1]), (f2, r[f2])) for r in valid for f1, f2 in itertools.combinations(fs, 2)}
+    assert possible <= covered
+    assert not (possible & set(infeasible))
+    assert all(chk.ok(r) for r in rows)
+
+
+def test_every_scheme_has_a_table():
+    from backends.base import SCHEMES
+
+    assert set(cov.TABLES) == set(SCHEMES)
+
+
+def test_value_generators_are_registered_and_never_drawn_by_default():
+    for cls in {v for t in cov.TABLES.values() for v in t["values"]}:
+        tier, _fn, pred = GENERATORS[f"vc-{cls}"]
+        assert tier == "edge"
+        assert not pred(Case("w4a16", "gptq", 1, 64, 128, group_size=32, zero_convention="v1"))
+    assert not [s for s in case_list(profile="smoke") if s.generator.startswith("vc-")]
+
+
+def test_qconform_coverage_prints_the_tables(capsys):
+    from conformance.cli import main
+
+    assert main(["coverage", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Feature tables") and "| `ci` | `w8a8` |" in out
+
+
+def test_docs_coverage_table_is_current():
+    assert report_main(["--check"]) == 0, "run: python -m conformance.coverage_report --write"
