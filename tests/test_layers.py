@@ -146,3 +146,11 @@ def test_no_new_import_cycles():
     assert not new, "new import cycles: " + "; ".join(" <-> ".join(c) for c in new)
     gone = [c for c in KNOWN_CYCLES if c not in cycles]
     assert not gone, "known cycles that are gone (remove them from KNOWN_CYCLES): " + "; ".join(map(str, gone))
+
+
+def test_design_page_places_every_conformance_module_in_a_room():
+    """docs/design.md's room table names every module of conformance/ (a new module must be given a room)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    missing = [p.stem for p in sorted((ROOT / "conformance").glob("*.py"))
+               if p.stem != "__init__" and f"`{p.stem}`" not in text]
+    assert not missing, f"modules without a room in docs/design.md: {missing}"
