@@ -300,8 +300,9 @@ def test_interrupted_certify_leaves_only_a_partial_folder(tmp_path, monkeypatch)
 def test_nightly_bundle_records_its_seed_and_deep_rederives_the_list(tmp_path):
     from conformance.certify import certify
 
+    # (no --shard: the nightly seed comes from the clock, and a shard of its 16 cases is empty 1 time in 19)
     res = certify(["emulator"], tmp_path / "n", profile="nightly", schemes=["w8a16"], tiers=["exact"],
-                  shard="1/6", log=lambda *a: None)
+                  log=lambda *a: None)
     meta = json.loads((res.path / "bundle.json").read_text())
     assert isinstance(meta["base_seed"], int)
     v = verify_bundle(res.path, deep=True)
