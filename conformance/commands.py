@@ -192,9 +192,10 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     waivers = load_waivers(args.waivers)
     timeout = args.timeout if args.timeout is not None else PROFILES[args.profile].get("timeout", 120.0)
     # the folder's lock first: a second run into it stops here, before it reads, removes or writes anything
-    devices, executor = open_placement(args)  # (docs/scaling.md) refused before the folder is touched
+    placement = open_placement(args)  # (docs/scaling.md) refused before the folder is touched
     runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=False, lock=True,
-                    memory_limit=getattr(args, "memory_limit", None), devices=devices, executor=executor)
+                    memory_limit=getattr(args, "memory_limit", None), devices=placement.devices,
+                    executor=placement.executor)
     try:
         return _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable)
     finally:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 __all__ = ["Device", "DeviceError", "Slot", "discover_devices", "parse_nvidia_smi", "intel_devices", "select_devices",
            "slots", "unit_key", "work_units", "UnitQueue",
-           "add_options", "open_placement"]
+           "add_options", "open_placement", "Placement"]
 
 #: the environment variable each vendor's runtime reads to restrict a process to some devices
 VISIBILITY_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
@@ -258,15 +258,23 @@ def add_options(parser) -> None:
     parser.add_argument("--address", help="with --executor dask: the scheduler, e.g. tcp://head:8786")
 
 
-def open_placement(args) -> "tuple[list[Device], object | None]":
-    """(devices, executor) from the options; a request this host cannot honour raises DeviceError (exit 2)."""
+@dataclasses.dataclass
+class Placement:
+    """Where a run's workers go: on these devices of this host, or through ``executor`` (a cluster)."""
+
+    devices: list = dataclasses.field(default_factory=list)
+    executor: object = None
+
+
+def open_placement(args) -> Placement:
+    """The placement the options ask for; a request this host cannot honour raises DeviceError (exit 2)."""
     executor_kind = getattr(args, "executor", "local") or "local"
     address = getattr(args, "address", None)
     request = getattr(args, "devices", None)
     if executor_kind == "local":
         if address:
             raise DeviceError("--address needs --executor dask")
-        return select_devices(request, discover_devices()) if request is not None else [], None
+        return Placement(select_devices(request, discover_devices()) if request is not None else [])
     if not address:
         raise DeviceError("--executor dask needs --address (the Dask scheduler, e.g. tcp://head:8786)")
     if request is not None:
@@ -274,4 +282,4 @@ def open_placement(args) -> "tuple[list[Device], object | None]":
                           "(start one Dask worker per device there: docs/scaling.md)")
     from .remote import DaskExecutor
 
-    return [], DaskExecutor(address)
+    return Placement([], DaskExecutor(address))

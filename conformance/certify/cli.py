@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..placement import add_options as add_placement_options
+from ..placement import open_placement
 from .verify import verify_bundle
 from .write import certify
 
@@ -38,7 +40,8 @@ def cmd_certify(args) -> int:
                   shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
                   host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
                   memory_limit=args.memory_limit, families=families, search=False if args.no_search else None,
-                  search_seed=args.search_seed, search_examples=args.search_examples)
+                  search_seed=args.search_seed, search_examples=args.search_examples,
+                  placement=open_placement(args))
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
     print(f"bundle: {res.path} ({counts})")
     for label, verdicts in _per_backend(res.path).items():  # which backend failed, not only how many cases
@@ -203,6 +206,7 @@ def register(sub) -> None:
     s.add_argument("--no-search", action="store_true",
                    help="skip the property search (the certificate then says no search was run; --for-model "
                         "runs none: its families are certified at the checkpoint's shapes)")
+    add_placement_options(s)  # --devices, --executor, --address (docs/scaling.md)
     s.set_defaults(fn=cmd_certify)
 
     s = sub.add_parser("verify-bundle", help="re-check a certification bundle offline (hashes, every verdict)")

@@ -109,7 +109,8 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
             timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
             progress: bool = False, log=print, memory_limit=None, families: "list[dict] | None" = None,
-            search: "bool | None" = None, search_seed: int = 0, search_examples: "int | None" = None) -> CertifyResult:
+            search: "bool | None" = None, search_seed: int = 0, search_examples: "int | None" = None,
+            placement=None) -> CertifyResult:
     """Run the suite on ``backends`` and write a certification bundle into ``out``.
 
     The run happens in ``<out>.partial`` (an interrupted certify of the same case list resumes there);
@@ -189,7 +190,9 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             header["families"] = families
         search_args = {"seed": int(search_seed), "examples": search_examples} if search else None
         runner = Runner(work, timeout=timeout, jobs=jobs, waivers=wv, progress=progress,
-                        on_output=Stager(staging), memory_limit=memory_limit, lock=True)
+                        on_output=Stager(staging), memory_limit=memory_limit, lock=True,
+                        devices=placement.devices if placement else None,
+                        executor=placement.executor if placement else None)
         log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
             f"profile {profile} -> {folder}")
         import warnings

@@ -144,3 +144,20 @@ def test_with_every_device_lost_the_rest_is_recorded_not_dropped(tmp_path, monke
     assert sorted(r["case_id"] for r in res) == sorted(s.case_id for s in specs)
     assert {r["verdict"] for r in res} == {"crash"}
     assert sum("every device of this run was retired" in r["reason"] for r in res) == len(specs) - 1
+
+
+def test_certify_places_its_workers_and_its_bundle_records_each_cases_device(tmp_path, monkeypatch):
+    import json
+
+    from conformance.certify import certify, verify_bundle
+    from conformance.placement import Placement
+
+    _double(monkeypatch)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    res = certify([f"fake-device:dir={seen}"], tmp_path / "b", profile="smoke", schemes=["w8a16"], tiers=["exact"],
+                  jobs=2, search=False, log=lambda *a: None, placement=Placement(parse_nvidia_smi(SMI_2)))
+    rows = [json.loads(line) for line in (res.path / "results.jsonl").read_text().splitlines() if line]
+    results = [r for r in rows if r.get("kind") == "result"]
+    assert results and {r["device"]["uuid"] for r in results} == {"GPU-aaaa-1111", "GPU-bbbb-2222"}
+    assert verify_bundle(res.path).ok
