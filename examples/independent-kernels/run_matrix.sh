@@ -8,4 +8,4 @@ PYTHONPATH=${QC_ROOT:-$PWD} timeout 900 python -m conformance.cli run --backend 
   -j 1 --no-progress --out "$out" > "$out.log" 2>&1 || true
 t1=$(date +%s.%N)
 line=$(grep -E "^\S+\s+$scheme\s+[0-9]+" "$out.log" | head -1)
-printf "%s\t%s\t%s\t%.1f\n" "$spec" "$scheme" "$(echo $line | awk '{print $3"\t"$4"\t"$5"\t"$6}')" "$(echo "$t1 - $t0" | bc)"
+printf "%s\t%s\t%s\t%.1f\n" "$spec" "$scheme" "$(echo $line | cut -d" " -f3-)" "$(echo "$t1 - $t0" | bc)"
