@@ -27,7 +27,7 @@ import numpy as np
 from emulator import __version__ as emulator_version
 from emulator.declaration import declared_output, declared_weight
 from emulator.formats.fast_matmul import matmul_rows
-from emulator.linear import exact_int_matmul_for
+from emulator.fast_linear import exact_int_matmul_for
 from emulator.numerics.floats import round_float32_array, round_float64_array
 from emulator.quantize_only import quantize_reference
 from emulator.variants import FIELD_AXES, VARIANT_AXES, VariantError, axis
@@ -67,6 +67,9 @@ class EmulatorBackend(Backend):
         if self.path not in ("fast", "exact"):
             raise ValueError(f"emulator: path must be fast or exact, got {self.path!r}")
         self._cache: dict[str, np.ndarray] = {}
+        #: the W8A8 fast path's exact integer GEMM engine (emulator/fast_linear.py ``exact_int_matmul_for``;
+        #: None: NumPy's); qconform_torch sets its own (speed only: every correct engine gives the same sums)
+        self.int_engine = None
 
     def availability(self) -> Availability:
         return Availability(True, "always available (NumPy)", emulator_version, "cpu")
@@ -161,7 +164,7 @@ class EmulatorBackend(Backend):
         """Canonical W8A8 (docs/formats/activations.md) with NumPy's IEEE fp32 ops, exact int sums (sgemm over K-chunks).
 
         fl32(amax / 127), fl32(x / scale) and np.rint (RNE) are exactly the canonical steps; every
-        chunk of <= 1024 int8 x int8 products sums exactly in fp32 (emulator.linear.ExactIntMatmul).
+        chunk of <= 1024 int8 x int8 products sums exactly in fp32 (emulator.fast_linear.ExactIntMatmul).
         The conformance suite checks this path against the exact reference on every case.
         """
         case = prepared.case
@@ -170,7 +173,8 @@ class EmulatorBackend(Backend):
             t = prepared.data["tensors"]
             self._cache.clear()
             ws = np.asarray(t["weight_scale"]).astype(np.float32).astype(np.float64).reshape(1, -1)
-            self._cache[key] = (exact_int_matmul_for(np.asarray(t["weight"]), a_max=128), ws)  # codes in [-128, 127]
+            self._cache[key] = (exact_int_matmul_for(np.asarray(t["weight"]), a_max=128,
+                                                                engine=self.int_engine), ws)  # codes in [-128, 127]
         wq, ws = self._cache[key]
         if np.isnan(x32).any():
             raise ValueError("x: NaN in activations: per-token int8 quantization is undefined for NaN input")

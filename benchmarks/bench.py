@@ -191,9 +191,9 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
     if scheme == "w8a8":
         # the exact int32 accumulator alone against the float64 dgemm it replaced, on the same int8 codes
         # (issue #12: faster than a dgemm and >= 2x faster than the dgemm accumulator): NumPy's float32
-        # sgemm over K-chunks (emulator.linear.ExactIntMatmul) and, where torch is installed, the engine
+        # sgemm over K-chunks (emulator.fast_linear.ExactIntMatmul) and, where torch is installed, the engine
         # the fallback op uses
-        from emulator.linear import ExactIntMatmul
+        from emulator.fast_linear import ExactIntMatmul
 
         mm = ExactIntMatmul(b.astype(np.int8), a_max=128)
         a32 = a.astype(np.float32)
@@ -215,7 +215,7 @@ def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool)
             t_acc, t_dgemm = _best_pair(lambda: eng(a32), lambda: a @ b.T, repeat, 0.4)
             engine = "torch int8 GEMM (torch._int_mm), qconform_torch/int_kernels.py"
         else:
-            t_acc, engine = t_np, "float32 sgemm over K-chunks (emulator.linear.ExactIntMatmul)"
+            t_acc, engine = t_np, "float32 sgemm over K-chunks (emulator.fast_linear.ExactIntMatmul)"
         rec.update({"acc_seconds": t_acc, "acc_engine": engine, "acc_dgemm_seconds": t_dgemm,
                     "acc_speedup": t_dgemm / t_acc, "acc_target": ">= 2 (and > 1: faster than a float64 dgemm)",
                     "acc_missed": t_dgemm / t_acc < 2})
@@ -389,6 +389,31 @@ def run(quick: bool = False, suite: bool = True, fallback_only: bool = False) ->
     return results
 
 
+def run_model(hidden: int, layers: int, repeat: int) -> list[dict]:
+    """The model-level comparison (benchmarks/model_bench.py), each format in its own process."""
+    from .model_bench import FORMATS, print_model
+
+    results = []
+    for fmt in FORMATS:
+        results.append(_isolated("_model_bench", fmt, hidden, layers, repeat))
+        _print(results[-1]) if "error" in results[-1] else print_model(results[-1])
+    results.append(_isolated("_projection_bench", repeat))
+    _print(results[-1]) if "error" in results[-1] else print_model(results[-1])
+    return results
+
+
+def _model_bench(fmt: str, hidden: int, layers: int, repeat: int) -> dict:
+    from .model_bench import bench_model
+
+    return bench_model(fmt, hidden, layers, repeat)
+
+
+def _projection_bench(repeat: int) -> dict:
+    from .model_bench import bench_projection
+
+    return bench_projection(repeat)
+
+
 def _print(r: dict) -> None:
     b = r.get("bench")
     if "error" in r:
@@ -432,6 +457,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--no-suite", action="store_true")
     ap.add_argument("--fallback-only", action="store_true")
+    _model_args(ap)
     args = ap.parse_args(argv)
     return _main(args)
 
@@ -448,7 +474,10 @@ def _main(args) -> int:
         pass
     print(f"qconform bench  {info}")
     info["load_at_start"] = _load()
-    results = run(quick=args.quick, suite=not args.no_suite, fallback_only=getattr(args, "fallback_only", False))
+    if getattr(args, "model", False):
+        results = run_model(args.hidden, args.layers, args.repeat)
+    else:
+        results = run(quick=args.quick, suite=not args.no_suite, fallback_only=getattr(args, "fallback_only", False))
     info["load_at_end"] = _load()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -475,7 +504,18 @@ def missed_targets(results: list) -> list[str]:
         elif b == "fallback":
             out += [f"fallback {r['format']} M={x['M']} uncached x{x['uncached_over_cached']:.2f} cached "
                     f"({x['target']})" for x in r["rows"] if x.get("missed")]
-    return out
+    from .model_bench import missed as model_missed
+
+    return out + model_missed(results)
+
+
+def _model_args(p) -> None:
+    p.add_argument("--model", action="store_true",
+                   help="only the model-level comparison: a random Llama as CT W4A16 / GPTQ / CT W8A8, every path "
+                        "(benchmarks/model_bench.py)")
+    p.add_argument("--hidden", type=int, default=1024, help="--model: hidden size (default 1024)")
+    p.add_argument("--layers", type=int, default=4, help="--model: decoder layers (default 4)")
+    p.add_argument("--repeat", type=int, default=3, help="--model: rounds, best of (default 3)")
 
 
 def register(sub) -> None:
@@ -485,6 +525,7 @@ def register(sub) -> None:
     s.add_argument("--no-suite", action="store_true")
     s.add_argument("--fallback-only", action="store_true",
                    help="only the fallback rows (per format, M in {1, 16, 256}) and W8A8's accumulator")
+    _model_args(s)
     s.set_defaults(fn=_main)
 
 

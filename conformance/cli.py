@@ -98,7 +98,7 @@ def linear_variant_keys() -> list[str]:
     return [k for k, a in AXES.items() if not a.field or k in LINEAR_FIELDS]
 
 
-def _linear_variants(opts: list[str], preset: str | None = None):
+def _linear_variants(opts: list[str], preset: str | None = None, input_dtype: str | None = None):
     """``--variant KEY=VALUE ...`` (and ``--preset NAME`` / ``--variant preset=NAME``) -> (the Declared they
     name, its int8 and MX activation quantizers, whether the direct path applies them all).
 
@@ -116,7 +116,7 @@ def _linear_variants(opts: list[str], preset: str | None = None):
         if k in AXES and AXES[k].field and k not in LINEAR_FIELDS:
             raise ValueError(f"--variant {k}: describes a kernel, not the reference; linear takes the fields "
                              f"{', '.join(LINEAR_FIELDS)} and the variants of docs/variants.md")
-    pairs, fields = parse_variant_options(opts, preset, linear_variant_keys(), "linear", LINEAR_FIELDS)
+    pairs, fields = parse_variant_options(opts, preset, linear_variant_keys(), "linear", LINEAR_FIELDS, input_dtype)
     if "act_compute_dtype" in fields and fields["act_compute_dtype"].lower() == "none":
         fields["act_compute_dtype"] = None
     decl = Declared(variants=pairs, **fields)
@@ -144,7 +144,7 @@ def _cmd_linear(args) -> int:
         raise FormatError(f"{args.input}: tensor 'x' must be 2-D [M, K], got shape {list(x.shape)}")
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
-    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant, args.preset)
+    decl, int8_variant, mx_variant, direct = _linear_variants(args.variant, args.preset, dtype)
     if int8_variant.arith_dtype == "input":  # x travels as float32 here: name its own dtype
         int8_variant = dataclasses.replace(int8_variant, arith_dtype=dtype)
     if mx_variant.quotient_dtype == "input":

@@ -231,6 +231,7 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
               "waivers": [w.__dict__ for w in waivers]}
     if prop_families:
         header["property_seed"] = getattr(args, "seed", None)
+        header["property_searches"] = len(prop_families)  # result lines per backend (completeness.header_shortfall)
     if unavailable:
         header["unavailable"] = dict(unavailable)
     if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure

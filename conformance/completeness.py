@@ -30,13 +30,23 @@ def header_shortfall(src: dict, *, property_tier: str = "property") -> "dict | N
         return None
     h = headers[-1]
     n_cases, backends = h.get("case_count"), h.get("backends") or []
-    if not isinstance(n_cases, int) or n_cases <= 0 or not backends:
+    n_prop = h.get("property_searches")  # one result line per (backend, property family)
+    n_prop = n_prop if isinstance(n_prop, int) and n_prop > 0 else 0
+    if not isinstance(n_cases, int) or n_cases < 0 or n_cases + n_prop == 0 or not backends:
         return None
-    per = Counter(r.get("backend") for r in src.get("results") or [] if r.get("tier") != property_tier)
-    missing = {b: n_cases - n for b, n in per.items() if n < n_cases}
-    absent = len(backends) - len(per)  # backends of the header with no result line at all
-    if absent > 0:
-        missing["(backends with no result)"] = absent * n_cases
+    results = src.get("results") or []
+    missing: dict = {}
+    for want, mine, none in ((n_cases, lambda r: r.get("tier") != property_tier, "(backends with no result)"),
+                             (n_prop, lambda r: r.get("tier") == property_tier, "(backends with no property search)")):
+        if not want:
+            continue
+        per = Counter(r.get("backend") for r in results if mine(r))
+        for b, n in per.items():
+            if n < want:
+                missing[b] = missing.get(b, 0) + want - n
+        absent = len(backends) - len(per)  # backends of the header with no result line at all
+        if absent > 0:
+            missing[none] = missing.get(none, 0) + absent * want
     return missing or None
 
 

@@ -62,7 +62,9 @@ MAX_PROBE_MACS = 1 << 31
 
 def _probe_columns(case: Case) -> np.ndarray:
     K = case.K
-    budget = int(min(MAX_PROBE_COLUMNS, max(64, MAX_PROBE_MACS // max(1, case.N * K))))
+    # at most MAX_CALLS calls of exactly M rows: a chunk of more rows would take another kernel path (M = 1 decode)
+    budget = int(min(MAX_PROBE_COLUMNS, max(1, case.M) * MAX_CALLS,
+                     max(64, MAX_PROBE_MACS // max(1, case.N * K))))
     if K <= budget:
         return np.arange(K)
     g = min(max(case.group, 32), budget // 8)
@@ -324,6 +326,7 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
                 return _rnd(v * Wr + (b64.T if bias_in is not None else 0.0), out_dtype)
 
         weights = analyze_weights(st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
+        weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
         if not weights["ok"] and bad1.any():
             # the one-hot products need rounding (v * w off the output grid): is it truncated instead?
             with np.errstate(invalid="ignore", over="ignore"):
@@ -374,6 +377,12 @@ def _finding_text(f: dict) -> str:
     return f"{f['where']}: {f['pattern']}"
 
 
+def _weights_read(case: Case, weights) -> str:
+    """'weights', or 'weights (n of K columns)' where the one-hot readback probed only some columns."""
+    n = (weights or {}).get("probed_columns", case.K)
+    return "weights" if n >= case.K else f"weights ({n} of {case.K} columns)"
+
+
 def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
     named_act = acts is not None and not acts["ok"] and acts.get("hypothesis")
     weights_bad = weights is not None and not weights["ok"]
@@ -384,7 +393,7 @@ def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
         name = acts["hypothesis"]
         stage = "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization"
         why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
-               else " (weights read back exact)" if weights is not None else "")
+               else f" ({_weights_read(case, weights)} read back exact)" if weights is not None else "")
         return stage, f"{stage} wrong on rows whose quantization is exact: {name}{why}"
     unnamed = ("wrong weights (no named pattern)", "wrong by a whole number")
     if (weights_bad and acts is not None and not acts["ok"] and not named_act
@@ -400,10 +409,10 @@ def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
         f = acts["findings"][-1] if acts["findings"] else {"pattern": "outputs differ"}
         stage = "epilogue" if "epilogue" in f["pattern"] else "activation quantization"
         return stage, (f"{stage} wrong on rows whose quantization is exact: {f['pattern']}"
-                       + (" (weights read back exact)" if weights is not None else ""))
+                       + (f" ({_weights_read(case, weights)} read back exact)" if weights is not None else ""))
     if bias_res is not None and not bias_res["ok"]:
         return "epilogue", "epilogue wrong: " + "; ".join(f["pattern"] for f in bias_res["findings"][:2])
-    checked = ["weights" if weights is not None else None, "activation quantization" if acts is not None else None,
+    checked = [_weights_read(case, weights) if weights is not None else None, "activation quantization" if acts is not None else None,
                "bias" if bias_res is not None else None]
     checked = [c for c in checked if c]
     return ("accumulation or output rounding",

@@ -145,7 +145,9 @@ MUTATIONS = [
     M("json-big-valid", "file", False, cfg.m_json_big_valid),
     M("config-special-file", "file", True, cfg.m_config_special),
     M("shard-special-file", "file", True, st.m_shard_special),
-    M("extra-special-safetensors", "file", True, st.m_extra_special_safetensors),
+    # (beside model.safetensors and with no index, transformers reads model.safetensors only: the extra file is
+    # skipped and named, never opened: docs/checkpoints.md; tests/emulator/test_checkpoint.py)
+    M("extra-special-safetensors", "file", False, st.m_extra_special_safetensors),
     M("header-dtype-swap", "header", False, st.m_header_dtype_swap),
     M("header-dtype-unknown", "header", True, st.m_header_dtype_unknown),
     M("header-shape-garbage", "header", True, st.m_header_shape_garbage),

@@ -25,7 +25,7 @@ def _presets() -> dict:
 
 
 def parse_variant_options(opts: list[str] | None, preset: str | None, accepted: list[str], command: str,
-                          field_keys: tuple = ()) -> tuple[dict, dict]:
+                          field_keys: tuple = (), input_dtype: str | None = None) -> tuple[dict, dict]:
     """``--variant KEY=VALUE`` options and ``--preset NAME`` -> (variants, Declared fields).
 
     A preset (``--preset NAME`` or ``--variant preset=NAME``) contributes its variants first; a ``--variant``
@@ -48,6 +48,10 @@ def parse_variant_options(opts: list[str] | None, preset: str | None, accepted: 
     for name in presets:
         if name not in _presets():
             raise ValueError(f"unknown preset {name!r}; known: {', '.join(_presets())}")
+        dtypes = _presets()[name].input_dtypes
+        if input_dtype is not None and dtypes and input_dtype not in dtypes:
+            raise ValueError(f"preset {name} is checked against its library for {' and '.join(dtypes)} activations "
+                             f"only, not {input_dtype} (the library computes otherwise there: docs/variants.md)")
         variants.update(_presets()[name].variants)
     fields: dict = {}
     for k, v in pairs:
@@ -107,7 +111,8 @@ def cmd_quantize(args) -> int:
     from emulator.tensorfile import save_tensors
 
     x, dtype = read_activations(args.input)
-    variants, _ = parse_variant_options(args.variant, args.preset, quantize_variant_keys(args.scheme), "quantize")
+    variants, _ = parse_variant_options(args.variant, args.preset, quantize_variant_keys(args.scheme), "quantize",
+                                        input_dtype=dtype)
     scheme = _scheme_of(args, variants)
     keys = quantize_variant_keys(scheme)
     wrong = [k for k in variants if k not in keys]

@@ -150,8 +150,63 @@ def merge_bundles(bundles: list["str | Path"], out_dir: "str | Path", *, verify:
         s["host"] = h
     summary = summarize_sources(sources, by_host=True, base=out_dir)
     summary["merged_from"] = [s["folder"] for s in sources]
+    missing, notes = shard_shortfall(sources)
+    if missing or notes:  # a shard set short of a shard (or with one twice) is never CONFORMANT
+        from .completeness import enforce
+
+        summary.setdefault("notes", [])[:0] = notes
+        enforce(summary, missing=missing or {"(a shard given twice)": 1})
     paths = write_reports(out_dir, summary, title="qconform conformance report (merged)")
     return summary, paths
+
+
+def _shard_group(header: dict) -> tuple:
+    """What shards of one sharded run share: the case list's recipe, its backends, the shard count."""
+    n = str(header.get("shard")).split("/")[-1]
+    return (header.get("profile"), tuple(header.get("tiers") or ()), json.dumps(header.get("schemes"), sort_keys=True),
+            tuple(header.get("backends") or ()), header.get("base_seed"), n)
+
+
+def shard_shortfall(sources: list[dict]) -> "tuple[dict, list[str]]":
+    """({what is missing: result count}, notes) for sharded sources (``--shard i/n``) merged without every shard
+    1..n of their run, or with one shard twice; ({}, []) when every shard set is whole (or nothing is sharded)."""
+    groups: dict = {}
+    for src in sources:
+        h = (src.get("headers") or [{}])[-1]
+        if not h.get("shard"):
+            continue
+        try:
+            i, n = (int(t) for t in str(h["shard"]).split("/"))
+        except ValueError:
+            return {f"{src['folder']}: unreadable shard {h['shard']!r}": 1}, []
+        groups.setdefault(_shard_group(h), {"n": n, "seen": [], "header": h})["seen"].append(i)
+    missing, notes = {}, []
+    for g in groups.values():
+        n, seen, h = g["n"], g["seen"], g["header"]
+        absent = [i for i in range(1, n + 1) if i not in seen]
+        twice = sorted({i for i in seen if seen.count(i) > 1})
+        what = f"profile {h.get('profile')}, backends {', '.join(h.get('backends') or [])}"
+        if absent:
+            count = _shard_cases(h, absent) * max(1, len(h.get("backends") or []))
+            missing[f"shard(s) {', '.join(f'{i}/{n}' for i in absent)} of {what}"] = count
+        if twice:
+            notes.append(f"shard(s) {', '.join(f'{i}/{n}' for i in twice)} of {what} merged twice: its results "
+                         "are counted once per copy")
+    return missing, notes
+
+
+def _shard_cases(header: dict, absent: list[int]) -> int:
+    """Cases in the absent shards (re-derived from the header's recipe), at least one per shard."""
+    try:
+        from .suite import case_list, shard
+
+        schemes = header.get("schemes")
+        specs = case_list(schemes=None if schemes in (None, "all") else schemes, tiers=header.get("tiers"),
+                          profile=header.get("profile") or "ci", base_seed=header.get("base_seed"))
+        n = int(str(header["shard"]).split("/")[1])
+        return sum(max(1, len(shard(specs, i, n))) for i in absent)
+    except Exception:  # noqa: BLE001 - a recipe this checkout cannot re-derive still counts as missing
+        return len(absent)
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -165,9 +220,13 @@ def cmd_report(args) -> int:
         summary, written = merge_bundles(paths[1:], args.out, verify=not args.no_verify)
         print(f"merged {len(paths) - 1} source(s): {len(summary['columns'])} column(s) x "
               f"{len(summary['schemes'])} scheme(s), {summary['n_bad']} failing")
+        for note in summary.get("notes") or []:
+            if note.startswith(("incomplete", "shard")):
+                print(f"note: {note}")
         for p in written:
             print(f"wrote {p}")
-        return 0
+        # the merged verdict as the exit status: 1 failing, 4 a shard set short of a shard, else 0
+        return 1 if summary["n_bad"] else (4 if summary.get("n_missing") else 0)
     if len(paths) != 1:
         raise ValueError("report: give one run folder or results JSONL file (or 'merge BUNDLE... --out DIR')")
     want_html, want_md = args.html, args.md

@@ -50,6 +50,7 @@ from .resultfile import append_line, check_worker_output_fault, is_output_error,
 from .placement import Slot, UnitQueue, slots, work_units
 from .runstop import RunInterrupted, StopSwitch
 from .suite import CaseSpec
+from .output_grid import require_output_grid
 from .verdict import Evidence, decide, decide_opaque
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
@@ -175,12 +176,12 @@ def judge(inp, iv: Interval, y: np.ndarray, declared: Declared, evidence: "Evide
     ``arithmetic=opaque`` is judged by ``decide_opaque`` against the canonical interval ``iv``.
     """
     if declared.arithmetic == "opaque":
-        return decide_opaque(y, iv, rounded_interval(iv, reference_declaration(inp.case, declared)),
-                             declared.sqnr_floor_db)
+        judged = rounded_interval(iv, reference_declaration(inp.case, declared))
+        return require_output_grid(decide_opaque(y, iv, judged, declared.sqnr_floor_db), y, judged)
     judged = rounded_interval(iv, declared)
-    return decide(y, iv, judged, output_rounding=declared.output_rounding,
-                  alt=lambda: _alternative_rule(inp, y, declared, judged),
-                  tie=lambda: _tie_interval(inp, judged, declared), evidence=evidence)
+    return require_output_grid(decide(y, iv, judged, output_rounding=declared.output_rounding,
+                                      alt=lambda: _alternative_rule(inp, y, declared, judged),
+                                      tie=lambda: _tie_interval(inp, judged, declared), evidence=evidence), y, judged)
 
 
 # -- waivers --------------------------------------------------------------------------------------

@@ -50,4 +50,8 @@ def check_backends(specs, *, option: str = "--backend") -> dict:
         except Exception as e:  # noqa: BLE001 - any constructor error is the spec's fault
             text = " ".join((str(e) or type(e).__name__).split())
             raise ValueError(f"{option} {spec}: {text}") from None
+        # result lines are keyed by label: two spellings of one backend would overwrite each other's verdicts
+        twin = next((s for s, b in out.items() if s != spec and b.label == out[spec].label), None)
+        if twin is not None:
+            raise ValueError(f"{option} {spec!r} and {twin!r} name the same backend ({out[spec].label}); give it once")
     return out

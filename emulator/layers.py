@@ -221,10 +221,12 @@ def layer_bias(ckpt: Checkpoint, info: LayerInfo):
 @_name_layer
 def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None,
                  int8_variant: a8.Int8ActVariant | None = None,
-                 mx_variant: mxfp4.MxVariant | None = None, out_dtype: str | None = None) -> lin.LinearResult:
+                 mx_variant: mxfp4.MxVariant | None = None, out_dtype: str | None = None,
+                 int_engine=None) -> lin.LinearResult:
     """Reference linear for a layer: the checkpoint's declared activation scheme unless ``act`` overrides.
 
     act: "a16" | "int8" | "mxfp4" (None: from the checkpoint config; a16 when it declares none).
+    int_engine: the W8A8 exact integer accumulator's engine (``lin.linear_w8a8``; speed only).
     """
     if len(info.shape) != 2:
         raise UnsupportedFormatError(f"{info.name}: linear of stacked experts {list(info.shape)}: use the MoE reference")
@@ -251,12 +253,12 @@ def linear_layer(ckpt: Checkpoint, info: LayerInfo, x, *, act: str | None = None
             t = ckpt.layer_tensors(info)
             d, scales, _ = quark.quark_int_weights(info, t)
             return lin.linear_w8a8(x, d.astype(np.int8) if np.all((d >= -128) & (d <= 127)) else _too_wide(info),
-                                   scales.reshape(-1), bias, act=v, out_dtype=out_dtype)
+                                   scales.reshape(-1), bias, act=v, out_dtype=out_dtype, int_engine=int_engine)
         if info.format == "ct-int-quantized":
             t = ckpt.layer_tensors(info)
             _check_float_scales(info, t, "weight_scale")
             return lin.linear_w8a8(x, t["weight"].data, t["weight_scale"].data.reshape(-1), bias, act=v,
-                                   out_dtype=out_dtype)
+                                   out_dtype=out_dtype, int_engine=int_engine)
         w_int, scales, gs, g_idx = _int_weights(ckpt, info)
         return lin.linear_w4a8(x, w_int, scales, gs, bias, g_idx=g_idx, act=v, out_dtype=out_dtype)
     if scheme == "mxfp4":

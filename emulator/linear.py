@@ -15,7 +15,7 @@ Each function returns a ``LinearResult``:
 - ``y_ambiguous``: elements where y_exact +- y_bound straddles a rounding
   boundary of the output dtype, so float64 alone cannot say which neighbour the
   exact value rounds to; ``y`` there is decided from the exact value
-  (``_decide_exactly``, emulator/numerics/exact_sum.py), so ``y`` is the exact
+  (``decide_exactly``, emulator/numerics/exact_sum.py), so ``y`` is the exact
   result rounded once at every element, whatever the float64 evaluation order.
 - ``acc``: the exact integer accumulator for int paths ([M, N], or
   [M, n_groups, N] for W4A8).
@@ -25,8 +25,6 @@ Each function returns a ``LinearResult``:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 
 import numpy as np
@@ -34,36 +32,25 @@ import numpy as np
 from .errors import FormatError, require
 from .activations import int8 as a8
 from .formats import mxfp4 as mx
-from .numerics.exact_sum import round_exact_products
-from .numerics.floats import round_float64_array, round_to_dtype
-from .numerics.rounding import Rounding, as_float64
+from .fast_linear import exact_int_matmul, lowest_bit_exponent, row_min_lowest_bit
+from .numerics import exact_sum, output_grid
+from .numerics.output_grid import gamma, round_output
+from .numerics.rounding import as_float64
 
 __all__ = [
+    "decide_exactly",
     "LinearResult",
     "gamma",
     "round_output",
-    "row_min_lowest_bit",
-    "ExactIntMatmul",
-    "exact_int_matmul",
-    "exact_int_matmul_for",
-    "exact_int_engine",
-    "FP32_EXACT_INT",
+    "lowest_bit_exponent",
+    "exact_in_float64",
     "linear_w16",
     "linear_w8a8",
     "linear_w4a8",
     "linear_mxfp4_w4a4",
 ]
 
-_U64 = 2.0 ** -53
-OUT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def gamma(n: int, u: float = _U64) -> float:
-    """Higham's gamma_n = n u / (1 - n u): the relative bound of an n-term float sum."""
-    nu = n * u
-    if nu >= 1:
-        raise ValueError(f"gamma undefined for n={n}, u={u}")
-    return nu / (1.0 - nu)
+OUT_DTYPES = output_grid.OUT_DTYPES
 
 
 @dataclasses.dataclass
@@ -85,36 +72,6 @@ def dtype_name(x) -> str:
     if name not in OUT_DTYPES:
         raise FormatError(f"activations must be float32, float16 or bfloat16, got {name}", tensor="x")
     return name
-
-
-def _rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
-    """``round_to_dtype(v, out_dtype)`` (float64 out) by the float32 fast path (equal to it:
-    tests/emulator/test_fast_paths.py); NaN elements by ``round_to_dtype`` itself (its NaN payload rule)."""
-    v = np.asarray(v, dtype=np.float64)
-    if out_dtype not in OUT_DTYPES or v.ndim == 0:
-        return round_to_dtype(v, out_dtype, Rounding.RNE)
-    out = round_float64_array(v, out_dtype).astype(np.float64)
-    nan = np.isnan(v)
-    if nan.any():
-        out[nan] = round_to_dtype(v[nan], out_dtype, Rounding.RNE)
-    return out
-
-
-def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided.
-
-    The ends of [y - b, y + b] are rounded outward (one float64 step beyond ``y -+ b``): a bound below half a
-    float64 ulp of y makes ``y + b == y``, and where y is itself a midpoint of the output grid the element
-    would otherwise look decided while the exact value may lie on either side."""
-    y = _rne(y_exact, out_dtype)
-    if not np.any(y_bound):
-        return y, np.zeros(y.shape, dtype=bool)
-    pos = y_bound > 0
-    with np.errstate(invalid="ignore", over="ignore"):
-        lo = _rne(np.where(pos, np.nextafter(y_exact - y_bound, -np.inf), y_exact), out_dtype)
-        hi = _rne(np.where(pos, np.nextafter(y_exact + y_bound, np.inf), y_exact), out_dtype)
-    amb = (lo != hi) & np.isfinite(y_exact)
-    return y, amb
 
 
 def _bias64(bias, N: int) -> np.ndarray:
@@ -142,74 +99,69 @@ def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResu
                         acc=acc, parts=parts or {}, mag=mag)
 
 
-def _decide_exactly(res: LinearResult, products_at) -> LinearResult:
-    """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value: ``products_at(m, n)`` lists
-    the tuples of factor arrays whose summed products are that element's exact value (the path's own
-    definition; a bias is a 1-tuple), rounded once by ``round_exact_products``. Everywhere else the float64
-    bound already decided ``y``. Few elements (~1e-5 of them at K = 4096), each O(K)."""
-    if res.y_ambiguous.any():
-        for m, n in np.argwhere(res.y_ambiguous):
-            res.y[m, n] = round_exact_products(products_at(int(m), int(n)), res.out_dtype)
+#: bytes of float64 terms one vectorised decision pass holds at a time (a chunk of undecided elements)
+_DECIDE_BYTES = 32 << 20
+
+
+def decide_exactly(res: LinearResult, groups_at) -> LinearResult:
+    """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value; everywhere else the float64
+    bound already decided ``y``. ``groups_at(ms, ns)`` lists, for the elements (ms[u], ns[u]), the tuples of
+    [U, L] factor arrays whose summed products are each element's exact value (the path's own definition; a
+    bias is a 1-tuple of [U, 1]).
+
+    All of them at once (docs/formats/activations.md#deciding-the-undecided-elements): the one rounding
+    boundary mu between the two output values the element's bounded interval straddles, and the sign of
+    (exact value - mu) from error-free transformations (emulator/numerics/exact_sum.py ``decide_rows``).
+    An element that proof cannot decide (operands outside TwoProduct's range, intervals spanning more than
+    one boundary, sums that do not distil) is rounded one at a time by ``round_exact_products``."""
+    amb = res.y_ambiguous
+    if not amb.any():
+        return res
+    ms, ns = np.nonzero(amb)
+    val = np.full(ms.shape, np.nan)
+    _decide_between(val, res.y_exact[ms, ns], res.y_bound[ms, ns], res.out_dtype, ms, ns, groups_at, refine=True)
+    for i in np.nonzero(np.isnan(val))[0]:  # the one-element path: Python's exact sums, or rationals
+        groups = groups_at(ms[i:i + 1], ns[i:i + 1])
+        val[i] = exact_sum.round_exact_products([tuple(f[0] for f in g) for g in groups], res.out_dtype)
+    res.y[ms, ns] = val
     return res
 
 
-def _bias_term(bias, b: np.ndarray, n: int) -> list:
-    return [] if bias is None else [(b[n:n + 1],)]
+def _decide_between(val, s, b, out_dtype, ms, ns, groups_at, *, refine: bool) -> None:
+    """Fill ``val`` (NaN: not yet decided) for the elements (ms, ns) whose exact value lies in s +- b: by the sign
+    of (exact value - the one rounding boundary in that interval); where the interval holds more than one
+    boundary (a sum that cancels), first narrow it by ``exact_sum.refined_values`` (``refine``)."""
+    lo, hi, mu, ok = output_grid.boundary_between(s, b, out_dtype)
+    # a zero neighbour: the sign of a zero result is the exact value's, which the sign of (v - mu) does not
+    # give (|v| below the output dtype's smallest subnormal): left to the one-element path
+    ok &= (lo != 0) & (hi != 0)
+    tie = output_grid.rne(np.where(ok, mu, 0.0), out_dtype)
+    todo = np.nonzero(ok)[0]
+    if todo.size:
+        g1 = groups_at(ms[:1], ns[:1])
+        width = sum(max(f.shape[1] for f in g) * (1 << (len(g) - 1)) * 2 for g in g1) + 1
+        step = max(1, _DECIDE_BYTES // (8 * width))
+        for c0 in range(0, todo.size, step):
+            u = todo[c0:c0 + step]
+            sign, decided = exact_sum.decide_rows(lo[u], hi[u], mu[u], groups_at(ms[u], ns[u]))
+            v = np.where(sign < 0, lo[u], np.where(sign > 0, hi[u], tie[u]))
+            val[u[decided]] = v[decided]
+    wide = np.nonzero(~ok & np.isfinite(s) & np.isfinite(b))[0]
+    if refine and wide.size:
+        s2, b2, good = exact_sum.refined_values(groups_at(ms[wide], ns[wide]))
+        wide, s2, b2 = wide[good], s2[good], b2[good]
+        y2, amb2 = output_grid.round_output(s2, b2, out_dtype)
+        done = ~amb2 & (y2 != 0)  # a zero's sign is the exact value's: the one-element path decides those
+        val[wide[done]] = y2[done]  # the narrowed interval decides these by itself
+        sub = np.full(int(amb2.sum()), np.nan)
+        w2 = wide[amb2]
+        if w2.size:
+            _decide_between(sub, s2[amb2], b2[amb2], out_dtype, ms[w2], ns[w2], groups_at, refine=False)
+            val[w2] = sub
 
 
-def lowest_bit_exponent(v: np.ndarray) -> np.ndarray:
-    """For each float64, the exponent e of its lowest set significand bit (v is a multiple of 2**e).
-
-    Zeros, NaN and Inf give +inf (they impose no quantum).
-    """
-    from .numerics.rounding import decompose
-
-    v = np.asarray(v, dtype=np.float64)
-    ok = np.isfinite(v) & (v != 0)
-    _, sig, exp = decompose(np.where(ok, v, 1.0))
-    low = sig & (~sig + np.uint64(1))  # isolate the lowest set bit
-    _, e = np.frexp(low.astype(np.float64))
-    return np.where(ok, exp + e.astype(np.int64) - 1, np.inf)
-
-
-_NO_BIT = np.int32(1 << 20)  # above every float32 exponent: a lane with no set bit
-
-
-def _lowest_bit_f32(v32: np.ndarray) -> np.ndarray:
-    """``lowest_bit_exponent`` of float32 values as int32 (``_NO_BIT`` for zeros, NaN and Inf), in uint32
-    arithmetic: the significand with its implicit bit, its lowest set bit isolated (s & -s), that power
-    of two's exponent read from its own float32 encoding (exact: it is at most 2**23)."""
-    bits = v32.view(np.uint32)
-    e = (bits >> np.uint32(23)) & np.uint32(0xFF)
-    sig = bits & np.uint32(0x7FFFFF)
-    normal = e > 0
-    sig |= normal.astype(np.uint32) << np.uint32(23)
-    low = sig & (~sig + np.uint32(1))
-    lg = (low.astype(np.float32).view(np.uint32) >> np.uint32(23)).astype(np.int32) - 127
-    res = np.maximum(e, np.uint32(1)).astype(np.int32) - 150 + lg
-    return np.where((sig != 0) & (e < 255), res, _NO_BIT)
-
-
-def row_min_lowest_bit(v: np.ndarray) -> np.ndarray:
-    """``lowest_bit_exponent(v).min(axis=1)`` (float64 out), in cache-sized row blocks on all cores, in
-    float32 arithmetic when ``v`` is a float32 array (speed only: the same values)."""
-    from .parallel import for_row_chunks
-
-    n = v.shape[0]
-    if v.size == 0:
-        return np.zeros(n)
-    out = np.empty(n, dtype=np.float64)
-    f32 = v.dtype == np.float32
-
-    def rows(r0, r1):
-        if f32:
-            m = _lowest_bit_f32(v[r0:r1]).min(axis=1)
-            out[r0:r1] = np.where(m == _NO_BIT, np.inf, m)
-        else:
-            out[r0:r1] = lowest_bit_exponent(v[r0:r1]).min(axis=1)
-
-    for_row_chunks(n, v.size, rows, row_bytes=v.itemsize * v.shape[1])
-    return out
+def _bias_term(bias, b: np.ndarray, ns: np.ndarray) -> list:
+    return [] if bias is None else [(b[ns][:, None],)]
 
 
 def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.ndarray:
@@ -234,10 +186,16 @@ def _check_x(x, K: int) -> np.ndarray:
     return x64
 
 
-def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult:
+def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes: bool = False) -> LinearResult:
     """A16 with dequantized weights w [N, K] (W4A16, W8A16, MXFP4 W4A16): x @ w^T + bias.
 
     ``w`` is the exact dequantized weight (float32 or float64 values).
+
+    ``fp32_magnitudes`` (speed; float32 ``w`` only): sum_k |x w| is taken from a float32 GEMM, raised to a
+    rigorous upper bound (``magnitudes_upper_bound_fp32``), instead of a second float64 GEMM, and no element is
+    proved exact in float64 (``exact_in_float64``). ``y`` is the same (every element the bound leaves
+    undecided is decided from its exact value); ``y_ambiguous`` may mark more elements and ``mag`` is that
+    upper bound.
     """
     out_dtype = out_dtype or dtype_name(x)
     w_in = np.asarray(w)
@@ -246,136 +204,64 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
     N, K = w64.shape
     x64 = _check_x(x, K)
     b = _bias64(bias, N)
+    fast = fp32_magnitudes and w_in.dtype == np.float32
     with np.errstate(invalid="ignore", over="ignore"):
-        y = x64 @ w64.T
-        mag = np.abs(x64) @ np.abs(w64).T
-    # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
-    bound = np.where(exact_in_float64(x64, w_in if w_in.dtype == np.float32 else w64, mag), 0.0, gamma(K) * mag)
+        # speed: y^T = w @ x^T measured faster in OpenBLAS here for M >= 16 (docs/performance.md); a fresh [K, M]
+        # x^T (a transposed view of a [1, K] x keeps a K-stride on its unit axis, which leaves BLAS)
+        y = _t_matmul(w64, x64) if fast else x64 @ w64.T
+        mag = magnitudes_upper_bound_fp32(x64, w_in) if fast else None
+        if mag is None:
+            mag = np.abs(x64) @ np.abs(w64).T
+    if fast:
+        # no proof that float64 was exact (it seldom is on real activations, and reading every weight's lowest
+        # set bit costs a dozen passes over it): where it was, the element is at worst undecided, then decided
+        bound = np.where(mag == 0, 0.0, gamma(K) * mag)
+    else:
+        # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
+        bound = np.where(exact_in_float64(x64, w_in if w_in.dtype == np.float32 else w64, mag), 0.0, gamma(K) * mag)
     if bias is None:
         y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
     else:
         y, bound = _add_bias(y, bound, b)
-    return _decide_exactly(_finish(y, bound, out_dtype, mag=mag),
-                           lambda m, n: [(x64[m], w64[n])] + _bias_term(bias, b, n))
+    if fast:  # float32 factors: their products are exact float64s (exact_sum._rows_products)
+        x32 = x64.astype(np.float32)
+        return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
+                              lambda ms, ns: [(x32[ms], w_in[ns])] + _bias_term(bias, b, ns))
+    return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
+                          lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
 
 
-#: every integer of magnitude <= 2**24 is a float32 (24-bit significand); 2**24 + 1 is the first that is not
-FP32_EXACT_INT = 1 << 24
+def _t_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ w^T computed as (w @ x^T)^T, C-contiguous [M, N] (a float sum in another order: callers bound it)."""
+    xt = np.empty((x.shape[1], x.shape[0]), dtype=x.dtype)
+    xt[...] = x.T
+    return np.ascontiguousarray((w @ xt).T)
 
 
-def _int_max(a: np.ndarray) -> int:
-    """max |a| of an integer-valued array (0 for an empty one), as a Python int."""
-    if a.size == 0:
-        return 0
-    return int(max(abs(int(a.min())), abs(int(a.max()))))
+def magnitudes_upper_bound_fp32(x64: np.ndarray, w32: np.ndarray) -> np.ndarray | None:
+    """An upper bound of sum_k |x[m, k] w[n, k]| (float64 [M, N]) from one float32 GEMM, or None where x is not
+    float32-valued or the float32 GEMM overflows.
 
-
-class ExactIntMatmul:
-    """w [N, K] (integer-valued) prepared once for exact products a @ w^T with integer-valued a, |a| <= a_max.
-
-    Speed: float32 BLAS over chunks of K, each chunk's result added exactly in float64.
-    Why every chunk is exact (docs/performance.md#w8a8-exact-accumulator): with |a| <= A, |w| <= W and a
-    chunk of L <= 2**24 // (A * W) products, every product is an integer of magnitude <= A * W and every
-    partial sum the BLAS can form, in *any* order or blocking (a sum of a subset of the chunk's products,
-    with or without FMA), is an integer of magnitude <= L * A * W <= 2**24. Such integers are exactly
-    representable in float32, so no product, sum or FMA rounds: each chunk result is the exact integer.
-    For int8 x int8 (A = W = 128) that is L = 1024. The chunk results are then added in float64: every
-    partial sum of them is an integer of magnitude <= K * A * W < 2**53, exact in any order.
-    Operands too wide for float32 chunks take float64 (exact while K * A * W < 2**53), else int64.
-    """
-
-    __slots__ = ("shape", "a_max", "w_max", "chunk", "_w32", "_w")
-
-    def __init__(self, w, a_max: int, w_max: int | None = None):
-        w = np.asarray(w)
-        require(w.ndim == 2, f"exact int matmul: expected w [N, K], got shape {list(w.shape)}")
-        self.shape = w.shape
-        N, K = w.shape
-        self.a_max = int(a_max)
-        self.w_max = _int_max(w) if w_max is None else int(w_max)
-        prod = max(1, self.a_max * self.w_max)
-        self.chunk = FP32_EXACT_INT // prod
-        self._w32 = self._w = None
-        if self.chunk >= 1:
-            self.chunk = max(1, min(K, self.chunk))
-            # each chunk its own contiguous float32 [N, L] (int codes: exact, |w| <= 2**24 here); a strided
-            # view of one [N, K] array measured ~10x slower in OpenBLAS's GEMV here
-            self._w32 = [np.ascontiguousarray(w[:, k0:k0 + self.chunk], dtype=np.float32)
-                         for k0 in range(0, K, self.chunk)]
-        elif K * prod < 2 ** 53:
-            self._w = w.astype(np.float64)
-        else:
-            require(K * prod < 2 ** 63, "exact int matmul: the integer sums may overflow int64")
-            self._w = w.astype(np.int64)
-
-    def __call__(self, a) -> np.ndarray:
-        """sum_k a[m, k] * w[n, k] exactly, as float64 [M, N]; ``a`` [M, K] with |a| <= a_max."""
-        a = np.asarray(a)
-        N, K = self.shape
-        require(a.ndim == 2 and a.shape[1] == K, f"exact int matmul: expected a [M, {K}], got {list(a.shape)}")
-        M = a.shape[0]
-        if self._w32 is None:
-            return np.matmul(a.astype(self._w.dtype), self._w.T).astype(np.float64)
-        L = self.chunk
-        C = -(-K // L)
-        # a fresh [K, M] array (exact: |a| <= a_max <= 2**24): np.ascontiguousarray(a.T) of a [1, K] a keeps a
-        # K-stride on its unit axis, and NumPy's matmul then leaves BLAS
-        at = np.empty((K, M), dtype=np.float32)
-        at[...] = a.T
-        if C == 1:
-            return np.ascontiguousarray((self._w32[0] @ at).T, dtype=np.float64)
-        # y^T = w @ a^T by chunks (this operand order measured faster in OpenBLAS here: docs/performance.md)
-        acc = np.zeros((N, M), dtype=np.float64)
-        part = np.empty((N, M), dtype=np.float32)
-        for c, wc in enumerate(self._w32):
-            np.matmul(wc, at[c * L:c * L + wc.shape[1]], out=part)
-            np.add(acc, part, out=acc)  # float64 += exact float32 integer: exact
-        return np.ascontiguousarray(acc.T)
-
-
-#: an engine for exact integer products outside NumPy (``exact_int_engine``); None: ExactIntMatmul only
-_INT_ENGINE: contextvars.ContextVar = contextvars.ContextVar("qconform_exact_int_engine", default=None)
-
-
-@contextlib.contextmanager
-def exact_int_engine(factory):
-    """Within the block, ``exact_int_matmul_for`` first asks ``factory(w, a_max, w_max)`` for a prepared
-    product (a callable like ``ExactIntMatmul``, or None where it does not cover these operands).
-
-    Speed only: the accumulator is an exact integer, so every correct engine returns the same numbers.
-    qconform_torch runs its layers with torch's int8 GEMM this way (qconform_torch/int_kernels.py, which
-    proves its engine against an int64 oracle before first use, and whose tests do the same)."""
-    token = _INT_ENGINE.set(factory)
-    try:
-        yield
-    finally:
-        _INT_ENGINE.reset(token)
-
-
-def exact_int_matmul_for(w, a_max: int, w_max: int | None = None):
-    """A prepared exact product a @ w^T (``ExactIntMatmul``, or the engine of an enclosing
-    ``exact_int_engine`` where it covers these operands)."""
-    factory = _INT_ENGINE.get()
-    if factory is not None:
-        mm = factory(w, a_max, w_max)
-        if mm is not None:
-            return mm
-    return ExactIntMatmul(w, a_max, w_max)
-
-
-def exact_int_matmul(a, w, *, a_max: int | None = None, w_max: int | None = None) -> np.ndarray:
-    """sum_k a[m, k] * w[n, k] exactly, as float64 [M, N], for integer-valued a [M, K] and w [N, K]
-    (``ExactIntMatmul``; ``a_max`` / ``w_max`` bound |a| / |w|, computed from the data when omitted)."""
-    a = np.asarray(a)
-    w = np.asarray(w)
-    require(a.ndim == 2 and w.ndim == 2 and a.shape[1] == w.shape[1],
-            f"exact int matmul: expected a [M, K] and w [N, K], got {list(a.shape)} and {list(w.shape)}")
-    return exact_int_matmul_for(w, _int_max(a) if a_max is None else a_max, w_max)(a)
+    The terms are non-negative, so the float32 result c32 of any summation order (blocked, with or without
+    FMA) satisfies c <= c32 / (1 - gamma_K(2**-24)) plus, for products that underflow, at most 2**-150 each
+    (additions of subnormals are exact): c <= (c32 + K 2**-149) / (1 - gamma_K(2**-24)). The float64
+    evaluation of that expression rounds at most four times; the factor 1 + 2**-40 covers it."""
+    x32 = x64.astype(np.float32)
+    if not np.array_equal(x32, x64):
+        return None
+    K = x64.shape[1]
+    c32 = _t_matmul(np.abs(w32), np.abs(x32))
+    if not np.all(np.isfinite(c32)):
+        return None
+    return (c32.astype(np.float64) + K * 2.0 ** -149) * ((1.0 + 2.0 ** -40) / (1.0 - gamma(K, 2.0 ** -24)))
 
 
 def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANONICAL_SYM,
-                out_dtype: str | None = None) -> LinearResult:
+                out_dtype: str | None = None, int_engine=None) -> LinearResult:
     """W8A8 dynamic: int8 weights [N, K] with per-channel scales [N] (or [N, 1]).
+
+    ``int_engine`` (speed only): an engine for the exact integer accumulator (emulator/fast_linear.py
+    ``exact_int_matmul_for``); any correct engine gives the same numbers.
 
     acc = sum_k (qx - azp) * qw  (exact int), y = acc * sx * sw + bias.
     """
@@ -390,7 +276,7 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     x64 = _check_x(x, K)
     acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
-    acc = exact_int_matmul(qx, wq)  # exact integer sums (float32 BLAS over K-chunks)
+    acc = exact_int_matmul(qx, wq, engine=int_engine)  # exact integer sums (emulator/fast_linear.py)
     b = _bias64(bias, N)
     scale = acts.scale.astype(np.float64) * ws[None, :]  # exact: 24 x 24 bits
     y = acc * scale + b
@@ -399,7 +285,8 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
-    return _decide_exactly(res, lambda m, n: [(acc[m, n:n + 1], sx[m:m + 1], ws[n:n + 1])] + _bias_term(bias, b, n))
+    return decide_exactly(res, lambda ms, ns: [(acc[ms, ns][:, None], sx[ms][:, None], ws[ns][:, None])]
+                           + _bias_term(bias, b, ns))
 
 
 def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
@@ -437,8 +324,8 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
-    return _decide_exactly(res, lambda m, n: [(acc[m, :, n], ws[:, n], np.full(n_groups, sx[m]))]
-                           + _bias_term(bias, b, n))
+    return decide_exactly(res, lambda ms, ns: [(acc[ms, :, ns], ws[:, ns].T, np.repeat(sx[ms][:, None], n_groups, 1))]
+                           + _bias_term(bias, b, ns))
 
 
 def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx.CANONICAL,
@@ -465,8 +352,8 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     bound = np.where(np.isnan(bound), 0.0, bound)
     y, bound = _add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
-    return _decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
-                           lambda m, n: [(xd[m], wd[n])] + _bias_term(bias, b, n))
+    return decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
+                           lambda ms, ns: [(xd[ms], wd[ns])] + _bias_term(bias, b, ns))
 
 
 def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:

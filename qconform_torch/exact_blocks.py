@@ -16,7 +16,7 @@ sum differently from the dgemm of the whole layer (measured: tens of percent of 
 random 512-row layer differ in their last bits between the two). Both are within the rigorous bound of
 the exact sum, so the rounded outputs agree wherever the bound decides the rounding; where it straddles
 a rounding boundary (``y_ambiguous``, which ``exact_by_rows`` counts as ``ambiguous``) the reference
-decides the element from its exact value (emulator/linear.py ``_decide_exactly``). So the result is
+decides the element from its exact value (emulator/linear.py ``decide_exactly``). So the result is
 ``qconform linear``'s bit for bit at every element: the exact sum rounded once.
 
 Layouts not sliced here (Quark int, unknown tensor roles, a tensor whose row axis has another length
@@ -32,8 +32,8 @@ import numpy as np
 
 from emulator import linear as lin
 from emulator.checkpoint import LayerInfo
-from emulator.errors import FormatError
-from emulator.layers import dequantize_layer, linear_layer
+from emulator.errors import FormatError, UnsupportedFormatError
+from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
 from emulator.tensorfile import Tensor
 
 __all__ = ["row_slicer", "reference", "exact_by_rows", "validate_by_rows", "block_rows", "BYTES_PER_WEIGHT", "BYTES_PER_OUTPUT",
@@ -133,12 +133,23 @@ def row_slicer(info: LayerInfo, tensors: dict[str, Tensor]):
     return mult, take
 
 
-def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str) -> lin.LinearResult:
-    """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert."""
+def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None) -> lin.LinearResult:
+    """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert.
+
+    A16 layers bound their float64 error from a float32 magnitude GEMM (``linear_w16(fp32_magnitudes=True)``):
+    the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py), one float64 GEMM fewer.
+    ``int_engine``: the W8A8 exact accumulator's engine (emulator/fast_linear.py; speed only)."""
     if len(info.shape) == 3:
         w = dequantize_layer(src, info)[0]
-        return lin.linear_w16(x32, w, None, out_dtype=dtype)
-    return linear_layer(src, info, x32, out_dtype=dtype)
+        return lin.linear_w16(x32, w, None, out_dtype=dtype, fp32_magnitudes=True)
+    try:
+        a16 = declared_activation(info) == "a16"
+    except UnsupportedFormatError:
+        a16 = False  # linear_layer says why
+    if a16:
+        w = dequantize_layer(src, info)  # validates every tensor and the bias, as linear_layer does
+        return lin.linear_w16(x32, w, layer_bias(src, info), out_dtype=dtype, fp32_magnitudes=True)
+    return linear_layer(src, info, x32, out_dtype=dtype, int_engine=int_engine)
 
 
 def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
@@ -149,7 +160,8 @@ def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
     return min(N, max(mult, rows))
 
 
-def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_bytes: int) -> tuple[np.ndarray, dict]:
+def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_bytes: int,
+                  int_engine=None) -> tuple[np.ndarray, dict]:
     """(y as float32 holding values of ``dtype``, stats) of the canonical reference, computed by row blocks
     whose working set stays within max(``budget_bytes``, MIN_BLOCK_BYTES) where the layout allows.
 
@@ -162,7 +174,7 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
     sl = row_slicer(info, tensors)
     rows = N if sl is None else block_rows(N, K, M, budget_bytes, sl[0])
     if rows >= N:
-        res = reference(src, info, x32, dtype)
+        res = reference(src, info, x32, dtype, int_engine)
         at = [(int(m), int(n)) for m, n in np.argwhere(res.y_ambiguous)]
         return np.asarray(res.y, np.float32), {"blocks": 1, "rows": N, "ambiguous": len(at), "ambiguous_at": at}
     take = sl[1]
@@ -172,7 +184,7 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
         for n0 in range(0, N, rows):
             n1 = min(N, n0 + rows)
             sub, by_role = take(n0, n1)
-            res = reference(BlockTensors(sub, by_role), sub, x32, dtype)
+            res = reference(BlockTensors(sub, by_role), sub, x32, dtype, int_engine)
             y[:, n0:n1] = res.y
             if res.y_ambiguous.any():
                 at += [(int(m), int(n) + n0) for m, n in np.argwhere(res.y_ambiguous)]

@@ -11,7 +11,7 @@ at most K products, in whatever order the kernel adds them) below 2**31.
 Activations need not be int8 already: W8A8's asymmetric codes ``q - zp`` span up to 255 values in a
 row. Each row m is shifted by an integer c[m] into [-128, 127]; then sum_k a w = sum_k (a - c) w +
 c * sum_k w, the last term in int64 (exact). A row spanning more than 256 values, weights outside int8,
-K >= 2**17: the engine declines and ``emulator.linear.ExactIntMatmul`` (NumPy) answers.
+K >= 2**17: the engine declines and ``emulator.fast_linear.ExactIntMatmul`` (NumPy) answers.
 
 Operand layout: torch (2.13 here) hands oneDNN leading dimensions read from the strides, and the stride
 of a size-1 dimension is arbitrary; for K = 1 the weight's transposed view [1, N] has strides (1, 1), the
@@ -30,10 +30,15 @@ from __future__ import annotations
 import logging
 import threading
 
+import time
+
 import numpy as np
 import torch
 
-__all__ = ["TorchInt8Matmul", "torch_int8_engine", "self_check", "MAX_K"]
+from emulator.fast_linear import ExactIntMatmul
+
+__all__ = ["TorchInt8Matmul", "torch_int8_engine", "fastest_int_engine", "MeasuredIntMatmul", "engine_choices",
+           "self_check", "MAX_K"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -77,7 +82,7 @@ def _int8_product(a8: np.ndarray, b: torch.Tensor) -> np.ndarray:
 
 class TorchInt8Matmul:
     """w [N, K] int8 prepared once; ``__call__(a)`` -> sum_k a[m, k] * w[n, k] exactly, float64 [M, N]
-    (the interface of emulator.linear.ExactIntMatmul). ``fallback`` answers rows the engine cannot shift."""
+    (the interface of emulator.fast_linear.ExactIntMatmul). ``fallback`` answers rows the engine cannot shift."""
 
     def __init__(self, w8: np.ndarray, fallback):
         self.shape = w8.shape
@@ -139,9 +144,8 @@ def self_check() -> bool:
 
 
 def torch_int8_engine(w, a_max: int, w_max: int | None = None):
-    """An ``emulator.linear.exact_int_engine`` factory: a TorchInt8Matmul where the operands fit it (int8
-    weights, K < MAX_K, a passing self-check), else None (ExactIntMatmul answers)."""
-    from emulator.linear import ExactIntMatmul
+    """An engine for ``emulator.fast_linear.exact_int_matmul_for``: a TorchInt8Matmul where the operands fit it
+    (int8 weights, K < MAX_K, a passing self-check), else None (ExactIntMatmul answers)."""
 
     w = np.asarray(w)
     if w.ndim != 2 or not 0 < w.shape[1] < MAX_K or w.shape[0] == 0:
@@ -157,3 +161,78 @@ def torch_int8_engine(w, a_max: int, w_max: int | None = None):
         return box[0]
 
     return TorchInt8Matmul(w8, fallback)
+
+
+# ------------------------------------------------------------------------ the faster engine, by measurement
+
+#: (N, K, M class) -> "torch int8 GEMM" | "float32 sgemm over K-chunks": the first call of each class times both
+_CHOICE: dict[tuple[int, int, int], str] = {}
+_CHOICE_LOCK = threading.Lock()
+_TORCH, _NUMPY = "torch int8 GEMM", "float32 sgemm over K-chunks"
+
+
+def _m_class(m: int) -> int:
+    """1, 8, 32, 128, 512, ...: the power-of-4 step above m (one timing per step)."""
+    c = 1
+    while c < m:
+        c = 8 if c == 1 else c * 4
+    return c
+
+
+def engine_choices() -> dict[str, str]:
+    """What was measured faster so far: 'N x K, M <= c' -> engine name."""
+    return {f"{n}x{k}, M <= {c}": v for (n, k, c), v in sorted(_CHOICE.items())}
+
+
+def _best_time(fn, a) -> float:
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn(a)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class MeasuredIntMatmul:
+    """An exact integer GEMM that runs whichever of torch's int8 GEMM (``TorchInt8Matmul``) and NumPy's float32
+    sgemm over K-chunks (``ExactIntMatmul``) measured faster for its shape: the first call at each (N, K, M
+    class) in a process times both on its own operands (one warm-up, best of two) and checks that they return
+    the same integers (both are exact; a difference is a kernel bug: logged, and NumPy's answer is used).
+    Measured, not assumed: on the hosts of docs/performance.md torch's int8 GEMM was 4-10x faster than a
+    float64 dgemm on one (AMX) and several times slower than float32 BLAS on another (AVX2)."""
+
+    def __init__(self, torch_mm: TorchInt8Matmul, numpy_mm: ExactIntMatmul):
+        self.shape = numpy_mm.shape
+        self._torch, self._numpy = torch_mm, numpy_mm
+
+    def __call__(self, a) -> np.ndarray:
+        a = np.asarray(a)
+        N, K = self.shape
+        key = (N, K, _m_class(a.shape[0] if a.ndim == 2 else 1))
+        choice = _CHOICE.get(key)
+        if choice is None:
+            y_np = self._numpy(a)
+            y_t = self._torch(a)
+            if not np.array_equal(y_np, y_t):
+                log.warning("torch int8 GEMM disagreed with NumPy's exact sums at %dx%d (M = %d): NumPy's are used",
+                            N, K, a.shape[0])
+                with _CHOICE_LOCK:
+                    _CHOICE[key] = _NUMPY
+                return y_np
+            t_np, t_t = _best_time(self._numpy, a), _best_time(self._torch, a)
+            choice = _TORCH if t_t < t_np else _NUMPY
+            with _CHOICE_LOCK:
+                _CHOICE[key] = choice
+            log.info("exact int GEMM %dx%d, M <= %d: %s (torch int8 %.2f ms, float32 K-chunks %.2f ms)",
+                     N, K, key[2], choice, t_t * 1e3, t_np * 1e3)
+            return y_np
+        return (self._torch if choice == _TORCH else self._numpy)(a)
+
+
+def fastest_int_engine(w, a_max: int, w_max: int | None = None):
+    """An engine for ``emulator.fast_linear.exact_int_matmul_for``: a ``MeasuredIntMatmul`` where torch's int8
+    GEMM covers the operands, else None (NumPy's ExactIntMatmul answers alone)."""
+    t = torch_int8_engine(w, a_max, w_max)
+    if t is None:
+        return None
+    return MeasuredIntMatmul(t, ExactIntMatmul(np.asarray(w), a_max, w_max))

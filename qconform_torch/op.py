@@ -22,7 +22,8 @@ int8 weights) always run the reference, with that reason logged. Each layer's ch
 Memory: the canonical reference (``"emulator"``, and layers no kernel can take) runs by row blocks whose
 working set stays within max(budget, 1 MiB) (qconform_torch/exact_blocks.py); prepared kernels (for
 the emulator backend: the layer's dequantized fp32 weight) are kept
-in one LRU cache bounded by ``set_cache_budget`` bytes (``--cache-mb``); a layer that does not fit
+in one scan-resistant cache bounded by ``set_cache_budget`` bytes (``--cache-mb``; qconform_torch/prepared_cache.py:
+a stable set of layers that fits stays, the rest are streamed); a layer it does not keep
 is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of
 max(budget, 16 MiB) straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
 model is ever held.
@@ -30,11 +31,9 @@ model is ever held.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import logging
-import threading
 import time
 
 import numpy as np
@@ -47,12 +46,12 @@ from emulator.checkpoint import LayerInfo
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
-from emulator.linear import exact_int_engine
 from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
-from .int_kernels import torch_int8_engine
+from .int_kernels import fastest_int_engine
+from .prepared_cache import PreparedCache
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
@@ -123,73 +122,23 @@ def _expert_slice(info: LayerInfo, weights: list[torch.Tensor], expert: int) -> 
 # --------------------------------------------------------------------------------------------- cache
 
 
-class _PreparedCache:
-    """LRU of prepared kernels, bounded in bytes (the fp32 cache budget of docs/fallback.md#memory)."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.used = 0
-        self.peak = 0
-        self.hits = self.misses = self.uncached = 0
-        # the exact path (no cache): layer calls, those computed in row blocks, elements the float64 bound
-        # left undecided (the reference decided those from their exact value: emulator/numerics/exact_sum.py)
-        self.exact_calls = self.exact_blocked = self.exact_ambiguous = 0
-        self._d: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key):
-        with self._lock:
-            v = self._d.get(key)
-            if v is not None:
-                self._d.move_to_end(key)
-                self.hits += 1
-            else:
-                self.misses += 1
-            return None if v is None else v[0]
-
-    def put(self, key, value, nbytes: int) -> bool:
-        with self._lock:
-            if nbytes > self.budget:
-                self.uncached += 1
-                return False
-            while self._d and self.used + nbytes > self.budget:
-                _, (_, n) = self._d.popitem(last=False)
-                self.used -= n
-            self._d[key] = (value, nbytes)
-            self.used += nbytes
-            self.peak = max(self.peak, self.used)
-            return True
-
-    def clear(self):
-        with self._lock:
-            self._d.clear()
-            self.used = 0
-
-
-_CACHE = _PreparedCache(DEFAULT_CACHE_MB << 20)
+_CACHE = PreparedCache(DEFAULT_CACHE_MB << 20)
 
 
 def set_cache_budget(mb: float) -> None:
     """Bound every fp32 / prepared-kernel cache of the op to ``mb`` MiB (0: nothing is cached)."""
     if mb < 0:
         raise ValueError(f"cache budget must be >= 0 MiB, got {mb}")
-    _CACHE.clear()
-    _CACHE.budget = int(mb * (1 << 20))
-    _CACHE.peak = 0
-    _CACHE.hits = _CACHE.misses = _CACHE.uncached = 0
-    _CACHE.exact_calls = _CACHE.exact_blocked = _CACHE.exact_ambiguous = 0
+    _CACHE.reset(int(mb * (1 << 20)))
 
 
 def cache_stats() -> dict:
-    return {"budget_bytes": _CACHE.budget, "used_bytes": _CACHE.used, "peak_bytes": _CACHE.peak,
-            "hits": _CACHE.hits, "misses": _CACHE.misses, "uncached": _CACHE.uncached,
-            "exact_calls": _CACHE.exact_calls, "exact_blocked": _CACHE.exact_blocked,
-            "exact_ambiguous": _CACHE.exact_ambiguous}
+    return _CACHE.stats()
 
 
-def _prepared_bytes_estimate(case) -> int:
-    """The emulator backend's cached fp32 weight [N, K] (what a cache entry of it would hold)."""
-    return 4 * case.N * case.K
+def _prepared_bytes_estimate(case, weights) -> int:
+    """What an emulator backend cache entry of the layer holds: its fp32 weight [N, K] and the layer's tensors."""
+    return 4 * case.N * case.K + sum(int(w.untyped_storage().nbytes()) for w in weights)
 
 
 def _nbytes(obj, seen=None) -> int:
@@ -307,8 +256,9 @@ def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor])
 
 def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
     """The canonical reference (``qconform linear``; a [1, N, K] layer is one stacked expert), by row blocks
-    whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py)."""
-    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget)
+    whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py); W8A8's exact
+    accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
+    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=fastest_int_engine)
     with _CACHE._lock:
         _CACHE.exact_calls += 1
         _CACHE.exact_blocked += st["blocks"] > 1
@@ -318,9 +268,8 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
 
 def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
     """The op's CPU computation, as a float32 NumPy array holding values of x's dtype. Exact integer
-    accumulators (W8A8) run on torch's int8 GEMM where it covers them (qconform_torch/int_kernels.py)."""
-    with exact_int_engine(torch_int8_engine):
-        return _run_layer(x, weights, spec, backend)
+    accumulators (W8A8) run on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
+    return _run_layer(x, weights, spec, backend)
 
 
 def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
@@ -391,27 +340,36 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
 
 
 def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias) -> np.ndarray:
-    """``case`` on backend ``b``: the emulator backend's fast path by row blocks where its fp32 weight does
-    not fit the cache (qconform_torch/blocked.py), else through the LRU cache of prepared kernels."""
-    if b.name == "emulator" and not b.params and _prepared_bytes_estimate(case) > _CACHE.budget and b._fast(case):
-        # does not fit the cache: dequantize row blocks (max(budget, 16 MiB)) straight into the sgemm
-        y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
-        if y is not None:
-            _CACHE.uncached += 1
-            return y
+    """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
+    its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
+    (qconform_torch/prepared_cache.py)."""
+    if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
+        key = _prepared_key(spec, b, case, weights)
+        if not _CACHE.admits(key, _prepared_bytes_estimate(case, weights)):
+            # not kept (over the budget, or the cache holds layers requested as often): dequantize row blocks
+            # (max(budget, 16 MiB)) straight into the sgemm
+            y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
+            if y is not None:
+                _CACHE.count_streamed(key)
+                return y
     return _run_prepared(b, case, src, info, weights, spec, x32, bias)
+
+
+def _prepared_key(spec: str, b, case, weights) -> tuple:
+    return (spec, b.label, repr(case), _identity(weights))
 
 
 def _run_prepared(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias) -> np.ndarray:
     """Run ``case`` on backend ``b`` through the LRU cache of prepared kernels."""
     # the weights' identity is part of the key and the entry holds them: two checkpoints with identically
     # described layers never share an entry, and a cached entry's addresses cannot be reused meanwhile
-    key = (spec, b.label, repr(case), _identity(weights))
+    key = _prepared_key(spec, b, case, weights)
     prepared = _CACHE.get(key)
     if prepared is None:
         tensors = case_tensors(src, info, case)
         if b.name == "emulator":  # one backend instance per cached layer: it holds that layer's fp32 weight
             b = create(b.label)
+            b.int_engine = fastest_int_engine  # its W8A8 accumulator: the faster exact engine here
         prepared = (b, b.prepare(case, tensors), list(weights))
         _CACHE.put(key, prepared, _prepared_bytes(b, prepared[1]))
     kernel, prep, _ = prepared

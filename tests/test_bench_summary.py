@@ -24,3 +24,15 @@ def test_every_miss_is_listed_and_nothing_else():
     assert got[2].startswith("linear w4a16 M=16 x1.40")
     assert got[3] == "fallback gptq M=1 uncached x3.24 cached (<= 3.0)"
     assert missed_targets([results[1], results[5]]) == []
+
+
+def test_model_level_misses_are_listed():
+    """The model-level records (benchmarks/model_bench.py): fast path > 1.2x the toolkit and exact > 4x dense
+    are misses; a format without a toolkit contender is judged on the exact reference only."""
+    rec = {"bench": "model", "format": "ct-w4a16", "rows": [
+        {"T": 8, "seconds": {"fast": 1.3, "toolkit": 1.0, "exact": 3.0, "dense": 1.0}},
+        {"T": 128, "seconds": {"fast": 1.1, "toolkit": 1.0, "exact": 5.0, "dense": 1.0}}]}
+    no_tk = {"bench": "model", "format": "gptq", "rows": [{"T": 8, "seconds": {"fast": 9.0, "exact": 2.0, "dense": 1.0}}]}
+    got = missed_targets([rec, no_tk])
+    assert got == ["model ct-w4a16 T=8 fast x1.30 of the toolkit (<= 1.2)",
+                   "model ct-w4a16 T=128 exact x5.0 of dense (<= 4)"]

@@ -7,8 +7,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("emulator", "backends", "conformance")
-RANK = {"emulator": 0, "backends": 1, "conformance": 2}
+PACKAGES = ("emulator", "backends", "conformance", "qconform_torch", "benchmarks", "golden")
+#: golden/ is data (no imports); qconform_torch (the torch op and `qconform model`) sits on the emulator and the
+#: backends and never imports the suite (the suite's CLI mounts its command and hands it the certifier);
+#: benchmarks/ (`qconform bench`) sits on everything
+RANK = {"golden": 0, "emulator": 0, "backends": 1, "qconform_torch": 1.5, "conformance": 2, "benchmarks": 4}
 
 
 def _module_name(path: Path) -> str:
@@ -72,9 +75,26 @@ def test_no_import_goes_up_a_layer():
 
 
 def test_no_module_loads_benchmarks_or_tools():
-    bad = [f"{m} imports {d}" for m, p in _modules().items()
+    bad = [f"{m} imports {d}" for m, p in _modules().items() if not m.startswith("benchmarks")
            for d in _imports(m, p, {"benchmarks", "benchmarks.bench", "tools", "tools.cuda_measure"})
            if d.split(".")[0] in ("benchmarks", "tools")]
+    assert not bad, bad
+
+
+def test_the_emulator_needs_numpy_and_ml_dtypes_only():
+    """The emulator is the specification: it runs where only NumPy is installed (ml_dtypes is a dtype container
+    for bfloat16 arrays); a torch or other library import inside it, even a deferred one, fails here."""
+    import sys
+
+    bad = []
+    for p in sorted((ROOT / "emulator").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+            for m in mods:
+                top = m.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("emulator", "numpy", "ml_dtypes"):
+                    bad.append(f"{p.relative_to(ROOT)} imports {m}")
     assert not bad, bad
 
 
@@ -126,3 +146,11 @@ def test_no_new_import_cycles():
     assert not new, "new import cycles: " + "; ".join(" <-> ".join(c) for c in new)
     gone = [c for c in KNOWN_CYCLES if c not in cycles]
     assert not gone, "known cycles that are gone (remove them from KNOWN_CYCLES): " + "; ".join(map(str, gone))
+
+
+def test_design_page_places_every_conformance_module_in_a_room():
+    """docs/design.md's room table names every module of conformance/ (a new module must be given a room)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    missing = [p.stem for p in sorted((ROOT / "conformance").glob("*.py"))
+               if p.stem != "__init__" and f"`{p.stem}`" not in text]
+    assert not missing, f"modules without a room in docs/design.md: {missing}"

@@ -15,6 +15,7 @@ __all__ = ["offline_verdict"]
 def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
     """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``)."""
     from ..acceptance import Interval
+    from ..output_grid import require_output_grid
     from ..verdict import decide
 
     bound = np.array([1.0 if meta.get("bound_positive") else 0.0])
@@ -26,7 +27,8 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
         from ..verdict import decide_opaque
 
         with np.errstate(all="ignore"):
-            return decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"]))
+            return require_output_grid(decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"])),
+                                       d["y"], judged)
     alt = None
     if "alo" in d:
         name = str(meta.get("alt"))
@@ -35,5 +37,5 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
         alt = lambda: (name, mine, d["alo"], d["ahi"])  # noqa: E731
     tie = (lambda: (d["tlo"], d["thi"], d["ties"])) if "tlo" in d else None
     with np.errstate(all="ignore"):
-        return decide(d["y"], loose, judged, output_rounding=declared.get("output_rounding") or "rne", alt=alt,
-                      tie=tie)
+        return require_output_grid(decide(d["y"], loose, judged, output_rounding=declared.get("output_rounding")
+                                          or "rne", alt=alt, tie=tie), d["y"], judged)

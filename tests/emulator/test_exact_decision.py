@@ -1,5 +1,5 @@
 """The reference decides the elements its float64 bound leaves undecided from their exact value
-(emulator/numerics/exact_sum.py, emulator/linear.py ``_decide_exactly``).
+(emulator/numerics/exact_sum.py, emulator/linear.py ``decide_exactly``).
 
 Oracles, independent of the code under test: Python's ``fractions.Fraction`` for the exact sums and
 products, and rounding to the output dtype by brute force (the two neighbours of the value in that dtype,
@@ -193,3 +193,154 @@ def test_a_midpoint_with_a_bound_below_half_a_float64_ulp_is_decided(sign):
     assert r.y_ambiguous[0, 0]
     want = oracle_round(Fraction(1) + Fraction(2.0 ** -11) + Fraction(float(bias[0])), "float16")
     assert r.y[0, 0] == want == (1.0 + 2.0 ** -10 if sign > 0 else 1.0)
+
+
+# ------------------------------------------------------------------ the vectorised decision (many elements at once)
+
+@pytest.fixture
+def no_one_element_path(monkeypatch):
+    """Fails a test if any element reaches the one-element path: the vectorised proof must decide them."""
+    import emulator.numerics.exact_sum as es
+
+    def refuse(*a, **k):
+        raise AssertionError("an element fell back to the one-element path")
+    monkeypatch.setattr(es, "round_exact_products", refuse)
+
+
+def _frac_row(row) -> Fraction:
+    return sum((Fraction(float(v)) for v in row), Fraction(0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False, width=64), min_size=1, max_size=9),
+       st.lists(st.sampled_from([0.0, 2.0 ** -80, -(2.0 ** -80), 2.0 ** -1074, 1e-300, -3.0]), min_size=1, max_size=3),
+       st.booleans())
+def test_sum_signs_against_rationals(values, tails, cancel):
+    """Rows built to cancel (v, -v pairs), with tails far below float64's resolution, subnormals and exact zeros:
+    sum_signs gives the sign of the exact (rational) sum of each row, or says it cannot (2)."""
+    from emulator.numerics.exact_sum import sum_signs
+
+    row = list(values) + ([-v for v in values] if cancel else []) + list(tails)
+    rows = np.array([row, row[::-1], [0.0] * len(row)])
+    got = sum_signs(rows)
+    for r, g in zip(rows, got):
+        f = _frac_row(r)
+        assert g != 2
+        assert g == (f > 0) - (f < 0), (list(r), g)
+
+
+def test_sum_signs_refuses_non_finite_rows():
+    from emulator.numerics.exact_sum import sum_signs
+
+    got = sum_signs(np.array([[1.0, np.inf], [1.0, np.nan], [1e308, 1e308], [1.0, -1.0]]))
+    assert list(got[:2]) == [2, 2]
+    assert got[2] in (1, 2)  # an overflowing distillation is either decided from a finite S or refused
+    assert got[3] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_midpoint_layers_are_decided_by_the_vectorised_path(dtype, no_one_element_path):
+    """The midpoint layer of ``_midpoint_layer`` (every element undecided by float64), with a bias: every
+    element decided without the one-element path, each equal to the brute-force oracle."""
+    x, w = _midpoint_layer(dtype, n=9)
+    bias = np.array([(-1.0) ** i * 2.0 ** -70 for i in range(9)], np.float32)
+    r = linear_w16(x, w, bias, out_dtype=dtype)
+    assert r.y_ambiguous.all()
+    for m in range(x.shape[0]):
+        for n in range(w.shape[0]):
+            assert r.y[m, n] == oracle_round(_frac_dot(x[m], w[n]) + Fraction(float(bias[n])), dtype), (m, n)
+
+
+def test_a_random_layer_is_decided_by_the_vectorised_path(no_one_element_path):
+    """A float32 layer at K = 2048 whose float64 bound leaves elements undecided: all decided vectorised; each
+    undecided element equal to the oracle's rounding of its rational value."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((24, 2048)).astype(np.float32)
+    w = (rng.standard_normal((256, 2048)) * 0.02).astype(np.float32)
+    bias = (rng.standard_normal(256) * 0.1).astype(np.float32)
+    r = linear_w16(x, w, bias, out_dtype="float32")
+    at = np.argwhere(r.y_ambiguous)
+    assert len(at) >= 3
+    for m, n in at[:12]:
+        assert r.y[m, n] == oracle_round(_frac_dot(x[m], w[n]) + Fraction(float(bias[n])), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_three_factor_path_decides_exact_ties(dtype, no_one_element_path):
+    """W4A8 elements sum_g acc_g * sw_g * sx whose group 0 lands exactly on an output midpoint and whose group 1
+    adds +tail, -tail or nothing (tail = 127 * 2**-77, far below float64's resolution at 1): float64 returns the
+    bare midpoint, so all are undecided; the vectorised path decides them (the tail's sign, or the even
+    neighbour for the exact tie), against rationals."""
+    K, gs = 64, 32
+    x = np.zeros((1, K), np.float32)
+    x[0, 32] = 127.0  # amax 127: sx = 1, codes = x
+    w = np.zeros((3, K), np.int8)
+    w[:, 32] = [1, -1, 0]
+    if dtype == "float32":  # 24929 * 673 * 2**-24 = (2**24 + 1) * 2**-24 = 1 + 2**-24, a float32 midpoint
+        x[0, :28], x[0, 28] = 127.0, 37.0
+        w[:, :28], w[:, 28] = 7, 1
+        s0 = 673 * 2.0 ** -24
+    else:
+        x[0, 0], w[:, 0] = 1.0, 1
+        s0 = 1.0 + {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    scales = np.array([[s0] * 3, [2.0 ** -77] * 3], np.float32)
+    r = linear_w4a8(x, w, scales, gs, out_dtype=dtype)
+    assert r.y_ambiguous.all()
+    sx = r.parts["x_scale"].astype(np.float64).reshape(-1)
+    assert sx[0] == 1.0
+    want = [oracle_round(sum(Fraction(int(r.acc[0, g, n])) * Fraction(float(scales[g, n])) for g in range(2)), dtype)
+            for n in range(3)]
+    assert list(r.y[0]) == want
+    assert want[0] > want[1] == want[2]  # up, down, and the tie to the even (lower) neighbour
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.sampled_from([1.0, 1e-20, 1e-38, 1e20]), st.integers(0, 2 ** 31))
+def testmagnitudes_upper_bound_fp32_bound_the_exact_magnitudes(K, scale, seed):
+    """linear.magnitudes_upper_bound_fp32 is >= sum_k |x w| (exact: math.fsum of float64 products of float32 values, which
+    are exact), also where float32 products underflow (scale 1e-38 / 1e-20 squared)."""
+    import math
+
+    from emulator.linear import magnitudes_upper_bound_fp32
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((3, K)) * scale).astype(np.float32)
+    w = (rng.standard_normal((4, K)) * scale).astype(np.float32)
+    got = magnitudes_upper_bound_fp32(x.astype(np.float64), w)
+    if got is None:
+        assert not np.all(np.isfinite(np.abs(x) @ np.abs(w).T))
+        return
+    for m in range(3):
+        for n in range(4):
+            exact = math.fsum(abs(float(a) * float(b)) for a, b in zip(x[m], w[n]))
+            assert got[m, n] >= exact
+            assert got[m, n] <= exact * 1.01 + K * 2.0 ** -140
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_results_next_to_zero_keep_the_exact_values_sign(sign):
+    """Exact values on either side of the float16 midpoint between 0 and its smallest subnormal (2**-25), plus
+    or minus a tail float64 cannot see: the ones rounding to zero must be zeros of the exact value's sign."""
+    x = np.array([[1.0, 1.0, 1.0]], np.float32)
+    w = np.array([[sign * 2.0 ** -25, sign * t, 0.0] for t in (2.0 ** -80, -(2.0 ** -80))], np.float32)
+    r = linear_w16(x, w, out_dtype="float16")
+    for n in range(2):
+        want = oracle_round(_frac_dot(x[0], w[n]), "float16")
+        assert r.y[0, n] == want and np.signbit(r.y[0, n]) == np.signbit(want), (n, r.y[0, n], want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(1, 300), st.sampled_from([0.0, 1.0, -1.0]))
+def test_sum_signs_over_wide_exponent_ranges(seed, n, residual_sign):
+    """Rows of n terms spanning 2**-300..2**300 that cancel exactly, plus a residual far below the largest term
+    (2**-500 times a sign, or nothing): several extraction passes, against the rational sum's sign."""
+    from emulator.numerics.exact_sum import sum_signs
+
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-300, 300, n))
+    row = np.concatenate([v, -v[rng.permutation(n)], [residual_sign * 2.0 ** -500]])
+    rows = np.stack([row, row[rng.permutation(row.size)]])
+    got = sum_signs(rows)
+    for r, g in zip(rows, got):
+        f = _frac_row(r)
+        assert g == (f > 0) - (f < 0)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from emulator.linear import FP32_EXACT_INT, ExactIntMatmul, exact_int_matmul, linear_w8a8
+from emulator.fast_linear import FP32_EXACT_INT, ExactIntMatmul, exact_int_matmul
+from emulator.linear import linear_w8a8
 
 
 def _oracle(a, w):

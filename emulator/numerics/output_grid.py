@@ -1,0 +1,100 @@
+"""The output grid of the reference linear layers: RNE to float32 / float16 / bfloat16, error bounds of
+float64 sums, which elements a bound leaves undecided, and the boundary between two output neighbours.
+
+Semantics: docs/formats/activations.md#reference-linear.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .floats import round_float64_array, round_to_dtype
+from .rounding import Rounding
+
+__all__ = ["OUT_DTYPES", "U64", "gamma", "rne", "round_output", "next_up", "overflow_threshold",
+           "boundary_between"]
+
+#: float64's unit roundoff
+U64 = 2.0 ** -53
+OUT_DTYPES = ("float32", "float16", "bfloat16")
+_MAX = {"float32": float(np.finfo(np.float32).max), "float16": 65504.0, "bfloat16": float.fromhex("0x1.fep127")}
+
+
+def gamma(n: int, u: float = U64) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative bound of an n-term float sum."""
+    nu = n * u
+    if nu >= 1:
+        raise ValueError(f"gamma undefined for n={n}, u={u}")
+    return nu / (1.0 - nu)
+
+
+def rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
+    """``round_to_dtype(v, out_dtype)`` (float64 out) by the float32 fast path (equal to it:
+    tests/emulator/test_fast_paths.py); NaN elements by ``round_to_dtype`` itself (its NaN payload rule)."""
+    v = np.asarray(v, dtype=np.float64)
+    if out_dtype not in OUT_DTYPES or v.ndim == 0:
+        return round_to_dtype(v, out_dtype, Rounding.RNE)
+    out = round_float64_array(v, out_dtype).astype(np.float64)
+    nan = np.isnan(v)
+    if nan.any():
+        out[nan] = round_to_dtype(v[nan], out_dtype, Rounding.RNE)
+    return out
+
+
+def _ends(y_exact: np.ndarray, y_bound: np.ndarray):
+    """[lo, hi]: y -+ b, each rounded outward by one float64 step (a bound below half a float64 ulp of y makes
+    ``y + b == y``; where y is itself a midpoint the element would otherwise look decided)."""
+    pos = y_bound > 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo = np.where(pos, np.nextafter(y_exact - y_bound, -np.inf), y_exact)
+        hi = np.where(pos, np.nextafter(y_exact + y_bound, np.inf), y_exact)
+    return lo, hi
+
+
+def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided (the two ends of
+    the bounded interval round to different output values)."""
+    y = rne(y_exact, out_dtype)
+    if not np.any(y_bound):
+        return y, np.zeros(y.shape, dtype=bool)
+    lo, hi = _ends(y_exact, y_bound)
+    amb = (rne(lo, out_dtype) != rne(hi, out_dtype)) & np.isfinite(y_exact)
+    return y, amb
+
+
+def next_up(v: np.ndarray, out_dtype: str) -> np.ndarray:
+    """The next larger ``out_dtype`` value after each float64 ``v`` holding an ``out_dtype`` value (float64 out;
+    the largest finite value goes to +Inf)."""
+    v = np.asarray(v, dtype=np.float64)
+    if out_dtype in ("float32", "float16"):
+        t = np.dtype(out_dtype).type
+        return np.nextafter(v.astype(t), t(np.inf)).astype(np.float64)
+    # bfloat16: the upper 16 bits of a float32; one step of the magnitude is 0x10000 in its bits
+    v32 = v.astype(np.float32)
+    bits = v32.view(np.uint32).astype(np.int64)
+    up = np.where(v32 > 0, bits + 0x10000, np.where(v32 < 0, bits - 0x10000, 0x10000))
+    return up.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def overflow_threshold(out_dtype: str) -> float:
+    """max + ulp(max) / 2: reals at or beyond it round to Inf (RNE), those below it to max."""
+    top = _MAX[out_dtype]
+    return top + (2.0 ** np.frexp(top)[1] - top) / 2
+
+
+def boundary_between(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str):
+    """For elements whose bounded interval straddles a rounding boundary: (lo, hi, mu, ok). lo < hi are the
+    output values the interval's ends round to; where ``ok``, they are adjacent on the output grid and mu is
+    the one rounding boundary between them (their midpoint, exact in float64: two adjacent values of at most
+    24 significand bits; or +-the overflow threshold beside an infinity), so the exact value v in the interval
+    rounds to lo if v < mu, to hi if v > mu, and to rne(mu) (the even one) if v == mu."""
+    a, b = _ends(y_exact, y_bound)
+    lo, hi = rne(a, out_dtype), rne(b, out_dtype)
+    thr = overflow_threshold(out_dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mu = np.where(hi == np.inf, thr, np.where(lo == -np.inf, -thr, (lo + hi) / 2))
+        finite_pair = np.isfinite(lo) & np.isfinite(hi)
+        adjacent = np.where(finite_pair, next_up(np.where(finite_pair, lo, 0.0), out_dtype) == hi,
+                            ((hi == np.inf) & (lo == _MAX[out_dtype])) | ((lo == -np.inf) & (hi == -_MAX[out_dtype])))
+    ok = adjacent & (lo < hi) & np.isfinite(mu)
+    return lo, hi, mu, ok
