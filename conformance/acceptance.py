@@ -50,7 +50,7 @@ from emulator.numerics.rounding import Rounding
 
 from .cases import CaseInputs
 
-__all__ = ["UNIT_ROUNDOFF", "UNDERFLOW_UNIT", "Interval", "declared_interval", "compare", "Comparison", "round_down",
+__all__ = ["UNIT_ROUNDOFF", "UNDERFLOW_UNIT", "Interval", "INTERMEDIATES", "declared_interval", "compare", "Comparison", "round_down",
            "round_up", "round_to", "grid_neighbour", "ulp_distance",
            # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
            "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
@@ -171,7 +171,33 @@ class Interval:
     hi: np.ndarray  # highest accepted output value
     bound: np.ndarray  # total absolute bound before outward rounding
     out_dtype: str
-    parts: dict = dataclasses.field(default_factory=dict)
+    # the declared reference's intermediates that judging needs (the tie widening, conformance/verdict.py);
+    # None where the scheme has no such stage
+    x_q: "np.ndarray | None" = None  # int8 activation codes
+    x_scale: "np.ndarray | None" = None  # activation scales (int8: per row or tensor; MXFP4: E8M0 bytes per block)
+    x_zero_point: "np.ndarray | None" = None  # int8 activation zero points
+    x_tie: "np.ndarray | None" = None  # True where an activation sat exactly on a rounding tie
+    x_codes: "np.ndarray | None" = None  # MXFP4 activation codes (E2M1)
+    topk_ids: "np.ndarray | None" = None  # MoE: the experts each token was routed to
+    act_quant_deviation: "np.ndarray | None" = None  # MoE act_quant: the bound's share from the intermediate
+    #: the declaration adds the bias after rounding the output (bias_stage=after_output_rounding): the
+    #: interval is not that of one rounding of an accumulator
+    bias_after_output_rounding: bool = False
+
+    def intermediates(self) -> dict:
+        """The fields set beyond the interval itself, by name (conformance/refcache.py stores them)."""
+        out = {k: getattr(self, k) for k in INTERMEDIATES if getattr(self, k) is not None}
+        if self.bias_after_output_rounding:
+            out["bias_after_output_rounding"] = True
+        return out
+
+
+#: Interval fields taken from the emulator's reference intermediates (``Reference.parts``) of the same name
+INTERMEDIATES = ("x_q", "x_scale", "x_zero_point", "x_tie", "x_codes", "topk_ids", "act_quant_deviation")
+
+
+def _intermediates(parts: "dict | None") -> dict:
+    return {k: v for k, v in (parts or {}).items() if k in INTERMEDIATES}
 
 
 # -- intervals ----------------------------------------------------------------------------------
@@ -207,7 +233,8 @@ def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str
             lo = round_down(y_exact - bound, out_dtype)
             hi = round_up(y_exact + bound, out_dtype)
     y_ref = round_to(y_exact, out_dtype, mode)
-    return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=out_dtype, parts=parts or {})
+    return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=out_dtype,
+                    **_intermediates(parts))
 
 
 def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
@@ -248,8 +275,8 @@ def _after_output_rounding(inp: CaseInputs, declared: Declared) -> Interval:
         y_exact = iv0.y_exact + b
         bound = np.maximum(y_exact - lo, hi - y_exact)
     bound = np.where(np.isfinite(bound), bound, iv0.bound)
-    parts = dict(iv0.parts, bias_stage="after_output_rounding")
-    return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=T, parts=parts)
+    return dataclasses.replace(iv0, y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=T,
+                               bias_after_output_rounding=True)
 
 
 def _interval(inp: CaseInputs, declared: Declared) -> Interval:

@@ -12,7 +12,7 @@ import shlex
 import signal
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 from emulator import __version__ as emulator_version
@@ -20,8 +20,9 @@ from emulator import __version__ as emulator_version
 from .placement import add_options as add_placement_options
 from .placement import open_placement
 from .provenance import environment, git_commit, suite_version  # noqa: F401 - re-exported
-from .runner import BAD, Runner, load_waivers, read_results
+from .runner import Runner, load_waivers, read_results
 from .runstop import RunInterrupted, closed_outputs, describe_stop
+from .verdict import BAD
 from .suite import PROFILES, TIERS, case_list, list_hash, parse_shard, shard
 
 
@@ -46,16 +47,6 @@ def available_backends(skipped: list | None = None) -> list[str]:
     if "emulator" not in out:
         out.insert(0, "emulator")
     return out
-
-
-def summarize(results: list[dict]) -> tuple[dict, int, int]:
-    table: dict = defaultdict(Counter)
-    for r in results:
-        table[(r["backend"], r["scheme"])][r["verdict"]] += 1
-    n_bad = sum(1 for r in results if r["verdict"] in BAD)
-    n_ok = sum(1 for r in results if r["verdict"] in ("pass", "pass-with-tie-flips", "quality-warning", "waived",
-                                                       "mistrusted"))
-    return table, n_ok, n_bad
 
 
 #: exit status of `qconform run` when nothing failed but something was not certified (a named backend
@@ -327,10 +318,11 @@ def cmd_replay(args) -> int:
 
     from backends.base import Declared
 
-    from .acceptance import declared_interval
     from .bundle import load_bundle_inputs
     from .runner import WorkerProcess
     from .selection import check_backends
+    from .verdict import judged_against
+    from .workerclient import WorkerClient
 
     if args.backend:
         check_backends([args.backend])  # an unknown name or parameter: exit 2 before anything is read or run
@@ -349,21 +341,21 @@ def cmd_replay(args) -> int:
         from backends.registry import create
 
         declared = create(want).declared(inp.case)
-    iv = None if inp.case.spec.quantize_only else declared_interval(inp, declared)
+    # the interval the runner judged against (for arithmetic=opaque: the canonical arithmetic's)
+    iv = None if inp.case.spec.quantize_only else judged_against(inp, declared)
     print(f"case: {inp.case.describe()}")
     print(f"recorded: {recorded} -> {meta.get('verdict')}: {meta.get('reason')}")
     print(f"declaration notes: {declared.notes or '(none)'}")
-    w = WorkerProcess(want)
+    w = WorkerClient(WorkerProcess(want), args.timeout)
     out = Path(tempfile.mkdtemp()) / "y.safetensors"
     bundle = str(Path(args.bundle).resolve())
     try:
-        reply = w.request({"op": "run", "bundle": bundle, "out": str(out)}, timeout=args.timeout)
-        if not reply.get("ok"):
-            print(f"replay on {want}: {reply.get('kind')}: {reply.get('error')}")
+        reply = w.run(out, bundle=bundle)
+        if reply.failure is not None:
+            print(f"replay on {want}: {reply.failure.kind}: {reply.failure.error}")
             return 1
         return _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in,
-                             lambda: w.request({"op": "localize", "bundle": bundle, "declared": declared.to_json()},
-                                               timeout=args.timeout))
+                             lambda: w.localize(declared, bundle=bundle))
     finally:
         w.close()
 
@@ -372,8 +364,8 @@ def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, locali
     """The replayed output's verdict; a failure names its failing element and its localization
     (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights)."""
     from .localize_text import localization_lines
-    from .runner import judge
     from .summary import describe_worst
+    from .verdict import judge
     from emulator.tensorfile import load_tensors
 
     if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
@@ -384,13 +376,13 @@ def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, locali
             rec["worst_element"] = rec["first_mismatch"]
     else:
         y = load_tensors(out)["y"].data
-        rec = judge(inp, iv, y, declared)
+        rec = judge(inp, iv, y, declared).record()
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")
         if not inp.case.spec.quantize_only:
             r = localize()
-            loc = r.get("localization") if r.get("ok") else {"error": f"{r.get('kind')}: {str(r.get('error'))[:300]}"}
+            loc = r.localization if r.failure is None else {"error": f"{r.failure.kind}: {r.failure.error[:300]}"}
             for line in localization_lines(loc):
                 print(line)
         return 1

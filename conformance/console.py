@@ -10,15 +10,16 @@ import sys
 import time
 
 from .localize_text import localization_lines
-from .summary import PASSING, describe_worst, deviation_lines, headline
+from .summary import describe_worst, deviation_lines, headline
+from .verdict import BAD, PASSING, Verdict
 
 __all__ = ["LineProgress", "BarProgress", "print_table", "print_failures", "print_verdict", "WIDTH"]
 
 WIDTH = 100  # the console table fits 100 columns
-#: (verdict, column title); titles are at most 6 characters
-TABLE_VERDICTS = (("pass", "pass"), ("pass-with-tie-flips", "ties"), ("quality-warning", "qual"), ("fail", "fail"),
-                  ("crash", "crash"), ("timeout", "tmout"), ("unsupported", "unsup"), ("waived", "waived"),
-                  ("mistrusted", "mistr"), ("pass-sqnr", "sqnr"))
+#: (verdict, column title), in the table's column order; titles are at most 6 characters (``Verdict.short``)
+TABLE_VERDICTS = tuple((v.value, v.short) for v in (
+    Verdict.PASS, Verdict.PASS_WITH_TIE_FLIPS, Verdict.QUALITY_WARNING, Verdict.FAIL, Verdict.CRASH, Verdict.TIMEOUT,
+    Verdict.UNSUPPORTED, Verdict.WAIVED, Verdict.MISTRUSTED, Verdict.PASS_SQNR))
 MAX_EXAMPLES = 5  # cases listed per failure group on the console (all are in report.md)
 
 
@@ -35,7 +36,7 @@ class LineProgress:
         self.bad = 0
 
     def __call__(self, done: int, _runner_total: int, rec: dict) -> None:
-        if rec.get("verdict") in ("fail", "crash", "timeout"):
+        if rec.get("verdict") in BAD:
             self.bad += 1
         now = self.clock()
         tenth = min(10, done * 10 // self.total)
@@ -137,7 +138,8 @@ def print_verdict(summary: dict, out=None) -> None:
     t = summary["totals"]
     # only verdicts inside the declared interval count as passed; waived and mistrusted cases are named apart
     n_ok = sum(t.get(v, 0) for v in PASSING)
-    others = ", ".join(f"{t[v]} {v}" for v in ("pass-sqnr", "waived", "mistrusted") if t.get(v))
+    others = ", ".join(f"{t[v]} {v}" for v in (Verdict.PASS_SQNR.value, Verdict.WAIVED.value, Verdict.MISTRUSTED.value)
+                       if t.get(v))
     out.write(f"conformance: {headline(summary)}: {n_ok} passed, {summary['n_bad']} failed, "
               + (f"{others}, " if others else "")
               + f"{t.get('unsupported', 0)} unsupported, of {summary['n_results']} result(s)\n")

@@ -19,12 +19,13 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from .verdict import BAD, Verdict
+
 __all__ = ["SEARCH_DIR", "search_profile", "run_search", "search_record", "search_ok", "check_search",
            "replay_search", "certificate_text", "CERTIFICATE"]
 
 SEARCH_DIR = "search"
 CERTIFICATE = "certificate.md"
-BAD = ("fail", "crash", "timeout")
 
 
 def search_profile(profile: str) -> str:
@@ -164,7 +165,7 @@ def check_search(files, meta: dict, problems: list, notes: list, *, deep: bool =
                                             f"{rec.get('examples_per_family')}")
                         if e["verdict"] in BAD and (not e.get("replay") or files.path(e["replay"], "replay") is None):
                             problems.append(f"{rel}: {b} {fam}: a {e['verdict']} without its replay bundle")
-                        if deep and e["verdict"] not in BAD + ("unsupported",) and not e["judged"]:
+                        if deep and e["verdict"] not in BAD | {Verdict.UNSUPPORTED} and not e["judged"]:
                             problems.append(f"{rel}: {b} {fam}: verdict {e['verdict']} with no judged example")
                         if deep and (e["judged"] or 0) > (e["calls"] or 0):
                             problems.append(f"{rel}: {b} {fam}: {e['judged']} judged of {e['calls']} drawn")

@@ -23,10 +23,15 @@ from .bundle import save_bundle
 from .generators import GENERATORS, generators_for
 from .quantized import decide_quantized, expected_for, load_observed
 from .specs import CaseSpec
+from .verdict import Verdict
+from .workerclient import WorkerClient
 
 __all__ = ["probe_cases", "quantize_scheme_records"]
 
-_OK = ("pass", "mistrusted")
+
+def _agrees(verdict: str) -> bool:
+    """The observed tensors equal the expected ones (``mistrusted``: equal, but constant codes)."""
+    return Verdict.parse(verdict).agrees
 
 
 def probe_cases(scheme: str, act_dtype: str) -> list[Case]:
@@ -57,13 +62,13 @@ def quantize_scheme_records(worker, label: str, scheme: str, act_dtype: str, out
     for case in probe_cases(scheme, act_dtype):
         key = scheme if case.sym or scheme != "q-int8-token" else f"{scheme} (asym)"
         spec = CaseSpec(case, "probe", "fingerprint", 0)
-        plan = worker.request({"op": "plan", "spec": spec.to_json()}, timeout=timeout)
-        if not plan.get("ok") or not plan.get("supported"):
-            why = plan.get("reason") or plan.get("error") or "refused"
+        plan = WorkerClient(worker, timeout).plan(spec)
+        if not plan.supported:
+            why = plan.reason or (plan.failure.error if plan.failure else "") or "refused"
             out[key] = {"status": "unsupported", "unmodelled_keys": [],
                         "axes": [{"axis": "(every axis)", "title": "the scheme", "status": "unsupported", "reason": why}]}
             continue
-        base = Declared(**plan["declared"])
+        base = plan.declared
         probes, crashed = _run_probes(worker, label, case, out_dir, timeout)
         recs = []
         chosen = [a for a in _axes(scheme) if not axes or a.key in axes]
@@ -88,7 +93,7 @@ def quantize_scheme_records(worker, label: str, scheme: str, act_dtype: str, out
 
 
 def _decide_definition(base: Declared, case: Case, probes) -> dict:
-    bad = [pid for pid, inp, obs in probes if decide_quantized(obs, expected_for(case, inp.x, base))["verdict"] not in _OK]
+    bad = [pid for pid, inp, obs in probes if not _agrees(decide_quantized(obs, expected_for(case, inp.x, base))["verdict"])]
     res = {"values": ["canonical"], "consistent": [] if bad else ["canonical"], "unseparated": [],
            "excluded": {"canonical": bad[:3]} if bad else {}}
     if bad:
@@ -111,9 +116,9 @@ def _run_probes(worker, label, case: Case, out_dir: Path, timeout: float):
         ypath = out_dir / "probes" / f"{safe}.y.safetensors"
         if ypath.exists():
             ypath.unlink()
-        r = worker.request({"op": "run", "bundle": str(path.resolve()), "out": str(ypath.resolve())}, timeout=timeout)
-        if not r.get("ok"):
-            crashed.append(f"probe {pid}: {r.get('kind')}: {r.get('error', '')}"[:300])
+        r = WorkerClient(worker, timeout).run(ypath.resolve(), bundle=path.resolve())
+        if r.failure is not None:
+            crashed.append(f"probe {pid}: {r.failure.kind}: {r.failure.error}"[:300])
             continue  # (a dead worker is restarted by the next request)
         probes.append((pid, inp, load_observed(ypath)))
     return probes, crashed
@@ -150,7 +155,7 @@ def _decide_axis_typed(a, base: Declared, case: Case, probes) -> dict:
     res = {"values": values}
     if inapplicable:
         res["inapplicable"] = inapplicable
-    match = {v: [decide_quantized(obs, ref)["verdict"] in _OK for (_pid, _inp, obs), ref in zip(probes, refs[v])]
+    match = {v: [_agrees(decide_quantized(obs, ref)["verdict"]) for (_pid, _inp, obs), ref in zip(probes, refs[v])]
              for v in values}
     # a probe that no value of this axis explains differs on another axis (or in arithmetic the emulator does not
     # model): it says nothing about this axis, so it is set aside and named, never used to exclude a value
@@ -165,7 +170,7 @@ def _decide_axis_typed(a, base: Declared, case: Case, probes) -> dict:
         else:
             consistent.append(v)
     unseparated = sorted({tuple(sorted((_txt(u), _txt(w)))) for i, u in enumerate(values) for w in values[i + 1:]
-                          if all(decide_quantized(x, y)["verdict"] in _OK for x, y in zip(refs[u], refs[w]))})
+                          if all(_agrees(decide_quantized(x, y)["verdict"]) for x, y in zip(refs[u], refs[w]))})
     res.update(consistent=consistent, excluded=excluded, unseparated=unseparated)
     if len(values) > 1 and len(unseparated) == len(values) * (len(values) - 1) // 2:
         res["status"] = "not-observable"

@@ -5,7 +5,7 @@ implements, a Hypothesis search draws a case (shapes with K tails, N off multipl
 group size; act order; symmetry and zero convention; dtypes; bias) and its inputs (integer codes,
 zero points and scales of chosen magnitudes: subnormal, huge, negative, zero; activations with exact
 rounding ties, zero rows, NaN/Inf), runs each example through the backend in its isolated worker
-(``Runner._run_one`` with the drawn inputs sent as a bundle file) and judges it as every other tier
+(``Runner.run_case`` with the drawn inputs sent as a bundle file) and judges it as every other tier
 does. A ``fail``/``crash``/``timeout`` that no waiver covers fails the example, so Hypothesis shrinks
 it; the minimal example becomes the family's one result line (tier ``property``) with a replay
 bundle, and the first failing example found is kept next to it (``property.first_failure``).
@@ -39,7 +39,10 @@ from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, ct_tensor_dict, make_inputs  # noqa: F401 (ct_tensor_dict: re-used by int_weight_tensors)
 from .generators import generate, int_weight_tensors, scales_array
+from .record import ResultRecord
 from .specs import PROPERTY_TIER, CaseSpec
+from .verdict import BAD, Verdict
+from .workerclient import WorkerClient
 
 #: Hypothesis reports several distinct failures as an ExceptionGroup (Python 3.11+; on 3.10 its
 #: backport's class, when installed, else nothing to catch)
@@ -63,9 +66,6 @@ PROPERTY_PROFILES = {
     "certification": {"examples": 40, "max_m": 16, "max_n": 136, "max_k": 512},
     "nightly": {"examples": 150, "max_m": 33, "max_n": 264, "max_k": 1024},
 }
-
-BAD = ("fail", "crash", "timeout")
-
 
 def families(schemes=None) -> list[tuple[str, str]]:
     """(scheme, weight format) pairs, in the suite's order; ``schemes`` restricts them."""
@@ -334,10 +334,10 @@ def failure_signature(rec: dict, inp: "CaseInputs | None" = None) -> str:
     first in its reason. Each signature is searched and shrunk on its own (one minimal example each),
     so a crash that is easy to hit does not hide a wrong answer of the same family."""
     verdict = rec["verdict"]
-    if verdict == "crash":
+    if verdict == Verdict.CRASH:
         head = str(rec.get("reason") or "").split(":")[0].strip()
         return f"crash-{head.split()[0] if head else 'unknown'}"[:60]
-    if verdict == "fail":
+    if verdict == Verdict.FAIL:
         reason = str(rec.get("reason", ""))
         if reason.startswith("malformed"):
             return "fail-malformed"
@@ -400,18 +400,16 @@ class PropertySearch:
             case = data.draw(property_case(scheme, fmt, lim["max_m"], lim["max_n"], lim["max_k"]), label="case")
             if self.case_filter is not None and not self.case_filter(case):
                 reject()
-            plan = worker.request({"op": "plan", "spec": CaseSpec(case, PROPERTY_TIER, GENERATOR, 0).to_json()},
-                                  timeout=runner.timeout)
-            if plan.get("ok") and not plan.get("supported"):
+            plan = WorkerClient(worker, runner.timeout).plan(CaseSpec(case, PROPERTY_TIER, GENERATOR, 0))
+            if plan.failure is None and not plan.supported:
                 st_["unsupported"] += 1
-                st_["refusals"][str(plan.get("reason") or "")[:200]] += 1
+                st_["refusals"][plan.reason[:200]] += 1
                 reject()
             inp = data.draw(property_inputs(case), label="inputs")
             spec = CaseSpec(case, PROPERTY_TIER, GENERATOR, _digest(inp))
-            rec = runner._run_one(worker, label, spec, tmpdir, inp=inp, write_bundle=False)
-            rec = runner._apply_waiver(label, spec, rec, today)
+            rec = runner.run_case(worker, label, spec, tmpdir, today=today, inp=inp, write_bundle=False)
             st_["verdicts"][rec["verdict"]] += 1
-            if rec.get("level") and rec["verdict"] != "unsupported":  # the family's level: its farthest example's
+            if rec.get("level") and rec["verdict"] != Verdict.UNSUPPORTED:  # the family's level: its farthest example's
                 st_["levels"].append(rec["level"])
                 for d in rec.get("deviations") or []:
                     st_["deviations"][d["variant"]] = d["level"]
@@ -420,7 +418,7 @@ class PropertySearch:
                         st_["deviation_waiver"] = rec["deviation_waiver"]
                     else:
                         st_["semantic_unwaived"] += 1
-            if rec["verdict"] == "waived":
+            if rec["verdict"] == Verdict.WAIVED:
                 st_["waived"] += 1
                 st_["waived_rec"] = rec
             if rec["verdict"] in BAD:
@@ -429,7 +427,9 @@ class PropertySearch:
                 found = st_["found"].setdefault(sig, {"first": ex})
                 found["last"] = ex
                 raise _failure_type(sig)(sig)
-            if rec["verdict"] not in ("unsupported", "mistrusted", "waived"):
+            # judged: an example whose verdict says something of the kernel (not refused, not a reference that
+            # proves nothing, not a known defect)
+            if not Verdict.parse(rec["verdict"]).neutral and rec["verdict"] != Verdict.WAIVED:
                 st_["judged"] += 1
 
         test = given(st.data())(judge_example)
@@ -470,22 +470,23 @@ class PropertySearch:
                    f"{st_['waived']} waived, verdicts {dict(st_['verdicts'])})")
             if st_["refusals"]:
                 why += "; refusal: " + st_["refusals"].most_common(1)[0][0]
-            return [self._family_record(family_spec, scheme, fmt, "unsupported", why, info, seconds)]
-        worst = next((v for v in ("pass-sqnr", "quality-warning", "pass-with-tie-flips") if st_["verdicts"][v]), "pass")
+            return [self._family_record(family_spec, scheme, fmt, Verdict.UNSUPPORTED, why, info, seconds)]
+        # the family's verdict: the weakest of its judged examples' (none failed; mistrusted ones say nothing)
+        worst = Verdict.worst(v for v, n in st_["verdicts"].items()
+                              if n and (Verdict.parse(v).passing or v == Verdict.PASS_SQNR)) or Verdict.PASS
         reason = (f"{st_['judged']} Hypothesis example(s) of {scheme}/{fmt} judged, none failed "
                   f"(seed {self.seed}, {st_['unsupported']} refused, {st_['waived']} waived)")
         rec = self._family_record(family_spec, scheme, fmt, worst, reason, info, seconds, st_)
         if st_["waived"]:  # a known defect was hit: the family is reported waived, never plain pass
-            rec.update(verdict="waived", waived_verdict=st_["waived_rec"].get("waived_verdict"),
+            rec.update(verdict=Verdict.WAIVED.value, waived_verdict=st_["waived_rec"].get("waived_verdict"),
                        waiver=st_["waived_rec"].get("waiver"),
                        reason=f"{st_['waived']} example(s) failed and were waived "
                               f"({st_['waived_rec'].get('waiver', {}).get('issue')}); {reason}")
         return [rec]
 
     def _family_record(self, case_id, scheme, fmt, verdict, reason, info, seconds, st_=None) -> dict:
-        rec = {"kind": "result", "backend": self.label, "case_id": case_id, "tier": PROPERTY_TIER,
-               "scheme": scheme, "weight_format": fmt, "generator": GENERATOR, "verdict": verdict,
-               "reason": reason, "property": info, "seconds": seconds}
+        rec = ResultRecord(self.label, case_id, PROPERTY_TIER, scheme, fmt, GENERATOR, verdict, reason,
+                           property=info, seconds=seconds).to_json()
         if st_ is not None and st_["levels"]:
             # the family's conformance level (docs/conformance.md#levels): the farthest of its judged examples;
             # a semantic deviation counts as accepted only when a waiver accepted it on every such example
@@ -501,15 +502,15 @@ class PropertySearch:
         """The shrunk example, judged once more with its replay bundle written (a failure that does not
         repeat is reported as such, with the failing record kept)."""
         last, first = st_["last"], st_["first"]
-        rec = self.runner._run_one(worker, self.label, last["spec"], tmpdir, inp=last["inp"], write_bundle=True)
-        rec = self.runner._apply_waiver(self.label, last["spec"], rec, today)
+        rec = self.runner.run_case(worker, self.label, last["spec"], tmpdir, today=today, inp=last["inp"],
+                                   write_bundle=True)
         if rec["verdict"] not in BAD:
             kept = dict(last["rec"])
             kept["reason"] = (f"{kept.get('reason', '')} (did not repeat on a rerun: verdict {rec['verdict']}; "
                               f"the backend is not deterministic on this example)")
             rec = kept
-            rec["bundle"] = str(self.runner._bundle(self.label, last["spec"], last["inp"], None, rec["verdict"],
-                                                    rec["reason"], None, None))
+            rec["bundle"] = str(self.runner.write_replay_bundle(self.label, last["spec"], last["inp"], None,
+                                                                rec["verdict"], rec["reason"]))
         info = dict(info, minimal=describe_example(last["inp"]), first_failure=describe_example(first["inp"]),
                     first_failure_case_id=first["spec"].case_id)
         rec["property"] = info
@@ -531,7 +532,7 @@ def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed:
         hello = runner.hello(bspec)
         label = hello.get("label", bspec)
         search = PropertySearch(runner, bspec, label, profile, seed, max_examples, case_filter)
-        worker = runner._worker(bspec)
+        worker = runner.open_worker(bspec)
         tmpdir = Path(runner.out_dir) / ".work" / f"property-{label}".replace("/", "_").replace(":", "_")
         tmpdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -539,12 +540,12 @@ def run_property(runner, backend_specs: list[str], *, profile: str = "ci", seed:
                 if not hello.get("ok") or not hello.get("available"):
                     reason = hello.get("reason") or hello.get("error") or "unavailable"
                     recs = [search._family_record(f"{PROPERTY_TIER}/{scheme}/{fmt}/search/seed{search.seed}", scheme,
-                                                  fmt, "unsupported", f"backend unavailable: {reason}",
+                                                  fmt, Verdict.UNSUPPORTED, f"backend unavailable: {reason}",
                                                   {"family": f"{scheme}/{fmt}", "seed": search.seed}, 0.0)]
                 else:
                     recs = search.run_family(worker, scheme, fmt, tmpdir, today)
                 for rec in recs:
-                    runner._write(rec)
+                    runner.write_result(rec)
                     results.append(rec)
                 if stop_at_first_failure and any(r["verdict"] in BAD for r in recs):
                     break

@@ -49,6 +49,7 @@ def _session_worker(item):
     """(out folder, a Runner writing this xdist worker's results file, the backend's shared worker process,
     its label) for one item; an unavailable backend fails the item."""
     from .runner import Runner, WorkerProcess, load_waivers
+    from .workerclient import WorkerClient
 
     item.user_properties.append(("qconform_backend", item.backend))
     cfg = item.config
@@ -60,10 +61,10 @@ def _session_worker(item):
     worker = _WORKERS.get(item.backend)
     if worker is None:
         worker = _WORKERS[item.backend] = WorkerProcess(item.backend)
-    hello = worker.request({"op": "hello"}, timeout=runner.timeout)
-    if not hello.get("available"):
-        raise QconformFailure(f"{item.backend} unavailable: {hello.get('reason') or hello.get('error')}")
-    return out, runner, worker, hello.get("label", item.backend)
+    hello = WorkerClient(worker, runner.timeout).hello()
+    if not hello.available:
+        raise QconformFailure(f"{item.backend} unavailable: {hello.why_unavailable}")
+    return out, runner, worker, hello.label or item.backend
 
 
 class QconformItem(pytest.Item):
@@ -74,18 +75,21 @@ class QconformItem(pytest.Item):
         self.add_marker(pytest.mark.qconform)
 
     def runtest(self):
-        from .runner import BAD
+        import time
+
+        from .verdict import BAD, Verdict
 
         out, runner, worker, label = _session_worker(self)
         tmp = Path(tempfile.mkdtemp(prefix="qconform-item-"))
-        rec = runner._run_one(worker, label, self.spec, tmp)
-        import time
-
-        rec = runner._apply_waiver(label, self.spec, rec, time.strftime("%Y-%m-%d"))
-        runner._write(rec)
+        rec = runner.run_case(worker, label, self.spec, tmp, today=time.strftime("%Y-%m-%d"))
+        runner.write_result(rec)
         self.user_properties.append(("verdict", rec["verdict"]))
-        if rec["verdict"] == "unsupported":
+        if rec["verdict"] == Verdict.UNSUPPORTED:
             pytest.skip(f"unsupported: {rec['reason']}")
+        if rec["verdict"] == Verdict.WAIVED:  # a known defect: never a plain pass (docs/conformance.md#pytest)
+            w = rec.get("waiver") or {}
+            pytest.xfail(f"waived {rec.get('waived_verdict')} (waiver {w.get('issue')}: {w.get('reason')}): "
+                         f"{rec['reason']}")
         if rec["verdict"] in BAD:
             msg = f"{rec['verdict']}: {rec['reason']}"
             we = (rec.get("metrics") or {}).get("worst_element")
@@ -133,7 +137,7 @@ class PropertyItem(pytest.Item):
         import time
 
         from .property import PropertySearch
-        from .runner import BAD
+        from .verdict import BAD, Verdict
 
         out, runner, worker, label = _session_worker(self)
         cfg = self.config
@@ -142,7 +146,7 @@ class PropertyItem(pytest.Item):
         tmp = Path(tempfile.mkdtemp(prefix="qconform-property-"))
         recs = search.run_family(worker, self.scheme, self.fmt, tmp, time.strftime("%Y-%m-%d"))
         for rec in recs:
-            runner._write(rec)
+            runner.write_result(rec)
         bad = [r for r in recs if r["verdict"] in BAD]
         verdict = bad[0]["verdict"] if bad else recs[0]["verdict"]
         self.user_properties.append(("verdict", verdict))
@@ -155,8 +159,10 @@ class PropertyItem(pytest.Item):
                 if r.get("bundle"):
                     lines.append(f"  reproduce (in {out}): qconform replay bundles/{Path(r['bundle']).name}")
             raise QconformFailure("\n".join(lines))
-        if verdict == "unsupported":
+        if verdict == Verdict.UNSUPPORTED:
             pytest.skip(f"unsupported: {recs[0]['reason']}")
+        if verdict == Verdict.WAIVED:  # the search hit a known defect: never a plain pass
+            pytest.xfail(f"waived: {recs[0]['reason']}")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, QconformFailure):
@@ -291,7 +297,7 @@ def pytest_runtest_logreport(report):
     b = props.get("qconform_backend")
     if b not in _JUDGED or report.when != "call" or "verdict" not in props:
         return
-    _JUDGED[b][props["verdict"] == "unsupported"] += 1
+    _JUDGED[b][props["verdict"] == "unsupported"] += 1  # (Verdict.UNSUPPORTED; this hook imports nothing)
 
 
 def pytest_sessionfinish(session, exitstatus):

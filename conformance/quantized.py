@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .verdict import Verdict
+
 __all__ = ["decide_quantized", "mismatch_mask", "assess_quantized", "expected_for", "load_observed", "judge_quantized"]
 
 
@@ -56,23 +58,23 @@ def decide_quantized(observed: dict, expected: dict) -> dict:
     """
     rec = {"exact_match": False, "n_outside": 0, "mismatch": {}, "first_mismatch": None, "max_ulp": None}
     if not isinstance(observed, dict) or not observed:
-        return dict(rec, verdict="fail", reason="the backend returned no tensors")
+        return dict(rec, verdict=Verdict.FAIL.value, reason="the backend returned no tensors")
     missing = [k for k in expected if k not in observed]
     if missing:
-        return dict(rec, verdict="fail", reason=f"missing output tensor(s) {', '.join(missing)} (expected "
+        return dict(rec, verdict=Verdict.FAIL.value, reason=f"missing output tensor(s) {', '.join(missing)} (expected "
                                                 f"{', '.join(expected)})")
     extra = sorted(k for k in observed if k not in expected)
     if extra:
-        return dict(rec, verdict="fail", reason=f"unexpected output tensor(s) {', '.join(extra)} (expected "
+        return dict(rec, verdict=Verdict.FAIL.value, reason=f"unexpected output tensor(s) {', '.join(extra)} (expected "
                                                 f"{', '.join(expected)})")
     first = None
     for name, exp in expected.items():
         exp = np.asarray(exp)
         obs = np.asarray(observed[name])
         if obs.dtype != exp.dtype:
-            return dict(rec, verdict="fail", reason=f"{name}: dtype {obs.dtype}, expected {exp.dtype}")
+            return dict(rec, verdict=Verdict.FAIL.value, reason=f"{name}: dtype {obs.dtype}, expected {exp.dtype}")
         if obs.shape != exp.shape:
-            return dict(rec, verdict="fail", reason=f"{name}: shape {list(obs.shape)}, expected {list(exp.shape)}")
+            return dict(rec, verdict=Verdict.FAIL.value, reason=f"{name}: shape {list(obs.shape)}, expected {list(exp.shape)}")
         bad = mismatch_mask(name, obs, exp)
         if name == "codes":
             bad &= ~_unspecified_codes(expected)
@@ -86,15 +88,15 @@ def decide_quantized(observed: dict, expected: dict) -> dict:
     if first is not None:
         rec["first_mismatch"] = first
         parts = ", ".join(f"{k} {v}" for k, v in rec["mismatch"].items() if v)
-        return dict(rec, verdict="fail", reason=f"{parts} element(s) differ; first: {first['tensor']}"
+        return dict(rec, verdict=Verdict.FAIL.value, reason=f"{parts} element(s) differ; first: {first['tensor']}"
                                                 f"{first['index']} observed {first['observed']!r}, expected "
                                                 f"{first['expected']!r}")
     rec["exact_match"] = True
     codes = np.asarray(expected.get("codes"))
     if codes.size > 1 and np.unique(codes).size <= 1:
-        return dict(rec, verdict="mistrusted", reason="the expected codes are one constant value: agreement "
+        return dict(rec, verdict=Verdict.MISTRUSTED.value, reason="the expected codes are one constant value: agreement "
                                                       "proves little")
-    return dict(rec, verdict="pass", reason="")
+    return dict(rec, verdict=Verdict.PASS.value, reason="")
 
 
 def expected_for(case, x, declared) -> dict:
@@ -139,5 +141,5 @@ def judge_quantized(case, x, declared, observed: dict) -> "tuple[dict, dict | No
     try:
         expected = expected_for(case, x, declared)
     except Exception as e:  # noqa: BLE001
-        return {"verdict": "crash", "reason": f"reference failed for this declaration: {type(e).__name__}: {e}"}, None
+        return {"verdict": Verdict.CRASH.value, "reason": f"reference failed for this declaration: {type(e).__name__}: {e}"}, None
     return decide_quantized(observed, expected), expected

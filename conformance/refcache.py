@@ -40,7 +40,7 @@ from .cases import CaseInputs
 __all__ = ["REFERENCE_FORMAT", "ReferenceCache", "inputs_digest"]
 
 #: bumped when what an interval file holds changes; part of every key
-REFERENCE_FORMAT = "qconform-refcache-1"
+REFERENCE_FORMAT = "qconform-refcache-2"  # 2: typed Interval intermediates
 _ARRAYS = ("y_ref", "y_exact", "lo", "hi", "bound")
 _GRID = ("y_ref", "lo", "hi")  # values on the output dtype's grid: float32 holds them exactly
 _counter = itertools.count(1)
@@ -154,7 +154,7 @@ class ReferenceCache:
                 a = a.astype(np.float32)  # exact: every value is on the output grid (or inf / nan)
             tensors[name] = a
         scalars = {}
-        for k, v in iv.parts.items():
+        for k, v in iv.intermediates().items():
             if isinstance(v, np.ndarray):
                 tensors["part." + k] = v
             elif isinstance(v, (str, int, float, bool)) or v is None:
@@ -190,7 +190,7 @@ class ReferenceCache:
             shape = (case.M, case.K if case.E else case.N)
             if any(a.shape != shape for a in arrays.values()):
                 return None
-            return Interval(out_dtype=meta["out_dtype"], parts=parts, **arrays)
+            return Interval(out_dtype=meta["out_dtype"], **arrays, **parts)
         except Exception:  # noqa: BLE001 - an unreadable file is recomputed, never trusted
             return None
 

@@ -4,24 +4,10 @@ Semantics: docs/conformance.md#verdicts and #isolation. The worker protocol is i
 worker) and workerproc.py (the runner's side); the verdict rule in verdict.py; the output-folder
 lock in outlock.py.
 
-Verdicts:
-
-- ``pass``: every output element inside the declared interval;
-- ``pass-with-tie-flips``: outside the declared interval only where an
-  activation-quantization tie (int8 k + 0.5, E2M1 midpoint) resolved the other
-  way can explain it, within the interval widened by exactly those flips; the
-  number of tie elements involved is recorded;
-- ``quality-warning``: inside the interval, but the error uses most of the
-  allowed bound almost everywhere (mean error/bound ratio > 0.5 with max > 0.9):
-  a kernel that is correct by the contract's letter but consistently at its edge;
-- ``fail``: outside the interval, or a malformed output (shape, complex, None, scalar, not numbers);
-  a replay bundle is written;
-- ``crash``: the worker died (signal or exit code; the memory cap included) or the backend raised;
-- ``timeout``: no answer within the per-case time limit (the worker is killed);
-- ``unsupported``: the backend's ``can_implement`` said no (its reason is kept);
-- ``waived``: a matching waiver (waivers.toml) covers a non-pass;
-- ``mistrusted``: inside the interval, but the reference output is all zero,
-  constant or non-finite, so agreement proves nothing about the kernel.
+Verdicts (their names, what each counts as, and ``judge``, which decides them): conformance/verdict.py;
+the result line's schema: conformance/record.py; the worker calls: conformance/workerclient.py.
+Public for one case (the pytest plugin, the property tier): ``Runner.run_case``, ``write_result``,
+``open_worker``, ``write_replay_bundle``.
 """
 
 from __future__ import annotations
@@ -41,147 +27,26 @@ import numpy as np
 
 from backends.base import Declared
 
-from .acceptance import Interval, compare, declared_interval, round_down, round_to, round_up
+from .acceptance import Interval, declared_interval
 from .bundle import save_bundle
 from .levels import assess
 from .outlock import OutLock
+from .record import ResultRecord
 from .refcache import ReferenceCache
 from .resultfile import append_line, check_worker_output_fault, is_output_error, repair_torn_tail, unwritable
 from .placement import Slot, UnitQueue, slots, work_units
 from .runstop import RunInterrupted, StopSwitch
 from .suite import CaseSpec
-from .output_grid import require_output_grid
-from .verdict import Evidence, decide, decide_opaque
+# the verdict core (conformance/verdict.py); judge, rounded_interval and reference_declaration re-exported for callers
+from .verdict import BAD, Judgement, Verdict, judge, reference_declaration, rounded_interval
+from .workerclient import WorkerClient, WorkerFailure
 from .workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
-__all__ = ["VERDICTS", "WorkerProcess", "judge", "Runner", "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT",
-           "parse_size", "signal_name"]
+__all__ = ["VERDICTS", "BAD", "WorkerProcess", "judge", "rounded_interval", "reference_declaration", "Runner",
+           "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size", "signal_name"]
 
-VERDICTS = ("pass", "pass-with-tie-flips", "quality-warning", "fail", "crash", "timeout", "unsupported", "waived",
-            "mistrusted")
-BAD = {"fail", "crash", "timeout"}
-
-
-# -- verdicts -------------------------------------------------------------------------------------
-def _tie_widening(iv: Interval, inp, declared: Declared) -> tuple[np.ndarray, np.ndarray] | None:
-    """Extra allowed error per output element if every activation tie could flip, and tie counts per row."""
-    tie = iv.parts.get("x_tie")
-    if tie is None or not np.any(tie):
-        return None
-    from .acceptance import declared_weight
-
-    case = inp.case
-    if case.spec.activations == "int8":
-        w = declared_weight(case, inp.tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
-        step = np.abs(iv.parts["x_scale"].astype(np.float64)) * tie  # one code = one scale step
-    elif case.scheme == "w4a4-mxfp4":
-        from emulator.formats import mxfp4
-
-        codes, sb = mxfp4.unpack_mxfp4_ct(inp.tensors)
-        w = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
-        xs = iv.parts["x_scale"]
-        s = np.where(xs == 0xFF, 0, xs.astype(np.int64) - 127)
-        scale = np.repeat(2.0 ** s, 32, axis=-1)
-        # E2M1 spacing at a midpoint m: 0.5 below 2, 1 in [2, 4), 2 above
-        xq = np.abs(inp.x.astype(np.float64)) / scale
-        spacing = np.where(xq < 2, 0.5, np.where(xq < 4, 1.0, 2.0))
-        step = spacing * scale * tie
-    else:
-        return None
-    with np.errstate(invalid="ignore"):
-        widen = step @ np.abs(w).T
-    return widen, tie.sum(axis=1)
-
-
-_TIE_AXES = {"w8a8": "act_rounding", "w4a8": "act_rounding", "w4a4-mxfp4": "e2m1_rounding"}
-
-
-def rounded_interval(iv: Interval, declared: Declared) -> Interval:
-    """The interval narrowed to the outputs a kernel that rounds *once*, as it declares, can produce.
-
-    A kernel's accumulator lies in [y - b, y + b]; it rounds it once to the output dtype with its
-    declared ``output_rounding`` R (rne or rtz). R is monotone and returns grid points unchanged, so
-    its outputs are exactly the grid points of [R(y - b), R(y + b)] (the arguments widened by one
-    float64 ulp outward, so the float64 evaluation of y -+ b cannot exclude a correct value). The
-    interval from ``declared_interval`` rounds outward ([RD(y - b), RU(y + b)]), which also admits
-    the neighbour on the other side of a correctly rounded value: a kernel that truncates while
-    declaring round-to-nearest would pass it. Where the declaration adds a stage after the rounding
-    (``bias_stage=after_output_rounding``) or uses another rounding, the interval is kept as is.
-    """
-    mode = (declared.output_rounding or "rne").lower()
-    if mode not in ("rne", "rtz") or iv.parts.get("bias_stage") == "after_output_rounding":
-        return iv
-    with np.errstate(invalid="ignore", over="ignore"):
-        lo_t = round_to(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
-        hi_t = round_to(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
-        fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
-        lo = np.where(fin, np.maximum(iv.lo, lo_t), iv.lo)
-        hi = np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
-    return dataclasses.replace(iv, lo=lo, hi=hi)
-
-
-def _alternative_rule(inp, y, declared: Declared, judged: Interval):
-    """(axis=rule, axis=declared rule, lo, hi) of the first other tie rule whose judged interval holds ``y``.
-
-    A kernel that resolves *every* tie by a different rule is not flipping ties by
-    accident of its arithmetic: it implements another rounding mode.
-    """
-    axis = _TIE_AXES.get(inp.case.scheme)
-    if axis is None:
-        return None
-    mine = declared.variants.get(axis) or "rne"
-    for rule in ("rne", "rhaz", "rhtz", "rtz"):
-        if rule == mine:
-            continue
-        alt = dataclasses.replace(declared, variants=dict(declared.variants, **{axis: rule}))
-        try:
-            aiv = rounded_interval(declared_interval(inp, alt), alt)
-            if compare(y, dataclasses.replace(judged, lo=aiv.lo, hi=aiv.hi)).ok:
-                return f"{axis}={rule}", f"{axis}={mine}", aiv.lo, aiv.hi
-        except Exception:
-            continue
-    return None
-
-
-def _tie_interval(inp, judged: Interval, declared: Declared):
-    """(lo, hi, ties per row): the judged interval widened by every activation tie flip, or None."""
-    if not np.isfinite(judged.y_exact).all():
-        return None
-    widened = _tie_widening(judged, inp, declared)
-    if widened is None:
-        return None
-    widen, ties_per_row = widened
-    with np.errstate(invalid="ignore"):
-        wide = rounded_interval(dataclasses.replace(
-            judged, lo=round_down(judged.y_exact - judged.bound - widen, judged.out_dtype),
-            hi=round_up(judged.y_exact + judged.bound + widen, judged.out_dtype), bound=judged.bound + widen), declared)
-    return wide.lo, wide.hi, ties_per_row
-
-
-def reference_declaration(case, declared: Declared) -> Declared:
-    """The declaration a case's output is judged against: the backend's own, or for ``arithmetic=opaque``
-    its named variants (which weights, zero points, scales) with the canonical arithmetic: exact weights,
-    float32 accumulation, one RNE rounding to the output dtype (docs/conformance.md#opaque-arithmetic)."""
-    if declared.arithmetic != "opaque":
-        return declared
-    return Declared(variants=dict(declared.variants), accumulate="float32", output=declared.output or case.output_dtype)
-
-
-def judge(inp, iv: Interval, y: np.ndarray, declared: Declared, evidence: "Evidence | None" = None) -> dict:
-    """Verdict and metrics for one observed output (``conformance.verdict.decide`` with this case's intervals).
-
-    Inside means inside ``rounded_interval`` (the outputs of one declared rounding of an accumulator
-    within the bound); the error/bound ratios and the quality warning use the outward interval.
-    ``evidence`` receives the other-tie-rule and tie-flip intervals the decision used. A declaration of
-    ``arithmetic=opaque`` is judged by ``decide_opaque`` against the canonical interval ``iv``.
-    """
-    if declared.arithmetic == "opaque":
-        judged = rounded_interval(iv, reference_declaration(inp.case, declared))
-        return require_output_grid(decide_opaque(y, iv, judged, declared.sqnr_floor_db), y, judged)
-    judged = rounded_interval(iv, declared)
-    return require_output_grid(decide(y, iv, judged, output_rounding=declared.output_rounding,
-                                      alt=lambda: _alternative_rule(inp, y, declared, judged),
-                                      tie=lambda: _tie_interval(inp, judged, declared), evidence=evidence), y, judged)
+#: every verdict a result line can hold (docs/conformance.md#verdicts)
+VERDICTS = tuple(Verdict)
 
 
 # -- waivers --------------------------------------------------------------------------------------
@@ -286,9 +151,10 @@ class Runner:
         # scratch files workers read and write: absolute, because a worker process runs in its own
         # directory and a path relative to ours (`qconform run --out qconform-out`) names nothing there
         self.work_dir = self.out_dir.resolve() / ".work"
-        #: optional callback(label, spec, inp, declared, interval, y, rec, evidence), called (from worker threads)
-        #: for every judged output before its result line is written; conformance/certify keeps the
-        #: observed outputs and intervals with it
+        #: optional callback(label, spec, inp, declared, interval, y, rec, judgement), called (from worker threads)
+        #: for every judged output before waivers and before its result line is written (a quantize-only case:
+        #: y the observed tensors, judgement the expected ones); conformance/certify keeps the observed outputs
+        #: and the judged intervals with it
         self.on_output = on_output
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
         self.lock = OutLock.for_folder(self.out_dir)
@@ -492,12 +358,56 @@ class Runner:
                     self._write(rec)
                     results.append(rec)
 
-    def _record(self, label: str, spec: CaseSpec, verdict: str, reason: str, **extra) -> dict:
-        rec = {"kind": "result", "backend": label, "case_id": spec.case_id, "tier": spec.tier,
-               "scheme": spec.case.scheme, "weight_format": spec.case.weight_format, "generator": spec.generator,
-               "verdict": verdict, "reason": reason, "spec": spec.to_json()}
-        rec.update(extra)
+    def _record(self, label: str, spec: CaseSpec, verdict: "Verdict | str", reason: str, **extra) -> dict:
+        """A result line (conformance/record.py's schema) as the dict the run passes on and writes."""
+        return ResultRecord.for_case(label, spec, verdict, reason, **extra).to_json()
+
+    # -- the public interface of one case (the pytest plugin, the property tier) ---------------------
+    def open_worker(self, backend_spec: str) -> WorkerProcess:
+        """A worker process for ``backend_spec`` (close it when done)."""
+        return self._worker(backend_spec)
+
+    def run_case(self, worker: WorkerProcess, label: str, spec: CaseSpec, tmpdir: Path, *, today: str,
+                 inp=None, write_bundle: bool = True) -> dict:
+        """Plan, run and judge one case on ``worker`` and apply the waivers as of ``today``: the result line,
+        not yet written (``write_result``). The suite's own failure to judge is a ``crash`` line naming it.
+        ``inp``: inputs drawn in this process (the property tier), sent to the worker as a bundle file;
+        ``write_bundle=False``: no replay bundle for a failure (the caller writes one for the example it keeps)."""
+        rec = self._case_record(worker, label, spec, tmpdir, inp=inp, write_bundle=write_bundle)
+        return self.apply_waivers(label, spec, rec, today)
+
+    def _case_record(self, worker: WorkerProcess, label: str, spec: CaseSpec, tmpdir: Path, *, inp=None,
+                     write_bundle: bool = True) -> dict:
+        """``_run_one``, the suite's own failure on the case made its ``crash`` record; an output folder that is
+        full or read-only stops the run instead (OutputUnwritable: the run's fault, not the case's)."""
+        try:
+            rec = self._run_one(worker, label, spec, tmpdir, inp=inp, write_bundle=write_bundle)
+        except OSError as e:
+            if is_output_error(e):
+                self._stop.set()
+                raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
+            rec = self._runner_crash(label, spec, e)
+        except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
+            rec = self._runner_crash(label, spec, e)
+        check_worker_output_fault(rec, self.work_dir)
         return rec
+
+    def _runner_crash(self, label: str, spec: CaseSpec, e: Exception) -> dict:
+        return self._record(label, spec, Verdict.CRASH, f"the runner could not judge this case: {type(e).__name__}: {e}",
+                            evidence={"runner": f"{type(e).__name__}: {e}"})
+
+    def apply_waivers(self, label: str, spec: CaseSpec, rec: dict, today: str) -> dict:
+        """``rec`` under this runner's waivers as of ``today`` (docs/conformance.md#waivers)."""
+        return self._apply_waiver(label, spec, rec, today)
+
+    def write_result(self, rec: "dict | ResultRecord") -> None:
+        """Append one line to the results file (and count it for the progress display)."""
+        self._write(rec.to_json() if isinstance(rec, ResultRecord) else rec)
+
+    def write_replay_bundle(self, label: str, spec: CaseSpec, inp, declared, verdict, reason, y=None,
+                            iv=None) -> Path:
+        """The replay bundle of a case under OUT/bundles/ (``qconform replay``); returns its path."""
+        return self._bundle(label, spec, inp, declared, verdict, reason, y, iv)
 
     def _apply_waiver(self, label: str, spec: CaseSpec, rec: dict, today: str) -> dict:
         semantic = {d["variant"] for d in rec.get("deviations") or [] if d["level"] == "semantic"}
@@ -515,14 +425,14 @@ class Runner:
                 if w.expired(today):
                     rec["waiver_expired"] = {"issue": w.issue, "expires": w.expires, "reason": w.reason}
                     rec["reason"] = (rec.get("reason") or "") + f" (waiver {w.issue} expired {w.expires})"
-                    if rec["verdict"] not in BAD:
-                        rec["verdict"] = "fail"
+                    if rec["verdict"] not in BAD:  # a stale waiver cannot hide a problem
+                        rec["verdict"] = Verdict.FAIL.value
                     return rec
                 if rec.get("level") == "semantic":  # a waiver naming the case accepts its semantic deviation
                     rec["deviation_waiver"] = {"issue": w.issue, "reason": w.reason, "expires": w.expires}
                 if rec["verdict"] in BAD:
                     rec["waived_verdict"] = rec["verdict"]
-                    rec["verdict"] = "waived"
+                    rec["verdict"] = Verdict.WAIVED.value
                     rec["waiver"] = {"issue": w.issue, "reason": w.reason, "expires": w.expires}
                 elif rec.get("level") != "semantic":
                     rec["unexpected_pass_of_waived_case"] = {"issue": w.issue, "reason": w.reason}
@@ -547,7 +457,7 @@ class Runner:
                         if self._stop.is_set():
                             break
                         try:
-                            rec = self._run_case_in(worker, label, spec, tmpdir, today)
+                            rec = self.run_case(worker, label, spec, tmpdir, today=today)
                         except RunInterrupted:
                             return out  # stopped while this case ran: it has no result (a resumed run runs it)
                         if slot.device is not None:
@@ -557,7 +467,7 @@ class Runner:
                             rec["node"] = node.get("host")
                         self._write(rec)
                         out.append(rec)
-                        if (slot.device is not None and rec["verdict"] in ("crash", "timeout")
+                        if (slot.device is not None and rec["verdict"] in (Verdict.CRASH, Verdict.TIMEOUT)
                                 and self._device_lost(worker, slot, queue, unit[i + 1:])):
                             break
                 finally:
@@ -577,53 +487,30 @@ class Runner:
     def _device_lost(self, worker, slot: Slot, queue: "UnitQueue", rest: list) -> bool:
         """After a crash or timeout on a device: does a fresh worker still find its backend available? If not,
         the device is retired and ``rest`` goes back to the queue (True)."""
-        hello = worker.request({"op": "hello"}, timeout=self.timeout)
-        if hello.get("ok") and hello.get("available"):
+        hello = WorkerClient(worker, self.timeout).hello()
+        if hello.available:
             return False
-        why = hello.get("reason") or hello.get("error") or "unavailable"
-        queue.retire(slot.device, why, rest)
+        queue.retire(slot.device, hello.why_unavailable, rest)
         return True
 
-    def _run_case_in(self, worker, label: str, spec: CaseSpec, tmpdir: Path, today: str) -> dict:
-        """One case's result record (waiver applied): a verdict whatever happened, except a stop or an
-        output folder that cannot be written (raised)."""
-        try:
-            rec = self._run_one(worker, label, spec, tmpdir)
-        except RunInterrupted:
-            raise
-        except OSError as e:
-            if is_output_error(e):  # the output folder is full or read-only: the run's fault, not the case's
-                self._stop.set()
-                raise unwritable(e, self.out_dir, hint="continue with --resume once there is room") from None
-            rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
-                                                     f"{type(e).__name__}: {e}",
-                               evidence={"runner": f"{type(e).__name__}: {e}"})
-        except Exception as e:  # noqa: BLE001 - the suite's own failure on this case: a verdict, not an abort
-            rec = self._record(label, spec, "crash", f"the runner could not judge this case: "
-                                                     f"{type(e).__name__}: {e}",
-                               evidence={"runner": f"{type(e).__name__}: {e}"})
-        check_worker_output_fault(rec, self.work_dir)
-        return self._apply_waiver(label, spec, rec, today)
-
-    def _failed_request(self, label, spec, reply: dict, what: str, t0: float, declared=None) -> dict:
+    def _failed_request(self, label, spec, failure: WorkerFailure, what: str, t0: float, declared=None) -> dict:
         """The record of a request the worker did not answer with ok: crash, timeout, or a malformed output."""
-        kind = reply.get("kind")
+        kind = failure.kind
         if kind == "interrupted":  # the run was stopped while this request ran: no verdict for the case
             raise RunInterrupted(self.stopped_by or signal.SIGINT)
-        evidence = dict(reply.get("evidence") or {})
+        evidence = dict(failure.evidence)
         if kind == "malformed":
-            verdict, reason = "fail", f"malformed output: {reply.get('error')}"
-            evidence = {"malformed": reply.get("error")}
+            verdict, reason = Verdict.FAIL, f"malformed output: {failure.error}"
+            evidence = {"malformed": failure.error}
         elif kind == "timeout":
-            verdict, reason = "timeout", reply.get("error", "")
+            verdict, reason = Verdict.TIMEOUT, failure.error
         else:
-            verdict = "crash"
-            reason = (f"{what}: " if what else "") + str(reply.get("error", ""))
+            verdict = Verdict.CRASH
+            reason = (f"{what}: " if what else "") + failure.error
             if kind == "error":  # the backend raised: the worker is alive and says what
-                evidence = {"worker": "raised", "exception": reply.get("error"),
-                            "traceback": reply.get("traceback", "")}
+                evidence = {"worker": "raised", "exception": failure.error, "traceback": failure.traceback}
             elif not evidence:  # (a reply of another kind: the worker did not follow the protocol)
-                evidence = {"runner": f"{kind}: {reply.get('error')}"}
+                evidence = {"runner": f"{kind}: {failure.error}"}
         if evidence.get("log"):
             evidence["log"] = f"logs/{evidence['log']}"
         extra = {"declared": declared.to_json()} if declared is not None else {}
@@ -632,35 +519,37 @@ class Runner:
 
     def _run_one(self, worker: WorkerProcess, label: str, spec: CaseSpec, tmpdir: Path, *, inp=None,
                  write_bundle: bool = True) -> dict:
-        """Plan, run and judge one case. ``inp`` (the property tier, conformance/property.py): inputs drawn
-        in this process, sent to the worker as a bundle file instead of regenerated there from the spec;
-        ``write_bundle=False``: no replay bundle for a failure (the caller writes one for the example it keeps)."""
+        """Plan, run and judge one case, before waivers (``run_case`` is the public form)."""
         t0 = time.perf_counter()
-        plan = worker.request({"op": "plan", "spec": spec.to_json()}, timeout=self.timeout)
-        if not plan.get("ok"):
-            return self._failed_request(label, spec, plan, "planning failed", t0)
-        if not plan.get("supported"):
-            reason = str(plan.get("reason") or "").strip() or "(the backend gave no reason)"
-            return self._record(label, spec, "unsupported", reason, evidence={"refusal": reason},
+        client = WorkerClient(worker, self.timeout)
+        plan = client.plan(spec)
+        if plan.failure is not None:
+            return self._failed_request(label, spec, plan.failure, "planning failed", t0)
+        if not plan.supported:
+            reason = plan.reason.strip() or "(the backend gave no reason)"
+            return self._record(label, spec, Verdict.UNSUPPORTED, reason, evidence={"refusal": reason},
                                 seconds=time.perf_counter() - t0)
-        declared = Declared(**plan["declared"])
+        declared = plan.declared
         ypath = tmpdir / "y.safetensors"
         if ypath.exists():
             ypath.unlink()
-        request = {"op": "run", "spec": spec.to_json(), "out": str(ypath)}
         shared = inp is None and self.refs is not None
         if shared:
-            # drawn once per run; the worker runs from the same file (conformance/refcache.py)
+            # drawn once per run; the worker runs from the same file (conformance/refcache.py) and checks
+            # that it ran these bytes
             inp, path, digest = self.refs.inputs(spec)
-            request.update(bundle=str(path), inputs_sha256=digest)  # the worker checks it ran these bytes
+            source = {"spec": spec, "bundle": path}  # the inputs the case ran on (a localization probes the same)
+            reply = client.run(ypath, **source, inputs_sha256=digest)
         elif inp is None:
             inp = spec.inputs()
+            source = {"spec": spec}
+            reply = client.run(ypath, **source)
         else:
-            request["bundle"] = str(save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(), backend=label,
-                                                declared=None, verdict="", reason="inputs"))
-        reply = worker.request(request, timeout=self.timeout)
-        if not reply.get("ok"):
-            rec = self._failed_request(label, spec, reply, "", t0, declared)
+            source = {"spec": spec, "bundle": save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(),
+                                                          backend=label, declared=None, verdict="", reason="inputs")}
+            reply = client.run(ypath, **source)
+        if reply.failure is not None:
+            rec = self._failed_request(label, spec, reply.failure, "", t0, declared)
             if write_bundle:
                 rec["bundle"] = str(self._bundle(label, spec, inp, declared, rec["verdict"], rec["reason"], None, None))
             return rec
@@ -669,28 +558,27 @@ class Runner:
         from emulator.tensorfile import load_tensors
 
         y = load_tensors(ypath)["y"].data
+
         def interval(decl: Declared) -> Interval:
             return self.refs.interval(inp, decl) if shared else declared_interval(inp, decl)
 
         try:
             iv = interval(reference_declaration(spec.case, declared))
-        except Exception as e:
-            return self._record(label, spec, "crash", f"reference failed for this declaration: {type(e).__name__}: {e}",
+        except Exception as e:  # noqa: BLE001 - the declaration cannot be evaluated on this case: a crash naming it
+            return self._record(label, spec, Verdict.CRASH,
+                                f"reference failed for this declaration: {type(e).__name__}: {e}",
                                 declared=declared.to_json(), seconds=time.perf_counter() - t0,
                                 evidence={"runner": f"{type(e).__name__}: {e}"})
-        evidence = Evidence()
-        metrics = judge(inp, iv, y, declared, evidence)
-        verdict = metrics.pop("verdict")
-        reason = metrics.pop("reason")
-        rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
-                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"), prepare_s=reply.get("prepare_s"),
+        j: Judgement = judge(inp, iv, y, declared)
+        rec = self._record(label, spec, j.verdict, j.reason, declared=declared.to_json(), metrics=dict(j.metrics),
+                           seconds=time.perf_counter() - t0, kernel_s=reply.run_s, prepare_s=reply.prepare_s,
                            **assess(spec.case, declared, inp, y, interval=interval))
-        if verdict == "fail" and self._take_localization(label, spec):
-            rec["localization"] = self._localize(worker, request, declared)
-        if verdict == "fail" and write_bundle:
-            rec["bundle"] = str(self._bundle(label, spec, inp, declared, verdict, reason, y, iv))
+        if j.verdict is Verdict.FAIL and self._take_localization(label, spec):
+            rec["localization"] = self._localize(client, source, declared)
+        if j.verdict is Verdict.FAIL and write_bundle:
+            rec["bundle"] = str(self._bundle(label, spec, inp, declared, j.verdict.value, j.reason, y, iv))
         if self.on_output is not None:
-            self.on_output(label, spec, inp, declared, iv, y, rec, evidence)
+            self.on_output(label, spec, inp, declared, iv, y, rec, j)
         return rec
 
     def _take_localization(self, label: str, spec: CaseSpec) -> bool:
@@ -704,18 +592,17 @@ class Runner:
             self._localized[key] = n + 1
         return n < self.localize_per_group
 
-    def _localize(self, worker: WorkerProcess, request: dict, declared: Declared) -> dict:
-        """The worker's localization of a failing case (conformance/localize.py); a probe that crashes the
-        kernel or raises is reported as the localization's error, never as the case's verdict."""
-        req = {"op": "localize", "declared": declared.to_json(),
-               **{k: request[k] for k in ("bundle", "spec") if k in request}}
+    def _localize(self, client: WorkerClient, source: dict, declared: Declared) -> dict:
+        """The worker's localization of a failing case (conformance/localize.py) on the inputs it ran (``source``:
+        spec, bundle); a probe that crashes the kernel or raises is reported as the localization's error, never as
+        the case's verdict."""
         try:
-            reply = worker.request(req, timeout=self.timeout)
+            reply = client.localize(declared, **source)
         except Exception as e:  # noqa: BLE001 - the localization never changes the verdict
             return {"error": f"{type(e).__name__}: {e}"}
-        if not reply.get("ok"):
-            return {"error": f"{reply.get('kind')}: {str(reply.get('error'))[:500]}"}
-        return reply["localization"]
+        if reply.failure is not None:
+            return {"error": f"{reply.failure.kind}: {reply.failure.error[:500]}"}
+        return reply.localization
 
     def _judge_quantized(self, label, spec, inp, declared, ypath, reply, t0, write_bundle) -> dict:
         """A quantize-only case (docs/conformance.md#quantize-only-cases): codes, scales, zero points and
@@ -732,7 +619,7 @@ class Runner:
             return self._record(label, spec, verdict, reason, declared=declared.to_json(),
                                 seconds=time.perf_counter() - t0, evidence={"runner": reason})
         rec = self._record(label, spec, verdict, reason, declared=declared.to_json(), metrics=metrics,
-                           seconds=time.perf_counter() - t0, kernel_s=reply.get("run_s"),
+                           seconds=time.perf_counter() - t0, kernel_s=reply.run_s,
                            **assess_quantized(spec.case, declared, inp.x, observed))
         if verdict == "fail" and write_bundle:
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{label}__{spec.case_id}")

@@ -39,13 +39,16 @@ import numpy as np
 from backends.base import Declared
 
 from .suite import PROFILES, TIERS, CaseSpec, case_list
+from .verdict import Verdict
 
 __all__ = ["DETERMINISTIC", "KILLING", "run_selftest", "mutant_specs", "format_table", "format_markdown",
            "register"]
 
 DETERMINISTIC = ("exact", "edge", "golden")
-KILLING = ("fail", "crash", "timeout")
-NEAR_MISS = ("pass-with-tie-flips", "quality-warning")
+#: the verdicts that kill a mutant (``Verdict.bad``), in the order the report names them
+KILLING = tuple(v.value for v in (Verdict.FAIL, Verdict.CRASH, Verdict.TIMEOUT))
+#: passes that show a mutant came close: outside the declared interval only by tie flips, or at its edge
+NEAR_MISS = (Verdict.PASS_WITH_TIE_FLIPS.value, Verdict.QUALITY_WARNING.value)
 
 
 def _mutants():
@@ -106,26 +109,26 @@ class _Cache:
         return inp
 
     def get_interval(self, spec: CaseSpec, inp, declared: Declared):
-        from .acceptance import declared_interval
+        from .verdict import judged_against
 
         key = (spec.case_id, json.dumps(declared.to_json(), sort_keys=True))
         iv = self.intervals.get(key)
         if iv is None:
             if len(self.intervals) >= self.limit:
                 self.intervals.clear()
-            iv = self.intervals[key] = declared_interval(inp, declared)
+            iv = self.intervals[key] = judged_against(inp, declared)  # as the runner judges
         return iv
 
 
 def _judge(spec, inp, y, declared, cache) -> tuple[str, str]:
-    from .runner import judge
+    from .verdict import judge
 
     try:
         iv = cache.get_interval(spec, inp, declared)
     except Exception as e:  # noqa: BLE001 - the declaration itself cannot be evaluated
-        return "crash", f"reference failed for this declaration: {type(e).__name__}: {e}"
-    rec = judge(inp, iv, np.asarray(y, np.float32), declared)
-    return rec["verdict"], rec["reason"]
+        return Verdict.CRASH.value, f"reference failed for this declaration: {type(e).__name__}: {e}"
+    j = judge(inp, iv, np.asarray(y, np.float32), declared)
+    return j.verdict.value, j.reason
 
 
 class _InProcess:
@@ -142,12 +145,12 @@ class _InProcess:
         b = self.backend
         sup = b.can_implement(inp.case)
         if not sup.ok:
-            return "unsupported", sup.reason
+            return Verdict.UNSUPPORTED.value, sup.reason
         declared = Declared(**b.declared(inp.case).to_json())  # the same JSON round trip as the worker's
         try:
             y = b.run(b.prepare(inp.case, inp.tensors), inp.x, bias=inp.bias, router_logits=inp.router_logits)
         except Exception as e:  # noqa: BLE001 - a raising backend is a crash, as in qconform run
-            return "crash", f"backend raised {type(e).__name__}: {e}"
+            return Verdict.CRASH.value, f"backend raised {type(e).__name__}: {e}"
         return _judge(spec, inp, y, declared, self.cache)
 
     def close(self) -> None:
@@ -162,11 +165,12 @@ class _Isolated:
 
         from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY
 
-        from .runner import WorkerProcess
+        from .workerclient import WorkerClient
+        from .workerproc import WorkerProcess
 
         extra = os.environ.get("QCONFORM_EXTRA_BACKENDS", "")
         env = {"QCONFORM_EXTRA_BACKENDS": ",".join(x for x in (extra, EXTRA_BACKENDS_ENTRY) if x)}
-        self.worker = WorkerProcess(f"mutant:bug={name}", env=env)
+        self.worker = WorkerClient(WorkerProcess(f"mutant:bug={name}", env=env), timeout)
         self.cache = cache
         self.timeout = timeout
         self.tmp = Path(tempfile.mkdtemp(prefix="qconform-selftest-"))
@@ -174,18 +178,18 @@ class _Isolated:
     def evaluate(self, spec: CaseSpec) -> tuple[str, str]:
         from emulator.tensorfile import load_tensors
 
-        plan = self.worker.request({"op": "plan", "spec": spec.to_json()}, timeout=self.timeout)
-        if not plan.get("ok"):
-            return ("timeout" if plan.get("kind") == "timeout" else "crash"), f"planning failed: {plan.get('error')}"
-        if not plan.get("supported"):
-            return "unsupported", plan.get("reason", "")
-        declared = Declared(**plan["declared"])
+        plan = self.worker.plan(spec)
+        if plan.failure is not None:
+            return _failed(plan.failure), f"planning failed: {plan.failure.error}"
+        if not plan.supported:
+            return Verdict.UNSUPPORTED.value, plan.reason
+        declared = plan.declared
         out = self.tmp / "y.safetensors"
         if out.exists():
             out.unlink()
-        reply = self.worker.request({"op": "run", "spec": spec.to_json(), "out": str(out)}, timeout=self.timeout)
-        if not reply.get("ok"):
-            return ("timeout" if reply.get("kind") == "timeout" else "crash"), reply.get("error", "")
+        reply = self.worker.run(out, spec=spec)
+        if reply.failure is not None:
+            return _failed(reply.failure), reply.failure.error
         inp = self.cache.get_inputs(spec)
         return _judge(spec, inp, load_tensors(out)["y"].data, declared, self.cache)
 
@@ -194,6 +198,11 @@ class _Isolated:
         import shutil
 
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _failed(failure) -> str:
+    """A worker request that failed: timeout, else crash (a malformed output too, as before the client)."""
+    return Verdict.TIMEOUT.value if failure.kind == "timeout" else Verdict.CRASH.value
 
 
 # -- one mutant -------------------------------------------------------------------------------------
@@ -206,7 +215,7 @@ def _run_tier(runner, specs: list) -> dict:
         rec["run"] = i
         if verdict in NEAR_MISS:
             rec["near_misses"][verdict] += 1
-        elif verdict not in ("pass", *KILLING):
+        elif verdict not in (Verdict.PASS.value, *KILLING):
             rec["other"][verdict] = rec["other"].get(verdict, 0) + 1
         if verdict in KILLING:
             rec.update(killed=True, cases_to_kill=i, seconds_to_kill=round(time.perf_counter() - t0, 4),

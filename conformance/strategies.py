@@ -122,16 +122,15 @@ def judge_inputs(backend: str, inp: CaseInputs, *, target: bool = False) -> dict
     """
     from backends.registry import create
 
-    from .acceptance import declared_interval
-    from .runner import judge
+    from .verdict import Verdict, judge, judged_against
 
     b = create(backend)
     sup = b.can_implement(inp.case)
     if not sup.ok:
-        return {"verdict": "unsupported", "reason": sup.reason}
+        return {"verdict": Verdict.UNSUPPORTED.value, "reason": sup.reason}
     declared = b.declared(inp.case)
     y = b.run(b.prepare(inp.case, inp.tensors), inp.x, bias=inp.bias, router_logits=inp.router_logits)
-    rec = judge(inp, declared_interval(inp, declared), np.asarray(y, np.float32), declared)
+    rec = judge(inp, judged_against(inp, declared), np.asarray(y, np.float32), declared).record()
     if target:
         from hypothesis import target as _target
 

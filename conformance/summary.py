@@ -24,18 +24,15 @@ from emulator.schemes import SCHEMES
 from .completeness import HEADLINES as COMPLETENESS_HEADLINES
 from .completeness import enforce, header_shortfall
 from .levels import run_level
+from .verdict import BAD, PASSING, Verdict
 
 __all__ = ["summarize_sources", "headline", "deviation_lines", "LEVELS_MEANING", "describe_worst", "variant_text", "PASS_MEANING", "VERDICT_ORDER",
            "fmt_ratio", "fmt_sqnr", "cell_index", "counts_text",
            "BAD", "PASSING", "RATIO_BINS", "SCHEME_ORDER", "json_safe"]
 
-#: verdicts from worst to best; a cell takes the colour of its worst verdict ("unsupported" only when
-#: nothing else is there)
-VERDICT_ORDER = ("crash", "timeout", "fail", "waived", "quality-warning", "mistrusted", "pass-sqnr",
-                 "pass-with-tie-flips", "pass", "unsupported")
-BAD = ("fail", "crash", "timeout")
-#: the verdicts of an output inside its declared interval (what the console counts as passed)
-PASSING = ("pass", "pass-with-tie-flips", "quality-warning")
+#: verdicts from worst to best (``Verdict.order``); a cell takes the colour of its worst verdict ("unsupported"
+#: only when nothing else is there). BAD and PASSING (what the console counts as passed): conformance/verdict.py
+VERDICT_ORDER = tuple(v.value for v in sorted(Verdict, key=lambda v: v.order))
 #: histogram of per-case max error/bound ratios: exactly 0 (correctly rounded everywhere), ten bins of 0.1
 #: up to 1 (inside the interval), and > 1 (outside: a failure or tie flips)
 RATIO_BINS = ("0",) + tuple(f"{k / 10:.1f}-{(k + 1) / 10:.1f}" for k in range(10)) + (">1",)
@@ -72,7 +69,7 @@ def headline(summary: dict) -> str:
 def _add_level(c: dict, rec: dict) -> None:
     """A judged record's level and declared deviations (with their measured distance) into a cell."""
     lvl = rec.get("level")
-    if not lvl or rec.get("verdict") == "unsupported":
+    if not lvl or rec.get("verdict") == Verdict.UNSUPPORTED:
         return
     c["levels"][lvl] += 1
     for d in rec.get("deviations") or []:
@@ -101,11 +98,20 @@ def _bin(ratio) -> int:
     return min(10, max(1, math.ceil(r * 10 - 1e-12)))
 
 
+_KNOWN = frozenset(v.value for v in Verdict)
+
+
+def _bad(verdict) -> bool:
+    """fail, crash, timeout, or a verdict that is none of the suite's (a damaged or hand-edited line): never a pass."""
+    return verdict in BAD or verdict not in _KNOWN
+
+
 def _worst(counts: Counter) -> str | None:
-    for v in VERDICT_ORDER:
-        if counts.get(v):
-            return v
-    return None
+    unknown = sorted(str(v) for v, n in counts.items() if n and v not in _KNOWN)
+    if unknown:
+        return unknown[0]
+    worst = Verdict.worst(v for v, n in counts.items() if n)
+    return worst.value if worst is not None else None
 
 
 def _bundle_path(rec: dict, folder: Path) -> Path | None:
@@ -272,23 +278,23 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
             v = rec.get("verdict", "?")
             c["counts"][v] += 1
             col["n"] += 1
-            col["judged"] += v != "unsupported"
-            col["n_bad"] += v in BAD
-            col["n_sqnr"] += v == "pass-sqnr"
-            if v == "unsupported":
+            col["judged"] += v != Verdict.UNSUPPORTED
+            col["n_bad"] += _bad(v)
+            col["n_sqnr"] += v == Verdict.PASS_SQNR
+            if v == Verdict.UNSUPPORTED:
                 c["unsupported"][rec.get("reason") or "(no reason given)"] += 1
             _add_metrics(c, rec)
             _add_level(c, rec)
-            if rec.get("level") == "semantic" and v != "unsupported" and not rec.get("deviation_waiver"):
+            if rec.get("level") == "semantic" and v != Verdict.UNSUPPORTED and not rec.get("deviation_waiver"):
                 col["n_semantic"] += 1
                 semantic.append({"column": key, "scheme": scheme, "case_id": rec["case_id"],
                                  "variants": [d["variant"] for d in rec.get("deviations") or []
                                               if d["level"] == "semantic"]})
-            if v in BAD:
+            if _bad(v):
                 failures.append(_failure_entry(rec, key, src, base))
             entry = {"column": key, "backend": b, "host": src["host"], "scheme": scheme, "case_id": rec["case_id"],
                      "verdict": v, "reason": rec.get("reason", "")}
-            if v == "waived":
+            if v == Verdict.WAIVED:
                 waived.append(dict(entry, waived_verdict=rec.get("waived_verdict"), waiver=rec.get("waiver")))
             if rec.get("waiver_expired"):
                 expired.append(dict(entry, waiver=rec["waiver_expired"]))
@@ -313,8 +319,8 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     for (key, scheme), c in cells.items():
         totals.update(c["counts"])
         worst = _worst(c["counts"])
-        if worst == "unsupported" and len(c["counts"]) > 1:
-            worst = _worst(Counter({k: v for k, v in c["counts"].items() if k != "unsupported"}))
+        if worst == Verdict.UNSUPPORTED and len(c["counts"]) > 1:
+            worst = _worst(Counter({k: v for k, v in c["counts"].items() if k != Verdict.UNSUPPORTED}))
         out_cells.append({"column": key, "scheme": scheme, "n": c["n"], "worst_verdict": worst,
                           "counts": dict(c["counts"]),
                           "max_ratio": math.inf if c["max_ratio_inf"] else c["max_ratio"],
@@ -334,9 +340,9 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                                                "case_list_sha256", "time", "emulator_version")}
                         | {"host": src["host"], "source": src["path"]})
         envs[src["host"] or src["path"]] = dict(src["environment"], backends=list(src["backends"].values()))
-    n_bad = sum(totals.get(v, 0) for v in BAD)
+    n_bad = sum(n for v, n in totals.items() if _bad(v))
     n_results = sum(totals.values())
-    n_judged = n_results - totals.get("unsupported", 0)
+    n_judged = n_results - totals.get(Verdict.UNSUPPORTED.value, 0)
     # what was not certified, and why: every unavailable backend, every column with no judged case
     not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in unavailable.items()]
     no_applicable = []  # default-selected backends with no case they implement: reported, not a failed run
@@ -357,7 +363,7 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
         status = "unavailable"
     elif not_certified or not n_judged:
         status = "not-certified"
-    elif totals.get("pass-sqnr"):
+    elif totals.get(Verdict.PASS_SQNR.value):
         status = "accurate"
     else:
         status = "conformant"

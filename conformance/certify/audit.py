@@ -125,7 +125,7 @@ def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Pa
                             + (f"in {n} element(s)" if n >= 0 else f"(shape {y2.shape}, stored {d['y'].shape})")
                             + ": the stored output is not what this kernel computes")
         return
-    again = offline_verdict(dict(d, y=y2), entry["meta"], rec.get("declared"))["verdict"]
-    stored = offline_verdict(d, entry["meta"], rec.get("declared"))["verdict"]
+    again = offline_verdict(dict(d, y=y2), entry["meta"], rec.get("declared")).verdict
+    stored = offline_verdict(d, entry["meta"], rec.get("declared")).verdict
     if again != stored:
         problems.append(f"{who}: rerun: the new output is {again} against the stored interval, the stored one {stored}")

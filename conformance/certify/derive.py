@@ -13,12 +13,13 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
+from ..verdict import BAD, JUDGED, Verdict
+
 __all__ = ["BAD", "JUDGED", "latest_results", "backend_lines", "run_headers", "declared_table", "waiver_record",
            "environment_record", "verdict_summary", "reports", "json_bytes"]
 
-BAD = ("fail", "crash", "timeout")
-#: verdicts that come from comparing an output with its interval: a certification needs at least one per backend
-JUDGED = ("pass", "pass-with-tie-flips", "quality-warning", "mistrusted", "pass-sqnr", "fail")
+# BAD; JUDGED: verdicts that come from comparing an output with its interval (a certification needs at least one
+# per backend): conformance/verdict.py
 
 
 def json_bytes(obj) -> bytes:
@@ -63,7 +64,7 @@ def declared_table(latest: dict) -> dict:
 def waiver_record(latest: dict, headers: list[dict]) -> dict:
     """waivers.json: the waivers given (the run headers'), applied, expired, stale, and the dates judged on."""
     applied = [{"backend": r["backend"], "case_id": r["case_id"], "waived_verdict": r.get("waived_verdict"),
-                "waiver": r.get("waiver")} for r in latest.values() if r["verdict"] == "waived"]
+                "waiver": r.get("waiver")} for r in latest.values() if r["verdict"] == Verdict.WAIVED]
     expired = [{"backend": r["backend"], "case_id": r["case_id"], "waiver": r["waiver_expired"]}
                for r in latest.values() if r.get("waiver_expired")]
     stale = [{"backend": r["backend"], "case_id": r["case_id"], "waiver": r["unexpected_pass_of_waived_case"]}
@@ -84,25 +85,27 @@ def environment_record(headers: list[dict], blines: dict) -> dict:
 
 
 def verdict_summary(latest: dict, labels: list[str], blines: dict) -> dict:
-    from ..levels import run_level
-
     """bundle.json's derived fields: verdict counts, unavailable backends, judged cases per backend, ok.
 
     ``ok`` (certified): every backend available, at least one judged case per backend, no fail, crash or
     timeout after waivers, and no unwaived semantic deviation. A backend that refused or could not run every
-    case certifies nothing. ``level``: the farthest conformance level of the judged declarations.
+    case certifies nothing. ``level``: the farthest conformance level of the judged declarations. A verdict
+    that is none of the suite's (a damaged line) counts as bad: it certifies nothing.
     """
+    from ..levels import run_level
+
     counts = Counter(r["verdict"] for r in latest.values())
-    n_bad = sum(counts.get(v, 0) for v in BAD)
+    known = {v.value for v in Verdict}
+    n_bad = sum(n for v, n in counts.items() if v in BAD or v not in known)
     unavailable = {b: (blines.get(b, {}).get("reason") or "unavailable") for b in labels
                    if blines.get(b, {}).get("available") is False}
     judged = {b: sum(1 for (rb, _), r in latest.items() if rb == b
                      and (r.get("waived_verdict") or r["verdict"]) in JUDGED) for b in labels}
     unjudged = sorted(b for b, n in judged.items() if n == 0)
     # judged cases whose declaration is a semantic deviation no waiver accepts (docs/conformance.md#levels)
-    semantic = sum(1 for r in latest.values() if r.get("level") == "semantic" and r["verdict"] != "unsupported"
+    semantic = sum(1 for r in latest.values() if r.get("level") == "semantic" and r["verdict"] != Verdict.UNSUPPORTED
                    and not r.get("deviation_waiver"))
-    levels = [r.get("level") for r in latest.values() if r.get("level") and r["verdict"] != "unsupported"]
+    levels = [r.get("level") for r in latest.values() if r.get("level") and r["verdict"] != Verdict.UNSUPPORTED]
     return {"verdicts": dict(sorted(counts.items())), "n_results": len(latest), "n_bad": n_bad,
             "unavailable": unavailable, "judged_cases": judged, "no_judged_case": unjudged,
             "semantic_deviations": semantic, "level": run_level(levels),

@@ -42,13 +42,15 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ..verdict import Verdict
+
 __all__ = ["CertificationError", "CertificationStore", "family_key", "PASSING", "host_identity",
            "checkpoint_families"]
 
-#: verdicts that certify a judged case (quality-warning: inside the contract, at its edge)
-PASSING = frozenset({"pass", "pass-with-tie-flips", "quality-warning"})
-#: verdicts that neither certify nor withhold (not judged, or agreement that proves nothing)
-NEUTRAL = frozenset({"unsupported", "mistrusted"})
+#: verdicts that certify a judged case (quality-warning: inside the contract, at its edge): ``Verdict.passing``
+PASSING = frozenset(v.value for v in Verdict if v.passing)
+#: verdicts that neither certify nor withhold (not judged, or agreement that proves nothing): ``Verdict.neutral``
+NEUTRAL = frozenset(v.value for v in Verdict if v.neutral)
 #: Case fields a family leaves out: the shape
 SHAPE_FIELDS = ("M", "N", "K")
 

@@ -12,11 +12,10 @@ import numpy as np
 __all__ = ["offline_verdict"]
 
 
-def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
-    """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``)."""
+def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
+    """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``): a ``Judgement``."""
     from ..acceptance import Interval
-    from ..output_grid import require_output_grid
-    from ..verdict import decide
+    from ..verdict import decide, require_output_grid
 
     bound = np.array([1.0 if meta.get("bound_positive") else 0.0])
     loose = Interval(y_ref=d["y_ref"], y_exact=d["y_exact_proxy"], lo=d["lo"], hi=d["hi"], bound=bound,
@@ -27,8 +26,7 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
         from ..verdict import decide_opaque
 
         with np.errstate(all="ignore"):
-            return require_output_grid(decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"])),
-                                       d["y"], judged)
+            return require_output_grid(decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"])), d["y"])
     alt = None
     if "alo" in d:
         name = str(meta.get("alt"))
@@ -38,4 +36,4 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None") -> dict:
     tie = (lambda: (d["tlo"], d["thi"], d["ties"])) if "tlo" in d else None
     with np.errstate(all="ignore"):
         return require_output_grid(decide(d["y"], loose, judged, output_rounding=declared.get("output_rounding")
-                                          or "rne", alt=alt, tie=tie), d["y"], judged)
+                                          or "rne", alt=alt, tie=tie), d["y"])

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..verdict import BAD, JUDGED, Verdict
 from .codec import decode_case, decode_quantized, load_outputs
-from .derive import (JUDGED, backend_lines, declared_table, environment_record, json_bytes, latest_results,
+from .derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results,
                      report_title, reports, run_headers, verdict_summary, waiver_record)
 from .files import MAX_FILE_BYTES, MAX_PARSED_BYTES, BundleFileError, bad_relpath, hash_file, scan, tail
 from .identity import BUNDLE_FORMAT, MANIFEST, suite_identity, version_mismatch
@@ -24,7 +25,6 @@ __all__ = ["VerifyResult", "verify_bundle", "offline_verdict"]
 
 from .offline import offline_verdict  # noqa: E402 - the verdict rule on stored arrays (shared with audit.py)
 
-BAD = ("fail", "crash", "timeout")
 _PARSED = (".json", ".jsonl", ".txt", ".md", ".html", ".log")
 RESULTS = "results.jsonl"  # read as a stream, at most as many lines as the case list allows (``results_bound``)
 #: run and backend lines a results.jsonl may hold besides its results: one run line and a line per backend
@@ -403,9 +403,10 @@ def _check_support(latest: dict, problems: list) -> None:
         key = (b, json.dumps(spec.get("case"), sort_keys=True))
         raw = r.get("waived_verdict") or r.get("verdict")
         ev = r.get("evidence") or {}
-        if raw == "unsupported" and "unavailable" in ev:
+        if raw == Verdict.UNSUPPORTED and "unavailable" in ev:
             continue
-        by.setdefault(key, []).append((cid, raw == "unsupported", r.get("reason") if raw == "unsupported" else None))
+        refused = raw == Verdict.UNSUPPORTED
+        by.setdefault(key, []).append((cid, refused, r.get("reason") if refused else None))
     for (b, _), rows in by.items():
         refused = [x for x in rows if x[1]]
         if refused and len(refused) != len(rows):
@@ -424,7 +425,7 @@ def _check_evidence(rec: dict, raw: str, files: _Files, blines: dict, timeout, p
         problems.append(f"{who}: {raw} without evidence (the worker's exit, the backend's refusal or the fault)")
         return False
     reason = str(rec.get("reason") or "")
-    if raw == "unsupported":
+    if raw == Verdict.UNSUPPORTED:
         if "unavailable" in ev:
             line = blines.get(rec["backend"], {})
             if line.get("available") is not False:
@@ -440,7 +441,7 @@ def _check_evidence(rec: dict, raw: str, files: _Files, blines: dict, timeout, p
                 problems.append(f"{who}: unsupported, but it records {k} (a refused case is never planned or run)")
                 return False
         return True
-    if raw == "fail":
+    if raw == Verdict.FAIL:
         if not ev.get("malformed") or not reason.startswith("malformed output"):
             problems.append(f"{who}: fail without a stored output or a malformed-output reason")
             return False
@@ -467,11 +468,11 @@ def _check_evidence(rec: dict, raw: str, files: _Files, blines: dict, timeout, p
         return True
     if kind == "raised":
         exc = str(ev.get("exception") or "")
-        if raw != "crash" or not exc or exc not in reason:
+        if raw != Verdict.CRASH or not exc or exc not in reason:
             problems.append(f"{who}: {raw}, but the exception in its evidence is not its reason")
             return False
         return True
-    if raw == "crash" and ev.get("runner"):
+    if raw == Verdict.CRASH and ev.get("runner"):
         return True
     problems.append(f"{who}: {raw} with evidence of unknown kind {sorted(ev)}")
     return False
@@ -489,9 +490,9 @@ def _expected_verdict(raw: str, rec: dict, waivers: list, dates: list) -> set:
     out = set()
     for day in dates or [time.strftime("%Y-%m-%d")]:
         if match.expired(day):
-            out.add(raw if raw in BAD else "fail")
+            out.add(raw if raw in BAD else Verdict.FAIL.value)
         else:
-            out.add("waived" if raw in BAD else raw)
+            out.add(Verdict.WAIVED.value if raw in BAD else raw)
     return out
 
 
@@ -515,14 +516,15 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
                or ("bundles/" + Path(bp).name) not in files.ok):
         problems.append(f"{who}: {raw_recorded}: its replay bundle {str(bp)[:120]!r} is not a file in bundles/")
     if entry is None:
-        if raw_recorded in JUDGED and not (raw_recorded == "fail" and (rec.get("evidence") or {}).get("malformed")):
+        if raw_recorded in JUDGED and not (raw_recorded == Verdict.FAIL
+                                           and (rec.get("evidence") or {}).get("malformed")):
             problems.append(f"{who}: verdict {v} but no stored output to recompute it from")
             return
         if _check_evidence(rec, raw_recorded, files, blines, timeout, problems):
             checked["evidence"] += 1
         checked["not_recomputable"] += 1
         return
-    if raw_recorded in ("unsupported", "crash", "timeout"):
+    if raw_recorded in (Verdict.UNSUPPORTED, Verdict.CRASH, Verdict.TIMEOUT):
         problems.append(f"{who}: verdict {v} but an output is stored")
         return
     meta = entry["meta"]
@@ -531,7 +533,7 @@ def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates,
         return
     try:
         d = decode_case(entry["tensors"], meta)
-        got = offline_verdict(d, meta, rec.get("declared"))
+        got = offline_verdict(d, meta, rec.get("declared")).record()
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: stored output/interval unreadable ({type(e).__name__}: {e})")
         return
@@ -614,19 +616,19 @@ def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, check
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: deep: cannot rebuild the case ({type(e).__name__}: {e})")
         return
-    if list(again) != list(exp) or decide_quantized(again, exp)["verdict"] not in ("pass", "mistrusted"):
+    if list(again) != list(exp) or not Verdict.parse(decide_quantized(again, exp)["verdict"]).agrees:
         problems.append(f"{who}: deep: stored expected tensors differ from the reference recomputed here")
         return
     checked["deep"] += 1
 
 
 def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
-    """Rebuild the inputs from the case id, recompute the interval, re-judge the stored output."""
+    """Rebuild the inputs from the case id and re-judge the stored output with ``judge`` itself: the intervals
+    it judged on must be the stored ones, and its verdict and metrics the recorded ones."""
     from backends.base import Declared
 
-    from ..acceptance import declared_interval
-    from ..runner import judge, reference_declaration, rounded_interval
     from ..suite import CaseSpec
+    from ..verdict import judge, judged_against
     from .codec import same_values
 
     who = f"{rec['backend']} {rec['case_id']}"
@@ -638,26 +640,26 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
         inp = spec.inputs()
         declared = Declared(**rec["declared"])
         with np.errstate(all="ignore"):
-            iv = declared_interval(inp, reference_declaration(spec.case, declared))
+            iv = judged_against(inp, declared)
     except Exception as e:  # noqa: BLE001
         problems.append(f"{who}: deep: cannot rebuild the case ({type(e).__name__}: {e})")
         return
-    jiv = rounded_interval(iv, reference_declaration(spec.case, declared))
-    for k, arr in (("y_ref", iv.y_ref), ("lo", iv.lo), ("hi", iv.hi), ("jlo", jiv.lo), ("jhi", jiv.hi)):
+    with np.errstate(all="ignore"):
+        j = judge(inp, iv, d["y"], declared)
+    for k, arr in (("y_ref", j.loose.y_ref), ("lo", j.loose.lo), ("hi", j.loose.hi), ("jlo", j.judged.lo),
+                   ("jhi", j.judged.hi)):
         if not same_values(d[k], arr):
             problems.append(f"{who}: deep: stored {k} differs from the interval recomputed here")
             return
-    with np.errstate(all="ignore"):
-        j = judge(inp, iv, d["y"], declared)
     m = rec.get("metrics") or {}
     raw = rec.get("waived_verdict") or rec.get("verdict")
-    if rec.get("waiver_expired") and raw == "fail" and j["verdict"] != "fail":
-        raw = j["verdict"]  # an expired waiver turned a non-failure into fail
-    if j["verdict"] != raw:
-        problems.append(f"{who}: deep: re-judged {j['verdict']}, recorded {raw}")
+    if rec.get("waiver_expired") and raw == Verdict.FAIL and j.verdict is not Verdict.FAIL:
+        raw = j.verdict  # an expired waiver turned a non-failure into fail
+    if j.verdict != raw:
+        problems.append(f"{who}: deep: re-judged {j.verdict}, recorded {raw}")
     for k in ("sqnr_db", "tie_flips", "max_ratio", "max_ulp"):
-        if k in m and not _num_equal(m[k], j.get(k)):
-            problems.append(f"{who}: deep: metric {k} recorded {m[k]!r}, recomputed {j.get(k)!r}")
+        if k in m and not _num_equal(m[k], j.metrics.get(k)):
+            problems.append(f"{who}: deep: metric {k} recorded {m[k]!r}, recomputed {j.metrics.get(k)!r}")
     checked["deep"] += 1
 
 

@@ -34,19 +34,21 @@ class Stager:
     def __init__(self, folder: Path):
         self.folder = folder
 
-    def __call__(self, label, spec, inp, declared, iv, y, rec, evidence=None) -> None:
+    def __call__(self, label, spec, inp, declared, iv, y, rec, judgement) -> None:
         from emulator.tensorfile import save_tensors
 
-        from ..runner import reference_declaration, rounded_interval
+        from ..verdict import Verdict
 
-        if spec.case.spec.quantize_only:  # y: the observed tensors, evidence: the expected ones
-            self._quantized(label, spec, y, evidence)
+        if spec.case.spec.quantize_only:  # y: the observed tensors, judgement: the expected ones
+            self._quantized(label, spec, y, judgement)
             return
-        jiv = rounded_interval(iv, reference_declaration(spec.case, declared))
-        # the intervals the verdict used beyond the declared one (recorded before waivers are applied)
-        alt = evidence.alt if evidence is not None and rec["verdict"] == "fail" else None
-        tie = evidence.tie if evidence is not None and rec["verdict"] in ("fail", "pass-with-tie-flips") else None
-        tensors, meta = encode_case(y, iv.y_ref, iv.lo, iv.hi, iv.y_exact, iv.out_dtype,
+        # the intervals the verdict was decided on, as judge() formed them: never recomputed here
+        loose, jiv = judgement.loose, judgement.judged
+        # the intervals the verdict used beyond the declared one (as judged, before waivers)
+        ev = judgement.evidence
+        alt = ev.alt if judgement.verdict is Verdict.FAIL else None
+        tie = ev.tie if judgement.verdict in (Verdict.FAIL, Verdict.PASS_WITH_TIE_FLIPS) else None
+        tensors, meta = encode_case(y, loose.y_ref, loose.lo, loose.hi, loose.y_exact, loose.out_dtype,
                                     bound_positive=bool(jiv.bound.max(initial=0) > 0), judged=(jiv.lo, jiv.hi),
                                     tie=tie, alt=alt)
         d = self.folder / safe_label(label)

@@ -557,7 +557,7 @@ def test_default_cdt_on_this_host():
         assert HOST.vendor == "GenuineIntel" and ({"amx_int8", "avx512_vnni", "avx_vnni"} & HOST.flags)
         assert d.arithmetic == "opaque" and core in d.notes
         iv = declared_interval(inp, reference_declaration(c, d))
-        v = judge(inp, iv, y, d)
+        v = judge(inp, iv, y, d).record()
         assert v["verdict"] == "pass-sqnr" and v["sqnr_db"] >= ark_mod.INT8_CORE_SQNR_FLOOR_DB, v
         return
     assert d.arithmetic == "declared"

@@ -197,7 +197,7 @@ def _assert_meets_declaration(b, case):
     for seed in (0, 1):
         inp = make_inputs(case, seed)
         y = b.run(b.prepare(case, inp.tensors), inp.x, **({"bias": inp.bias} if inp.bias is not None else {}))
-        v = judge(inp, declared_interval(inp, d), y, d)
+        v = judge(inp, declared_interval(inp, d), y, d).record()
         assert v["verdict"] in ("pass", "pass-sqnr"), (seed, v)
 
 
@@ -229,7 +229,7 @@ def test_gemlite_fma_mode_meets_its_floor(case):
     inp = make_inputs(case, 0)
     y = b.run(b.prepare(case, inp.tensors), inp.x)
     d = b.declared(case)
-    v = judge(inp, declared_interval(inp, d), y, d)
+    v = judge(inp, declared_interval(inp, d), y, d).record()
     assert v["verdict"] in ("pass", "pass-sqnr"), v
 
 
@@ -253,7 +253,7 @@ def test_bnb_wrong_weight_scale_is_caught():
     p.data["col_stats_dev"] = p.data["col_stats_dev"] / 127
     y = b.run(p, inp.x)
     d = b.declared(case)
-    assert judge(inp, declared_interval(inp, d), y, d)["verdict"] == "fail"
+    assert judge(inp, declared_interval(inp, d), y, d).verdict == "fail"
 
 
 @needs_bnb

@@ -405,7 +405,7 @@ def test_w8a8_azp_inside_with_declared_variants(kernel, act):
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[act]
     torch.ops._C.dynamic_scaled_int8_quant(xq, torch.from_numpy(inp.x).to(dt), torch.empty((16, 1)),
                                            torch.empty((16, 1), dtype=torch.int32))
-    assert np.array_equal(xq.numpy().astype(np.int32), iv.parts["x_q"])
+    assert np.array_equal(xq.numpy().astype(np.int32), iv.x_q)
 
 
 def test_moe_int8_activations_and_channelwise_group_bug(kernel):

@@ -345,7 +345,7 @@ def test_rerun_catches_an_output_the_kernel_did_not_compute(basic, tmp_path):
         c2 = dict(c)
         del c2["y_is_ref"]
         new = dict(fields, y_idx=np.array([room[0]], np.int32), y_off=np.array([1], np.int8))
-        got = offline_verdict(decode_case(new, c2), c2, by_id[c["case_id"]]["declared"])
+        got = offline_verdict(decode_case(new, c2), c2, by_id[c["case_id"]]["declared"]).record()
         if got["verdict"] != "pass":
             continue
         cases[n] = c2

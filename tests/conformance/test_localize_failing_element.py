@@ -19,7 +19,7 @@ def test_worst_element_is_outside_the_judged_interval():
     loose = _iv([[1.0, 1.0]], [[0.5, 0.5]], [[1.5, 1.5]])
     judged = _iv([[1.0, 1.0]], [[0.5, 1.0]], [[1.5, 1.0]])
     y = np.array([[1.45, 1.01]])
-    rec = decide(y, loose, judged)
+    rec = decide(y, loose, judged).record()
     assert rec["verdict"] == "fail"
     we = rec["worst_element"]
     assert we["index"] == [0, 1] and not (we["lo"] <= we["observed"] <= we["hi"])
@@ -30,7 +30,7 @@ def test_nan_reference_mismatch_is_named_first_and_counted():
     loose = _iv([[np.nan, 1.0, np.nan]], [[np.nan, 0.0, np.nan]], [[np.nan, 2.0, np.nan]])
     judged = _iv([[np.nan, 1.0, np.nan]], [[np.nan, 1.0, np.nan]], [[np.nan, 1.0, np.nan]])
     y = np.array([[0.0, 1.9, 0.0]])
-    for rec in (decide(y, loose, judged), decide_opaque(y, loose, judged, 30.0)):
+    for rec in (decide(y, loose, judged).record(), decide_opaque(y, loose, judged, 30.0).record()):
         assert rec["verdict"] == "fail"
         we = rec["worst_element"]
         assert we["index"] == [0, 0] and np.isnan(we["expected"]) and we["observed"] == 0.0
@@ -40,5 +40,5 @@ def test_nan_reference_mismatch_is_named_first_and_counted():
 
 def test_a_pass_keeps_its_worst_element():
     iv = _iv([[1.0, 1.0]], [[0.5, 0.5]], [[1.5, 1.5]])
-    rec = decide(np.array([[1.2, 1.0]]), iv, iv)
+    rec = decide(np.array([[1.2, 1.0]]), iv, iv).record()
     assert rec["verdict"] != "fail" and rec["worst_element"]["index"] == [0, 0]

@@ -302,7 +302,7 @@ def test_control_kernel_passes_and_reads_back_exact(bug, case, stage, names):
     y = k.run(k.prepare(case, inp.tensors), inp.x, bias=inp.bias)
     from conformance.summary import PASSING
 
-    assert judge(inp, declared_interval(inp, decl), y, decl)["verdict"] in PASSING
+    assert judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING
     loc = localize_with("none", case, inp)
     assert loc["stage"] == "accumulation or output rounding", loc["summary"]
     ybug = Planted(bug=bug).run(Planted(bug=bug).prepare(case, case_inputs(bug, case).tensors), inp.x, bias=inp.bias)

@@ -25,7 +25,7 @@ def test_channelwise_moe_w2_is_one_group_and_the_emulator_passes(I, K):
     b = create("emulator")
     d = b.declared(case)
     y = b.run(b.prepare(case, inp.tensors), inp.x, bias=None, router_logits=inp.router_logits)
-    rec = judge(inp, declared_interval(inp, d), np.asarray(y, np.float32), d)
+    rec = judge(inp, declared_interval(inp, d), np.asarray(y, np.float32), d).record()
     assert rec["verdict"] == "pass", rec["reason"]
 
 

@@ -51,13 +51,13 @@ def test_decide_opaque_against_an_independent_sqnr():
     noise *= np.sqrt(np.sum(ref ** 2) / np.sum(noise ** 2)) * 10 ** (-45 / 20)  # 45 dB, by construction
     y = ref + noise
     assert abs(sqnr_db(y, ref) - 45) < 1e-9
-    assert decide_opaque(y, iv, iv, 40)["verdict"] == "pass-sqnr"
-    r = decide_opaque(y, iv, iv, 50)
+    assert decide_opaque(y, iv, iv, 40).verdict == "pass-sqnr"
+    r = decide_opaque(y, iv, iv, 50).record()
     assert r["verdict"] == "fail" and "below the declared floor 50" in r["reason"]
-    assert decide_opaque(y[:, :-1], iv, iv, 40)["verdict"] == "fail"  # wrong shape
+    assert decide_opaque(y[:, :-1], iv, iv, 40).verdict == "fail"  # wrong shape
     y_nan = y.copy()
     y_nan[0, 0] = np.nan
-    assert decide_opaque(y_nan, iv, iv, 40)["verdict"] == "fail"  # NaN where the reference is finite
+    assert decide_opaque(y_nan, iv, iv, 40).verdict == "fail"  # NaN where the reference is finite
 
 
 def test_opaque_backend_passing_its_floor_is_accurate_not_conformant(doubles, tmp_path, capsys):
@@ -115,6 +115,6 @@ def test_a_nonfinite_reference_mismatch_names_its_first_element():
     ref = iv.y_ref
     assert not np.isfinite(ref[1]).any() and np.isfinite(ref[0]).all()
     y = np.where(np.isfinite(ref), ref, 1.0)
-    r = decide_opaque(y, iv, iv, 30)
+    r = decide_opaque(y, iv, iv, 30).record()
     assert r["verdict"] == "fail"
     assert "where the canonical reference is NaN or infinite differ from it (first [1, 0]: observed 1.0" in r["reason"]

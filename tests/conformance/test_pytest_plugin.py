@@ -143,3 +143,19 @@ def test_plugin_semantic_deviation_is_not_green(tmp_path):
                 "--qconform-scheme=w4a16", "--qconform-tier=exact", f"--qconform-out={out}", "-k", "asym and v1")
     assert r.returncode == 1, r.stdout[-2000:]
     assert "semantic deviation" in r.stdout and "zero_read=v1_literal" in r.stdout
+
+
+def test_plugin_reports_a_waived_failure_as_xfail_never_as_pass(tmp_path):
+    """A known defect a waiver names is an expected failure naming the waiver (docs/conformance.md#pytest)."""
+    out = tmp_path / "out"
+    (tmp_path / "w.toml").write_text('[[waiver]]\nbackend = "emulator:*"\nscheme = "w8a8"\ncase = "*"\n'
+                                     'reason = "test: known tie rule"\nissue = "T-9"\nexpires = "2999-01-01"\n')
+    r = _pytest(tmp_path, "--qconform-backend=emulator:act_rounding=rhaz,declare=canonical",
+                "--qconform-profile=smoke", "--qconform-scheme=w8a8", "--qconform-tier=edge",
+                f"--qconform-out={out}", "--qconform-waivers=w.toml", "-k", "int8-ties", "-rx")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    recs = [json.loads(x) for f in out.glob("results-*.jsonl") for x in f.read_text().splitlines()]
+    waived = [x for x in recs if x["verdict"] == "waived"]
+    assert waived and all(x["waived_verdict"] == "fail" for x in waived)
+    assert f"{len(waived)} xfailed" in r.stdout and "waiver T-9" in r.stdout
+    assert f"{len(waived)} passed" not in r.stdout

@@ -39,7 +39,7 @@ def test_a_decode_only_weight_bug_is_localized_in_the_weights():
     prepared = k.prepare(case, inp.tensors)
     decl = k.declared(case)
     y = k.run(prepared, inp.x)
-    assert judge(inp, declared_interval(inp, decl), y, decl)["verdict"] == "fail"  # the case fails at M = 1
+    assert judge(inp, declared_interval(inp, decl), y, decl).verdict == "fail"  # the case fails at M = 1
     loc = localize(case, inp.tensors, decl, lambda x, b: k.run(prepared, x, bias=b), inp.bias)
     assert loc["stage"] == "weights", loc["summary"]
     assert "nibbles swapped within a byte" in loc["summary"]
@@ -85,7 +85,7 @@ def test_a_partial_readback_never_says_the_weights_read_back_exact_unqualified()
     from conformance.runner import judge
 
     decl = k.declared(case)
-    assert judge(inp, declared_interval(inp, decl), k.run(prepared, inp.x), decl)["verdict"] == "fail"
+    assert judge(inp, declared_interval(inp, decl), k.run(prepared, inp.x), decl).verdict == "fail"
     loc = localize(case, inp.tensors, decl, lambda x, b: k.run(prepared, x, bias=b), inp.bias)
     assert "read back exact" not in loc["summary"] or f"{len(probed)} of 4096 columns" in loc["summary"], \
         loc["summary"]

@@ -42,7 +42,7 @@ def test_between_grid_values_fails(out_dtype, native):
     # independent oracle: the planted value is not a value of the output dtype
     assert float(np.float32(y[idx]).astype(native).astype(np.float32)) != float(y[idx])
     assert (y[wide] >= judged.lo[wide]).all() and (y[wide] <= judged.hi[wide]).all()  # inside the interval
-    rec = judge(inp, iv, y, d)
+    rec = judge(inp, iv, y, d).record()
     assert rec["verdict"] == "fail", rec
     assert out_dtype in rec["reason"] and "grid" in rec["reason"]
     assert rec["worst_element"]["index"] in [list(map(int, i)) for i in np.argwhere(wide)]
@@ -54,7 +54,7 @@ def test_on_grid_output_still_passes():
     d = Declared(variants={}, output="bfloat16")
     iv = declared_interval(inp, d)
     y = torch.from_numpy(rounded_interval(iv, d).y_ref.astype(np.float32)).to(torch.bfloat16).float().numpy()
-    assert judge(inp, iv, y, d)["verdict"] in GOOD
+    assert judge(inp, iv, y, d).verdict in GOOD
 
 
 def test_off_grid_against_torch():
@@ -82,7 +82,7 @@ def test_verify_bundle_recomputes_the_grid_check():
     d = {"y_ref": np.array([[1.0, 2.0]]), "y_exact_proxy": np.array([[1.003, 2.0]]), "lo": lo, "hi": hi,
          "jlo": lo, "jhi": hi, "y": np.array([[1.00390625, 2.0]], np.float32)}  # 1 + 2^-8: not a bf16 value
     assert float(ml_dtypes.bfloat16(1.00390625)) != 1.00390625
-    rec = offline_verdict(d, {"dtype": "bfloat16", "bound_positive": True}, {"variants": {}})
+    rec = offline_verdict(d, {"dtype": "bfloat16", "bound_positive": True}, {"variants": {}}).record()
     assert rec["verdict"] == "fail" and "bfloat16" in rec["reason"], rec
     d["y"] = np.array([[1.0078125, 2.0]], np.float32)  # control: the grid value passes
-    assert offline_verdict(d, {"dtype": "bfloat16", "bound_positive": True}, {"variants": {}})["verdict"] != "fail"
+    assert offline_verdict(d, {"dtype": "bfloat16", "bound_positive": True}, {"variants": {}}).verdict != "fail"

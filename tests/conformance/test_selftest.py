@@ -96,12 +96,12 @@ def test_truncated_output_fails_and_every_rne_of_an_accumulator_in_the_bound_pas
     inp = spec.inputs()
     d = Declared(variants={}, accumulate="float32", output="float16")
     iv = declared_interval(inp, d)
-    assert judge(inp, iv, iv.y_ref.astype(np.float32), d)["verdict"] == "pass"
+    assert judge(inp, iv, iv.y_ref.astype(np.float32), d).verdict == "pass"
     trunc = round_to_dtype(iv.y_exact, "float16", "rtz")
     assert not np.array_equal(trunc, iv.y_ref)  # the case can tell them apart
     # the outward interval alone admits truncation: that is the gap the narrowing closes
     assert np.all((trunc >= iv.lo) & (trunc <= iv.hi))
-    rec = judge(inp, iv, trunc.astype(np.float32), d)
+    rec = judge(inp, iv, trunc.astype(np.float32), d).record()
     assert rec["verdict"] == "fail" and "declared rounding" in rec["reason"]
     # soundness: any accumulator inside the bound, rounded once with RNE, is accepted
     rng = np.random.default_rng(0)
@@ -120,7 +120,7 @@ def test_declared_truncation_is_judged_with_its_own_rounding():
     d = Declared(variants={}, accumulate="float32", output="bfloat16", output_rounding="rtz")
     iv = declared_interval(inp, d)
     trunc = round_to_dtype(iv.y_exact, "bfloat16", "rtz").astype(np.float32)
-    assert judge(inp, iv, trunc, d)["verdict"] == "pass"
+    assert judge(inp, iv, trunc, d).verdict == "pass"
 
 
 # -- the cases the self-test needed ------------------------------------------------------------------------

@@ -84,5 +84,5 @@ def test_emulator_variant_passes_its_own_suite(variant):
             continue
         d = b.declared(inp.case)
         y = b.run(b.prepare(inp.case, inp.tensors), inp.x, bias=inp.bias, router_logits=inp.router_logits)
-        rec = judge(inp, declared_interval(inp, d), np.asarray(y, np.float32), d)
+        rec = judge(inp, declared_interval(inp, d), np.asarray(y, np.float32), d).record()
         assert rec["verdict"] in OK, (variant, spec.case_id, rec["reason"])

@@ -29,7 +29,7 @@ def test_garbage_fails_where_the_bound_is_infinite():
     iv = declared_interval(inp, d)
     assert not np.isfinite(iv.bound).any()  # the premise: gamma_512(2**-8) is infinite
     for bad in (y * 1000 + 7, np.zeros_like(y), y):
-        rec = judge(inp, iv, np.asarray(bad, np.float32), d)
+        rec = judge(inp, iv, np.asarray(bad, np.float32), d).record()
         assert rec["verdict"] == "fail", rec
         assert "no finite bound" in rec["reason"]
 
@@ -38,5 +38,5 @@ def test_short_sums_keep_a_finite_bound_and_pass():
     inp, d, y = _bf16_accumulation(64)
     iv = declared_interval(inp, d)
     assert np.isfinite(iv.bound).all()
-    assert judge(inp, iv, y, d)["verdict"] == "pass"
-    assert judge(inp, iv, np.asarray(y * 1000 + 7, np.float32), d)["verdict"] == "fail"
+    assert judge(inp, iv, y, d).verdict == "pass"
+    assert judge(inp, iv, np.asarray(y * 1000 + 7, np.float32), d).verdict == "fail"
