@@ -24,8 +24,8 @@ import random
 
 from backends.base import Case
 
-__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "CONSTRAINTS", "design", "design_specs", "realize",
-           "case_classes", "profile_coverage", "pick_n", "pick_k", "m_class", "n_class", "k_class"]
+__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "VALUE_MIN_K", "W8A8_ASYM", "CONSTRAINTS", "design",
+           "design_specs", "realize", "case_classes", "profile_coverage", "pick_n", "pick_k", "m_class", "n_class", "k_class"]
 
 #: which factors are format features, shape classes and value classes (the docs group them so)
 FACTOR_KINDS = {
@@ -54,6 +54,11 @@ W_MX = ("ordinary", "w-one-signed", "w-constant-rows", "w-saturation", "scale-su
 NONFINITE_ACT = ("nan-act", "inf-act")
 INT8_ACT = AMAX + ("act-one-signed", "act-constant-rows")
 MX_ACT = AMAX + ("act-one-signed", "act-constant-rows", "act-saturation")
+#: asymmetric W8A8 edge classes (examples/independent-kernels/README.md, suite holes 1-3): each exists only under
+#: asymmetric activations (CONSTRAINTS), where the azp compensation and the zero point live
+W8A8_ASYM = ("w-rowsum-beyond-int16", "azp-int32-edge", "act-code-saturation")
+#: the smallest K of a case of a value class (``realize`` picks a K of the row's K class at least this large)
+VALUE_MIN_K = {"w-rowsum-beyond-int16": 512}
 
 VALUE_CLASS_DOCS = {
     "ordinary": "random codes, zero points and scales packed by the format's packer (MoE: quantized Gaussian "
@@ -81,6 +86,15 @@ VALUE_CLASS_DOCS = {
                      "0xFE with codes +-0.5), activations scaled down to match",
     "nan-scale": "one E8M0 byte 0xFF (NaN) block, every other input finite: one NaN output column, the rest finite",
     "router-ties": "router logits tied across the top-k boundary in every row",
+    "w-rowsum-beyond-int16": "asymmetric activations; K >= 512 and weight rows 0 (all positive) and 1 (all negative) "
+                             "of near-saturated codes: |sum_k q[n, k]| > 32767, so an azp compensation "
+                             "zp * rowsum(W) kept in int16 wraps",
+    "azp-int32-edge": "asymmetric fp32 activations: one-ulp rows [-2, -2 + 2^-23, ...] (-min / scale = 255 * 2^24: "
+                      "the zero point saturates at 2^31 - 1, codes 0) beside rows whose fl32(-128 - min / scale) "
+                      "rounds (the int8 and uint8 zero-point domains differ)",
+    "act-code-saturation": "asymmetric activations: rows whose max / scale and -128 - min / scale are both ties that "
+                           "round up (min = -153.5, max = 101.5, scale 1; bf16: +-127.5), times 2^j: code 128 "
+                           "before saturation",
 }
 
 _INT_SCHEME_FACTORS = {"bias": ("no", "yes"), "act_dtype": ACT}
@@ -102,7 +116,7 @@ TABLES: dict[str, dict[str, tuple]] = {
               "act_order": ("off", "g_idx"), "grouping": GROUPING, "groups": GROUPS, **_INT_SCHEME_FACTORS,
               "scale_dtype": ("float16", "bfloat16", "float32"), **_SHAPES, "values": W_INT + NONFINITE_ACT},
     "w8a8": {"format": ("ct-int-quantized",), "activations": ("sym", "asym"), **_INT_SCHEME_FACTORS,
-             "scale_dtype": ("float32", "bfloat16", "float16"), **_SHAPES, "values": W_INT + INT8_ACT},
+             "scale_dtype": ("float32", "bfloat16", "float16"), **_SHAPES, "values": W_INT + INT8_ACT + W8A8_ASYM},
     "w4a8": {"format": ("gptq", "ct-pack-quantized"), "zero_convention": ("v1", "none"), "grouping": GROUPING,
              "groups": GROUPS, **_INT_SCHEME_FACTORS, "scale_dtype": ("float16", "bfloat16", "float32"), **_SHAPES,
              "values": W_INT + INT8_ACT},
@@ -195,8 +209,8 @@ def _legal_ks(scheme: str, fmt: str, bits: int, g: "int | None") -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def pick_k(scheme: str, fmt: str, grouping: "str | None", groups: "str | None", cls: str,
-           variant: int = 0) -> "int | None":
-    """K of a K class with the group count class (None: no legal K has both)."""
+           variant: int = 0, at_least: int = 0) -> "int | None":
+    """K of a K class with the group count class, at least ``at_least`` (None: no legal K has all three)."""
     bits, g = _bits(scheme), _group(grouping, fmt)
     if fmt == "ct-mxfp4":
         g = 32
@@ -209,6 +223,7 @@ def pick_k(scheme: str, fmt: str, grouping: "str | None", groups: "str | None", 
 
     legal = [k for k in _legal_ks(scheme, fmt, bits, g) if n_groups_ok(k)]
     cand = legal[:1] if cls == "K-min" else [k for k in legal if k_class(k) == cls and k >= 8]
+    cand = [k for k in cand if k >= at_least]
     return cand[min(variant, len(cand) - 1, 2)] if cand else None
 
 
@@ -262,6 +277,18 @@ def _value_ok(scheme: str, r: dict) -> bool:
         return False  # one output column, NaN (or 2^127 past fp16): nothing left to stay finite
     if v == "router-ties" and r.get("routing") == "all":  # no expert left out: no top-k boundary to tie at
         return False
+    if v in VALUE_MIN_K and "K" in r and pick_k(scheme, r.get("format", "none"), r.get("grouping"), r.get("groups"),
+                                                 r["K"], 0, VALUE_MIN_K[v]) is None:
+        return False  # K-min: one column cannot hold a row sum past int16
+    return True
+
+
+def _asym_value_ok(scheme: str, r: dict) -> bool:
+    v = r["values"]
+    if v in W8A8_ASYM and r.get("activations") != "asym":
+        return False  # a zero point and its compensation exist only under asymmetric activations
+    if v == "azp-int32-edge" and r.get("act_dtype") != "float32":
+        return False  # a 16-bit row is at least 2^-7 (bf16) / 2^-10 (fp16) of min wide: -min / scale < 2^18
     return True
 
 
@@ -273,6 +300,7 @@ CONSTRAINTS = (
     (("values", "M", "N", "routing", "K", "grouping", "format"), _value_ok),
     # asymmetric int8 activations of one element per row: min = max, scale 0, an all-zero output
     (("activations", "K"), lambda scheme, r: not (r.get("activations") == "asym" and r.get("K") == "K-min")),
+    (("values", "activations", "act_dtype"), _asym_value_ok),
     (("experts", "routing"), lambda scheme, r: not (r.get("experts") == "E2" and r.get("routing") == "top2")),
 )
 
@@ -384,7 +412,7 @@ def realize(scheme: str, row: dict, variant: int = 0) -> tuple[Case, str]:
     g = _group(grouping, fmt)
     bits = _bits(scheme)
     M = _M_VALUES[row["M"]][variant % len(_M_VALUES[row["M"]])]
-    K = pick_k(scheme, fmt, grouping, row.get("groups"), row["K"], variant)
+    K = pick_k(scheme, fmt, grouping, row.get("groups"), row["K"], variant, VALUE_MIN_K.get(row["values"], 0))
     N = pick_n(scheme, fmt, grouping, row["N"], variant) if "N" in row else 0
     kw = dict(scheme=scheme, weight_format=fmt, M=M, N=N, K=K, act_dtype=row.get("act_dtype", "bfloat16"),
               bias=row.get("bias") == "yes")

@@ -20,13 +20,15 @@ from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, make_inputs
 from .coverage import AMAX, TABLES, W_INT, W_MX
-from .generators import gen_router_ties, int_weight_tensors, scales_array
+from .generators import _uint8_domain_row, gen_router_ties, int_weight_tensors, scales_array
 
 __all__ = ["VALUE_GENERATORS", "generate_value", "realized", "activation_units"]
 
 #: mantissa bits of each activation dtype (the ulp of 2^k is 2^(k - bits))
 _MANT = {"bfloat16": 7, "float16": 10, "float32": 23}
-_WEIGHT_CLASSES = set(W_INT) | set(W_MX)
+_WEIGHT_CLASSES = set(W_INT) | set(W_MX) | {"w-rowsum-beyond-int16"}
+#: the largest int16
+_INT16_MAX = 32767
 
 
 def _round(a, dtype: str) -> np.ndarray:
@@ -103,6 +105,26 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
             a = rng.choice([1.625, 1.75, 1.875]) * 2.0 ** int(rng.integers(-3, 4))
             u[:] = rng.uniform(-0.9, 0.9, u.shape) * a
             u[0] = a * rng.choice([-1.0, 1.0])
+    elif cls == "azp-int32-edge":  # fp32 only (coverage.CONSTRAINTS)
+        for m in range(M):
+            if m % 2 == 0:  # the one-ulp row: -min / scale = 255 * 2^24, past int32
+                lo = -2.0 ** int(rng.integers(-3, 4))
+                x[m] = np.where(rng.random(K) < 0.5, lo, float(np.nextafter(np.float32(lo), np.float32(0))))
+                x[m, 0], x[m, -1] = lo, float(np.nextafter(np.float32(lo), np.float32(0)))
+            else:  # fl32(-128 - min / scale) rounds: the int8 and uint8 zero-point domains differ
+                x[m] = _uint8_domain_row(K, int(rng.integers(0, 2 ** 31))) if K >= 2 else x[m]
+    elif cls == "act-code-saturation":
+        for m in range(M):
+            lo, hi = (-127.5, 127.5) if dt == "bfloat16" else ((-153.5, 101.5) if m % 2 == 0 else (-101.5, 153.5))
+            j = 2.0 ** int(rng.integers(-8, 5))
+            if K == 1:
+                continue  # one element: max == min (coverage.CONSTRAINTS keeps K-min out of asym rows)
+            # the inner elements: half-integers and integers of the range, representable in every dtype
+            x[m] = np.round(rng.uniform(lo, hi, K) * 2) / 2 * j
+            x[m, 0], x[m, 1] = lo * j, hi * j
+            if dt == "bfloat16":
+                x[m] = np.clip(np.trunc(x[m] / j), -127, 127) * j
+                x[m, 0], x[m, 1] = lo * j, hi * j
     elif cls == "nan-act":
         x[0, int(rng.integers(0, K))] = np.nan
     elif cls == "inf-act":
@@ -197,6 +219,10 @@ def _int8_weights(case: Case, cls: str, rng) -> dict:
         wq[:, 0] = -127
         if K > 1:
             wq[:, 1] = 127
+    elif cls == "w-rowsum-beyond-int16":  # K >= 512 (coverage.VALUE_MIN_K): 512 * 96 > 32767
+        wq[0] = rng.integers(96, 128, K)
+        if N > 1:
+            wq[1] = -rng.integers(96, 128, K)
     elif cls == "scale-subnormal":
         ws[::2] = _small_scales(ws[::2].shape, case.scale_dtype, rng)
     elif cls == "scale-extreme":
@@ -322,9 +348,40 @@ def _finite_and_not(y: np.ndarray, what: str) -> tuple[bool, str]:
     return bool(bad.any() and good.any()), f"reference output: {int(bad.sum())} {what}, {int(good.sum())} finite"
 
 
+def _asym_rows(x: np.ndarray):
+    """Per row, in fp32 as docs/formats/activations.md#canonical-asymmetric-azp writes it (plain NumPy, not the
+    emulator): (scale, fl32(min / scale), fl32(-128 - min / scale), the quotients fl32(x / scale))."""
+    f32 = np.float32
+    x = np.asarray(x, f32)
+    with np.errstate(all="ignore"):
+        mn, mx = x.min(axis=1), x.max(axis=1)
+        scale = ((mx - mn).astype(f32) / f32(255)).astype(f32)
+        m = (mn / scale).astype(f32)
+        zr = (f32(-128) - m).astype(f32)
+        quo = (x / scale[:, None]).astype(f32)
+    return scale, m.astype(np.float64), zr.astype(np.float64), quo.astype(np.float64)
+
+
+def _realized_asym_acts(cls: str, case: Case, x: np.ndarray) -> tuple[bool, str]:
+    if case.act_symmetric or activation_units(case) != "row":
+        return False, "not asymmetric per-token int8 activations"
+    scale, m, zr, quo = _asym_rows(x)
+    live = (scale > 0) & np.isfinite(scale)
+    if cls == "azp-int32-edge":
+        sat = int((live & (np.abs(zr) > 2.0 ** 31 - 1)).sum())
+        dom = int((live & (np.abs(zr) <= 2.0 ** 31 - 1) & (np.rint(zr) != np.rint(-m) - 128)).sum())
+        ok = sat > 0 and (dom > 0 or x.shape[0] == 1)
+        return ok, f"{sat} row(s) whose zero point saturates int32, {dom} whose int8 and uint8 zero points differ"
+    pre = np.rint(quo) + np.rint(zr)[:, None]  # codes before saturation
+    n = int((live & ((pre > 127) | (pre < -128)).any(axis=1)).sum())
+    return n > 0, f"{n} row(s) with a code outside [-128, 127] before saturation"
+
+
 def realized(cls: str, inp: CaseInputs) -> tuple[bool, str]:
     """Whether the inputs hold value class ``cls``, and what was seen."""
     case, x = inp.case, np.asarray(inp.x, np.float64)
+    if cls in ("azp-int32-edge", "act-code-saturation"):
+        return _realized_asym_acts(cls, case, x)
     if cls == "ordinary":
         return bool(np.isfinite(x).all()), "finite activations"
     if cls == "router-ties":
@@ -379,6 +436,11 @@ def realized(cls: str, inp: CaseInputs) -> tuple[bool, str]:
     if cls == "w-constant-rows":
         n = sum(bool((r == r[0]).all() and r[0] != 0) for r in W)
         return n > 0, f"{n} constant non-zero weight row(s)"
+    if cls == "w-rowsum-beyond-int16":
+        sums = np.rint(W / S).sum(axis=1)
+        n = int((np.abs(sums) > _INT16_MAX).sum())
+        asym = not case.act_symmetric
+        return n > 0 and asym, f"{n} weight row(s) with |sum of codes| > {_INT16_MAX}; asymmetric activations: {asym}"
     if cls == "code-eq-zero":
         n = sum(bool((W[i] == 0).all() and (S[i] != 0).all()) for i in range(W.shape[0]))
         return n > 0, f"{n} row(s) whose codes all equal their zero points (non-zero scales)"
