@@ -56,7 +56,7 @@ INT8_ACT = AMAX + ("act-one-signed", "act-constant-rows")
 MX_ACT = AMAX + ("act-one-signed", "act-constant-rows", "act-saturation")
 #: asymmetric W8A8 edge classes (examples/independent-kernels/README.md, suite holes 1-3): each exists only under
 #: asymmetric activations (CONSTRAINTS), where the azp compensation and the zero point live
-W8A8_ASYM = ("w-rowsum-beyond-int16", "azp-int32-edge", "act-code-saturation")
+W8A8_ASYM = ("w-rowsum-beyond-int16", "azp-int32-saturation", "azp-int8-domain", "act-code-saturation")
 #: the smallest K of a case of a value class (``realize`` picks a K of the row's K class at least this large)
 VALUE_MIN_K = {"w-rowsum-beyond-int16": 512}
 
@@ -89,9 +89,10 @@ VALUE_CLASS_DOCS = {
     "w-rowsum-beyond-int16": "asymmetric activations; K >= 512 and weight rows 0 (all positive) and 1 (all negative) "
                              "of near-saturated codes: |sum_k q[n, k]| > 32767, so an azp compensation "
                              "zp * rowsum(W) kept in int16 wraps",
-    "azp-int32-edge": "asymmetric fp32 activations: one-ulp rows [-2, -2 + 2^-23, ...] (-min / scale = 255 * 2^24: "
-                      "the zero point saturates at 2^31 - 1, codes 0) beside rows whose fl32(-128 - min / scale) "
-                      "rounds (the int8 and uint8 zero-point domains differ)",
+    "azp-int32-saturation": "asymmetric fp32 activations, one-ulp rows [-2^e, -2^e + ulp, ...]: -min / scale = "
+                            "255 * 2^24 is past int32, the zero point saturates at 2^31 - 1 and every code is 0",
+    "azp-int8-domain": "asymmetric fp32 activations, rows whose fl32(-128 - min / scale) rounds: the int8-domain "
+                       "zero point RNE(fl32(-128 - m)) differs from the uint8-domain RNE(-m) - 128",
     "act-code-saturation": "asymmetric activations: rows whose max / scale and -128 - min / scale are both ties that "
                            "round up (min = -153.5, max = 101.5, scale 1; bf16: +-127.5), times 2^j: code 128 "
                            "before saturation",
@@ -287,7 +288,7 @@ def _asym_value_ok(scheme: str, r: dict) -> bool:
     v = r["values"]
     if v in W8A8_ASYM and r.get("activations") != "asym":
         return False  # a zero point and its compensation exist only under asymmetric activations
-    if v == "azp-int32-edge" and r.get("act_dtype") != "float32":
+    if v in ("azp-int32-saturation", "azp-int8-domain") and r.get("act_dtype") != "float32":
         return False  # a 16-bit row is at least 2^-7 (bf16) / 2^-10 (fp16) of min wide: -min / scale < 2^18
     return True
 

@@ -20,7 +20,7 @@ from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, make_inputs
 from .coverage import AMAX, TABLES, W_INT, W_MX
-from .generators import _uint8_domain_row, gen_router_ties, int_weight_tensors, scales_array
+from .generators import gen_router_ties, int_weight_tensors, scales_array, uint8_domain_row
 
 __all__ = ["VALUE_GENERATORS", "generate_value", "realized", "activation_units"]
 
@@ -105,14 +105,15 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
             a = rng.choice([1.625, 1.75, 1.875]) * 2.0 ** int(rng.integers(-3, 4))
             u[:] = rng.uniform(-0.9, 0.9, u.shape) * a
             u[0] = a * rng.choice([-1.0, 1.0])
-    elif cls == "azp-int32-edge":  # fp32 only (coverage.CONSTRAINTS)
+    elif cls == "azp-int32-saturation":  # fp32 only (coverage.CONSTRAINTS): the one-ulp row, in every row
         for m in range(M):
-            if m % 2 == 0:  # the one-ulp row: -min / scale = 255 * 2^24, past int32
-                lo = -2.0 ** int(rng.integers(-3, 4))
-                x[m] = np.where(rng.random(K) < 0.5, lo, float(np.nextafter(np.float32(lo), np.float32(0))))
-                x[m, 0], x[m, -1] = lo, float(np.nextafter(np.float32(lo), np.float32(0)))
-            else:  # fl32(-128 - min / scale) rounds: the int8 and uint8 zero-point domains differ
-                x[m] = _uint8_domain_row(K, int(rng.integers(0, 2 ** 31))) if K >= 2 else x[m]
+            lo = -2.0 ** int(rng.integers(-3, 4))
+            up = float(np.nextafter(np.float32(lo), np.float32(0)))
+            x[m] = np.where(rng.random(K) < 0.5, lo, up)
+            x[m, 0], x[m, -1] = lo, up
+    elif cls == "azp-int8-domain":  # fp32 only (coverage.CONSTRAINTS)
+        for m in range(M):
+            x[m] = uint8_domain_row(K, int(rng.integers(0, 2 ** 31)))
     elif cls == "act-code-saturation":
         for m in range(M):
             lo, hi = (-127.5, 127.5) if dt == "bfloat16" else ((-153.5, 101.5) if m % 2 == 0 else (-101.5, 153.5))
@@ -367,11 +368,13 @@ def _realized_asym_acts(cls: str, case: Case, x: np.ndarray) -> tuple[bool, str]
         return False, "not asymmetric per-token int8 activations"
     scale, m, zr, quo = _asym_rows(x)
     live = (scale > 0) & np.isfinite(scale)
-    if cls == "azp-int32-edge":
-        sat = int((live & (np.abs(zr) > 2.0 ** 31 - 1)).sum())
-        dom = int((live & (np.abs(zr) <= 2.0 ** 31 - 1) & (np.rint(zr) != np.rint(-m) - 128)).sum())
-        ok = sat > 0 and (dom > 0 or x.shape[0] == 1)
-        return ok, f"{sat} row(s) whose zero point saturates int32, {dom} whose int8 and uint8 zero points differ"
+    within = live & (np.abs(zr) <= 2.0 ** 31 - 1)
+    if cls == "azp-int32-saturation":
+        n = int((live & ~within).sum())
+        return n > 0, f"{n} row(s) whose zero point saturates int32"
+    if cls == "azp-int8-domain":
+        n = int((within & (np.rint(zr) != np.rint(-m) - 128)).sum())
+        return n > 0, f"{n} row(s) whose int8- and uint8-domain zero points differ"
     pre = np.rint(quo) + np.rint(zr)[:, None]  # codes before saturation
     n = int((live & ((pre > 127) | (pre < -128)).any(axis=1)).sum())
     return n > 0, f"{n} row(s) with a code outside [-128, 127] before saturation"
@@ -380,7 +383,7 @@ def _realized_asym_acts(cls: str, case: Case, x: np.ndarray) -> tuple[bool, str]
 def realized(cls: str, inp: CaseInputs) -> tuple[bool, str]:
     """Whether the inputs hold value class ``cls``, and what was seen."""
     case, x = inp.case, np.asarray(inp.x, np.float64)
-    if cls in ("azp-int32-edge", "act-code-saturation"):
+    if cls in ("azp-int32-saturation", "azp-int8-domain", "act-code-saturation"):
         return _realized_asym_acts(cls, case, x)
     if cls == "ordinary":
         return bool(np.isfinite(x).all()), "finite activations"

@@ -37,7 +37,7 @@ from emulator.numerics.floats import round_to_dtype
 
 from .cases import CaseInputs, ct_tensor_dict, make_inputs
 
-__all__ = ["GENERATORS", "generate", "generators_for", "int_weight_tensors", "scales_array"]
+__all__ = ["GENERATORS", "generate", "generators_for", "int_weight_tensors", "scales_array", "uint8_domain_row"]
 
 
 def _r(a, dtype) -> np.ndarray:
@@ -439,7 +439,7 @@ def gen_mx_tiny_blocks(case: Case, seed: int) -> CaseInputs:
     return inp
 
 
-def _uint8_domain_row(K: int, seed: int) -> np.ndarray:
+def uint8_domain_row(K: int, seed: int) -> np.ndarray:
     """An fp32 row [min, 1 + min, ...] whose zero point differs between the int8 domain
     (round(fl32(-128 - min / s))) and the uint8 domain (round(-min / s)): min / s lies just past a
     half-integer by less than half an fp32 ulp of 128, so only the int8 form rounds it onto the tie.
@@ -483,7 +483,7 @@ def gen_reference_int8(case: Case, seed: int) -> CaseInputs:
         x[3] = np.where(np.arange(K) % 2 == 0, -2.0, -2.0 + 2.0 ** -23)
     else:
         x[3] = -1.5
-    x[4] = _uint8_domain_row(K, seed) if case.act_dtype == "float32" else rng.uniform(-0.4, 0.6, K)
+    x[4] = uint8_domain_row(K, seed) if case.act_dtype == "float32" else rng.uniform(-0.4, 0.6, K)
     inp.x = _r(x, case.act_dtype)
     return inp
 

@@ -207,3 +207,93 @@ def test_qconform_coverage_prints_the_tables(capsys):
 
 def test_docs_coverage_table_is_current():
     assert report_main(["--check"]) == 0, "run: python -m conformance.coverage_report --write"
+
+
+# -- the asymmetric W8A8 classes of the independent-kernels campaign (examples/independent-kernels/README.md,
+#    "Suite holes" 1-3): each bug there stayed green in ci and certification for want of one of these
+@pytest.mark.parametrize("profile", ["ci", "certification"])
+def test_asymmetric_w8a8_classes_reach_ci_and_certification(profile):
+    """Counted from the profile's case list: each class is in w8a8 cases, only with asymmetric activations,
+    the two zero-point classes only with fp32 activations, the row-sum class only with K >= 512."""
+    specs = _coverage_specs(profile)
+    for cls in cov.W8A8_ASYM:
+        got = [s.case for s in specs if s.generator == f"vc-{cls}"]
+        assert got and all(c.scheme == "w8a8" and not c.act_symmetric for c in got), (cls, len(got))
+        if cls.startswith("azp-"):
+            assert all(c.act_dtype == "float32" for c in got)
+        if cls == "w-rowsum-beyond-int16":
+            assert all(c.K >= 512 for c in got) and any(c.N > 1 for c in got)
+
+
+def _class_inputs(cls, **kw):
+    warnings.simplefilter("ignore", RuntimeWarning)
+    case = Case("w8a8", "ct-int-quantized", kw.pop("M", 4), kw.pop("N", 8), kw.pop("K", 512), group_size=-1,
+                sym=False, act_dtype=kw.pop("act_dtype", "float32"), scale_dtype="float32")
+    return generate_value(case, cls, 7)
+
+
+def test_rowsum_class_wraps_an_int16_row_sum():
+    """Independent oracle: Python integers over the stored int8 weight tensor; an int16 accumulator
+    (numpy's wrapping int16 sum) differs from the true sum on those rows."""
+    inp = _class_inputs("w-rowsum-beyond-int16")
+    w = np.asarray(inp.tensors["weight"])
+    sums = [sum(int(v) for v in row) for row in w]
+    assert sums[0] > 32767 and sums[1] < -32768
+    wrapped = w.astype(np.int16).sum(axis=1, dtype=np.int16)
+    assert int(wrapped[0]) != sums[0] and int(wrapped[1]) != sums[1]
+    assert realized("w-rowsum-beyond-int16", inp)[0]
+    assert not realized("w-rowsum-beyond-int16", _class_inputs("ordinary"))[0]
+
+
+def test_azp_classes_saturate_the_zero_point_or_split_its_domains():
+    """The canonical quantizer (emulator, docs/formats/activations.md) on the generated rows: the one-ulp rows
+    [-2^e, -2^e + ulp] have the saturated zero point 2^31 - 1 and codes 0 (hand-derived: -min / scale =
+    255 * 2^24 > 2^31); the domain rows have different int8- and uint8-domain zero points."""
+    from fractions import Fraction
+
+    from emulator.activations.int8 import Int8ActVariant, quantize_int8_per_token
+
+    inp = _class_inputs("azp-int32-saturation", M=3, K=64)
+    x = np.asarray(inp.x, np.float32)
+    canon = quantize_int8_per_token(x, Int8ActVariant(symmetric=False))
+    for m in range(3):
+        lo, hi = Fraction(float(x[m].min())), Fraction(float(x[m].max()))
+        assert lo < 0 and (hi - lo) * 2 ** 24 == -lo  # one ulp of |min| wide
+        assert -lo / ((hi - lo) / 255) == 255 * 2 ** 24 > 2 ** 31
+        assert int(canon.zero_point[m, 0]) == 2 ** 31 - 1 and (canon.q[m] == 0).all()
+    assert realized("azp-int32-saturation", inp)[0] and not realized("azp-int8-domain", inp)[0]
+
+    inp = _class_inputs("azp-int8-domain", M=3, K=64)
+    x = np.asarray(inp.x, np.float32)
+    canon = quantize_int8_per_token(x, Int8ActVariant(symmetric=False))
+    uint8 = quantize_int8_per_token(x, Int8ActVariant(symmetric=False, azp_domain="uint8"))
+    assert (canon.zero_point != uint8.zero_point).all() and (np.abs(canon.zero_point) < 2 ** 31 - 1).all()
+    assert realized("azp-int8-domain", inp)[0] and not realized("azp-int32-saturation", inp)[0]
+    for cls in ("azp-int32-saturation", "azp-int8-domain"):
+        assert not realized(cls, _class_inputs("ordinary"))[0]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_code_saturation_rows_reach_code_128_before_saturation(dtype):
+    """Hand-derived with Fractions: max / scale and -128 - min / scale are both half-integers that round
+    half-even upward, so the code of max is 128 before saturation; the canonical quantizer stores 127."""
+    from fractions import Fraction
+
+    from emulator.activations.int8 import Int8ActVariant, quantize_int8_per_token
+
+    inp = _class_inputs("act-code-saturation", M=3, K=40, act_dtype=dtype)
+    x = np.asarray(inp.x, np.float32)
+    t = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}[dtype]
+    assert np.array_equal(x.astype(t).astype(np.float32), x)  # representable in the activation dtype
+    canon = quantize_int8_per_token(x, Int8ActVariant(symmetric=False))
+    for m in range(3):
+        lo, hi = Fraction(float(x[m].min())), Fraction(float(x[m].max()))
+        scale = (hi - lo) / 255
+        assert scale.numerator & (scale.numerator - 1) == 0 == scale.denominator & (scale.denominator - 1)  # 2^j
+        a, b = hi / scale, -128 - lo / scale
+        assert a.denominator == 2 and b.denominator == 2
+        rne = [round(v) for v in (a, b)]  # Python rounds Fractions half to even
+        assert rne[0] > a and rne[1] > b and sum(rne) == 128
+        assert int(canon.q[m][x[m] == x[m].max()].max()) == 127
+    assert realized("act-code-saturation", inp)[0]
+    assert not realized("act-code-saturation", _class_inputs("ordinary"))[0]
