@@ -71,3 +71,30 @@ def test_correct_kernel_with_honest_declaration_passes(tmp_path, backend, scheme
     rc, s, log = _run(tmp_path, backend, scheme, tier)
     assert rc == 0, f"{backend} {scheme}: expected green, got exit {rc}\n{log[-3000:]}"
     assert s["status"] == "conformant" and s["n_bad"] == 0 and s["n_judged"] == s["n_results"] > 0
+
+
+def _failing_generators(s: dict) -> set:
+    return {f["case_id"].split("/")[3] for f in s.get("failures", [])}
+
+
+# the three W8A8 bugs that stayed green in ci and certification (README "Suite holes"), each with the coverage
+# value class (conformance/coverage.py W8A8_ASYM) that now catches it in ci
+HOLES = [("azp_rowsum_int16", "vc-w-rowsum-beyond-int16"), ("asym_zp_uint8_domain", "vc-azp-int8-domain"),
+         ("act_no_saturation", "vc-act-code-saturation")]
+
+
+@pytest.mark.parametrize("bug,cls", HOLES, ids=[b for b, _ in HOLES])
+def test_former_suite_holes_are_caught_by_their_class(tmp_path, bug, cls):
+    rc, s, log = _run(tmp_path, f"indep-int8act:bug={bug}", "w8a8", "edge")
+    assert rc == 1, f"{bug}: expected a red run (exit 1), got {rc}\n{log[-3000:]}"
+    assert cls in _failing_generators(s), (bug, sorted(_failing_generators(s)))
+
+
+def test_indep_int8act_fails_only_where_its_zero_point_skips_int32_saturation(tmp_path):
+    """A finding, asserted (README, suite hole 2): the otherwise correct kernel keeps the asymmetric zero point
+    in int64, so on the one-ulp fp32 rows (-min / scale = 255 * 2^24) it is 4278189568 instead of the canonical
+    saturated 2^31 - 1 (docs/formats/activations.md, ``int32_saturation``) and the codes are -128 / 0, not 0.
+    Every other w8a8 edge case passes."""
+    rc, s, log = _run(tmp_path, "indep-int8act", "w8a8", "edge")
+    assert rc == 1 and s["n_bad"] > 0, log[-3000:]
+    assert _failing_generators(s) == {"vc-azp-int32-saturation"}, sorted(_failing_generators(s))
