@@ -118,11 +118,10 @@ def test_pyproject_package_data_lists_every_golden_file():
     assert [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)] == []
 
 
-def test_wheel_carries_the_golden_tensors(tmp_path):
-    """A real wheel build (setuptools, no network): every golden file is inside it, byte for byte."""
+def _build_wheel(tmp_path):
+    """A real wheel of the checkout (setuptools, no network, no build isolation): its path."""
     import subprocess
     import sys
-    import zipfile
     from pathlib import Path
 
     pytest.importorskip("setuptools")
@@ -134,7 +133,14 @@ def test_wheel_carries_the_golden_tensors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                         str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    whl = next((tmp_path / "dist").glob("qconform-*.whl"))
+    return next((tmp_path / "dist").glob("qconform-*.whl"))
+
+
+def test_wheel_carries_the_golden_tensors(tmp_path):
+    """A real wheel build (setuptools, no network): every golden file is inside it, byte for byte."""
+    import zipfile
+
+    whl = _build_wheel(tmp_path)
     with zipfile.ZipFile(whl) as z:
         for name in _data_files(golden.GOLDEN_DIR):
             assert z.read(f"golden/{name}") == (golden.GOLDEN_DIR / name).read_bytes(), name
@@ -167,20 +173,11 @@ def test_non_editable_install_judges_the_golden_tier_from_another_folder(tmp_pat
     import subprocess
     import sys
     import venv
-    from pathlib import Path
 
-    pytest.importorskip("wheel")
-    root = Path(__file__).resolve().parents[2]
-    src = tmp_path / "src"
-    shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "build", "dist", "__pycache__",
-                                                              ".tox", ".venv", "qconform-out", "tests"))
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    whl = _build_wheel(tmp_path)
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    whl = next((tmp_path / "dist").glob("qconform-*.whl"))
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(whl)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
