@@ -190,6 +190,9 @@ TUNING: dict[str, dict] = {
     "weight_formation": dict(modes=("random",), probe="dequant",
                              requires=("dequant", ("bfloat16/", "float16/"),
                                        "acts only where the weights are formed in a 16-bit dtype")),
+    "w4a8_product": dict(probe="int8-f32-scales", modes=("random",), act="float32",
+                         note="the products differ only where (q - z) * sw is not a float32 value: probed with "
+                              "float32 scales and float32 activations"),
     "act_compute_dtype": dict(modes=("wide",), note="activations already in the rounded-to dtype are unchanged"),
     "output_rounding": dict(modes=("random",)),
     "output": dict(modes=("random",)),
@@ -384,6 +387,11 @@ def _candidate_cases(scheme: str, probe: str, act: str) -> list[Case]:
     if scheme == "w8a8":
         return [Case("w8a8", "ct-int-quantized", 1, N, K, group_size=-1, act_dtype=act, scale_dtype=sd)
                 for sd in ("float32", "bfloat16")]
+    if scheme == "w4a8" and probe == "int8-f32-scales":  # float32 scales: (q - z) * sw is not always a float32
+        return [Case("w4a8", "ct-pack-quantized", 1, N, K, group_size=32, sym=True, act_dtype=act,
+                     scale_dtype="float32"),
+                Case("w4a8", "gptq", 1, N, K, group_size=32, sym=True, zero_convention="v1", act_dtype=act,
+                     scale_dtype="float32")]
     if scheme == "w4a8":
         return [Case("w4a8", "gptq", 1, N, K, group_size=32, sym=True, zero_convention="v1", act_dtype=act),
                 Case("w4a8", "ct-pack-quantized", 1, N, K, group_size=32, sym=True, act_dtype=act),

@@ -358,7 +358,7 @@ def trial_fn(axis: Axis, case: Case, seed: int):
             return CaseInputs(case, 0, _diag_int_tensors(case), x.astype(np.float32), _bias(rng, case))
         if axis.probe == "moe":
             return _moe_inputs(rng, case, mode, t)
-        if axis.probe == "generic":
+        if axis.probe in ("generic", "int8-f32-scales"):  # the latter: the suite's inputs on float32-scale cases
             return _generic_inputs(rng, case, mode)
         if axis.probe in ("gptq-sym", "gptq-v1"):
             return _gptq_zero_inputs(rng, case, axis.probe)

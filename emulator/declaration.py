@@ -398,11 +398,7 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
                 ws = round_to_dtype(ws, declared.value("weight_scale_dtype")).astype(np.float32)
             r = lin.linear_w8a8(x.astype(np.float32), tensors["weight"], ws, b, act=v, out_dtype=out_dtype)
             return Reference(r.y_exact, r.y_bound, out_dtype, {"ws": ws, "acc": r.acc, "bias": b}, r.parts)
-        # W4A8: integer weights (q - z) and group scales under the declared weight reading
-        # (weight_dtype and weight_formation do not apply: the integer weights (q - z) enter the group sums)
-        plain = {k: v for k, v in declared.variants.items() if k not in ("weight_formation", "weight_rounding")}
-        w = declared_weight(case, tensors, dataclasses.replace(declared, weight_dtype="exact", variants=plain)
-                            ).astype(np.float64)
+        w = _w4a8_weight(case, tensors, declared)
         q = a8.quantize_int8_per_token(x.astype(np.float32), v)
         xd = a8.dequantize_int8_per_token(q)
         r = lin.linear_w16(xd, w, b, out_dtype=out_dtype)
@@ -416,6 +412,41 @@ def declared_reference(case: Case, tensors: dict, x: np.ndarray, bias: np.ndarra
         wd = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
         return Reference(r.y_exact, r.y_bound, out_dtype, {"x": xd, "w": wd, "bias": b, "mag": r.mag}, r.parts)
     raise ValueError(f"no declared reference for scheme {case.scheme!r}")
+
+
+def _w4a8_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray:
+    """The float64 [N, K] weights whose exact products with the dequantized int8 activations sum to the W4A8
+    reference under ``w4a8_product`` (docs/formats/activations.md#w4a8-int4-weights-int8-dynamic-activations).
+
+    ``group_int`` (canonical): ``(q - z) * sw`` exactly (a 4-bit integer times a scale of at most 24 bits
+    fits float64), so the sum is ``sx * sum_g sw * acc_g`` with exact integer ``acc_g``. ``float32_weights``:
+    the weights dequantized and rounded to float32 first, ``fl32((q - z) * sw)``. A ``dequant_order`` other
+    than sub_then_mul, or a ``zero_dtype``, forms the weights in float arithmetic: the float32 form then.
+    weight_dtype and weight_formation do not apply (the weights enter an int8-activation GEMM)."""
+    plain = {k: v for k, v in declared.variants.items() if k not in ("weight_formation", "weight_rounding")}
+    d = dataclasses.replace(declared, weight_dtype="exact", variants=plain)
+    float_formed = (declared.value("w4a8_product") == "float32_weights"
+                    or declared.value("dequant_order") != "sub_then_mul" or "zero_dtype" in plain)
+    if float_formed:
+        return declared_weight(case, tensors, d).astype(np.float64)
+    key = "scales" if case.weight_format == "gptq" else "weight_scale"
+    scales = np.asarray(tensors[key])
+    # unit scales give the integers (q - z) under the declared weight reading (exact in float32: |q - z| < 16)
+    unit = dict(tensors, **{key: np.ones_like(scales)})
+    q_z = declared_weight(case, unit, d).astype(np.float64)
+    sw = scales.astype(np.float32)  # float16 / bfloat16 / float32 values, exact in float32
+    if declared.value("weight_scale_dtype") != "checkpoint":
+        sw = round_to_dtype(sw.astype(np.float64), declared.value("weight_scale_dtype")).astype(np.float32)
+    sw = sw.astype(np.float64)
+    if case.weight_format == "gptq":  # scales [G, N], g_idx [K]
+        g = tensors.get("g_idx")
+        g = np.arange(case.K) // (case.K // sw.shape[0]) if g is None else np.asarray(g).astype(np.int64)
+        per = sw[g, :].T
+    else:  # compressed-tensors: weight_scale [N, G], weight_g_idx [K]
+        g = tensors.get("weight_g_idx")
+        g = np.arange(case.K) // (case.K // sw.shape[1]) if g is None else np.asarray(g).astype(np.int64)
+        per = sw[:, g]
+    return q_z * per
 
 
 def _experts(qweight, scales, group: int, kw: dict, used, declared: Declared, tensor: str) -> np.ndarray:

@@ -268,6 +268,13 @@ AXES: dict[str, Axis] = {a.key: a for a in [
                 "vLLM CPU cpu_gemm_wna16 (fp32 LUT, then the activation dtype); in_scale_dtype: compressed-tensors _dequantize "
                 "(quantization/lifecycle/forward_helpers.py: (q - z) * s in the scale's dtype, then .to(dtype))"),
     # -- GEMM --------------------------------------------------------------------------------------------
+    Axis("w4a8_product", "how W4A8 combines the integer weights, their group scales and the int8 activations",
+         Stage.GEMM, ("group_int", "float32_weights"), "group_int", schemes=("w4a8",),
+         target="declaration.declared_reference", doc="formats/activations.md#w4a8-int4-weights-int8-dynamic-activations",
+         source="group_int: vLLM CPU int4_scaled_mm_cpu (csrc/cpu/sgl-kernels/gemm_int4.cpp), torch "
+                "_dyn_quant_matmul_4bit (aten/src/ATen/native/cpu/int4mm_kernel.cpp); float32_weights: "
+                "compressed-tensors forward (quantization/lifecycle/forward.py: fake-quantized weight "
+                "fl32((q - z) * s), then F.linear)"),
     Axis("act_compute_dtype", "dtype activations are rounded to before the product", Stage.GEMM,
          ("none",) + _DTYPES, "none", target="Declared.act_compute_dtype", doc=_DOC_ACC, field=True,
          source="kernels converting fp32 activations to bf16 (ARK, zentorch)", case_level=_act_compute_level),

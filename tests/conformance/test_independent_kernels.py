@@ -63,6 +63,9 @@ def test_planted_bug_is_caught_and_localized(tmp_path, bug, backend, scheme, tie
 CORRECT = [
     ("indep-a16", "w8a16", "edge"),  # exact fp32 weights, float64 GEMM
     ("indep-a16-bf16w", "w4a16", "exact"),  # fp32 dequant, one bf16 rounding: weight_formation=float32_then_round
+    # exact integer group sums y = sx * sum_g sw * acc_g (docs' W4A8 formula; w4a8_product=group_int, canonical):
+    # its edge tier holds the float32-scale compressed-tensors cases where fl32((q - z) * sw) would differ
+    ("indep-int8act", "w4a8", "edge"),
 ]
 
 

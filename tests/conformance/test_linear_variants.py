@@ -63,6 +63,8 @@ def test_every_variant_reaches_linear(capsys, tmp_path, x_file, key, value):
     ckpt, act = WHERE[a.stage.value]
     if key == "azp_epilogue":
         ckpt, act = WHERE["int8-activations"]
+    if key == "w4a8_product":  # int4 weights under int8 activations: the layer is W4A8
+        ckpt, act = WHERE["weights"][0], "int8"
     rc, out, err, y = _run(capsys, tmp_path, x_file, ckpt, act, variants)
     assert rc == 0, err
     assert f"activations: {act}" in out

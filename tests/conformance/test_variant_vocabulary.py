@@ -36,6 +36,7 @@ def _case_for(a) -> Case:
     scheme = a.schemes[0]
     return {"w4a16": Case("w4a16", "gptq", 2, 32, 64, group_size=32, sym=False),
             "w8a8": Case("w8a8", "ct-int-quantized", 2, 32, 64, group_size=-1),
+            "w4a8": Case("w4a8", "ct-pack-quantized", 2, 32, 64, group_size=32, scale_dtype="float32"),
             "w4a4-mxfp4": Case("w4a4-mxfp4", "ct-mxfp4", 2, 32, 64, group_size=32),
             "w4a16-moe": Case("w4a16-moe", "gptq", 3, 32, 64, group_size=32, E=4, top_k=2)}[scheme]
 
