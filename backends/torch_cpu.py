@@ -57,6 +57,11 @@ INT8PACK_K_TAIL = ("KNOWN KERNEL DEFECT (docs/backends/torch-cpu.md, P4): _weigh
                    "with M = 1, SIGSEGV from misaligned loads with several rows). GPTQModel's TorchInt8QuantLinear "
                    "(gptqmodel/nn_modules/qlinear/torch_int8.py: SUPPORTS_IN_FEATURES_DIVISIBLE_BY = [1]) calls it "
                    "for any K, so this case is run; expect fail or crash (waivers/known-kernel-defects.toml)")
+INT_MM_K1 = ("KNOWN KERNEL DEFECT (docs/findings.md, torch 2.13 CPU torch._int_mm: K = 1): with K = 1 the [1, N] "
+             "view w.t() has strides (1, 1), torch passes the stride as oneDNN's leading dimension, oneDNN rejects "
+             "ldb = 1 < N without an error and the int32 output is never written (uninitialised values); N = 1 is "
+             "exact. The adapter calls _int_mm(q, w.t()) as torch's own int8 linear does, so this case is run; "
+             "expect fail (waivers/known-kernel-defects.toml)")
 #: group sizes ``_weight_int4pack_mm_for_cpu`` accepts (LinearAlgebra.cpp TORCH_CHECK)
 INT4PACK_GROUPS = (32, 64, 128, 256)
 
@@ -373,9 +378,12 @@ class TorchCpuBackend(Backend):
 
     # -- 3. declared ----------------------------------------------------------------------------
     def known_defect(self, case: Case) -> str | None:
-        """INT8PACK_K_TAIL: the AVX512 bf16 _weight_int8pack_mm reads past each row when K % 16 != 0."""
+        """INT8PACK_K_TAIL: the AVX512 bf16 _weight_int8pack_mm reads past each row when K % 16 != 0;
+        INT_MM_K1: _int_mm leaves its output unwritten for K = 1 and N > 1 (the dispatcher never picks either)."""
         if case.scheme == "w8a16" and case.act_dtype == "bfloat16" and case.K % 16:
             return INT8PACK_K_TAIL
+        if case.scheme == "w8a8" and case.K == 1 and case.N > 1:
+            return INT_MM_K1
         return None
 
     def declared(self, case: Case) -> Declared:

@@ -699,3 +699,11 @@ def test_int_mm_k1_is_a_known_failure(tmp_path):
         r.close()
     assert [(x["verdict"], x.get("waived_verdict")) for x in waived] == [("pass", None)] + [("waived", "fail")] * 2
     assert not any("unexpected_pass_of_waived_case" in x for x in waived)  # the waiver names only failing cases
+    # the dispatcher never picks the kernel where the defect is known (auto answers those cases elsewhere)
+    from backends.dispatch import dispatch_refusal
+    from backends.registry import create
+
+    tc = create("torch-cpu")
+    for spec, defect in zip(k1, (False, True, True)):
+        refused = dispatch_refusal(tc, spec.case)
+        assert (refused is not None and "_int_mm" in refused) == defect, (spec.case_id, refused)
