@@ -21,6 +21,8 @@ def cmd_certify(args) -> int:
     from ..selection import check_backends
 
     check_backends(args.backend)  # a typo: one line, exit 2, before anything else is printed
+    if args.search and args.no_search:
+        raise ValueError("--search and --no-search contradict each other: give one")
     if args.for_model:
         from .dispatch import checkpoint_families
 
@@ -39,7 +41,8 @@ def cmd_certify(args) -> int:
     res = certify(args.backend, args.out, profile=profile, schemes=args.scheme, tiers=args.tier,
                   shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
                   host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
-                  memory_limit=args.memory_limit, families=families, search=False if args.no_search else None,
+                  memory_limit=args.memory_limit, families=families,
+                  search=False if args.no_search else (True if args.search else None),
                   search_seed=args.search_seed, search_examples=args.search_examples,
                   placement=open_placement(args))
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
@@ -91,7 +94,7 @@ def _print_coverage_and_search(folder) -> None:
               f"{rec['examples_judged']} examples judged: "
               + ("no failure" if rec["ok"] else f"{rec['n_bad']} failing (see {rec['results']})"))
     else:
-        print("search: not run (--no-search)")
+        print("search: not run (--no-search, or a profile of given shapes: families, model; --search runs it)")
     print(f"certificate: {folder / 'certificate.md'}")
 
 
@@ -203,6 +206,9 @@ def register(sub) -> None:
     s.add_argument("--search-examples", type=int, default=None, metavar="N",
                    help="examples per family of the search (default: the profile's budget, "
                         "docs/conformance.md#property-tier)")
+    s.add_argument("--search", action="store_true",
+                   help="run the property search also for a profile of given shapes (model, families), which "
+                        "skips it by default")
     s.add_argument("--no-search", action="store_true",
                    help="skip the property search (the certificate then says no search was run; --for-model "
                         "runs none: its families are certified at the checkpoint's shapes)")

@@ -22,7 +22,7 @@ from .derive import (backend_lines, declared_table, environment_record, json_byt
 from .files import hash_file, scan
 from .identity import BUNDLE_FORMAT, MANIFEST, suite_code_sha256
 
-__all__ = ["CertifyResult", "certify", "add_files", "seal", "STAGING"]
+__all__ = ["CertifyResult", "certify", "add_files", "seal", "STAGING", "search_by_default", "SHAPE_PROFILES"]
 
 STAGING = ".staging"  # <parent>/.<out>.staging: each judged output, encoded, until the bundle is sealed
 PARTIAL = ".partial"
@@ -105,6 +105,16 @@ def _check_target(folder: Path) -> None:
         raise QconformError(f"{folder}: exists and is not empty (and is not a bundle); choose another --out")
 
 
+#: profiles whose cases are given shapes (a checkpoint's layers, the model profile's Llama / Qwen / gpt-oss layers):
+#: certify runs no property search for them by default, since the search draws every shape of a scheme
+SHAPE_PROFILES = frozenset({"families", "model"})
+
+
+def search_by_default(profile: str) -> bool:
+    """Whether certify runs the seeded property search when neither --no-search nor search=True is given."""
+    return profile not in SHAPE_PROFILES
+
+
 def certify(backends: list[str], out: "str | Path" = "qconform-certification", *, profile: str = "certification",
             schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
             timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
@@ -118,7 +128,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
     ``extra_files`` ({name: bytes | str | Path}) are stored under extra/. ``families`` (profile
     ``families``): the case families to certify, recorded in bundle.json (docs/certification.md#families).
-    ``search`` (default: on, except for profile ``families``, whose cases are a checkpoint's own shapes): after
+    ``search`` (default: ``search_by_default(profile)``: on, except for the profiles of given shapes): after
     the case list, the property tier's bounded search with seed ``search_seed`` and ``search_examples``
     examples per family (default: the profile's budget), recorded in bundle.json ``search`` and under search/
     (docs/certification.md#coverage-and-search).
@@ -140,7 +150,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     if search is None:
-        search = profile != "families"
+        search = search_by_default(profile)
     if search:  # the search needs Hypothesis: say so before any case runs
         try:
             import hypothesis  # noqa: F401

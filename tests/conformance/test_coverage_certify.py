@@ -160,3 +160,15 @@ def test_search_examples_must_be_positive(tmp_path, capsys):
                str(tmp_path / "x"), "--search-examples", "0"])
     assert rc == 2
     assert "--search-examples" in capsys.readouterr().err
+
+
+def test_profiles_of_given_shapes_skip_the_search_unless_asked():
+    """families (--for-model) and model certify given layer shapes: no search by default; every other profile
+    searches. --search forces it (the CLI's flag reaches certify as search=True)."""
+    from conformance.certify.write import search_by_default
+    from conformance.cli import build_parser
+
+    assert not search_by_default("families") and not search_by_default("model")
+    assert all(search_by_default(p) for p in ("certification", "ci", "smoke", "nightly"))
+    args = build_parser().parse_args(["certify", "--backend", "emulator", "--profile", "model", "--search"])
+    assert args.search and not args.no_search
