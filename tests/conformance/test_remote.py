@@ -149,3 +149,24 @@ def test_no_scheduler_is_one_line_exit_2(capsys, tmp_path):
     assert rc == 2
     err = capsys.readouterr().err
     assert "no Dask scheduler answered" in err and "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+def test_resume_through_the_cluster_runs_only_what_is_missing(tmp_path, cluster):
+    """--resume is the runner's (the cluster only runs kernels): a run cut after half its cases, resumed through the
+    cluster, ends with every case once."""
+    _c, client = cluster
+    specs = _specs(12)
+    ex = DaskExecutor(cluster[0].scheduler_address, client=client)
+    first = Runner(tmp_path / "out", jobs=2, progress=False, timeout=120, executor=ex)
+    try:
+        first.run(["emulator"], specs[:6])
+    finally:
+        first.close()
+    again = Runner(tmp_path / "out", jobs=2, progress=False, timeout=120, executor=ex)
+    try:
+        new = again.run(["emulator"], specs, resume=True)
+    finally:
+        again.close()
+    assert len(new) == 6  # only the missing half ran
+    ids = [x["case_id"] for x in _results(tmp_path / "out")]
+    assert sorted(ids) == sorted(s.case_id for s in specs) and len(ids) == len(set(ids))
