@@ -106,9 +106,7 @@ def _model(args) -> int:
                                              "backend": args.backend, "dtype": args.dtype, "tokens": ",".join(map(str, tokens))})
     print(f"{args.checkpoint}: logits {list(logits.shape)} float32 -> {args.output}"
           + (f" (+ {len(seen)} quantized layers' x and y)" if args.layers else ""))
-    for name, lines in sorted(op.selections().items()):
-        for line in lines:
-            print(f"  {name}: {line}")
+    print_choices(op.selections())
     st = op.cache_stats()
     print(f"cache: budget {st['budget_bytes'] / 2**20:g} MiB, peak {st['peak_bytes'] / 2**20:.2f} MiB, "
           f"{st['hits']} hits, {st['misses']} misses, {st['uncached']} layer(s) too large to cache; "
@@ -173,6 +171,20 @@ def sqnr_db(y, ref) -> float:
     y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
     err = float(((y64 - r64) ** 2).sum())
     return float("inf") if err == 0 else float(10 * np.log10(float((r64 ** 2).sum()) / err))
+
+
+def print_choices(selections: dict) -> None:
+    """Each layer's choice line; where every line skips the same backends for the same reasons, that list is
+    printed once above them instead of on every layer (issue 22: a 600-character line per layer)."""
+    rows = [(name, line) for name, lines in sorted(selections.items()) for line in lines]
+    marker = " (skipped: "
+    skips = {line.rpartition(marker)[2] for _, line in rows if marker in line}
+    common = None
+    if len(rows) > 1 and len(skips) == 1 and all(marker in line for _, line in rows):
+        common = skips.pop()
+        print(f"  every layer skipped: {common[:-1] if common.endswith(')') else common}")
+    for name, line in rows:
+        print(f"  {name}: {line.rpartition(marker)[0] if common is not None else line}")
 
 
 def add_parser(sub, certifier_factory=None) -> None:

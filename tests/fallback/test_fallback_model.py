@@ -214,3 +214,16 @@ def test_bad_tokens_and_missing_tensor_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "model.norm.weight" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_skip_list_shared_by_every_layer_is_printed_once(capsys):
+    from qconform_torch.cli import print_choices
+
+    skip = " (skipped: ark, zentorch: no certification bundle given for it)"
+    print_choices({"a": ["w8a8 ct -> torch-cpu [timed]" + skip], "b": ["w8a8 ct -> emulator fast path [timed]" + skip]})
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  every layer skipped: ark, zentorch: no certification bundle given for it",
+                   "  a: w8a8 ct -> torch-cpu [timed]", "  b: w8a8 ct -> emulator fast path [timed]"]
+    print_choices({"a": ["x -> y" + skip], "b": ["x -> z (skipped: ark: cannot implement it)"]})
+    out = capsys.readouterr().out.splitlines()  # different reasons: each line keeps its own
+    assert out == ["  a: x -> y" + skip, "  b: x -> z (skipped: ark: cannot implement it)"]
