@@ -96,7 +96,17 @@ def test_every_ci_case_dispatched_on_this_host_is_inside_its_interval(tmp_path, 
     recs = [r for r in recs if r.get("kind") == "result"]
     chosen = {r["declared"]["notes"].split(" (")[0] for r in recs}
     assert "dispatched to emulator" in chosen
+    mistrusted = [r for r in recs if r["verdict"] == "mistrusted"]
+    # Known gap (docs/findings.md, "auto and zentorch's eps clamp"): on the coverage design's extreme-scale W8A8 case
+    # auto takes zentorch, whose declared eps clamp (a rounding-level variant) makes the declared reference all
+    # zero: the case is mistrusted (never counted as passed) and the summary names it. Nothing else may be.
+    assert len(mistrusted) <= 1 and s["totals"].get("mistrusted", 0) == len(mistrusted)
+    for r in mistrusted:
+        assert "vc-scale-extreme" in r["case_id"] and "zentorch" in r["declared"]["notes"].split(" (")[0], r["case_id"]
+        assert r["reason"] == "reference output is all zero, constant or non-finite"
     for r in recs:
+        if r in mistrusted:
+            continue
         assert r["verdict"] in ("pass", "pass-with-tie-flips", "quality-warning"), r["case_id"]
         assert r["level"] != "semantic"
         # a canonical declaration passing its interval is inside the canonical interval itself
