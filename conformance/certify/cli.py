@@ -69,9 +69,21 @@ def cmd_certify(args) -> int:
 
         summary = _bundle_summary(res.path)
         head = run_headline(summary) if summary else "?"
-        print(f"certification: {'PASS' if res.ok else 'FAIL'} ({res.n_bad} failing of {res.n_results}; {head}, "
-              f"level {summary.get('level') if summary else '?'})")
+        searched = search_failures(res.path)
+        why = f"; property search: {searched} failing example(s)" if searched else ""
+        print(f"certification: {'PASS' if res.ok else 'FAIL'} (case list: {res.n_bad} failing of {res.n_results}, "
+              f"{head}, level {summary.get('level') if summary else '?'}{why})")
     return 0 if res.ok else 1
+
+
+def search_failures(folder) -> int:
+    """Failing examples of the bundle's property search (0: none, or no search): a FAIL that the case list alone
+    does not explain names it."""
+    try:
+        rec = json.loads((folder / "bundle.json").read_text(encoding="utf-8")).get("search")
+    except (OSError, ValueError):
+        return 0
+    return int(rec.get("n_bad") or 0) if isinstance(rec, dict) and not rec.get("ok", True) else 0
 
 
 def _print_coverage_and_search(folder) -> None:

@@ -172,3 +172,17 @@ def test_profiles_of_given_shapes_skip_the_search_unless_asked():
     assert all(search_by_default(p) for p in ("certification", "ci", "smoke", "nightly"))
     args = build_parser().parse_args(["certify", "--backend", "emulator", "--profile", "model", "--search"])
     assert args.search and not args.no_search
+
+
+def test_a_fail_from_the_search_alone_is_named_on_the_certification_line(tmp_path):
+    """`certification: FAIL (0 failing of 400; CONFORMANT ...)` confused a vendor: the search's failures are named."""
+    import json
+
+    from conformance.certify.cli import search_failures
+
+    (tmp_path / "bundle.json").write_text(json.dumps({"search": {"ok": False, "n_bad": 2}}))
+    assert search_failures(tmp_path) == 2
+    (tmp_path / "bundle.json").write_text(json.dumps({"search": {"ok": True, "n_bad": 0}}))
+    assert search_failures(tmp_path) == 0
+    (tmp_path / "bundle.json").write_text(json.dumps({"search": None}))
+    assert search_failures(tmp_path) == 0
