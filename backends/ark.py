@@ -89,6 +89,7 @@ from .ark_layout import (  # noqa: F401 - re-exported: the layout transforms liv
     ArkLayout, awq_layout, awq_qweight_to_gptq, ct_int8_layout, ct_pack_layout, gptq_layout, params_scales,
     scales32, unpack_awq, unpack_gptq_qweight, unpack_gptq_qzeros,
 )
+from .host import cpu_info
 from .base import Availability, Backend, Case, Declared, Prepared, Support, no, yes
 from .torch_layout import import_torch, to_torch, torch_dtype
 
@@ -130,20 +131,8 @@ class HostCpu:
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> HostCpu:
     """CPU vendor string and ISA flags (Linux /proc/cpuinfo; empty when unreadable)."""
-    vendor, flags = "", frozenset()
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                key = key.strip()
-                if key == "vendor_id" and not vendor:
-                    vendor = val.strip()
-                elif key == "flags" and not flags:
-                    flags = frozenset(val.split())
-                if vendor and flags:
-                    break
-    except OSError:
-        pass
+    info = cpu_info()
+    vendor, flags = info["vendor"], frozenset(info["flags"])
     return HostCpu(vendor, flags)
 
 

@@ -22,6 +22,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
+from .host import cpu_info
 
 __all__ = ["HostChoiceCache", "host_identity", "FORMAT"]
 
@@ -30,32 +31,14 @@ log = logging.getLogger("qconform.dispatch")
 FORMAT = "qconform-dispatch-cache/1"
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
-    """(CPU model name, sorted flag set) from /proc/cpuinfo; ('', []) where unreadable."""
-    model, flags = "", []
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not model:
-                    model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = sorted(set(value.split()))
-                if model and flags:
-                    break
-    except OSError:
-        pass
-    return model or platform.processor(), flags
-
-
 def host_identity() -> dict:
     """What a timing depends on besides the kernels' own versions (those are recorded per entry)."""
     import numpy
 
     from emulator import __version__ as emulator_version
 
-    model, flags = _cpuinfo()
+    info = cpu_info()
+    model, flags = info["model_name"], sorted(info["flags"])
     return {"cpu": model, "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu_flags": flags,
             "python": platform.python_version(), "numpy": numpy.__version__, "emulator": emulator_version}
 

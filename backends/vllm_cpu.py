@@ -56,6 +56,7 @@ import numpy as np
 
 from .base import Availability, Backend, BackendError, Case, Declared, Prepared, Support, no, yes
 from .torch_layout import AWQ_PACK_ORDER, AWQ_REVERSE_ORDER, torch_dtype  # noqa: F401 - re-exported
+from .host import cpu_info
 from .vllm_cpu_layout import (  # noqa: F401 - re-exported: the layout transforms live in vllm_cpu_layout.py
     awq_to_standard, pack_int32, unpack_int32, w4a8_awq_order, w4a8_decode_awq_order, wna16_decode, wna16_repack,
 )
@@ -83,14 +84,7 @@ _GPTQ_FORMATS = ("gptq", "awq", "ct-pack-quantized")
 # -- host and library discovery (monkeypatchable in tests) --------------------------------------
 def cpu_flags() -> set:
     """The CPU flags of /proc/cpuinfo (empty when unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpu_info()["flags"])
 
 
 def _find_vllm_spec():

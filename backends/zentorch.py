@@ -66,10 +66,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import platform
 
 import numpy as np
 
+from .host import cpu_info  # noqa: F401 - re-exported (zentorch.cpu_info)
 from .base import Availability, Backend, BackendError, Case, Declared, Prepared, Support, no, yes
 from .torch_layout import pack_fields, torch_dtype, unpack_fields
 
@@ -107,30 +107,7 @@ _KEEP_ALIVE: list = []
 
 
 # -- host --------------------------------------------------------------------------------------
-def cpu_info() -> dict:
-    """vendor, model name, family/model and the flag set of /proc/cpuinfo (empty when unreadable)."""
-    info = {"vendor": "", "model_name": platform.processor() or "", "family": None, "model": None, "flags": set()}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                key, val = key.strip(), val.strip()
-                if key == "vendor_id" and not info["vendor"]:
-                    info["vendor"] = val
-                elif key == "model name" and not info.get("_mn"):
-                    info["model_name"], info["_mn"] = val, True
-                elif key == "cpu family" and info["family"] is None:
-                    info["family"] = int(val)
-                elif key == "model" and info["model"] is None:
-                    info["model"] = int(val)
-                elif key == "flags" and not info["flags"]:
-                    info["flags"] = set(val.split())
-    except OSError:
-        pass
-    info.pop("_mn", None)
-    return info
-
-
+# cpu_info: backends/host.py (re-exported: the ISA keys below read it through this module)
 def _zen_generation(family, model) -> str | None:
     """AMD family/model -> Zen generation (AMD's public family numbers)."""
     if family == 0x17:
