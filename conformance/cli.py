@@ -128,20 +128,13 @@ def _cmd_linear(args) -> int:
     from emulator.checkpoint import Checkpoint
     from emulator.errors import FormatError
     from emulator.layers import declared_activation, linear_layer
-    from emulator.tensorfile import Tensor, load_tensors, save_tensors
+    from emulator.tensorfile import Tensor, save_tensors
 
     ck = Checkpoint(args.checkpoint)
     info = ck.layer(args.layer)
-    tensors = load_tensors(args.input)
-    if "x" not in tensors:
-        raise FormatError(f"{args.input}: missing tensor 'x' (found: {', '.join(sorted(tensors)) or 'none'})")
-    xt = tensors["x"]
-    dtype = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(xt.dtype)
-    if dtype is None:
-        raise FormatError(f"{args.input}: tensor 'x' must be F32, F16 or BF16, got {xt.dtype}")
-    x = xt.data
-    if x.ndim != 2:
-        raise FormatError(f"{args.input}: tensor 'x' must be 2-D [M, K], got shape {list(x.shape)}")
+    from .quantize_cmd import read_activations
+
+    x, dtype = read_activations(args.input)  # (F16/BF16 values are exact in float32; out_dtype names the dtype)
     if not np.all(np.isfinite(x)):
         raise FormatError(f"{args.input}: tensor 'x' contains NaN or Inf")
     decl, int8_variant, mx_variant, direct = _linear_variants(args.variant, args.preset, dtype)

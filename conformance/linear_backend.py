@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.registry import create, select
+from backends.registry import dispatcher, select
 from emulator.declaration import declared_output, declared_reference
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
@@ -37,13 +37,7 @@ def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: 
         lines.append(f"backend: {backend.label} (dispatched for {case.describe()})")
         lines += [f"  skipped {name}: {why}" for name, why in sel.skipped]
     else:
-        backend = create(spec)
-        av = backend.availability()
-        if not av.available:
-            raise RuntimeError(f"backend {backend.label} is unavailable here: {av.reason}")
-        sup = backend.can_implement(case)
-        if not sup.ok:
-            raise RuntimeError(f"backend {backend.label} cannot implement {case.describe()}: {sup.reason}")
+        backend = dispatcher().named(spec, case)  # unavailable or cannot implement: RuntimeError saying why
         lines.append(f"backend: {backend.label} (named)")
     declared = backend.declared(case)
     x32 = np.asarray(x, np.float32)
