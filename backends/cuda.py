@@ -43,7 +43,7 @@ W8A16/W4A8/MoE (no torch CUDA op).
 
 Parameters: ``cuda:bias_mode=bf16_add`` (default) adds a w4a16 bias to the bf16 kernel output
 in bf16, as torchao's tinygemm linear does; declared as ``bias_stage=after_output_rounding``
-(conformance/acceptance.py: y = RNE_bf16(o + b), o the rounded kernel output), so the
+(conformance/judge/acceptance.py: y = RNE_bf16(o + b), o the rounded kernel output), so the
 declared interval covers the double rounding. ``cuda:bias_mode=refuse`` refuses w4a16 cases
 with a bias instead. ``cuda:inner_k_tiles=2|4|8`` (default: the largest that divides K / 16).
 """

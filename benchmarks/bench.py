@@ -22,7 +22,7 @@ on the same data, so results are comparable across machines:
   exact integer sums). Target <= 1.3x. For W8A8 also its exact accumulator alone (what the fallback a
   model calls uses: torch's int8 GEMM, qconform_torch/int_kernels.py; NumPy's fp32 sgemm over K-chunks,
   emulator/linear.py, reported beside it) against the float64 dgemm accumulator it replaced: target >= 2x.
-- exact reference: conformance.acceptance.declared_interval per case size.
+- exact reference: conformance.judge.acceptance.declared_interval per case size.
 - suite throughput: cases/s per backend on the smoke profile.
 - the host's load average with each timing (shared hosts: a load above the core count means contention).
 
@@ -126,9 +126,9 @@ def _native_times(case, tensors, x, repeat: int, reference) -> dict:
 # -- individual benchmarks (each runs in a fresh process) -------------------------------------------
 def bench_dequant(fmt: str, n: int, k: int, repeat: int) -> dict:
     from backends.base import Case
-    from conformance.acceptance import declared_weight
+    from conformance.judge.acceptance import declared_weight
     from backends.base import Declared
-    from conformance.cases import weight_tensors
+    from conformance.cases.inputs import weight_tensors
 
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((n, k)) * 0.02).astype(np.float16)
@@ -164,7 +164,7 @@ def bench_dequant(fmt: str, n: int, k: int, repeat: int) -> dict:
 def bench_linear(scheme: str, m: int, n: int, k: int, repeat: int, native: bool) -> dict:
     from backends.base import Case
     from backends.registry import create
-    from conformance.cases import make_inputs
+    from conformance.cases.inputs import make_inputs
 
     case = {"w4a16": Case("w4a16", "gptq", m, n, k, group_size=128, sym=True, zero_convention="v1",
                           act_dtype="bfloat16"),
@@ -252,7 +252,7 @@ def bench_fallback(fmt: str, ms: tuple, n: int, k: int, repeat: int, native: boo
 
     from backends.base import Case
     from backends.registry import create
-    from conformance.cases import make_inputs
+    from conformance.cases.inputs import make_inputs
     from qconform_torch.blocked import blocked_fast_linear
 
     mmax = max(ms)
@@ -310,8 +310,8 @@ def bench_fallback(fmt: str, ms: tuple, n: int, k: int, repeat: int, native: boo
 
 def bench_reference(scheme: str, m: int, n: int, k: int, repeat: int) -> dict:
     from backends.base import Case, Declared
-    from conformance.acceptance import declared_interval
-    from conformance.cases import make_inputs
+    from conformance.judge.acceptance import declared_interval
+    from conformance.cases.inputs import make_inputs
 
     case = {"w4a16": Case("w4a16", "gptq", m, n, k, group_size=128, sym=True, zero_convention="v1"),
             "w8a8": Case("w8a8", "ct-int-quantized", m, n, k, group_size=-1, scale_dtype="float32"),
@@ -325,8 +325,8 @@ def bench_reference(scheme: str, m: int, n: int, k: int, repeat: int) -> dict:
 def bench_suite(backend: str, jobs: int, profile: str) -> dict:
     import tempfile
 
-    from conformance.runner import Runner
-    from conformance.suite import case_list
+    from conformance.run.runner import Runner
+    from conformance.cases.suite import case_list
 
     specs = case_list(profile=profile)
     out = tempfile.mkdtemp(prefix="qconform-bench-")

@@ -150,7 +150,7 @@ def _heights(repeat: int, m: int = 1, heights=(8, 16, 32, 64, 128)) -> None:
     import emulator.parallel as par
     from backends.base import Case
     from backends.registry import create
-    from conformance.cases import make_inputs
+    from conformance.cases.inputs import make_inputs
     from emulator.formats import fast_matmul
     from qconform_torch.blocked import blocked_fast_linear
 

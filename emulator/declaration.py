@@ -6,7 +6,7 @@ vocabulary its keys come from: emulator/variants.py) and docs/conformance.md#lev
 Everything a declaration names is validated against the variant vocabulary when it is built, so a
 typo is an error, never a silently canonical kernel. From a declaration the emulator builds the
 typed variants of each stage (``int8_variant``, ``mx_variant``, ``moe_variant``) and the weights the
-kernel declares it forms (``declared_weight``); conformance/acceptance.py bounds the rest.
+kernel declares it forms (``declared_weight``); conformance/judge/acceptance.py bounds the rest.
 """
 
 from __future__ import annotations

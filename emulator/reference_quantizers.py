@@ -3,7 +3,7 @@
 Semantics: docs/formats/activations.md#reference-implementations and
 docs/formats/mxfp4.md#reference-implementations. Each entry is the ``Declared.variants`` a backend
 wrapping that library declares; tests/emulator/test_reference_libraries.py checks every entry against
-the library itself, bit for bit, on the separating inputs of conformance/generators.py.
+the library itself, bit for bit, on the separating inputs of conformance/cases/generators.py.
 """
 
 from __future__ import annotations

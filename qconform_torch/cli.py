@@ -1,4 +1,4 @@
-"""``qconform model``: one forward pass of a quantized checkpoint (wired into conformance/cli.py).
+"""``qconform model``: one forward pass of a quantized checkpoint (wired into conformance/cli/main.py).
 
 Semantics: docs/fallback.md#run-a-model.
 """

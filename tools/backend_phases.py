@@ -8,7 +8,7 @@ the top of a cProfile. Numbers: docs/scaling.md#measured-2026-11-28.
 import cProfile, collections, io, json, pstats, sys, time
 t0 = time.perf_counter()
 from backends.registry import create
-from conformance.suite import case_list
+from conformance.cases.suite import case_list
 name, n = sys.argv[1], int(sys.argv[2])
 b = create(name); av = b.availability(); t_av = time.perf_counter() - t0
 print("availability", av.available, av.reason, f"{t_av:.2f}s", flush=True)

@@ -11,8 +11,8 @@ import numpy as np
 
 from backends.base import Case
 from backends.cuda import CudaBackend, cuda_state, tinygemm_weight
-from conformance.acceptance import compare, declared_interval, declared_weight
-from conformance.cases import make_inputs
+from conformance.judge.acceptance import compare, declared_interval, declared_weight
+from conformance.cases.inputs import make_inputs
 
 
 def _w4a16_cases():

@@ -3,7 +3,7 @@
     python -m tools.model_reference_cost [--scheme S ...] [--json FILE]
 
 For each case of ``case_list(profile="model")``: the time to draw its inputs (``layer-codes``) and the
-time of ``conformance.acceptance.declared_interval`` under the canonical declaration with fp32
+time of ``conformance.judge.acceptance.declared_interval`` under the canonical declaration with fp32
 accumulation (what the emulator backend and every level assessment ask for). Prints a markdown table
 and the least-squares fit ``seconds = a + b * GMAC`` over the linear (non-MoE) cases, where
 GMAC = M*N*K / 1e9. Numbers in docs/performance.md#model-profile come from this command.
@@ -19,8 +19,8 @@ import numpy as np
 
 
 def measure(schemes=None) -> list[dict]:
-    from conformance.acceptance import declared_interval
-    from conformance.suite import case_list
+    from conformance.judge.acceptance import declared_interval
+    from conformance.cases.suite import case_list
     from emulator.declaration import canonical_declaration
 
     rows = []

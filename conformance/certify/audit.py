@@ -23,7 +23,7 @@ __all__ = ["rerun_cases"]
 
 def rerun_cases(folder: Path, meta: dict, latest: dict, stored_all: dict, n: int, seed, timeout, res) -> int:
     """Re-execute ``n`` cases chosen with ``seed`` (random when None); problems and notes go into ``res``."""
-    from ..workerproc import WorkerProcess
+    from conformance.run.workerproc import WorkerProcess
 
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -66,8 +66,8 @@ def rerun_cases(folder: Path, meta: dict, latest: dict, stored_all: dict, n: int
 def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Path, res) -> None:
     from emulator.tensorfile import load_tensors
 
-    from .codec import same_values, decode_case
-    from .offline import offline_verdict
+    from conformance.certify.codec import same_values, decode_case
+    from conformance.certify.offline import offline_verdict
 
     who = f"{rec['backend']} {rec['case_id']}"
     raw = rec.get("waived_verdict") or rec.get("verdict")
@@ -108,8 +108,8 @@ def _rerun_one(w, deterministic: bool, rec: dict, entry, timeout: float, tmp: Pa
         problems.append(f"{who}: rerun: produced an output; the bundle records {raw} without one")
         return
     if entry["meta"].get("kind") == "quantize":  # the quantize-only outputs are judged exactly: compare them
-        from ..quantized import decide_quantized, load_observed
-        from .codec import decode_quantized
+        from conformance.judge.quantized import decide_quantized, load_observed
+        from conformance.certify.codec import decode_quantized
 
         obs, _exp = decode_quantized(entry)
         again = decide_quantized(load_observed(ypath), obs)

@@ -1,4 +1,4 @@
-"""The `certify` and `verify-bundle` commands (wired into conformance/cli.py through ``register``).
+"""The `certify` and `verify-bundle` commands (wired into conformance/cli/main.py through ``register``).
 
 Semantics: docs/certification.md.
 """
@@ -8,23 +8,23 @@ from __future__ import annotations
 import json
 import sys
 
-from ..placement import add_options as add_placement_options
-from ..placement import open_placement
-from .verify import verify_bundle
-from .write import certify
+from conformance.run.placement import add_options as add_placement_options
+from conformance.run.placement import open_placement
+from conformance.certify.verify import verify_bundle
+from conformance.certify.write import certify
 
 __all__ = ["cmd_certify", "cmd_verify_bundle", "register"]
 
 
 def cmd_certify(args) -> int:
     profile, families = args.profile or "certification", None
-    from ..selection import check_backends
+    from conformance.cases.selection import check_backends
 
     check_backends(args.backend)  # a typo: one line, exit 2, before anything else is printed
     if args.search and args.no_search:
         raise ValueError("--search and --no-search contradict each other: give one")
     if args.for_model:
-        from .dispatch import checkpoint_families
+        from conformance.certify.dispatch import checkpoint_families
 
         if args.profile not in (None, "families"):
             raise ValueError(f"--for-model certifies the checkpoint's own case families (profile 'families'), "
@@ -65,7 +65,7 @@ def cmd_certify(args) -> int:
         print(f"certification: NOT CERTIFIED (no judged case for {', '.join(res.no_judged_case)}; "
               f"{res.n_bad} failing of {res.n_results})")
     else:
-        from ..summary import headline as run_headline
+        from conformance.report.summary import headline as run_headline
 
         summary = _bundle_summary(res.path)
         head = run_headline(summary) if summary else "?"
@@ -191,7 +191,7 @@ def _recorded_verdict(folder) -> str:
 
 
 def register(sub) -> None:
-    from ..suite import PROFILES, TIERS
+    from conformance.cases.suite import PROFILES, TIERS
 
     s = sub.add_parser("certify", help="run the certification profile on backends and write a verifiable bundle")
     s.add_argument("--backend", action="append", required=True, help="backend spec; repeatable")

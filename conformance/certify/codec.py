@@ -13,7 +13,7 @@ import numpy as np
 
 from emulator.errors import QconformError
 
-from .identity import OUTPUTS_FORMAT
+from conformance.certify.identity import OUTPUTS_FORMAT
 
 __all__ = ["encode_case", "decode_case", "load_outputs", "pack_outputs", "safe_label", "case_key", "decode_quantized"]
 
@@ -157,7 +157,7 @@ def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bo
     - the outward interval [lo, hi]: ``lh2``/``lh4``/``lh8``/``lh16`` (the pair (ref - lo, hi - ref) in
       1, 2, 4 or 8 bits a field, outliers in ``lh_x*``), else ``lo``/``hi`` offsets (smallest int type),
       else ``lo_v``/``hi_v`` F64;
-    - the judged interval [jlo, jhi] (what ``conformance.verdict.decide`` tests insideness against, when
+    - the judged interval [jlo, jhi] (what ``conformance.judge.verdict.decide`` tests insideness against, when
       narrower than [lo, hi]: a kernel that rounds once, as declared, cannot reach the outward
       neighbour): ``jd2``..``jd16`` (the pair (jlo - lo, hi - jhi)), else ``jlo``/``jhi`` offsets,
       else ``jlo_v``/``jhi_v``; absent (meta ``judged`` false) when it equals [lo, hi];

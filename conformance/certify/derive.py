@@ -13,17 +13,17 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-from ..verdict import BAD, JUDGED, Verdict
+from conformance.judge.verdict import BAD, JUDGED, Verdict
 
 __all__ = ["BAD", "JUDGED", "latest_results", "backend_lines", "run_headers", "declared_table", "waiver_record",
            "environment_record", "verdict_summary", "reports", "json_bytes"]
 
 # BAD; JUDGED: verdicts that come from comparing an output with its interval (a certification needs at least one
-# per backend): conformance/verdict.py
+# per backend): conformance/judge/verdict.py
 
 
 def json_bytes(obj) -> bytes:
-    from ..summary import json_safe
+    from conformance.report.summary import json_safe
 
     return (json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
 
@@ -92,7 +92,7 @@ def verdict_summary(latest: dict, labels: list[str], blines: dict) -> dict:
     case certifies nothing. ``level``: the farthest conformance level of the judged declarations. A verdict
     that is none of the suite's (a damaged line) counts as bad: it certifies nothing.
     """
-    from ..levels import run_level
+    from conformance.judge.levels import run_level
 
     counts = Counter(r["verdict"] for r in latest.values())
     known = {v.value for v in Verdict}
@@ -118,8 +118,8 @@ def reports(lines: list[dict], meta: dict, title: str) -> dict[str, bytes]:
     Paths in them are the bundle's own (``bundles/<name>``), not where the bundle was written, so the
     same bytes come out wherever the bundle is verified.
     """
-    from ..report import render_html, render_markdown, summarize_sources
-    from ..summary import json_safe
+    from conformance.report.write import render_html, render_markdown, summarize_sources
+    from conformance.report.summary import json_safe
 
     latest = latest_results(lines)
     bundle_of = {}

@@ -16,7 +16,7 @@ a layer's Case only if all of this holds:
    outputs by the suite running now) and is a whole certification (no shard, the exact, edge and
    random tiers); a bundle that is not is an error, never skipped quietly;
 2. it was written on this host: the same CPU model, machine, CPU count and the CPU flags the suite
-   records (AVX*, AMX*, FMA, F16C, SSE4) as ``conformance.provenance.environment()`` reads here now;
+   records (AVX*, AMX*, FMA, F16C, SSE4) as ``conformance.run.provenance.environment()`` reads here now;
 3. the backend spec and its library version are the ones installed now; a dispatcher (``auto``) or the
    emulator is never a candidate, whatever a bundle says of it;
 4. the Case's *family* (every Case field but M, N and K: scheme, format, code width where the format has
@@ -42,7 +42,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..verdict import Verdict
+from conformance.judge.verdict import Verdict
 
 __all__ = ["CertificationError", "CertificationStore", "family_key", "PASSING", "host_identity",
            "checkpoint_families"]
@@ -105,8 +105,8 @@ class CertificationStore:
     backend is certified for the case (points 2-4 of the module docstring), else the reason."""
 
     def __init__(self, bundles, *, here: dict | None = None):
-        from ..provenance import environment
-        from .verify import verify_bundle
+        from conformance.run.provenance import environment
+        from conformance.certify.verify import verify_bundle
 
         self.paths = [str(p) for p in bundles]
         if not self.paths:

@@ -19,10 +19,10 @@ MANIFEST = "MANIFEST.json"
 
 #: the sources whose code decides cases, intervals, verdicts, metrics and what a bundle must hold (hashed
 #: into ``suite_code_sha256``); reports' layout, fingerprints, the CLI and test helpers are left out
-_SUITE_SOURCES = ("conformance/acceptance.py", "conformance/bundle.py", "conformance/cases.py",
-                  "conformance/certify", "conformance/generators.py", "conformance/golden.py",
-                  "conformance/oracles.py", "conformance/runner.py", "conformance/suite.py", "conformance/verdict.py",
-                  "conformance/worker.py", "conformance/workerproc.py", "emulator", "backends/base.py")
+_SUITE_SOURCES = ("conformance/judge/acceptance.py", "conformance/run/bundle.py", "conformance/cases/inputs.py",
+                  "conformance/certify", "conformance/cases/generators.py", "conformance/cases/golden.py",
+                  "conformance/judge/oracles.py", "conformance/run/runner.py", "conformance/cases/suite.py", "conformance/judge/verdict.py",
+                  "conformance/run/worker.py", "conformance/run/workerproc.py", "emulator", "backends/base.py")
 
 # -- which suite wrote a bundle ----------------------------------------------------------------------------
 _CODE_SHA: "str | None" = None
@@ -53,7 +53,7 @@ def suite_code_sha256() -> str:
 
 def suite_identity() -> dict:
     """The running suite: package version, emulator version, git commit (when a checkout), code hash."""
-    from ..provenance import git_commit, suite_version
+    from conformance.run.provenance import git_commit, suite_version
 
     return {"suite_version": suite_version(), "emulator_version": emulator_version, "git_commit": git_commit(),
             "suite_code_sha256": suite_code_sha256()}

@@ -13,9 +13,9 @@ __all__ = ["offline_verdict"]
 
 
 def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
-    """``conformance.verdict.decide`` on the arrays one case stored (``decode_case``): a ``Judgement``."""
-    from ..acceptance import Interval
-    from ..verdict import decide, require_output_grid
+    """``conformance.judge.verdict.decide`` on the arrays one case stored (``decode_case``): a ``Judgement``."""
+    from conformance.judge.acceptance import Interval
+    from conformance.judge.verdict import decide, require_output_grid
 
     bound = np.array([1.0 if meta.get("bound_positive") else 0.0])
     loose = Interval(y_ref=d["y_ref"], y_exact=d["y_exact_proxy"], lo=d["lo"], hi=d["hi"], bound=bound,
@@ -23,7 +23,7 @@ def offline_verdict(d: dict, meta: dict, declared: "dict | None"):
     judged = dataclasses.replace(loose, lo=d["jlo"], hi=d["jhi"])
     declared = declared or {}
     if declared.get("arithmetic") == "opaque":
-        from ..verdict import decide_opaque
+        from conformance.judge.verdict import decide_opaque
 
         with np.errstate(all="ignore"):
             return require_output_grid(decide_opaque(d["y"], loose, judged, float(declared["sqnr_floor_db"])), d["y"])

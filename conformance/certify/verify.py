@@ -14,16 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..verdict import BAD, JUDGED, Verdict
-from .codec import decode_case, decode_quantized, load_outputs
-from .derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results,
+from conformance.judge.verdict import BAD, JUDGED, Verdict
+from conformance.certify.codec import decode_case, decode_quantized, load_outputs
+from conformance.certify.derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results,
                      report_title, reports, run_headers, verdict_summary, waiver_record)
-from .files import MAX_FILE_BYTES, MAX_PARSED_BYTES, BundleFileError, bad_relpath, hash_file, scan, tail
-from .identity import BUNDLE_FORMAT, MANIFEST, suite_identity, version_mismatch
+from conformance.certify.files import MAX_FILE_BYTES, MAX_PARSED_BYTES, BundleFileError, bad_relpath, hash_file, scan, tail
+from conformance.certify.identity import BUNDLE_FORMAT, MANIFEST, suite_identity, version_mismatch
 
 __all__ = ["VerifyResult", "verify_bundle", "offline_verdict"]
 
-from .offline import offline_verdict  # noqa: E402 - the verdict rule on stored arrays (shared with audit.py)
+from conformance.certify.offline import offline_verdict  # noqa: E402 - the verdict rule on stored arrays (shared with audit.py)
 
 _PARSED = (".json", ".jsonl", ".txt", ".md", ".html", ".log")
 RESULTS = "results.jsonl"  # read as a stream, at most as many lines as the case list allows (``results_bound``)
@@ -31,7 +31,7 @@ RESULTS = "results.jsonl"  # read as a stream, at most as many lines as the case
 #: for each invocation of an interrupted and resumed certify, up to this many invocations
 MAX_RUNS = 256
 MAX_LINE = 16 << 20  # bytes of one results.jsonl line (a result line is a few KiB)
-LOG_TAIL = 600  # = conformance.workerproc.LOG_TAIL: the log excerpt a crash/timeout record carries
+LOG_TAIL = 600  # = conformance.run.workerproc.LOG_TAIL: the log excerpt a crash/timeout record carries
 
 
 @dataclasses.dataclass
@@ -282,11 +282,11 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
             problems.append(f"{b}: {len(missing)} case(s) of cases.txt have no result (first: {missing[0]})")
     if recompute:  # (the derived files come from the judging and report code of the suite that wrote them)
         _check_derived(files, meta, lines, latest, blines, headers, labels, problems)
-        from ..coverage_search import check_search
+        from conformance.certify.coverage_search import check_search
 
         check_search(files, meta, problems, notes, deep=deep)  # the search, coverage and certificate records
     wj = _json(files, "waivers.json", "waivers") or {}
-    from ..runner import Waiver
+    from conformance.run.runner import Waiver
 
     try:
         waivers = [Waiver(**{k: str(w[k]) for k in ("backend", "scheme", "case", "reason", "issue", "expires")},
@@ -332,10 +332,10 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
     if deep:
         _deep_case_list(meta, ids, problems, notes)
     if rerun:
-        from .audit import rerun_cases
+        from conformance.certify.audit import rerun_cases
 
         res.rerun_seed = rerun_cases(folder, meta, latest, stored_all, rerun, rerun_seed, timeout, res)
-        from ..coverage_search import replay_search
+        from conformance.certify.coverage_search import replay_search
 
         checked["search_replayed"] = replay_search(folder, meta, problems, notes, timeout or 120.0)
     return res
@@ -350,7 +350,7 @@ def _check_golden(files: _Files, meta: dict, deep: bool, problems: list, notes: 
     g = hashlib.sha256(data).hexdigest()
     if g != meta.get("golden_manifest_sha256"):
         problems.append(f"{meta['golden_manifest']}: sha256 {g[:16]}... is not bundle.json's golden_manifest_sha256")
-    from ..golden import GOLDEN_DIR
+    from conformance.cases.golden import GOLDEN_DIR
 
     local = GOLDEN_DIR / "MANIFEST.json"
     if local.is_file() and hash_file(local)[0] != g:
@@ -362,7 +362,7 @@ def _check_golden(files: _Files, meta: dict, deep: bool, problems: list, notes: 
 def _check_derived(files, meta, lines, latest, blines, headers, labels, problems) -> None:
     """bundle.json's counts and ``ok``, and every file derived from the results, recomputed and compared."""
     vs = json.loads(json_bytes(verdict_summary(latest, labels, blines)))
-    from ..coverage_search import search_ok
+    from conformance.certify.coverage_search import search_ok
 
     vs["ok"] = vs["ok"] and search_ok(files, meta)  # a failing property search fails the certification
     for k, v in vs.items():
@@ -480,7 +480,7 @@ def _check_evidence(rec: dict, raw: str, files: _Files, blines: dict, timeout, p
 
 def _expected_verdict(raw: str, rec: dict, waivers: list, dates: list) -> set:
     """The final verdicts ``raw`` can turn into under the bundle's waivers (a set: one per run date)."""
-    from ..suite import CaseSpec
+    from conformance.cases.suite import CaseSpec
 
     spec = CaseSpec.from_json(rec["spec"])
     # a waiver naming a variant accepts a semantic deviation only: it never changes a verdict
@@ -578,7 +578,7 @@ def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, check
     """A quantize-only case (docs/conformance.md#quantize-only-cases): the verdict, reason and metrics
     recomputed from the stored observed and expected tensors; ``deep``: the expected tensors recomputed
     from the case id and the declaration."""
-    from ..quantized import decide_quantized
+    from conformance.judge.quantized import decide_quantized
 
     who = f"{rec['backend']} {rec['case_id']}"
     try:
@@ -603,7 +603,7 @@ def _check_quantized(rec: dict, entry, bp, waivers, dates, problems: list, check
     from backends.base import Declared
     from emulator.quantize_only import quantize_reference
 
-    from ..suite import CaseSpec
+    from conformance.cases.suite import CaseSpec
 
     spec = CaseSpec.from_json(rec["spec"])
     if spec.case_id != rec["case_id"]:
@@ -627,9 +627,9 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
     it judged on must be the stored ones, and its verdict and metrics the recorded ones."""
     from backends.base import Declared
 
-    from ..suite import CaseSpec
-    from ..verdict import judge, judged_against
-    from .codec import same_values
+    from conformance.cases.suite import CaseSpec
+    from conformance.judge.verdict import judge, judged_against
+    from conformance.certify.codec import same_values
 
     who = f"{rec['backend']} {rec['case_id']}"
     spec = CaseSpec.from_json(rec["spec"])
@@ -664,7 +664,7 @@ def _deep_check(rec: dict, d: dict, problems: list, checked: Counter) -> None:
 
 
 def _deep_case_list(meta: dict, ids: list, problems: list, notes: list) -> None:
-    from ..suite import PROFILES, TIERS, case_list, parse_shard, shard
+    from conformance.cases.suite import PROFILES, TIERS, case_list, parse_shard, shard
 
     prof = meta.get("profile")
     if prof not in PROFILES:

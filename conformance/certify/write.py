@@ -15,12 +15,12 @@ from pathlib import Path
 from emulator import __version__ as emulator_version
 from emulator.errors import QconformError
 
-from ..outlock import LOCK_NAME, OutLock
-from .codec import case_key, encode_case, pack_outputs, safe_label
-from .derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results, report_title,
+from conformance.run.outlock import LOCK_NAME, OutLock
+from conformance.certify.codec import case_key, encode_case, pack_outputs, safe_label
+from conformance.certify.derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results, report_title,
                      reports, run_headers, verdict_summary, waiver_record)
-from .files import hash_file, scan
-from .identity import BUNDLE_FORMAT, MANIFEST, suite_code_sha256
+from conformance.certify.files import hash_file, scan
+from conformance.certify.identity import BUNDLE_FORMAT, MANIFEST, suite_code_sha256
 
 __all__ = ["CertifyResult", "certify", "add_files", "seal", "STAGING", "search_by_default", "SHAPE_PROFILES"]
 
@@ -37,7 +37,7 @@ class Stager:
     def __call__(self, label, spec, inp, declared, iv, y, rec, judgement) -> None:
         from emulator.tensorfile import save_tensors
 
-        from ..verdict import Verdict
+        from conformance.judge.verdict import Verdict
 
         if spec.case.spec.quantize_only:  # y: the observed tensors, judgement: the expected ones
             self._quantized(label, spec, y, judgement)
@@ -133,14 +133,14 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
     examples per family (default: the profile's budget), recorded in bundle.json ``search`` and under search/
     (docs/certification.md#coverage-and-search).
     """
-    from ..runner import Runner, load_waivers
-    from ..suite import PROFILES, TIERS, case_list, list_hash, parse_shard
-    from ..suite import shard as do_shard
+    from conformance.run.runner import Runner, load_waivers
+    from conformance.cases.suite import PROFILES, TIERS, case_list, list_hash, parse_shard
+    from conformance.cases.suite import shard as do_shard
 
     folder = Path(out)
     if not backends:
         raise ValueError("certify: give at least one --backend")
-    from ..selection import check_backends
+    from conformance.cases.selection import check_backends
 
     check_backends(backends)  # an unknown name or parameter: exit 2 before any case runs or any file is written
     tiers = tuple(tiers) if tiers else TIERS
@@ -185,7 +185,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             raise QconformError(f"{work}: holds an interrupted certification of another case list; remove it "
                                 "or choose another --out")
         (work / "cases.txt").write_text(cases_txt, encoding="utf-8")
-        from ..commands import environment
+        from conformance.cli.commands import environment
 
         wv = load_waivers(waivers)
         env = environment()
@@ -214,16 +214,16 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
                 runner.run(list(backends), specs, resume=True, header=header)
         finally:
             runner.close()
-        from ..completeness import missing_pairs
-        from ..runner import read_results
+        from conformance.run.completeness import missing_pairs
+        from conformance.run.runner import read_results
 
         missing = missing_pairs(read_results(work / "results.jsonl"), runner.labels, list(backends), ids)
-        if missing:  # the invariant (conformance/completeness.py): nothing is sealed without every result
+        if missing:  # the invariant (conformance/run/completeness.py): nothing is sealed without every result
             raise QconformError(f"certify: {sum(missing.values())} result(s) missing after the run ("
                                 + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
                                 + f"); nothing sealed; rerun the same command to resume in {work}")
         if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
-            from ..coverage_search import run_search, search_schemes
+            from conformance.certify.coverage_search import run_search, search_schemes
 
             run_search(work, list(backends), profile=profile, schemes=search_schemes(schemes, families),
                        seed=search_args["seed"], examples=search_examples, timeout=timeout, waivers=wv, log=log)
@@ -242,7 +242,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
 
 
 def _recorded_seed(work: Path) -> "int | None":
-    from ..runner import read_results
+    from conformance.run.runner import read_results
 
     for r in read_results(work / "results.jsonl"):
         if r.get("kind") == "run" and r.get("base_seed") is not None:
@@ -252,8 +252,8 @@ def _recorded_seed(work: Path) -> "int | None":
 
 def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files) -> CertifyResult:
     """Pack the outputs and write every derived file and bundle.json (not the manifest)."""
-    from ..golden import GOLDEN_DIR
-    from ..runner import read_results
+    from conformance.cases.golden import GOLDEN_DIR
+    from conformance.run.runner import read_results
 
     lines = read_results(folder / "results.jsonl")
     latest = latest_results(lines)
@@ -300,7 +300,7 @@ def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files)
     meta = json.loads(raw)
     for name, data in reports(lines, meta, report_title(labels, header["host_label"])).items():
         (folder / name).write_bytes(data)
-    from ..coverage_search import CERTIFICATE, certificate_text
+    from conformance.certify.coverage_search import CERTIFICATE, certificate_text
 
     (folder / CERTIFICATE).write_text(certificate_text(meta), encoding="utf-8")
     return CertifyResult(folder, bundle["ok"], vs["n_results"], vs["n_bad"], "", vs["verdicts"], vs["unavailable"],
@@ -310,9 +310,9 @@ def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files)
 def _coverage_and_search(folder: Path, bundle: dict, header: dict) -> None:
     """bundle.json's ``coverage`` (the profile's coverage table) and ``search`` (what the property search
     searched and found); a failing search makes the certification fail (docs/certification.md#coverage-and-search)."""
-    from ..coverage_report import coverage_record
-    from ..coverage_search import SEARCH_DIR, search_record, search_schemes
-    from ..specs import PROFILES
+    from conformance.cases.coverage_report import coverage_record
+    from conformance.certify.coverage_search import SEARCH_DIR, search_record, search_schemes
+    from conformance.cases.specs import PROFILES
 
     profile = header["profile"]
     schemes = header["schemes"] if header["schemes"] != "all" else None
@@ -344,7 +344,7 @@ def _put_extra(folder: Path, name: str, data) -> Path:
 
 def add_files(bundle: "str | Path", files: dict) -> str:
     """Add files under extra/ of a bundle that verifies, then re-seal it; returns the new MANIFEST sha256."""
-    from .verify import verify_bundle
+    from conformance.certify.verify import verify_bundle
 
     folder = Path(bundle)
     with OutLock.beside(folder):

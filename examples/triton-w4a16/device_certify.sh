@@ -15,14 +15,14 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e exam
   echo "pip install failed: registering through QCONFORM_EXTRA_BACKENDS" | tee -a "$OUT/env.txt"
   export PYTHONPATH=$PWD/examples/triton-w4a16 QCONFORM_EXTRA_BACKENDS=triton-w4a16=qconform_triton_w4a16.backend:TritonW4A16Backend
 fi
-python3 -m conformance.cli backends 2>&1 | tee -a "$OUT/env.txt"
+python3 -m conformance.cli.main backends 2>&1 | tee -a "$OUT/env.txt"
 rm -rf /tmp/triton-bundle
-time python3 -m conformance.cli certify --backend triton-w4a16 --profile certification --scheme w4a16 \
+time python3 -m conformance.cli.main certify --backend triton-w4a16 --profile certification --scheme w4a16 \
   --out /tmp/triton-bundle -j 4 --no-progress 2>&1 | tail -40 | tee "$OUT/certify.log"
-python3 -m conformance.cli verify-bundle /tmp/triton-bundle 2>&1 | tail -8 | tee -a "$OUT/certify.log"
+python3 -m conformance.cli.main verify-bundle /tmp/triton-bundle 2>&1 | tail -8 | tee -a "$OUT/certify.log"
 tar czf "$OUT/triton-bundle.tgz" -C /tmp triton-bundle
 for spec in "triton-w4a16 bfloat16" "triton-w4a16 float16" "cuda bfloat16"; do
   set -- $spec
-  python3 -m conformance.cli fingerprint --backend "$1" --act-dtype "$2" --json "$OUT/fp-$1-$2.json" 2>/dev/null \
+  python3 -m conformance.cli.main fingerprint --backend "$1" --act-dtype "$2" --json "$OUT/fp-$1-$2.json" 2>/dev/null \
     | tee -a "$OUT/fp.log"
 done

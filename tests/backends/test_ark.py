@@ -31,8 +31,8 @@ torch = pytest.importorskip("torch")
 from backends import ark as ark_mod  # noqa: E402
 from backends.ark import ArkBackend, HostCpu, gemm_core  # noqa: E402
 from backends.base import Case  # noqa: E402
-from conformance.acceptance import compare, declared_interval  # noqa: E402
-from conformance.cases import make_inputs  # noqa: E402
+from conformance.judge.acceptance import compare, declared_interval  # noqa: E402
+from conformance.cases.inputs import make_inputs  # noqa: E402
 from emulator.formats import awq, compressed_tensors as ct, gptq, mxfp4  # noqa: E402
 from emulator.numerics.floats import round_to_dtype  # noqa: E402
 from onednn_s8_model import impl_path, saturating_s8_accumulator, verbose_matmul_impl  # noqa: E402
@@ -384,8 +384,8 @@ import json, sys
 import numpy as np
 from backends.ark import ArkBackend
 from backends.base import Case
-from conformance.acceptance import compare, declared_interval
-from conformance.cases import make_inputs
+from conformance.judge.acceptance import compare, declared_interval
+from conformance.cases.inputs import make_inputs
 from emulator.activations import int8 as a8
 from onednn_s8_model import ONE_K_BLOCK_MAX, distance_to_model, saturating_s8_accumulator
 a = json.loads(sys.argv[1])
@@ -545,7 +545,7 @@ def test_default_cdt_on_this_host():
     """cdt=auto (what vLLM passes on CPU): where BTLAGemmCoreId picks an int8 core (Intel with VNNI/AMX-INT8)
     the declaration is opaque and the output meets its SQNR floor against the reference; where it picks an
     fp32 core the declaration is exact and the output is inside its interval."""
-    from conformance.runner import judge, reference_declaration
+    from conformance.run.runner import judge, reference_declaration
 
     c = _case(M=3, N=96, K=256, group_size=128, act_dtype="bfloat16")
     core = gemm_core("auto", 4, 128, False, HOST)

@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 
 from backends import cuda as cu  # noqa: E402
 from backends.base import Case  # noqa: E402
-from conformance.acceptance import compare, declared_interval, declared_weight  # noqa: E402
-from conformance.cases import make_inputs  # noqa: E402
+from conformance.judge.acceptance import compare, declared_interval, declared_weight  # noqa: E402
+from conformance.cases.inputs import make_inputs  # noqa: E402
 from emulator.activations import int8 as a8  # noqa: E402
 from emulator.formats import gptq  # noqa: E402
 from emulator.numerics.floats import round_to_dtype  # noqa: E402
@@ -177,7 +177,7 @@ def test_tinygemm_weight_is_declared_float_zero(fmt, sym, zc, g, gen):
     the bf16 [scale, zero] pairs) equal the declared emulator variant (dequant_order=float_zero,
     zero_dtype=bfloat16, bf16 scales and weights) bit for bit; they differ from the canonical order
     exactly where the float zero (8 - z) * s is not a bf16 value."""
-    from conformance.generators import generate
+    from conformance.cases.generators import generate
 
     case = _case(fmt, sym, zc, g, N=64, K=256)
     b = cu.CudaBackend()
@@ -304,7 +304,7 @@ def test_w4a16_float_zero_on_the_device():
 @needs_cuda
 @pytest.mark.parametrize("gen", ["gptq-zero-fields", "sym-nonmidpoint-qzeros", "weight-mantissa"])
 def test_w4a16_edge_generators(gen):
-    from conformance.generators import generate
+    from conformance.cases.generators import generate
 
     sym = gen == "sym-nonmidpoint-qzeros"
     case = _case("gptq", sym, None, 32, M=5, N=96, K=256)

@@ -13,8 +13,8 @@ import pytest
 
 from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 from backends.registry import select
-from conformance.cases import make_inputs
-from conformance.cli import main
+from conformance.cases.inputs import make_inputs
+from conformance.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CKPTS = ROOT / "tests" / "data" / "toolkit_checkpoints"

@@ -18,7 +18,7 @@ from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 from backends.dispatch import ByPriority, CertifiedFastest, FallbackOnly, MeasuredFastest, shape_class
 from backends.registry import dispatcher
 from backends.dispatch_cache import FORMAT, HostChoiceCache
-from conformance.cases import make_inputs
+from conformance.cases.inputs import make_inputs
 
 CREATED: list[str] = []
 

@@ -1,8 +1,8 @@
 """The emulator backend's fast path: one cached dequantized layer, whose buffer the next layer reuses.
 
-Oracles: a fresh backend (nothing cached), the independent dequantizer of conformance/oracles.py
+Oracles: a fresh backend (nothing cached), the independent dequantizer of conformance/judge/oracles.py
 (shift-and-mask loops, not the emulator's packers) and the declared acceptance interval around the
-exact result (conformance.acceptance).
+exact result (conformance.judge.acceptance).
 """
 
 import numpy as np
@@ -10,9 +10,9 @@ import pytest
 
 from backends.base import Case
 from backends.registry import create
-from conformance.acceptance import compare, declared_interval
-from conformance.cases import CaseInputs, weight_tensors
-from conformance.oracles import independent_weight
+from conformance.judge.acceptance import compare, declared_interval
+from conformance.cases.inputs import CaseInputs, weight_tensors
+from conformance.judge.oracles import independent_weight
 from emulator.numerics.floats import round_float32_array
 
 

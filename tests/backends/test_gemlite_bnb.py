@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 from backends import bitsandbytes as bb  # noqa: E402
 from backends import gemlite as gm  # noqa: E402
 from backends.base import Case  # noqa: E402
-from conformance.acceptance import compare, declared_interval  # noqa: E402
-from conformance.cases import make_inputs  # noqa: E402
-from conformance.runner import judge  # noqa: E402
+from conformance.judge.acceptance import compare, declared_interval  # noqa: E402
+from conformance.cases.inputs import make_inputs  # noqa: E402
+from conformance.run.runner import judge  # noqa: E402
 from emulator.formats import gptq  # noqa: E402
 
 GSTATE = gm.gemlite_state()

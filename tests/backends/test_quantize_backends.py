@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from backends.registry import create
-from conformance.runner import Runner
-from conformance.suite import case_list
+from conformance.run.runner import Runner
+from conformance.cases.suite import case_list
 from emulator.schemes import Case
 
 MX = Case("q-mxfp4", "none", 1, 0, 96, group_size=32, act_dtype="float32")

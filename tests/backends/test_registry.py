@@ -117,7 +117,7 @@ def test_entry_point_backends_are_discovered(monkeypatch, fake_backends):
 def test_cli_backends_lists_everything(capsys):
     import json
 
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     assert main(["backends", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -20,10 +20,10 @@ import pytest
 
 from backends import torch_cpu as tc
 from backends.base import Case
-from conformance.acceptance import compare, declared_interval
-from conformance.cases import CaseInputs, make_inputs
-from conformance.runner import BAD, Runner, load_waivers
-from conformance.suite import CaseSpec, case_list
+from conformance.judge.acceptance import compare, declared_interval
+from conformance.cases.inputs import CaseInputs, make_inputs
+from conformance.run.runner import BAD, Runner, load_waivers
+from conformance.cases.suite import CaseSpec, case_list
 from emulator.activations import int8 as a8
 
 QA8DX = a8.Int8ActVariant(scheme="kai_qa8dx", rounding="rhaz")
@@ -678,8 +678,8 @@ def test_int_mm_k1_is_a_known_failure(tmp_path):
     a fix upstream turns this test red (then drop the waiver)."""
     from pathlib import Path
 
-    from conformance.runner import Runner, load_waivers
-    from conformance.suite import case_list
+    from conformance.run.runner import Runner, load_waivers
+    from conformance.cases.suite import case_list
 
     k1 = [s for s in case_list(profile="ci", schemes=["w8a8"]) if s.case.K == 1]
     assert any(s.case.N == 1 for s in k1)  # the coverage tables put the smallest legal shape in ci

@@ -16,8 +16,8 @@ import pytest
 from backends import vllm_cpu as vc
 from backends.base import Case, Declared
 from backends.registry import create, select
-from conformance.acceptance import compare, declared_interval, declared_weight
-from conformance.cases import make_inputs
+from conformance.judge.acceptance import compare, declared_interval, declared_weight
+from conformance.cases.inputs import make_inputs
 
 ALL_OPS = {"cpu_gemm_wna16", "dynamic_scaled_int8_quant", "create_onednn_scaled_mm_handler", "onednn_scaled_mm",
            "release_dnnl_matmul_handler", "convert_weight_packed", "int8_scaled_mm_with_quant",
@@ -450,8 +450,8 @@ _AVX512_SCRIPT = r"""
 import dataclasses, json, numpy as np
 from backends.base import Case
 from backends.registry import create
-from conformance.acceptance import declared_weight
-from conformance.cases import make_inputs
+from conformance.judge.acceptance import declared_weight
+from conformance.cases.inputs import make_inputs
 from emulator.numerics.floats import round_to_dtype
 from emulator.numerics.rounding import Rounding
 be = create("vllm-cpu:lib=AVX512")
@@ -464,7 +464,7 @@ inp = make_inputs(case, 0)
 y = be.run(be.prepare(case, inp.tensors), np.eye(K, dtype=np.float32)).T
 d = be.declared(case)
 w32 = declared_weight(case, inp.tensors, dataclasses.replace(d, weight_dtype="float32")).astype(np.float64)
-from conformance.acceptance import compare, declared_interval
+from conformance.judge.acceptance import compare, declared_interval
 smoke = Case("w4a16", "gptq", 16, 256, 256, group_size=128, act_dtype="bfloat16", bias=True)
 sinp = make_inputs(smoke, 0)
 ys = be.run(be.prepare(smoke, sinp.tensors), sinp.x, bias=sinp.bias)

@@ -16,8 +16,8 @@ from backend_int4_codes import canonical_codes
 
 from backends import xpu
 from backends.base import Case, Declared
-from conformance.acceptance import declared_weight, mx_variant
-from conformance.cases import make_inputs
+from conformance.judge.acceptance import declared_weight, mx_variant
+from conformance.cases.inputs import make_inputs
 from emulator.formats import gptq, mxfp4
 from emulator.formats.packing import unpack_int32
 from emulator.numerics.floats import round_to_dtype

@@ -15,7 +15,7 @@ import pytest
 
 from backends import xpu
 from backends.base import Case
-from conformance.cases import make_inputs
+from conformance.cases.inputs import make_inputs
 
 torch = pytest.importorskip("torch")
 ark = pytest.importorskip("auto_round_kernel")

@@ -39,7 +39,7 @@ import pytest
 
 from backends import xpu
 from backends.base import Case
-from conformance.cases import make_inputs
+from conformance.cases.inputs import make_inputs
 from emulator.formats import mxfp4
 from emulator.formats.packing import unpack_int32
 from emulator.numerics.floats import round_to_dtype

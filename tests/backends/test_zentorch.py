@@ -17,8 +17,8 @@ import pytest
 
 from backends import zentorch as zt
 from backends.base import Case, Declared
-from conformance.acceptance import compare, declared_interval, declared_weight, int8_variant, round_down, round_up
-from conformance.cases import make_inputs
+from conformance.judge.acceptance import compare, declared_interval, declared_weight, int8_variant, round_down, round_up
+from conformance.cases.inputs import make_inputs
 from emulator.activations import int8 as a8
 from emulator.formats import compressed_tensors as ct
 from emulator.numerics.floats import round_to_dtype

@@ -13,8 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
-#: test backends of conformance/doubles/faulty.py, registered for the workers through the environment
-FAULTY = "faulty-nan=conformance.doubles.faulty:NanBackend,faulty-raise=conformance.doubles.faulty:RaiseBackend"
+#: test backends of conformance/selftest/doubles/faulty.py, registered for the workers through the environment
+FAULTY = "faulty-nan=conformance.selftest.doubles.faulty:NanBackend,faulty-raise=conformance.selftest.doubles.faulty:RaiseBackend"
 
 WAIVERS = """
 [[waiver]]
@@ -72,7 +72,7 @@ def shared(tmp_path_factory, name: str, build) -> Path:
 
 
 def _cli(argv: list[str]) -> int:
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     return main(argv)
 

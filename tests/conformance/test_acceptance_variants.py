@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from backends.base import Case, Declared
-from conformance.acceptance import compare, declared_interval, declared_weight, round_down, round_up
-from conformance.cases import CaseInputs, make_inputs
-from conformance.suite import PROFILES, scheme_grid
+from conformance.judge.acceptance import compare, declared_interval, declared_weight, round_down, round_up
+from conformance.cases.inputs import CaseInputs, make_inputs
+from conformance.cases.suite import PROFILES, scheme_grid
 from emulator.activations import int8 as a8
 from emulator.numerics.floats import round_to_dtype
 from emulator.numerics.rounding import Rounding
@@ -58,7 +58,7 @@ def test_output_rounding_rtz_negative_side_and_sound():
     d = Declared(variants={"zero_read": "ignore_qzeros"}, accumulate="float32", output="bfloat16",
                  output_rounding="rtz")
     iv = declared_interval(inp, d)
-    from conformance.acceptance import declared_weight
+    from conformance.judge.acceptance import declared_weight
 
     w = declared_weight(case, inp.tensors, d).astype(np.float32)
     for _ in range(5):
@@ -100,7 +100,7 @@ def test_bias_after_output_rounding_is_sound(act):
     case = Case("w8a16", "ct-int-quantized", 5, 96, 256, act_dtype=act, bias=True, scale_dtype="bfloat16")
     inp = make_inputs(case, 2)
     inp.bias = -round_to_dtype((inp.x.astype(np.float64) @ np.zeros((case.K, case.N)))[0], act).astype(np.float32)
-    from conformance.acceptance import declared_weight
+    from conformance.judge.acceptance import declared_weight
 
     d = Declared(variants={"bias_stage": "after_output_rounding"}, weight_dtype="float32", output=act)
     w = declared_weight(case, inp.tensors, d).astype(np.float32)
@@ -233,9 +233,9 @@ def test_w8a8_weight_scale_dtype_is_applied():
 # -- 9. case builder -------------------------------------------------------------------------------------------
 def test_every_scheme_grid_case_builds():
     """Every grid case builds, for two seeds, activations of the case's shape (different per seed)
-    and weights that an independent dequantizer (conformance/oracles.py: shift-and-mask loops,
+    and weights that an independent dequantizer (conformance/judge/oracles.py: shift-and-mask loops,
     ml_dtypes) reads as finite [N, K] values equal to the emulator's canonical dequantization."""
-    from conformance.oracles import independent_weight
+    from conformance.judge.oracles import independent_weight
 
     shapes = sorted({tuple(s) for p in PROFILES.values() for s in p["shapes"] if s[0] <= 64})
     for case in scheme_grid(shapes):
@@ -277,6 +277,6 @@ def test_ct_int_default_scale_dtype_is_float32():
     inp = make_inputs(Case("w8a8", "ct-int-quantized", 3, 64, 128), 0)
     assert inp.tensors["weight_scale"].dtype == np.float32
     # the case id of cases that name no scale dtype is unchanged for every other format
-    from conformance.suite import CaseSpec
+    from conformance.cases.suite import CaseSpec
 
     assert CaseSpec(Case("w4a16", "gptq", 1, 64, 128), "random", "gaussian", 0).case_id.endswith("-sfloat16/seed0")

@@ -16,7 +16,7 @@ import pytest
 
 from bundle_cache import copy_bundle
 from conformance.certify import verify_bundle
-from conformance.cli import main
+from conformance.cli.main import main
 
 
 # -- the informed forger -------------------------------------------------------------------------------
@@ -49,8 +49,8 @@ def _forge(folder: Path, **meta_overrides) -> None:
     (folder / "bundle.json").write_bytes(raw)
     for name, data in reports(lines, json.loads(raw), report_title(labels, meta["host_label"])).items():
         (folder / name).write_bytes(data)
-    if (folder / "certificate.md").exists():  # derived from bundle.json too (conformance/coverage_search.py)
-        from conformance.coverage_search import certificate_text
+    if (folder / "certificate.md").exists():  # derived from bundle.json too (conformance/certify/coverage_search.py)
+        from conformance.certify.coverage_search import certificate_text
 
         (folder / "certificate.md").write_text(certificate_text(json.loads(raw)), encoding="utf-8")
     _reseal(folder)
@@ -242,7 +242,7 @@ def test_edited_crash_evidence_fails(rich, tmp_path):
 
 # -- a certification that judged nothing -----------------------------------------------------------------
 def test_backend_refusing_every_case_is_not_certified(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-refuse-all=conformance.doubles.faulty:RefuseAllBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-refuse-all=conformance.selftest.doubles.faulty:RefuseAllBackend")
     out = tmp_path / "b"
     rc = main(["certify", "--backend", "faulty-refuse-all", "--scheme", "w8a8", "--profile", "smoke", "--tier",
                "exact", "--out", str(out), "--no-progress"])
@@ -257,7 +257,7 @@ def test_backend_refusing_every_case_is_not_certified(tmp_path, monkeypatch, cap
 
 # -- writing: one writer, renamed into place when sealed -------------------------------------------------
 def test_certify_refuses_a_locked_folder_and_leaves_no_partial_bundle(tmp_path, capsys):
-    from conformance.outlock import OutLock
+    from conformance.run.outlock import OutLock
 
     out = tmp_path / "b"
     held = OutLock.beside(out).acquire()
@@ -268,7 +268,7 @@ def test_certify_refuses_a_locked_folder_and_leaves_no_partial_bundle(tmp_path, 
         import sys
 
         env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        r = subprocess.run([sys.executable, "-m", "conformance.cli", "certify", "--backend", "emulator", "--scheme",
+        r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "certify", "--backend", "emulator", "--scheme",
                             "w8a8", "--profile", "smoke", "--tier", "exact", "--out", str(out), "--no-progress"],
                            capture_output=True, text=True, env=env, timeout=300)
     finally:
@@ -369,8 +369,8 @@ def test_rerun_catches_an_output_the_kernel_did_not_compute(basic, tmp_path):
 
 
 def test_crash_evidence_is_the_worker_s_signal_and_log(tmp_path, monkeypatch):
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-segfault=conformance.doubles.faulty:SegfaultBackend,"
-                                                  "faulty-printf=conformance.doubles.faulty:PrintfBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-segfault=conformance.selftest.doubles.faulty:SegfaultBackend,"
+                                                  "faulty-printf=conformance.selftest.doubles.faulty:PrintfBackend")
     from conformance.certify import certify
 
     res = certify(["faulty-segfault"], tmp_path / "c", profile="smoke", schemes=["w8a8"], tiers=["exact"],
@@ -403,7 +403,7 @@ def test_two_concurrent_certifies_into_one_folder_one_wins(tmp_path):
 
     out = tmp_path / "b"
     env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    argv = [sys.executable, "-m", "conformance.cli", "certify", "--backend", "emulator", "--scheme", "w8a8",
+    argv = [sys.executable, "-m", "conformance.cli.main", "certify", "--backend", "emulator", "--scheme", "w8a8",
             "--profile", "smoke", "--tier", "exact", "--out", str(out), "--no-progress"]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(2)]
@@ -417,8 +417,8 @@ def test_two_concurrent_certifies_into_one_folder_one_wins(tmp_path):
 def test_malformed_outputs_certify_into_a_bundle_that_verifies(tmp_path, monkeypatch):
     """A kernel of the wrong shape or with complex output fails its cases, and the bundle still records and
     verifies them (the wrong shape recomputed from its stored output, the complex one by its evidence)."""
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-shape=conformance.doubles.faulty:WrongShapeBackend,"
-                                                  "faulty-complex=conformance.doubles.faulty:ComplexBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-shape=conformance.selftest.doubles.faulty:WrongShapeBackend,"
+                                                  "faulty-complex=conformance.selftest.doubles.faulty:ComplexBackend")
     from conformance.certify import certify
 
     res = certify(["faulty-shape", "faulty-complex"], tmp_path / "m", profile="smoke", schemes=["w8a8"],

@@ -1,4 +1,4 @@
-"""The malformed-checkpoint campaign (conformance/campaign.py, conformance/mutations.py).
+"""The malformed-checkpoint campaign (conformance/campaign/execute.py, conformance/campaign/mutations.py).
 
 - the isolation harness really detects a hang and a memory blow-up (a sleeping and an allocating
   child), so "0 hangs" in a report is a measurement, not a default;
@@ -17,10 +17,10 @@ import time
 import numpy as np
 import pytest
 
-from conformance import campaign
-from conformance.campaign import Run, classify, run_isolated
-from conformance.cli import main
-from conformance.mutations import MUTATIONS, generate, make_seeds
+from conformance.campaign import execute as campaign
+from conformance.campaign.execute import Run, classify, run_isolated
+from conformance.cli.main import main
+from conformance.campaign.mutations import MUTATIONS, generate, make_seeds
 
 
 def _sleep(seconds):

@@ -16,7 +16,7 @@ import pytest
 
 from bundle_cache import copy_bundle
 from conformance.certify import decode_case, encode_case, verify_bundle
-from conformance.cli import main
+from conformance.cli.main import main
 
 
 def _results(folder: Path) -> list[dict]:
@@ -468,7 +468,8 @@ def test_version_mismatch_still_checks_hashes(basic, tmp_path):
 def test_git_commit_is_a_hash_or_absent(monkeypatch):
     import subprocess
 
-    from conformance import commands, provenance
+    from conformance.cli import commands
+    from conformance.run import provenance
 
     def fake(stdout, rc):
         return lambda argv, **kw: subprocess.CompletedProcess(argv, rc, stdout=stdout, stderr="")

@@ -11,8 +11,8 @@ import pytest
 
 from conformance.certify import verify_bundle
 from conformance.certify.dispatch import checkpoint_families, family_key
-from conformance.cli import main as qconform
-from conformance.suite import case_list, family_cases
+from conformance.cli.main import main as qconform
+from conformance.cases.suite import case_list, family_cases
 
 CKPTS = Path(__file__).resolve().parents[1] / "data" / "toolkit_checkpoints"
 W8A8 = CKPTS / "llmcompressor-w8a8-int8"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import run_doubles
-from conformance.cli import main
+from conformance.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -114,7 +114,7 @@ def test_a_named_unavailable_backend_fails_the_run(doubles, tmp_path, capsys):
 
 
 def test_target_without_a_device_records_unavailable(doubles, tmp_path, monkeypatch, capsys):
-    from conformance import commands
+    from conformance.cli import commands
 
     monkeypatch.setitem(commands.TARGETS, "fake", ["absent"])
     assert main(["target", "fake", "--out", str(tmp_path)]) == 0  # documented tox behaviour
@@ -129,7 +129,7 @@ def test_target_without_a_device_records_unavailable(doubles, tmp_path, monkeypa
 
 
 def test_default_backends_name_the_ones_left_out(doubles):
-    from conformance.commands import available_backends
+    from conformance.cli.commands import available_backends
 
     skipped = []
     names = available_backends(skipped)
@@ -142,7 +142,7 @@ def test_a_plain_install_runs_without_hypothesis_or_torch(tmp_path):
     """`pip install .` brings numpy and ml_dtypes only: the default tiers must not import Hypothesis or torch,
     and the property tier says what it needs (one line, exit 2)."""
     code = ("import sys; sys.modules['hypothesis'] = None; sys.modules['torch'] = None; "
-            "from conformance.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from conformance.cli.main import main; sys.exit(main(sys.argv[1:]))")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     base = [sys.executable, "-c", code, "run", "--backend", "emulator", "--scheme", "w8a8", "--profile", "smoke",
             "--no-progress"]
@@ -160,7 +160,7 @@ def test_a_plain_install_runs_without_hypothesis_or_torch(tmp_path):
 
 # -- a run's summary is that run -----------------------------------------------------------------------
 def test_second_run_into_the_same_folder_reports_only_its_own_cases(tmp_path, capsys):
-    from conformance.suite import case_list
+    from conformance.cases.suite import case_list
 
     out = tmp_path / "out"
     assert main(["run", "--backend", "emulator", "--scheme", "w8a8", "--tier", "exact", "--out", str(out),
@@ -284,7 +284,7 @@ def test_replay_from_the_output_folder(failing_run):
     summary = json.loads((out / "summary.json").read_text())
     f = summary["failures"][0]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "conformance.cli", "replay", f["bundle"]], cwd=out, env=env,
+    r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "replay", f["bundle"]], cwd=out, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "declaration notes: claims canonical semantics" in r.stdout
@@ -303,7 +303,7 @@ def test_replay_on_an_unavailable_backend_is_not_a_pass(doubles, failing_run, ca
 def test_line_progress_every_tenth_or_every_few_seconds():
     import io
 
-    from conformance.console import LineProgress
+    from conformance.report.console import LineProgress
 
     t = [0.0]
     buf = io.StringIO()
@@ -324,7 +324,7 @@ def test_line_progress_every_tenth_or_every_few_seconds():
 
 def test_progress_reaches_a_log(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--backend", "emulator", "--scheme", "w8a8",
+    r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "run", "--backend", "emulator", "--scheme", "w8a8",
                         "--tier", "exact", "--profile", "smoke", "--out", str(tmp_path / "o")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -334,7 +334,7 @@ def test_progress_reaches_a_log(tmp_path):
 
 def test_closed_pipe_ends_quietly():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, "-m", "conformance.cli", "backends", "--json"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "conformance.cli.main", "backends", "--json"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env)
     p.stdout.close()  # the reader went away before the first byte (`| head -0`)
     err = p.stderr.read().decode()
@@ -366,7 +366,7 @@ def test_target_with_some_backends_unavailable(doubles, tmp_path, capsys):
     """What `qconform target` runs when part of its backends cannot start: those are recorded as
     unavailable (not certified, exit 0 by the documented tox behaviour); a backend that did start but
     judged nothing still exits 4."""
-    from conformance.commands import cmd_run
+    from conformance.cli.commands import cmd_run
 
     why = {"absent": "test double: its device is not installed"}
     assert cmd_run(_run_args(tmp_path / "a", ["emulator"]), unavailable=why) == 0

@@ -5,10 +5,10 @@ import io
 import json
 import types
 
-from conformance import commands
-from conformance.console import TABLE_VERDICTS, print_table
-from conformance.report import load_source
-from conformance.summary import summarize_sources
+from conformance.cli import commands
+from conformance.report.console import TABLE_VERDICTS, print_table
+from conformance.report.write import load_source
+from conformance.report.summary import summarize_sources
 
 
 def _summary(tmp_path):
@@ -68,7 +68,7 @@ def test_every_subcommand_is_in_the_readme():
     import re
     from pathlib import Path
 
-    from conformance.cli import build_parser
+    from conformance.cli.main import build_parser
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

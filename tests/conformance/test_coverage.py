@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from backends.base import Case
-from conformance import coverage as cov
-from conformance.coverage_report import coverage_of
-from conformance.coverage_report import main as report_main
-from conformance.coverage_values import activation_units, generate_value, realized
-from conformance.generators import GENERATORS, generate
-from conformance.suite import case_list
+from conformance.cases import coverage as cov
+from conformance.cases.coverage_report import coverage_of
+from conformance.cases.coverage_report import main as report_main
+from conformance.cases.coverage_values import activation_units, generate_value, realized
+from conformance.cases.generators import GENERATORS, generate
+from conformance.cases.suite import case_list
 
 
 def _coverage_specs(profile):
@@ -124,7 +124,7 @@ def test_nonfinite_classes_keep_the_output_finite_elsewhere():
     warnings.simplefilter("ignore", RuntimeWarning)
     from emulator.declaration import canonical_declaration
 
-    from conformance.acceptance import declared_interval
+    from conformance.judge.acceptance import declared_interval
 
     mx = Case("w4a16-mxfp4", "ct-mxfp4", 3, 16, 64, group_size=32, act_dtype="bfloat16")
     inp = generate_value(mx, "nan-scale", 2)
@@ -198,7 +198,7 @@ def test_value_generators_are_registered_and_never_drawn_by_default():
 
 
 def test_qconform_coverage_prints_the_tables(capsys):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     assert main(["coverage", "--markdown"]) == 0
     out = capsys.readouterr().out
@@ -206,7 +206,7 @@ def test_qconform_coverage_prints_the_tables(capsys):
 
 
 def test_docs_coverage_table_is_current():
-    assert report_main(["--check"]) == 0, "run: python -m conformance.coverage_report --write"
+    assert report_main(["--check"]) == 0, "run: python -m conformance.cases.coverage_report --write"
 
 
 # -- the asymmetric W8A8 classes of the independent-kernels campaign (examples/independent-kernels/README.md,

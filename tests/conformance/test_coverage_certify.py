@@ -11,7 +11,7 @@ import pytest
 
 from conformance.certify import verify_bundle
 from conformance.certify.write import seal
-from conformance.cli import main
+from conformance.cli.main import main
 
 from bundle_cache import shared
 
@@ -38,7 +38,7 @@ def _copy(bundle, tmp_path):
 def _forge_meta(folder, meta):
     """Write bundle.json and regenerate the reports from it with the suite's own code, as a forger would."""
     from conformance.certify.derive import json_bytes, report_title, reports
-    from conformance.runner import read_results
+    from conformance.run.runner import read_results
 
     raw = json_bytes(meta)
     (folder / "bundle.json").write_bytes(raw)
@@ -121,7 +121,7 @@ def test_deep_checks_the_coverage_record(bundle, tmp_path):
     meta = _meta(b)
     meta["coverage"]["schemes"][SCHEME]["classes_covered"] += 1
     (b / "bundle.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    from conformance.coverage_search import certificate_text
+    from conformance.certify.coverage_search import certificate_text
 
     (b / "certificate.md").write_text(certificate_text(json.loads((b / "bundle.json").read_text())))
     seal(b)
@@ -143,7 +143,7 @@ def test_rerun_replays_the_search(bundle, tmp_path):
             r["property"]["calls"] += 3
     raw = "".join(json.dumps(r, sort_keys=True) + "\n" for r in lines)
     p.write_text(raw)
-    from conformance.coverage_search import certificate_text, search_record
+    from conformance.certify.coverage_search import certificate_text, search_record
 
     meta = _meta(b)
     meta["search"] = search_record(raw.encode(), profile="ci", schemes=[SCHEME], seed=7, examples=6)
@@ -166,7 +166,7 @@ def test_profiles_of_given_shapes_skip_the_search_unless_asked():
     """families (--for-model) and model certify given layer shapes: no search by default; every other profile
     searches. --search forces it (the CLI's flag reaches certify as search=True)."""
     from conformance.certify.write import search_by_default
-    from conformance.cli import build_parser
+    from conformance.cli.main import build_parser
 
     assert not search_by_default("families") and not search_by_default("model")
     assert all(search_by_default(p) for p in ("certification", "ci", "smoke", "nightly"))

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from backends.base import Case, Declared
-from conformance.acceptance import compare, declared_interval
-from conformance.cases import CaseInputs
-from conformance.runner import rounded_interval
+from conformance.judge.acceptance import compare, declared_interval
+from conformance.cases.inputs import CaseInputs
+from conformance.run.runner import rounded_interval
 
 M, N, K, G = 4, 16, 128, 32
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -69,7 +69,7 @@ def _gemm(inp, w: torch.Tensor, out_dtype=None) -> np.ndarray:
 
 
 def _judge(inp, y, **decl) -> bool:
-    """The judge's verdict on y: inside the declared interval narrowed to one rounding (conformance/runner.py)."""
+    """The judge's verdict on y: inside the declared interval narrowed to one rounding (conformance/run/runner.py)."""
     d = Declared(variants=decl.pop("variants", {}), **decl)
     return compare(y, rounded_interval(declared_interval(inp, d), d)).ok
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from backends.base import Case, Declared
-from conformance.acceptance import compare, declared_interval
-from conformance.cases import make_inputs
-from conformance.runner import rounded_interval
+from conformance.judge.acceptance import compare, declared_interval
+from conformance.cases.inputs import make_inputs
+from conformance.run.runner import rounded_interval
 
 PRODUCTS = ("group_int", "float32_weights")
 

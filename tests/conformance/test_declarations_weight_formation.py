@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from backends.base import Case, Declared
-from conformance.acceptance import compare, declared_interval, declared_weight
-from conformance.cases import make_inputs
-from conformance.runner import rounded_interval
+from conformance.judge.acceptance import compare, declared_interval, declared_weight
+from conformance.cases.inputs import make_inputs
+from conformance.run.runner import rounded_interval
 
 FORMATIONS = ("in_weight_dtype", "float32_then_round", "in_scale_dtype")
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

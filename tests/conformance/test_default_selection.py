@@ -4,8 +4,8 @@ NOT CERTIFIED run; a backend the user named still is; a run where nothing was ju
 
 import json
 
-from conformance.report import load_source
-from conformance.summary import summarize_sources
+from conformance.report.write import load_source
+from conformance.report.summary import summarize_sources
 
 
 def _source(tmp_path, *, default_selection, verdicts: dict):

@@ -1,19 +1,19 @@
 """Numbers in the docs come from the code: the generated tables are current.
 
-Regression gate: the tables are compared with what conformance/doctables.py computes now from
+Regression gate: the tables are compared with what conformance/report/doctables.py computes now from
 ``case_list``; the independent part is the count of one profile's cases by tier, summed here.
 """
 
 from pathlib import Path
 
-from conformance import doctables
-from conformance.suite import TIERS, case_list
+from conformance.report import doctables
+from conformance.cases.suite import TIERS, case_list
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_tables_in_the_docs_are_current():
-    assert doctables.stale(ROOT) == [], "run: python -m conformance.doctables --write"
+    assert doctables.stale(ROOT) == [], "run: python -m conformance.report.doctables --write"
 
 
 def test_case_count_table_adds_up():

@@ -19,11 +19,11 @@ Values that no linear output can tell apart are expected as groups, with the rea
 
 import pytest
 
-from conformance.fingerprint import AXES, SCHEME_AXES, fingerprint
+from conformance.fingerprint.decide import AXES, SCHEME_AXES, fingerprint
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-SEQ = "seq-acc=conformance.doubles.faulty:SequentialAccumulatorBackend"
+SEQ = "seq-acc=conformance.selftest.doubles.faulty:SequentialAccumulatorBackend"
 
 # (emulator variant spec, {(scheme, axis): expected consistent values})
 COMBOS = [
@@ -151,7 +151,7 @@ def test_exact_emulator_path_shows_no_accumulation_error():
 
 
 def test_crashing_backend_costs_the_axis_not_the_fingerprint(monkeypatch):
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-segfault=conformance.doubles.faulty:SegfaultBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-segfault=conformance.selftest.doubles.faulty:SegfaultBackend")
     res = fingerprint("faulty-segfault:only=w8a8", schemes=["w8a8", "w4a16"], axes=["act_rounding", "gptq_v1_zero"])
     got = _axes(res)
     assert got[("w8a8", "act_rounding")]["status"] == "crash"
@@ -164,7 +164,7 @@ def test_every_scheme_axis_is_defined_and_cli_writes_json(tmp_path, capsys):
     for scheme, axes in SCHEME_AXES.items():
         for a in axes:
             assert a in AXES, (scheme, a)
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "fp.json"
     rc = main(["fingerprint", "--backend", "emulator:act_rounding=rhaz,declare=canonical", "--scheme", "w8a8",
@@ -177,7 +177,7 @@ def test_every_scheme_axis_is_defined_and_cli_writes_json(tmp_path, capsys):
     a = data["schemes"]["w8a8"]["axes"][0]
     assert a["consistent"] == ["rhaz"]
     # the probes are replayable bundles
-    from conformance.bundle import load_bundle_inputs
+    from conformance.run.bundle import load_bundle_inputs
 
     inp, meta = load_bundle_inputs(a["probes"][0]["bundle"])
     assert inp.case.scheme == "w8a8" and meta["verdict"] == "probe"

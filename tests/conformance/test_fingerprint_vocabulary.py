@@ -13,15 +13,15 @@ from __future__ import annotations
 import pytest
 
 from backends.emulator import FIELD_KEYS, VARIANT_KEYS
-from conformance.acceptance import UNIT_ROUNDOFF
-from conformance.fingerprint import fingerprint
-from conformance.fingerprint_axes import AXES, DECLARATION_ONLY, SCHEME_AXES, norm_value, value_label
-from conformance.fingerprint_vocab import SAME_NUMBERS, coverage, missing_probes, representative_values
+from conformance.judge.acceptance import UNIT_ROUNDOFF
+from conformance.fingerprint.decide import fingerprint
+from conformance.fingerprint.axes import AXES, DECLARATION_ONLY, SCHEME_AXES, norm_value, value_label
+from conformance.fingerprint.vocab import SAME_NUMBERS, coverage, missing_probes, representative_values
 from emulator.variants import AXES as VOCABULARY
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-SEQ = "seq-acc=conformance.doubles.faulty:SequentialAccumulatorBackend"
+SEQ = "seq-acc=conformance.selftest.doubles.faulty:SequentialAccumulatorBackend"
 
 #: where a value shows on one scheme's probes and not on another's, the scheme to check it on (why)
 SCHEME_FOR = {
@@ -50,12 +50,12 @@ def test_every_vocabulary_axis_and_value_has_a_probe():
 def test_docs_table_is_generated_from_the_definitions():
     from pathlib import Path
 
-    from conformance.fingerprint_vocab import markdown_coverage
+    from conformance.fingerprint.vocab import markdown_coverage
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "fingerprints.md").read_text(encoding="utf-8")
-    body = text.split("<!-- BEGIN GENERATED: python -m conformance.fingerprint_vocab -->\n", 1)[1]
+    body = text.split("<!-- BEGIN GENERATED: python -m conformance.fingerprint.vocab -->\n", 1)[1]
     assert body.split("<!-- END GENERATED -->")[0] == markdown_coverage(), \
-        "docs/fingerprints.md is stale: regenerate its table with `python -m conformance.fingerprint_vocab`"
+        "docs/fingerprints.md is stale: regenerate its table with `python -m conformance.fingerprint.vocab`"
     for key in VOCABULARY:
         assert f"`{key}`" in body
 
@@ -182,10 +182,10 @@ def test_output_dtype_values_are_identified_from_their_outputs(scheme):
     # no backend here returns another dtype than the case's (the emulator's output follows the case): each
     # output dtype's reference on the fingerprint's own probes is judged as the fingerprint judges a backend
     from backends.emulator import EmulatorBackend
-    from conformance.acceptance import compare
-    from conformance.fingerprint_axes import candidate_cases, rows_options, values_for_case
-    from conformance.fingerprint_probes import trial_fn, with_rows
-    from conformance.fingerprint_search import hypotheses, hypothesis_intervals, identify, search_separating_inputs
+    from conformance.judge.acceptance import compare
+    from conformance.fingerprint.axes import candidate_cases, rows_options, values_for_case
+    from conformance.fingerprint.probes import trial_fn, with_rows
+    from conformance.fingerprint.search import hypotheses, hypothesis_intervals, identify, search_separating_inputs
 
     name = next(n for n in SCHEME_AXES[scheme] if n.split("@")[0] == "output")
     ax = AXES[name]

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conformance import golden
+from conformance.cases import golden
 
 
 def test_committed_golden_files_verify():
@@ -53,7 +53,7 @@ def test_flipped_byte_is_named(tmp_path):
 
 
 def test_cli_golden_verify_fails_naming_the_file(tmp_path, capsys):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     dst = tmp_path / "g"
     shutil.copytree(golden.GOLDEN_DIR, dst)
@@ -69,9 +69,9 @@ def test_cli_golden_verify_fails_naming_the_file(tmp_path, capsys):
 def test_emulator_reproduces_golden_outputs():
     """The stored references equal what the emulator computes now (a regression gate on the emulator)."""
     from backends.base import Declared
-    from conformance.acceptance import declared_interval
+    from conformance.judge.acceptance import declared_interval
 
-    from conformance.quantized import decide_quantized, expected_for
+    from conformance.judge.quantized import decide_quantized, expected_for
     from emulator.tensorfile import load_tensors
 
     for spec in golden.golden_specs():
@@ -154,7 +154,7 @@ def test_missing_golden_set_is_an_error_not_fewer_cases(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root), QCONFORM_GOLDEN_DIR=str(tmp_path / "nowhere"))
-    r = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--backend", "emulator", "--out",
+    r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "run", "--backend", "emulator", "--out",
                         str(tmp_path / "o"), "--no-progress"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     err = r.stderr.strip().splitlines()
@@ -187,7 +187,7 @@ def test_non_editable_install_judges_the_golden_tier_from_another_folder(tmp_pat
     r = subprocess.run([str(py), "-c", "import conformance, golden; print(conformance.__file__); print(golden.__file__)"],
                        cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and all(line.startswith(str(env_dir)) for line in r.stdout.split()), r.stdout + r.stderr
-    r = subprocess.run([str(py), "-m", "conformance.cli", "run", "--backend", "emulator", "--scheme", "w4a16",
+    r = subprocess.run([str(py), "-m", "conformance.cli.main", "run", "--backend", "emulator", "--scheme", "w4a16",
                         "--tier", "golden", "--out", str(work / "out"), "-j", "1"],
                        cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

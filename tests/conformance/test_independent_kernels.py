@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 def _run(tmp_path, backend: str, scheme: str, tier: str) -> tuple[int, dict, str]:
     env = dict(os.environ, QCONFORM_EXTRA_BACKENDS=SPEC, PYTHONPATH=os.pathsep.join([str(ROOT), str(PLUGIN)]))
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--backend", backend, "--profile", "ci",
+    r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "run", "--backend", backend, "--profile", "ci",
                         "--scheme", scheme, "--tier", tier, "-j", "1", "--no-progress", "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
@@ -81,7 +81,7 @@ def _failing_generators(s: dict) -> set:
 
 
 # the three W8A8 bugs that stayed green in ci and certification (README "Suite holes"), each with the coverage
-# value class (conformance/coverage.py W8A8_ASYM) that now catches it in ci
+# value class (conformance/cases/coverage.py W8A8_ASYM) that now catches it in ci
 HOLES = [("azp_rowsum_int16", "vc-w-rowsum-beyond-int16"), ("asym_zp_uint8_domain", "vc-azp-int8-domain"),
          ("act_no_saturation", "vc-act-code-saturation")]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from backends.registry import create
-from conformance.acceptance import UNDERFLOW_UNIT, declared_interval
-from conformance.cases import CaseInputs
+from conformance.judge.acceptance import UNDERFLOW_UNIT, declared_interval
+from conformance.cases.inputs import CaseInputs
 from emulator.schemes import Case
 
 

@@ -5,7 +5,7 @@ from the canonical reference; canonical declarations are CONFORMANT."""
 import json
 from pathlib import Path
 
-from conformance.cli import main
+from conformance.cli.main import main
 
 SMALL = ["--profile", "smoke", "--no-progress", "-j", "1"]
 

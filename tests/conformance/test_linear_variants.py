@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.cli import LINEAR_FIELDS, main
+from conformance.cli.main import LINEAR_FIELDS, main
 from emulator.tensorfile import Tensor, load_tensors, save_tensors
 from emulator.variants import AXES
 

@@ -3,9 +3,9 @@ the judged interval, NaN/Inf mismatches counted and named first, never an elemen
 
 import numpy as np
 
-from conformance.acceptance import Interval
-from conformance.summary import describe_worst
-from conformance.verdict import decide, decide_opaque
+from conformance.judge.acceptance import Interval
+from conformance.report.summary import describe_worst
+from conformance.judge.verdict import decide, decide_opaque
 
 
 def _iv(y_exact, lo, hi):

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.localize_text import localization_lines
+from conformance.judge.localize_text import localization_lines
 from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 
 #: bug -> its description (what a kernel author would write in a bug report)
@@ -257,7 +257,7 @@ CASES = [
 
 def case_inputs(bug: str, case: Case):
     """The case's seeded inputs; the 0xFF bug gets one E8M0 byte 0xFF planted (row 5, block 1)."""
-    from conformance.cases import make_inputs
+    from conformance.cases.inputs import make_inputs
 
     inp = make_inputs(case, 3)
     if bug == "mx_ff_finite":
@@ -270,7 +270,7 @@ def case_inputs(bug: str, case: Case):
 
 
 def localize_with(bug: str, case: Case, inp=None) -> dict:
-    from conformance.localize import localize
+    from conformance.judge.localize import localize
 
     inp = inp or case_inputs(bug, case)
     k = Planted(bug=bug)
@@ -293,14 +293,14 @@ def test_localization_names_the_planted_bug(bug, case, stage, names):
 def test_control_kernel_passes_and_reads_back_exact(bug, case, stage, names):
     """The same kernel without its bug passes the case (the suite's judge) and every probe reads back exact,
     so each finding above comes from the bug, not from the kernel or the probes."""
-    from conformance.acceptance import declared_interval
-    from conformance.runner import judge
+    from conformance.judge.acceptance import declared_interval
+    from conformance.run.runner import judge
 
     inp = case_inputs("none", case)
     k = Planted(bug="none")
     decl = k.declared(case)
     y = k.run(k.prepare(case, inp.tensors), inp.x, bias=inp.bias)
-    from conformance.summary import PASSING
+    from conformance.report.summary import PASSING
 
     assert judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING
     loc = localize_with("none", case, inp)

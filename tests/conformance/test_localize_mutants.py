@@ -1,13 +1,13 @@
-"""Regression gate: the localization of some self-test mutants (conformance/doubles/mutants.py, the emulator
+"""Regression gate: the localization of some self-test mutants (conformance/selftest/doubles/mutants.py, the emulator
 with one planted bug each; docs/selftest.md). The mutants are built on the emulator, so this is not an
 independent oracle (test_localize_kernels.py is): it pins what each mutant's description says is wrong."""
 
 import pytest
 
 from backends.base import Case
-from conformance.cases import make_inputs
-from conformance.doubles.mutants import MutantBackend
-from conformance.localize import localize
+from conformance.cases.inputs import make_inputs
+from conformance.selftest.doubles.mutants import MutantBackend
+from conformance.judge.localize import localize
 
 GPTQ = Case("w4a16", "gptq", 3, 64, 256, group_size=64, sym=False)
 W8A8 = Case("w8a8", "ct-int-quantized", 3, 64, 96, group_size=-1, bias=True)

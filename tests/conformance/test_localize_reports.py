@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import test_localize_kernels as kernels
-from conformance.cli import main
+from conformance.cli.main import main
 
 HERE = Path(__file__).resolve().parent
 RUN = ["run", "--profile", "smoke", "--no-progress", "-j", "1", "--scheme", "w8a8", "--tier", "exact",
@@ -64,8 +64,8 @@ def test_a_passing_kernel_gets_no_localization(planted, tmp_path, capsys):
 def test_fingerprint_names_no_accumulator_while_the_weights_are_wrong(planted):
     """The accumulation bracket is withdrawn when the localization shows the weights wrong, and kept for the
     same kernel without the bug."""
-    from conformance.fingerprint import fingerprint
-    from conformance.fingerprint_render import format_text
+    from conformance.fingerprint.decide import fingerprint
+    from conformance.fingerprint.render import format_text
 
     bad = fingerprint("planted:bug=ct_nibble_swap", schemes=["w4a16"], axes=["accumulate"], timeout=120)
     acc = bad["schemes"]["w4a16"]["axes"][0]

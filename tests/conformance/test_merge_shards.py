@@ -3,7 +3,7 @@ must not merge into CONFORMANT)."""
 
 import json
 
-from conformance.cli import main
+from conformance.cli.main import main
 
 
 def _shard(tmp_path, i, n=3):

@@ -1,5 +1,5 @@
 """The model profile (docs/conformance.md#model-profile) and the run's shared references
-(docs/conformance.md#reference-sharing, conformance/refcache.py)."""
+(docs/conformance.md#reference-sharing, conformance/run/refcache.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from backends.base import Declared
-from conformance.acceptance import grid_neighbour, declared_interval, round_down, round_to, round_up
-from conformance.refcache import ReferenceCache, inputs_digest
-from conformance.runner import Runner
-from conformance.suite import case_list, list_hash
+from conformance.judge.acceptance import grid_neighbour, declared_interval, round_down, round_to, round_up
+from conformance.run.refcache import ReferenceCache, inputs_digest
+from conformance.run.runner import Runner
+from conformance.cases.suite import case_list, list_hash
 from emulator.declaration import canonical_declaration
 from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
 from emulator.numerics.rounding import Rounding
 
 # --- published configurations (the checkpoints' config.json on the Hugging Face Hub), written here from
-# those files, not from conformance/model_profile.py:
+# those files, not from conformance/cases/model_profile.py:
 # meta-llama/Meta-Llama-3-8B: hidden_size 4096, intermediate_size 14336, num_attention_heads 32,
 # num_key_value_heads 8 (head_dim 128: k/v project to 8 * 128 = 1024)
 LLAMA3_8B = {(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)}
@@ -196,7 +196,7 @@ def test_cache_redraws_inputs_whose_file_changed(tmp_path, small_case):
     inp, path, digest = cache.inputs(spec)
     again, path2, digest2 = cache.inputs(spec)
     assert (path2, digest2) == (path, digest) and cache.stats["inputs_reused"] == 1
-    from conformance.bundle import save_bundle
+    from conformance.run.bundle import save_bundle
 
     tampered = dataclasses.replace(inp, x=(inp.x + 1).astype(np.float32))
     save_bundle(path, tampered, spec=spec.to_json(), backend="", declared=None, verdict="", reason="inputs")
@@ -228,7 +228,7 @@ def test_model_subset_runs_and_shares_its_references(tmp_path):
 
 def test_worker_refuses_inputs_other_than_the_judged_ones(tmp_path, small_case):
     """The worker runs shared inputs only when their SHA-256 is the one the runner judges against."""
-    from conformance.workerproc import WorkerProcess
+    from conformance.run.workerproc import WorkerProcess
 
     spec, _ = small_case
     cache = ReferenceCache(tmp_path)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from backends.registry import create
-from conformance.acceptance import declared_interval
-from conformance.cases import make_inputs
-from conformance.runner import judge
+from conformance.judge.acceptance import declared_interval
+from conformance.cases.inputs import make_inputs
+from conformance.run.runner import judge
 from emulator.schemes import Case
 
 

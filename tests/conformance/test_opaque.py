@@ -13,10 +13,10 @@ import pytest
 import opaque_doubles
 from backends.base import Case, Declared
 from backends.registry import create, select
-from conformance.acceptance import declared_interval
-from conformance.cases import make_inputs
-from conformance.cli import main
-from conformance.verdict import decide_opaque, sqnr_db
+from conformance.judge.acceptance import declared_interval
+from conformance.cases.inputs import make_inputs
+from conformance.cli.main import main
+from conformance.judge.verdict import decide_opaque, sqnr_db
 from emulator.variants import VariantError
 
 HERE = Path(__file__).resolve().parent

@@ -2,9 +2,9 @@
 
 import pytest
 
-from conformance.placement import (Device, DeviceError, intel_devices, parse_nvidia_smi, restrict_to_visible,
+from conformance.run.placement import (Device, DeviceError, intel_devices, parse_nvidia_smi, restrict_to_visible,
                                    select_devices, slots, unit_key, work_units)
-from conformance.suite import case_list
+from conformance.cases.suite import case_list
 
 SMI_2 = ("0, NVIDIA H200, GPU-aaaa-1111, 00000000:18:00.0, 580.159.04\n"
          "1, NVIDIA H200, GPU-bbbb-2222, 00000000:2A:00.0, 580.159.04\n")
@@ -83,7 +83,7 @@ def test_work_units_keep_every_case_once_and_group_one_kernel_configuration():
 
 # -- the runner with fake devices: the environment each worker sees ---------------------------------------
 def _double(monkeypatch):
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "fake-device=conformance.doubles.devices:FakeDeviceBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "fake-device=conformance.selftest.doubles.devices:FakeDeviceBackend")
 
 
 def _results(out):
@@ -94,7 +94,7 @@ def _results(out):
 
 
 def _run(tmp_path, name, bspec, devices, jobs):
-    from conformance.runner import Runner
+    from conformance.run.runner import Runner
 
     specs = case_list(profile="ci", schemes=["w4a16"], tiers=["exact"])[:24]
     r = Runner(tmp_path / name, jobs=jobs, progress=False, timeout=60, devices=devices)
@@ -150,7 +150,7 @@ def test_certify_places_its_workers_and_its_bundle_records_each_cases_device(tmp
     import json
 
     from conformance.certify import certify, verify_bundle
-    from conformance.placement import Placement
+    from conformance.run.placement import Placement
 
     _double(monkeypatch)
     seen = tmp_path / "seen"

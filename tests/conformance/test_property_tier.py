@@ -1,4 +1,4 @@
-"""The property tier (conformance/property.py): Hypothesis searches run through the isolated worker,
+"""The property tier (conformance/cases/property.py): Hypothesis searches run through the isolated worker,
 shrink a failure to a minimal example, keep their database in the output folder, and follow --seed."""
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.bundle import load_bundle_inputs
-from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY
-from conformance.property import PROPERTY_PROFILES, families, mutant_kills, run_property
-from conformance.runner import Runner, Waiver
+from conformance.run.bundle import load_bundle_inputs
+from conformance.selftest.doubles.mutants import EXTRA_BACKENDS_ENTRY
+from conformance.cases.property import PROPERTY_PROFILES, families, mutant_kills, run_property
+from conformance.run.runner import Runner, Waiver
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANT_ENV = {"QCONFORM_EXTRA_BACKENDS": EXTRA_BACKENDS_ENTRY}
@@ -28,7 +28,7 @@ def _size(desc: dict) -> tuple:
 def _cli(*args, env=None, cwd=None):
     e = dict(os.environ, PYTHONPATH=str(ROOT))
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], env=e, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "conformance.cli.main", *args], env=e, cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -148,7 +148,7 @@ def test_property_family_records_carry_the_level(tmp_path, capsys):
     """A family of rounding-level declarations is never called CONFORMANT (docs/conformance.md#levels)."""
     import json
 
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "rhaz"
     rc = main(["run", "--tier", "property", "--backend", "emulator:act_rounding=rhaz", "--scheme", "w8a8",

@@ -89,7 +89,7 @@ def test_plugin_unavailable_or_unjudged_backend_is_not_green(tmp_path):
 def test_plugin_session_is_one_result_set_with_relative_replay(tmp_path):
     """A second session into the same --qconform-out replaces the first one's results; a failure's
     replay command names the bundle relative to that folder."""
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "out"
     r = _pytest(tmp_path, "--qconform-backend=emulator", "--qconform-profile=smoke", "--qconform-scheme=w8a8",
@@ -111,7 +111,7 @@ def test_plugin_session_is_one_result_set_with_relative_replay(tmp_path):
 
 
 def test_plugin_unavailable_backend_reaches_the_report(tmp_path):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     here = Path(__file__).resolve().parent
     env = {"QCONFORM_EXTRA_BACKENDS": "absent=run_doubles:Absent",

@@ -2,7 +2,7 @@
 
 The activations go in as a safetensors file, the codes, scales and zero points come back as one; each is
 compared bit for bit with the library itself run on the same input (ONNX's reference evaluator,
-compressed-tensors, torchao), on the separating inputs of conformance/generators.py plus rows whose scale or
+compressed-tensors, torchao), on the separating inputs of conformance/cases/generators.py plus rows whose scale or
 quotient underflows. The canonical quantizer (no preset) differs from each library there, so agreement is
 the preset's doing.
 """
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from backends.base import Case
-from conformance.cli import main
-from conformance.generators import generate
+from conformance.cli.main import main
+from conformance.cases.generators import generate
 from emulator.numerics.floats import round_to_dtype
 from emulator.tensorfile import Tensor, load_tensors, save_tensors
 
@@ -207,7 +207,7 @@ def test_quantize_refuses_what_it_does_not_take(capsys, tmp_path):
 def test_variant_options_expand_presets_and_refuse_other_keys():
     """Regression gate of the shared option parser: a preset's variants, a later --variant overriding one, and an
     unknown key refused with the accepted keys only."""
-    from conformance.quantize_cmd import parse_variant_options
+    from conformance.cli.quantize_cmd import parse_variant_options
 
     v, f = parse_variant_options(["preset=torchao-mx-floor"], None, ["mx_scale_rule"], "quantize")
     assert v == {"mx_scale_rule": "floor", "mx_byte0_divisor": "min_normal"} and f == {}

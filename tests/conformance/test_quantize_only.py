@@ -13,10 +13,10 @@ import pytest
 
 from backends.base import Declared
 from backends.registry import BUILTIN, create
-from conformance.doubles.quantize import SPEC
-from conformance.quantized import decide_quantized
-from conformance.runner import Runner
-from conformance.suite import CaseSpec, case_list
+from conformance.selftest.doubles.quantize import SPEC
+from conformance.judge.quantized import decide_quantized
+from conformance.run.runner import Runner
+from conformance.cases.suite import CaseSpec, case_list
 from emulator.quantize_only import quantize_reference
 from emulator.schemes import QUANTIZE_SCHEMES, Case
 
@@ -210,7 +210,7 @@ def test_case_ids_and_specs_round_trip():
 
 # -- fingerprint -------------------------------------------------------------------------------------------
 def test_fingerprint_of_a_wrong_declaration_names_the_real_value():
-    from conformance.fingerprint import fingerprint
+    from conformance.fingerprint.decide import fingerprint
 
     res = fingerprint("emulator:act_rounding=rhaz,declare=canonical", schemes=["q-int8-token"],
                       axes=["act_rounding", "reciprocal"])
@@ -222,7 +222,7 @@ def test_fingerprint_of_a_wrong_declaration_names_the_real_value():
 
 
 def test_fingerprint_of_the_emulator_agrees_with_its_declaration_on_every_quantize_scheme():
-    from conformance.fingerprint import fingerprint
+    from conformance.fingerprint.decide import fingerprint
 
     res = fingerprint("emulator", schemes=list(QUANTIZE_SCHEMES))
     assert res["contradictions"] == []
@@ -233,7 +233,7 @@ def test_fingerprint_of_the_emulator_agrees_with_its_declaration_on_every_quanti
 # -- property tier ---------------------------------------------------------------------------------------------
 def test_property_tier_searches_quantize_schemes_and_shrinks_a_planted_rounding(tmp_path):
     pytest.importorskip("hypothesis", reason="the property tier needs Hypothesis")
-    from conformance.property import run_property
+    from conformance.cases.property import run_property
 
     r = Runner(tmp_path, progress=False)
     recs = run_property(r, ["emulator", "emulator:e2m1_rounding=rhaz,declare=canonical"], profile="smoke",

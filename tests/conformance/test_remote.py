@@ -13,9 +13,9 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from conformance.remote import DaskExecutor, RemoteWorker, host_class  # noqa: E402
-from conformance.runner import Runner  # noqa: E402
-from conformance.suite import case_list  # noqa: E402
+from conformance.run.remote import DaskExecutor, RemoteWorker, host_class  # noqa: E402
+from conformance.run.runner import Runner  # noqa: E402
+from conformance.cases.suite import case_list  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_a_cluster_run_equals_the_local_run_case_for_case(tmp_path, cluster):
 def test_a_node_killed_mid_run_loses_and_duplicates_nothing(tmp_path, monkeypatch):
     from distributed import Client, LocalCluster
 
-    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-slow=conformance.doubles.faulty:SlowBackend")
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "faulty-slow=conformance.selftest.doubles.faulty:SlowBackend")
     specs = _specs(12)
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as c, \
             Client(c) as client:
@@ -142,7 +142,7 @@ def test_host_class_ignores_the_host_name_and_the_suite_version_only():
 
 
 def test_no_scheduler_is_one_line_exit_2(capsys, tmp_path):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     rc = main(["run", "--backend", "emulator", "--executor", "dask", "--address", "tcp://127.0.0.1:9",
                "--out", str(tmp_path / "o")])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bundle_cache import copy_bundle
-from conformance.cli import main
+from conformance.cli.main import main
 
 
 def _results(folder: Path) -> list[dict]:

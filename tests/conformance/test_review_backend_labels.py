@@ -5,7 +5,7 @@ pass. Such a pair is a usage error (exit 2, one line), as the same spec twice is
 
 from __future__ import annotations
 
-from conformance.cli import main
+from conformance.cli.main import main
 
 
 def test_the_same_backend_under_two_spellings_is_refused(tmp_path, capsys):

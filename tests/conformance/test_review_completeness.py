@@ -1,7 +1,7 @@
 """Review: `qconform report` on a run folder never says CONFORMANT for fewer results than the run asked for.
 
 The run's own summary enforces the invariant with the exact (backend, case) pairs it asked for; `qconform
-report OUT` recomputes it from the folder's run header alone (conformance/completeness.py
+report OUT` recomputes it from the folder's run header alone (conformance/run/completeness.py
 ``header_shortfall``). A property-tier run stopped after some of its searches left a folder whose
 report said CONFORMANT: the header counted the seeded cases only, and the property results were not
 counted at all.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from conformance.cli import main
+from conformance.cli.main import main
 
 
 def _write(out, header: dict, results: list[dict]) -> None:

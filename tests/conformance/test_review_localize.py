@@ -29,9 +29,9 @@ class DecodeOnlyBug(kernels.Planted):
 
 
 def test_a_decode_only_weight_bug_is_localized_in_the_weights():
-    from conformance.acceptance import declared_interval
-    from conformance.localize import localize
-    from conformance.runner import judge
+    from conformance.judge.acceptance import declared_interval
+    from conformance.judge.localize import localize
+    from conformance.run.runner import judge
 
     case = Case("w4a16", "gptq", M=1, N=64, K=512, group_size=64)
     inp = kernels.case_inputs("none", case)
@@ -61,7 +61,7 @@ class SparseColumnBug(kernels.Planted):
 def test_a_partial_readback_never_says_the_weights_read_back_exact_unqualified():
     """K = 4096: about 1024 of the columns are read back; a weight bug in columns not among them leaves the
     readback exact, and the summary must say that only those columns were read back."""
-    from conformance.localize import localize
+    from conformance.judge.localize import localize
 
     case = Case("w4a16", "gptq", M=4, N=64, K=4096, group_size=128)
     inp = kernels.case_inputs("none", case)
@@ -81,8 +81,8 @@ def test_a_partial_readback_never_says_the_weights_read_back_exact_unqualified()
     assert len(SparseColumnBug.COLUMNS) >= 10
     k = SparseColumnBug(bug="none")
     prepared = k.prepare(case, inp.tensors)
-    from conformance.acceptance import declared_interval
-    from conformance.runner import judge
+    from conformance.judge.acceptance import declared_interval
+    from conformance.run.runner import judge
 
     decl = k.declared(case)
     assert judge(inp, declared_interval(inp, decl), k.run(prepared, inp.x), decl).verdict == "fail"

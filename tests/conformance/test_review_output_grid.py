@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from backends.base import Case, Declared
-from conformance.acceptance import declared_interval
-from conformance.output_grid import off_grid
-from conformance.cases import make_inputs
-from conformance.runner import judge, rounded_interval
+from conformance.judge.acceptance import declared_interval
+from conformance.judge.output_grid import off_grid
+from conformance.cases.inputs import make_inputs
+from conformance.run.runner import judge, rounded_interval
 
 GOOD = ("pass", "pass-with-tie-flips", "quality-warning", "pass-sqnr")
 

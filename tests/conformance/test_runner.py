@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from conformance.runner import Runner, read_results
-from conformance.suite import case_list
+from conformance.run.runner import Runner, read_results
+from conformance.cases.suite import case_list
 
-FAULTY = ",".join(f"{n}=conformance.doubles.faulty:{c}" for n, c in [
+FAULTY = ",".join(f"{n}=conformance.selftest.doubles.faulty:{c}" for n, c in [
     ("faulty-segfault", "SegfaultBackend"), ("faulty-abort", "AbortBackend"), ("faulty-hang", "HangBackend"),
     ("faulty-nan", "NanBackend"), ("faulty-zero", "ZeroBackend"), ("faulty-raise", "RaiseBackend")])
 
@@ -94,7 +94,7 @@ def test_non_canonical_variant_fails_canonical_edge_tier_and_passes_when_declare
     honest = Runner(tmp_path / "b", timeout=60, progress=False).run(["emulator:act_rounding=rhaz"], specs)
     assert {x["verdict"] for x in honest} == {"pass"}
     # the bundle replays with the emulator alone and reproduces the failure
-    from conformance.commands import cmd_replay
+    from conformance.cli.commands import cmd_replay
 
     class A:
         bundle = liar[0]["bundle"]
@@ -112,7 +112,7 @@ def test_waivers(tmp_path, faulty_env):
         'issue = "https://example.invalid/1"\nexpires = "2999-01-01"\n'
         '[[waiver]]\nbackend = "emulator"\nscheme = "*"\ncase = "*"\nreason = "stale"\n'
         'issue = "https://example.invalid/2"\nexpires = "2999-01-01"\n')
-    from conformance.runner import load_waivers
+    from conformance.run.runner import load_waivers
 
     r = Runner(tmp_path / "o", timeout=60, progress=False, waivers=load_waivers(w))
     res = r.run(["faulty-zero:only=w4a16", "emulator"], specs)
@@ -130,7 +130,7 @@ def test_waivers(tmp_path, faulty_env):
 
 
 def test_shards_partition_the_case_list():
-    from conformance.suite import shard
+    from conformance.cases.suite import shard
 
     specs = case_list(profile="ci")
     parts = [shard(specs, i, 3) for i in (1, 2, 3)]

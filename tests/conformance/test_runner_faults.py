@@ -1,6 +1,6 @@
 """Kernels that misbehave in every way the runner has to survive: each case still gets its verdict.
 
-The fault-injecting backends are in conformance/doubles/faulty.py. Each fault is triggered on one
+The fault-injecting backends are in conformance/selftest/doubles/faulty.py. Each fault is triggered on one
 scheme only (``only=w4a16``); the other scheme's cases must still pass, which proves the run went on
 after the fault with a clean worker and a clean reply channel.
 """
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from conformance.outlock import OutLock, OutputLocked
-from conformance.runner import Runner, read_results
-from conformance.suite import case_list
+from conformance.run.outlock import OutLock, OutputLocked
+from conformance.run.runner import Runner, read_results
+from conformance.cases.suite import case_list
 
 _FAULTS = {
     "faulty-shape": "WrongShapeBackend", "faulty-transposed": "TransposedBackend", "faulty-complex": "ComplexBackend",
@@ -24,7 +24,7 @@ _FAULTS = {
     "faulty-json-stdout": "JsonStdoutBackend", "faulty-partial-hang": "PartialLineHangBackend",
     "faulty-fork": "ForkBackend", "faulty-memory-hog": "MemoryHogBackend", "faulty-hang": "HangBackend",
 }
-FAULTY = ",".join(f"{n}=conformance.doubles.faulty:{c}" for n, c in _FAULTS.items())
+FAULTY = ",".join(f"{n}=conformance.selftest.doubles.faulty:{c}" for n, c in _FAULTS.items())
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_worker_logs_live_in_the_output_folder(tmp_path, faulty_env, monkeypatch
 
 _ORPHAN = r"""
 import sys, time
-from conformance.workerproc import WorkerProcess
+from conformance.run.workerproc import WorkerProcess
 w = WorkerProcess("faulty-hang")
 w.start()
 print(w.proc.pid, flush=True)
@@ -172,7 +172,7 @@ def test_a_worker_dies_with_its_parent(tmp_path, faulty_env):
 def test_second_writer_of_a_folder_is_refused(tmp_path):
     held = OutLock.for_folder(tmp_path).acquire()
     try:
-        code = ("import sys\nfrom conformance.runner import Runner\nfrom conformance.outlock import OutputLocked\n"
+        code = ("import sys\nfrom conformance.run.runner import Runner\nfrom conformance.run.outlock import OutputLocked\n"
                 "try:\n    Runner(sys.argv[1], progress=False, lock=True)\nexcept OutputLocked as e:\n    print(e); sys.exit(7)\n")
         env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
         r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
@@ -190,9 +190,9 @@ def test_second_writer_of_a_folder_is_refused(tmp_path):
 
 
 def test_cli_run_into_a_locked_folder_exits_2(tmp_path, capsys):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
-    code = ("import sys, time\nfrom conformance.outlock import OutLock\nheld = OutLock.for_folder(sys.argv[1]).acquire()\n"
+    code = ("import sys, time\nfrom conformance.run.outlock import OutLock\nheld = OutLock.for_folder(sys.argv[1]).acquire()\n"
             "print('held', flush=True)\ntime.sleep(60)\n")
     env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
@@ -209,7 +209,7 @@ def test_cli_run_into_a_locked_folder_exits_2(tmp_path, capsys):
 
 
 def test_memory_limit_sizes():
-    from conformance.workerproc import parse_size
+    from conformance.run.workerproc import parse_size
 
     assert parse_size("8G") == 8 * 1024 ** 3 and parse_size("512M") == 512 * 1024 ** 2
     assert parse_size("1.5GiB") == 3 * 512 * 1024 ** 2 and parse_size("0") == 0 and parse_size(4096) == 4096

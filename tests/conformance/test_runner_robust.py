@@ -14,7 +14,7 @@ Each test attacks one way a run could lose results or end green without them:
 - a read-only or full --out is exit 2 with one line;
 - verify-bundle refuses a padded results.jsonl after reading no more lines than the case list allows.
 
-Fault doubles: conformance/doubles/faulty.py (faulty-slow, faulty-flood, faulty-setsid).
+Fault doubles: conformance/selftest/doubles/faulty.py (faulty-slow, faulty-flood, faulty-setsid).
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from pathlib import Path
 
 import pytest
 
-from conformance.completeness import enforce
-from conformance.resultfile import append_line, repair_torn_tail
-from conformance.runner import Runner, read_results
-from conformance.suite import case_list
-from conformance.workerproc import LOG_HEAD, LOG_KEEP
+from conformance.run.completeness import enforce
+from conformance.run.resultfile import append_line, repair_torn_tail
+from conformance.run.runner import Runner, read_results
+from conformance.cases.suite import case_list
+from conformance.run.workerproc import LOG_HEAD, LOG_KEEP
 
 ROOT = Path(__file__).resolve().parents[2]
 _DOUBLES = {"faulty-slow": "SlowBackend", "faulty-flood": "FloodBackend", "faulty-setsid": "SetsidBackend"}
-EXTRA = ",".join(f"{n}=conformance.doubles.faulty:{c}" for n, c in _DOUBLES.items())
+EXTRA = ",".join(f"{n}=conformance.selftest.doubles.faulty:{c}" for n, c in _DOUBLES.items())
 #: a small case list: 8 cases
 SELECT = ["--profile", "smoke", "--scheme", "w8a8", "--tier", "exact"]
 N_CASES = 8
@@ -57,7 +57,7 @@ def _env(**kw) -> dict:
 
 def _cli(*argv, **popen) -> subprocess.Popen:
     """`qconform ARGV` in a session of its own (so a test can signal its whole process group)."""
-    return subprocess.Popen([sys.executable, "-m", "conformance.cli", *map(str, argv)], env=_env(), cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "conformance.cli.main", *map(str, argv)], env=_env(), cwd=ROOT,
                             start_new_session=True, text=True, **popen)
 
 
@@ -98,7 +98,7 @@ def _gone(pids, limit: float = 10) -> bool:
 def test_a_second_run_into_a_busy_folder_removes_nothing(tmp_path, doubles_env, capsys):
     """The bug: the second run deleted the first one's results.jsonl before it found the lock; the first
     then ended CONFORMANT over the few results written after that."""
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "out"
     first = _cli("run", "--backend", "faulty-slow:seconds=0.4", *SELECT, "--out", out, "--no-progress",
@@ -121,7 +121,7 @@ def test_a_second_run_into_a_busy_folder_removes_nothing(tmp_path, doubles_env, 
 def test_fewer_results_than_cases_is_never_conformant(tmp_path, capsys, monkeypatch):
     """A result line that never reached results.jsonl (however it got lost): the run says INCOMPLETE and
     exits 4; `qconform report` on the folder says so too, from the run header's case count."""
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "out"
     real = Runner._append
@@ -148,7 +148,7 @@ def test_fewer_results_than_cases_is_never_conformant(tmp_path, capsys, monkeypa
 
 
 def test_certify_seals_nothing_with_a_result_missing(tmp_path, capsys, monkeypatch):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     real = Runner._append
     dropped = []
@@ -330,7 +330,7 @@ def test_a_short_write_is_cut_back_to_a_whole_line(tmp_path):
 def test_a_worker_that_cannot_write_its_output_stops_the_run_not_a_crash_verdict(tmp_path):
     """The worker's own write into OUT/.work failing for lack of space is the folder's fault: OutputUnwritable,
     never a crash recorded against the kernel."""
-    from conformance.resultfile import OutputUnwritable, check_worker_output_fault
+    from conformance.run.resultfile import OutputUnwritable, check_worker_output_fault
 
     rec = {"verdict": "crash", "evidence": {"worker": "raised",
                                             "exception": "OSError: [Errno 28] No space left on device",
@@ -360,8 +360,8 @@ def test_a_setsid_daemon_does_not_outlive_the_run(tmp_path, doubles_env, clean_e
 
 # -- 6. an output folder that cannot be written ------------------------------------------------------------
 def test_an_unwritable_output_is_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
-    from conformance import outlock
-    from conformance.cli import main
+    from conformance.run import outlock
+    from conformance.cli.main import main
 
     out = tmp_path / "ro"
     real_open = os.open
@@ -391,7 +391,7 @@ def test_a_full_output_at_the_start_is_exit_2_with_one_line(tmp_path):
 def test_any_command_writing_into_a_full_folder_is_exit_2_with_one_line(tmp_path):
     """`qconform report` (it writes summary.json and the reports) under a file-size limit of 0: one line
     naming the file, exit 2, not an internal error (the CLI's catch-all for output errors)."""
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "out"
     assert main(["run", "--backend", "emulator", *SELECT, "--out", str(out), "--no-progress"]) == 0
@@ -406,7 +406,7 @@ def test_any_command_writing_into_a_full_folder_is_exit_2_with_one_line(tmp_path
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
 def test_a_read_only_folder_is_exit_2(tmp_path, capsys):
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "ro"
     out.mkdir()

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from backends.base import Case, Declared
-from conformance import selftest
-from conformance.acceptance import declared_interval, declared_weight
-from conformance.generators import generate
-from conformance.runner import judge, rounded_interval
-from conformance.suite import case_list
+from conformance.selftest import mutation as selftest
+from conformance.judge.acceptance import declared_interval, declared_weight
+from conformance.cases.generators import generate
+from conformance.run.runner import judge, rounded_interval
+from conformance.cases.suite import case_list
 from emulator.activations import int8 as a8
 from emulator.formats import mxfp4
 from emulator.numerics.floats import round_to_dtype
@@ -49,7 +49,7 @@ def test_a_survivor_is_reported_and_fails_the_command(tmp_path, capsys):
     # the random tier alone cannot see a sym checkpoint's non-midpoint qzeros: the harness must say so
     report = selftest.run_selftest(mutants=["sym-qzeros-ignored"], tiers=["random"])
     assert report["score"]["survivors"] == ["sym-qzeros-ignored"] and not selftest.ok(report)
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     out = tmp_path / "s.json"
     assert main(["selftest", "--mutant", "sym-qzeros-ignored", "--tier", "random", "--no-control",
@@ -63,7 +63,7 @@ def test_a_survivor_is_reported_and_fails_the_command(tmp_path, capsys):
 
 
 def test_isolated_workers_kill_at_the_same_case():
-    """Through conformance.worker with QCONFORM_EXTRA_BACKENDS, as qconform run runs a backend."""
+    """Through conformance.run.worker with QCONFORM_EXTRA_BACKENDS, as qconform run runs a backend."""
     kw = dict(mutants=["stale-weight-cache", "int8-rhaz"], tiers=["exact", "edge"])
     a = selftest.run_selftest(**kw)
     b = selftest.run_selftest(isolate=True, **kw)
@@ -79,7 +79,7 @@ def test_mutants_are_not_in_the_default_registry(monkeypatch):
     assert "mutant" not in registered()  # qconform run's default backends come from registered()
     with pytest.raises(ValueError, match="unknown backend"):
         create("mutant:bug=int8-rhaz")
-    from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY
+    from conformance.selftest.doubles.mutants import EXTRA_BACKENDS_ENTRY
 
     monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", EXTRA_BACKENDS_ENTRY)
     b = create("mutant:bug=int8-rhaz")
@@ -221,7 +221,7 @@ def test_markdown_and_table_name_every_tier():
 
 # -- the mutants' own building blocks --------------------------------------------------------------------
 def test_local_int8_quantizer_without_its_bug_is_the_emulators():
-    from conformance.doubles import mutants
+    from conformance.selftest.doubles import mutants
 
     rng = np.random.default_rng(1)
     x = round_to_dtype(rng.standard_normal((6, 96)) * 2.0 ** rng.integers(-8, 4, (6, 1)), "bfloat16")
@@ -237,7 +237,7 @@ def test_local_int8_quantizer_without_its_bug_is_the_emulators():
 
 
 def test_unmasked_negative_zero_takes_the_exponent_add():
-    from conformance.doubles import mutants
+    from conformance.selftest.doubles import mutants
 
     codes = np.full((1, 96), 8, np.uint8)  # E2M1 -0 everywhere
     sb = np.array([[127, 126, 0]], np.uint8)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from conformance.strategies import activations, case_inputs, cases, judge_inputs
+from conformance.cases.strategies import activations, case_inputs, cases, judge_inputs
 
 OK = {"pass", "pass-with-tie-flips", "mistrusted"}
 NIGHTLY = os.environ.get("QCONFORM_HYPOTHESIS_PROFILE") == "nightly"
@@ -22,7 +22,7 @@ def test_emulator_passes_random_cases(inp):
 @settings(max_examples=25)
 @given(cases())
 def test_cases_are_valid_and_buildable(case):
-    from conformance.cases import make_inputs
+    from conformance.cases.inputs import make_inputs
 
     inp = make_inputs(case, 0)
     assert inp.x.shape == (case.M, case.K)
@@ -70,9 +70,9 @@ def _affected(variant: str, spec) -> bool:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_emulator_variant_passes_its_own_suite(variant):
     from backends.registry import create
-    from conformance.acceptance import declared_interval
-    from conformance.runner import judge
-    from conformance.suite import case_list
+    from conformance.judge.acceptance import declared_interval
+    from conformance.run.runner import judge
+    from conformance.cases.suite import case_list
 
     specs = [s for s in case_list(profile="smoke", tiers=("exact", "edge", "golden")) if _affected(variant, s)]
     specs = specs[:: max(1, len(specs) // 24)]  # a spread of at most ~24 cases per variant

@@ -45,8 +45,8 @@ def test_adapter_refuses_what_the_kernel_does_not_do():
 
 @pytest.mark.skipif(_cuda_reason() is not None, reason=str(_cuda_reason()))
 def test_triton_plugin_passes_a_certification_subset(tmp_path, monkeypatch):
-    from conformance.runner import Runner
-    from conformance.suite import case_list
+    from conformance.run.runner import Runner
+    from conformance.cases.suite import case_list
 
     monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "triton-w4a16=qconform_triton_w4a16.backend:TritonW4A16Backend")
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "examples" / "triton-w4a16"))

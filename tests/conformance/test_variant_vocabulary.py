@@ -12,9 +12,9 @@ import pytest
 
 from backends.base import Case, Declared
 from backends.emulator import EmulatorBackend
-from conformance import fingerprint
-from conformance.acceptance import compare, declared_interval
-from conformance.cases import make_inputs
+from conformance.fingerprint import decide as fingerprint
+from conformance.judge.acceptance import compare, declared_interval
+from conformance.cases.inputs import make_inputs
 from emulator import moe as emoe
 from emulator.activations import int8 as a8
 from emulator.declaration import int8_variant, moe_variant, mx_variant, weight_kwargs
@@ -224,7 +224,7 @@ def test_field_axes_are_declared_fields():
 
 
 def test_linear_help_lists_every_variant_key():
-    from conformance.cli import LINEAR_FIELDS, linear_variant_keys
+    from conformance.cli.main import LINEAR_FIELDS, linear_variant_keys
 
     keys = linear_variant_keys()
     assert set(keys) == set(VARIANT_AXES) | set(LINEAR_FIELDS)

@@ -57,11 +57,11 @@ def test_plugin_is_registered_through_its_entry_point(venv_python):
 
 def test_plugin_is_certified_end_to_end_and_the_bundle_verifies(venv_python, tmp_path):
     bundle = tmp_path / "vendor-bundle"
-    r = _run([venv_python, "-m", "conformance.cli", "certify", "--backend", "vendor-w4a16", "--profile", "smoke",
+    r = _run([venv_python, "-m", "conformance.cli.main", "certify", "--backend", "vendor-w4a16", "--profile", "smoke",
               "--scheme", "w4a16", "--tier", "exact", "--tier", "edge", "--out", str(bundle), "--no-progress"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "certification: PASS" in r.stdout
-    v = _run([venv_python, "-m", "conformance.cli", "verify-bundle", str(bundle), "--json"])
+    v = _run([venv_python, "-m", "conformance.cli.main", "verify-bundle", str(bundle), "--json"])
     assert v.returncode == 0, v.stdout[-3000:] + v.stderr[-2000:]
     rep = json.loads(v.stdout)
     assert rep["ok"] and rep["problems"] == []
@@ -80,13 +80,13 @@ def test_plugin_is_certified_end_to_end_and_the_bundle_verifies(venv_python, tmp
     # tampering is detected
     res_file = bundle / "results.jsonl"
     res_file.write_text(res_file.read_text().replace('"verdict": "pass"', '"verdict": "fail"', 1))
-    v = _run([venv_python, "-m", "conformance.cli", "verify-bundle", str(bundle)])
+    v = _run([venv_python, "-m", "conformance.cli.main", "verify-bundle", str(bundle)])
     assert v.returncode == 1
 
 
 def test_fingerprint_recovers_the_plugins_declared_dequantization(venv_python, tmp_path):
     out = tmp_path / "fp.json"
-    r = _run([venv_python, "-m", "conformance.cli", "fingerprint", "--backend", "vendor-w4a16", "--scheme", "w4a16",
+    r = _run([venv_python, "-m", "conformance.cli.main", "fingerprint", "--backend", "vendor-w4a16", "--scheme", "w4a16",
               "--axis", "gptq_v1_zero", "--axis", "dequant", "--json", str(out)])
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     axes = {a["axis"]: a for a in json.loads(out.read_text())["schemes"]["w4a16"]["axes"]}

@@ -1,4 +1,4 @@
-"""The verdict core (conformance/verdict.py): one ``Verdict`` for every verdict the suite writes, its
+"""The verdict core (conformance/judge/verdict.py): one ``Verdict`` for every verdict the suite writes, its
 properties as docs/conformance.md#verdicts states them, result lines through ``ResultRecord``, and
 certification's writer and deep verifier deciding by ``judge`` itself."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.record import RecordError, ResultRecord, read_records
-from conformance.verdict import BAD, JUDGED, PASSING, Verdict
+from conformance.run.record import RecordError, ResultRecord, read_records
+from conformance.judge.verdict import BAD, JUDGED, PASSING, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
@@ -132,10 +132,10 @@ def test_the_scan_sees_a_misspelt_verdict():
 
 
 def test_every_table_lists_every_verdict():
-    from conformance.console import TABLE_VERDICTS
-    from conformance.report_html import COLOURS, TINTS
-    from conformance.runner import VERDICTS
-    from conformance.summary import VERDICT_ORDER
+    from conformance.report.console import TABLE_VERDICTS
+    from conformance.report.html import COLOURS, TINTS
+    from conformance.run.runner import VERDICTS
+    from conformance.report.summary import VERDICT_ORDER
 
     every = {v.value for v in Verdict}
     assert {v for v, _ in TABLE_VERDICTS} == every and all(len(t) <= 6 for _, t in TABLE_VERDICTS)
@@ -145,7 +145,7 @@ def test_every_table_lists_every_verdict():
 
 # -- the summary never calls an unknown verdict green -------------------------------------------------
 def test_a_verdict_that_is_none_of_the_suites_is_never_conformant():
-    from conformance.summary import summarize_sources
+    from conformance.report.summary import summarize_sources
 
     def src(verdict):
         rec = {"kind": "result", "backend": "b", "case_id": "c", "scheme": "w4a16", "verdict": verdict}
@@ -208,7 +208,7 @@ def small_bundle(tmp_path_factory):
     import os
 
     from conformance.certify import certify
-    from conformance.doubles.mutants import EXTRA_BACKENDS_ENTRY
+    from conformance.selftest.doubles.mutants import EXTRA_BACKENDS_ENTRY
 
     old = os.environ.get("QCONFORM_EXTRA_BACKENDS")
     os.environ["QCONFORM_EXTRA_BACKENDS"] = EXTRA_BACKENDS_ENTRY
@@ -230,8 +230,8 @@ def test_writer_and_deep_verifier_agree_with_judge(small_bundle):
     from backends.base import Declared
 
     from conformance.certify import decode_case, load_outputs, verify_bundle
-    from conformance.suite import CaseSpec
-    from conformance.verdict import judge, judged_against
+    from conformance.cases.suite import CaseSpec
+    from conformance.judge.verdict import judge, judged_against
 
     path = small_bundle.path
     lines = [json.loads(x) for x in (path / "results.jsonl").read_text(encoding="utf-8").splitlines()]

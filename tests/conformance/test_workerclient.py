@@ -1,4 +1,4 @@
-"""``WorkerClient`` (conformance/workerclient.py): the worker protocol as calls returning dataclasses, against a
+"""``WorkerClient`` (conformance/run/workerclient.py): the worker protocol as calls returning dataclasses, against a
 real worker process."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from backends.base import Case, Declared
-from conformance.refcache import ReferenceCache
-from conformance.suite import CaseSpec
-from conformance.workerclient import WorkerClient
-from conformance.workerproc import WorkerProcess
+from conformance.run.refcache import ReferenceCache
+from conformance.cases.suite import CaseSpec
+from conformance.run.workerclient import WorkerClient
+from conformance.run.workerproc import WorkerProcess
 from emulator.tensorfile import load_tensors
 
 

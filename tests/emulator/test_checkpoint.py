@@ -101,7 +101,7 @@ def test_sharded_checkpoint_detects_and_dequantizes_identically(tmp_path, scheme
 def test_extra_safetensors_beside_model_are_skipped_and_named(tmp_path, capsys):
     """Issue 22 item 10: transformers reads model.safetensors (no index); a reference dump or optimizer state
     beside it, even one repeating a model tensor name, is not read, and inspect names it."""
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     cases.write(tmp_path, "gptq-w4g32-sym-v1")
     t = load_tensors(tmp_path / "model.safetensors")

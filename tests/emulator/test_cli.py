@@ -1,6 +1,6 @@
-"""The ``qconform`` command line (conformance/cli.py).
+"""The ``qconform`` command line (conformance/cli/main.py).
 
-Most calls run ``main([...])`` in-process (fast); a few run ``python -m conformance.cli`` in a
+Most calls run ``main([...])`` in-process (fast); a few run ``python -m conformance.cli.main`` in a
 subprocess to check what a user sees: exit status, one error line, no traceback. Output files are
 read back with the `safetensors` library, and results are checked against independent oracles:
 exact rational rounding (fractions), numpy float32 arithmetic for the documented int8 activation
@@ -26,7 +26,7 @@ import safetensors.torch as stt
 import torch
 
 import qc_ckpt_cases as cases
-from conformance.cli import main
+from conformance.cli.main import main
 from emulator.checkpoint import Checkpoint
 from emulator.layers import dequantize_layer
 from emulator.synthetic import SCHEMES
@@ -57,7 +57,7 @@ def cli(capsys, *args) -> tuple[int, str, str]:
 
 def cli_sub(*args, timeout: int = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "conformance.cli", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "conformance.cli.main", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -543,7 +543,7 @@ def test_linear_preset_equals_its_variants_and_unknown_keys_list_linear_keys(cap
     """--preset NAME and --variant preset=NAME give the bytes --variant with the preset's own keys gives
     (regression gate), and differ from canonical on the MX layer; an unknown key lists only the keys linear
     takes (not the kernel-only fields accumulate, output, arithmetic)."""
-    from conformance.cli import linear_variant_keys
+    from conformance.cli.main import linear_variant_keys
     from emulator.reference_quantizers import reference_variants
 
     folder, _ = ckpts["ct-mxfp4-w4a16"]

@@ -106,7 +106,7 @@ def test_fallback_backend_w8a8_equals_the_reference_above_one_chunk():
     on K > 1024 with extreme codes (the reference's accumulator is checked against int64 above)."""
     from backends.base import Case
     from backends.registry import create
-    from conformance.cases import make_inputs
+    from conformance.cases.inputs import make_inputs
 
     case = Case("w8a8", "ct-int-quantized", 5, 24, 2176, group_size=-1, act_dtype="float32", scale_dtype="float32")
     inp = make_inputs(case, 0)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import qc_ckpt_cases as cases
-from conformance.cli import main
+from conformance.cli.main import main
 from emulator.checkpoint import MAX_CONFIG_JSON_BYTES, Checkpoint
 from emulator.errors import FormatError, UnsupportedFormatError
 from emulator.layers import dequantize_layer
@@ -42,7 +42,7 @@ def cli(capsys, *args):
 
 def cli_sub(*args, timeout: float = 60):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "conformance.cli", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "conformance.cli.main", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -193,7 +193,7 @@ def test_huge_config_is_refused_before_reading(tmp_path):
         f.truncate(3 * 2 ** 29)  # 1.5 GiB, sparse: costs no disk
     # VmHWM: this process image's own high-water mark (ru_maxrss would include the pytest worker
     # the subprocess was spawned from)
-    code = ("import re, sys; from conformance.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import re, sys; from conformance.cli.main import main; rc = main(sys.argv[1:]); "
             "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)); sys.exit(rc)")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", code, "inspect", str(folder)], env=env, capture_output=True, text=True,

@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.cli import main
+from conformance.cli.main import main
 from emulator.checkpoint import Checkpoint
 from emulator.errors import QconformError
 from emulator.quark import glob_match
@@ -370,7 +370,7 @@ def test_linear_names_the_activation_rule_the_checkpoint_declares(tmp_path, caps
     """A Quark W4A4 layer's MXFP4 activations follow its own scale_calculation_mode ('even'): `linear` says so."""
     import ml_dtypes
 
-    from conformance.cli import main
+    from conformance.cli.main import main
     from emulator.tensorfile import Tensor, save_tensors
 
     folder = Path(__file__).resolve().parents[1] / "data" / "toolkit_checkpoints" / "quark" / "quark-mxfp4-w4a4"

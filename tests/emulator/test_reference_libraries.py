@@ -1,7 +1,7 @@
 """The reference quantizers of emulator/reference_quantizers.py against the libraries themselves.
 
 For each library that installs here (compressed-tensors, onnx, torchao; vLLM's kernels only where
-``vllm`` imports), on the separating inputs of conformance/generators.py (``reference-int8``,
+``vllm`` imports), on the separating inputs of conformance/cases/generators.py (``reference-int8``,
 ``reference-mx``) and on Gaussian rows:
 
 (a) the emulator under the named variants equals the library bit for bit (codes, scales, zero points);
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from backends.base import Case
-from conformance.generators import generate
+from conformance.cases.generators import generate
 from emulator.activations.int8 import quantize_int8_per_token
 from emulator.declaration import Declared, int8_variant, mx_variant
 from emulator.formats.mxfp4 import MxVariant, pack_mxfp4_ct, quantize_mxfp4

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backends.base import Case
-from conformance.generators import generate
+from conformance.cases.generators import generate
 from emulator.activations.int8 import Int8ActVariant, quantize_int8_per_token
 from emulator.declaration import Declared, int8_variant, mx_variant
 from emulator.formats.mxfp4 import MxVariant, quantize_mxfp4
@@ -233,7 +233,7 @@ def test_cli_linear_resolves_input_arith_dtype_to_the_activation_dtype(tmp_path,
     import qc_ckpt_cases as cases
     import safetensors.torch as stt
 
-    from conformance.cli import main
+    from conformance.cli.main import main
 
     folder = tmp_path / "ckpt"
     cases.write(folder, "ct-w8a8-int8", bias=True)

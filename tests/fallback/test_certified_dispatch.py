@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from backends.base import Case  # noqa: E402
 from backends.registry import create  # noqa: E402
 from conformance.certify import certify  # noqa: E402
-from conformance.cli import main as qconform  # noqa: E402
+from conformance.cli.main import main as qconform  # noqa: E402
 from emulator.checkpoint import Checkpoint  # noqa: E402
 from emulator.layers import linear_layer  # noqa: E402
 from emulator.synthetic import write_checkpoint  # noqa: E402
@@ -103,7 +103,7 @@ def test_a_failed_case_withholds_its_family(bundle, tmp_path):
 
 
 def test_another_host_certifies_nothing(bundle):
-    from conformance.provenance import environment
+    from conformance.run.provenance import environment
 
     env = dict(environment(), cpu="AMD EPYC 9B45 (another host)")
     store = CertificationStore([bundle], here=env)
@@ -251,7 +251,7 @@ def test_an_int32_accumulator_that_can_wrap_is_never_dispatched():
 
 
 def test_another_cpu_count_is_another_host(bundle):
-    from conformance.provenance import environment
+    from conformance.run.provenance import environment
 
     env = environment()
     store = CertificationStore([bundle], here=dict(env, cpu_count=(env.get("cpu_count") or 1) * 8))

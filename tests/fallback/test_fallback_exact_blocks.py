@@ -28,7 +28,7 @@ from qconform_torch.exact_blocks import BlockTensors, exact_by_rows, row_slicer
 
 torch = pytest.importorskip("torch")
 
-from conformance.cli import main as qconform  # noqa: E402
+from conformance.cli.main import main as qconform  # noqa: E402
 from qconform_torch import QuantLinear, op  # noqa: E402
 
 TOOLKIT = Path(__file__).resolve().parents[1] / "data" / "toolkit_checkpoints"

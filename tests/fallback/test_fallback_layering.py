@@ -47,7 +47,7 @@ def test_qconform_parser_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, conformance.cli as c; c.build_parser(); "
+    code = ("import sys, conformance.cli.main as c; c.build_parser(); "
             "print('torch' in sys.modules, 'qconform_torch.op' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})

@@ -43,7 +43,7 @@ WHOLE_LAYER_BYTES_PER_ELEM = 64
 
 def _peak_rss(ckpt: Path, out: Path, backend: str) -> int:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "conformance.cli", "model", str(ckpt), "--tokens", "1,2,3,4",
+    r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "model", str(ckpt), "--tokens", "1,2,3,4",
                         "--backend", backend, "--cache-mb", "1", "-o", str(out)], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conformance.cli import main as qconform  # noqa: E402
+from conformance.cli.main import main as qconform  # noqa: E402
 from emulator.checkpoint import Checkpoint  # noqa: E402
 from emulator.tensorfile import load_tensors, save_tensors  # noqa: E402
 from qconform_torch.model import dense_reference_model, forward_logits  # noqa: E402

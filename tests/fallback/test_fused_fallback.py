@@ -15,7 +15,7 @@ import pytest
 
 from backends.base import Case
 from backends.registry import create
-from conformance.cases import make_inputs
+from conformance.cases.inputs import make_inputs
 from emulator.declaration import declared_weight
 from emulator.formats import fast_matmul
 from emulator.formats.fast_matmul import RowSink, RowsTimesX, matmul_rows

@@ -30,7 +30,7 @@ pytest.importorskip("transformers")
 from backends.base import Availability, Backend, Declared, Prepared, yes  # noqa: E402
 from backends.dispatch import MeasuredFastest  # noqa: E402
 from backends.registry import create  # noqa: E402
-from conformance.cli import main as qconform  # noqa: E402
+from conformance.cli.main import main as qconform  # noqa: E402
 from emulator.checkpoint import Checkpoint  # noqa: E402
 from emulator.tensorfile import load_tensors  # noqa: E402
 from qconform_torch import QuantLinear, op  # noqa: E402
@@ -89,7 +89,7 @@ def test_midpoint_qzeros_admit_kernels_that_ignore_them_and_only_then():
 
 
 def _model(args, env=None):
-    return subprocess.run([sys.executable, "-m", "conformance.cli", "model", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "conformance.cli.main", "model", *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT, timeout=600)
 
 

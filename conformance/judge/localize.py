@@ -1,0 +1,433 @@
+"""Failure localization: explain a failing case in the terms of its inputs (weights, activations, epilogue).
+
+Semantics: docs/conformance.md#failure-localization. ``localize(case, tensors, declared, run, bias)``
+runs *probes* through the backend on the case's own packed weights (``run(x, bias)`` is the backend's
+``run`` on the prepared case: the isolated worker calls it, conformance/run/worker.py op ``localize``, and
+``qconform replay`` through that worker) and judges each output as the verdict does (inside the interval of
+one declared rounding, computed by the emulator):
+
+1. weight readback: one-hot activation rows (value v at column k, zero elsewhere; v chosen so the
+   scheme's activation quantization is exact: 1 for 16-bit and MXFP4 activations, 127 or 255 for int8,
+   checked with the emulator's quantizer) give output [k, n] = v * W[n, k] rounded to the output dtype:
+   the kernel's effective weights, diffed per row, group, zero point, scale block and field position
+   (conformance/judge/localize_weights.py);
+2. activation quantization (int8 and MXFP4 activations): rows whose quantization is exact (integer
+   multiples of 2^j with amax 127 * 2^j; E2M1 values times 2^e with block amax 6 * 2^e); a mismatch there
+   with weights read back exact is in the activation quantization or the epilogue, and named where a
+   hypothesis (scale amax/128, zero point sign flipped or ignored, a per-token or per-channel factor)
+   explains it;
+3. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
+
+Probes run in chunks of the case's M rows, so the kernel takes the same path (M = 1 decode kernels
+too). The result is a JSON-able dict; conformance/judge/localize_text.py renders it (console, reports, replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from emulator.activations import int8 as a8
+from emulator.declaration import int8_variant, mx_variant, round_weights
+from emulator.formats import mxfp4
+from emulator.numerics.e2m1 import decode_e2m1, encode_e2m1
+from emulator.numerics.floats import round_float64_array, round_to_dtype
+
+from backends.base import Case, Declared
+
+from conformance.judge.acceptance import declared_interval
+from conformance.cases.inputs import CaseInputs
+from conformance.judge.localize_weights import analyze_weights, close, structure
+
+__all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
+
+OUTPUT_RTZ = "output rounded toward zero (truncated) instead of to nearest"
+#: stages whose finding means the arithmetic after them (accumulation) cannot be judged from the output
+WEIGHTS_OR_ACTIVATIONS = ("weights", "activation quantization", "weights or activation quantization")
+#: at most this many one-hot columns (the first and last groups and a spread of the rest beyond it)
+MAX_PROBE_COLUMNS = 1024
+#: at most this many kernel calls of M rows per probe; beyond it the chunks grow (whole multiples of M)
+MAX_CALLS = 256
+
+Run = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
+
+
+#: at most this many weights (N * K) are decomposed; a larger case is not localized (replay a smaller one)
+MAX_WEIGHTS = 1 << 25
+#: multiply-adds the emulator spends on the one-hot probe's reference (probe columns * N * K) at most
+MAX_PROBE_MACS = 1 << 31
+
+
+def _probe_columns(case: Case) -> np.ndarray:
+    K = case.K
+    # at most MAX_CALLS calls of exactly M rows: a chunk of more rows would take another kernel path (M = 1 decode)
+    budget = int(min(MAX_PROBE_COLUMNS, max(1, case.M) * MAX_CALLS,
+                     max(64, MAX_PROBE_MACS // max(1, case.N * K))))
+    if K <= budget:
+        return np.arange(K)
+    g = min(max(case.group, 32), budget // 8)
+    edge = np.r_[np.arange(min(2 * g, K)), np.arange(max(0, K - 2 * g), K)]
+    rest = np.linspace(0, K - 1, max(0, budget - edge.size)).astype(np.int64)
+    return np.unique(np.r_[edge, rest])
+
+
+class _Prober:
+    """Runs probe rows through the backend and the emulator in the same chunks of M rows."""
+
+    def __init__(self, case: Case, tensors: dict, declared: Declared, run: Run):
+        self.case, self.tensors, self.declared, self.run = case, tensors, declared, run
+
+    def chunks(self, n: int):
+        m = max(1, self.case.M)
+        step = m * max(1, -(-n // (m * MAX_CALLS)))
+        return [(i, min(i + step, n), step) for i in range(0, n, step)]
+
+    def __call__(self, X: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(observed, reference, outside) [rows, N] for probe rows X (float32 act_dtype values): the
+        reference rounded once to the output dtype, and where the output is outside the declared interval
+        (the judged interval of conformance/run/runner.py's ``judge``: one declared rounding)."""
+        xs, ys = [], []
+        for a, b, step in self.chunks(len(X)):
+            x = np.zeros((step, X.shape[1]), np.float32)
+            x[: b - a] = X[a:b]
+            y = np.asarray(self.run(x, bias), np.float64)
+            if y.shape != (step, self.case.N):
+                raise ValueError(f"probe output shape {list(y.shape)}, expected {[step, self.case.N]}")
+            xs.append(x)
+            ys.append(y)
+        # rows are independent unless one activation scale spans the tensor: then the chunks the kernel saw
+        groups = ([np.concatenate(xs)], [np.concatenate(ys)]) if not self._per_tensor() else (xs, ys)
+        from conformance.run.runner import reference_declaration, rounded_interval  # the verdict's own intervals
+
+        ref_decl = reference_declaration(self.case, self.declared)
+        obs, exp, bad = [], [], []
+        for x, y in zip(*groups):
+            inp = CaseInputs(dataclasses.replace(self.case, M=len(x)), 0, self.tensors, x, bias)
+            iv = rounded_interval(declared_interval(inp, ref_decl), ref_decl)  # one declared rounding
+            nonfinite = ~np.isfinite(iv.y_exact)
+            with np.errstate(invalid="ignore"):
+                same = (np.isnan(iv.y_exact) & np.isnan(y)) | (np.isinf(iv.y_exact) & (y == iv.y_exact))
+                inside = np.where(nonfinite, same, (y >= iv.lo) & (y <= iv.hi))
+            obs.append(y)
+            exp.append(np.where(nonfinite, iv.y_exact, iv.y_ref))
+            bad.append(~inside)
+        n = len(X)
+        return _rows(obs, xs, n), _rows(exp, xs, n), _rows(bad, xs, n)
+
+    def _per_tensor(self) -> bool:
+        return self.case.spec.activations == "int8" and self.declared.value("act_granularity") == "per_tensor"
+
+
+def _rows(parts: list, xs: list, n: int) -> np.ndarray:
+    """The first n real probe rows of the chunked outputs (each chunk's padding rows dropped)."""
+    out, seen, step = [], 0, len(xs[0])
+    full = np.concatenate(parts)
+    for i in range(len(xs)):
+        take = min(step, n - seen)
+        out.append(full[i * step: i * step + take])
+        seen += take
+    return np.concatenate(out)
+
+
+def _rnd(v: np.ndarray, dtype: str) -> np.ndarray:
+    """RNE to ``dtype`` (float64 out) by the emulator's fast path; NaN stays NaN (its payload is not compared)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return round_float64_array(np.asarray(v, np.float64), dtype).astype(np.float64)
+
+
+# -- exact activation values --------------------------------------------------------------------------------
+def _quantization_exact(case: Case, declared: Declared, X: np.ndarray) -> bool:
+    """The declared activation quantization of every row of X (float32) gives back X exactly."""
+    acts = case.spec.activations
+    if acts == "int8":
+        q = a8.quantize_int8_per_token(X.astype(np.float32), int8_variant(declared, case))
+        return bool(np.array_equal(a8.dequantize_int8_per_token(q), X.astype(np.float64)))
+    if acts == "mxfp4":
+        codes, sb = mxfp4.quantize_mxfp4(X.astype(np.float32), mx_variant(declared))
+        return bool(np.array_equal(mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64), X.astype(np.float64)))
+    return True
+
+
+def _one_hot_value(case: Case, declared: Declared) -> float | None:
+    """A value v whose one-hot row the declared activation quantization keeps exactly (None: none found)."""
+    K = case.K
+    for v in (1.0, 127.0, 255.0, 6.0, 4.0, 2.0, 0.5):
+        x = np.zeros((2, K), np.float32)
+        x[0, 0] = v
+        x[1, K - 1] = v
+        if round_to_dtype(np.float64(v), case.act_dtype) == v and _quantization_exact(case, declared, x):
+            return v
+    return None
+
+
+def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.ndarray | None:
+    """Rows whose declared quantization is exact: int8 codes times 2^j (amax 127 * 2^j; asymmetric: 255
+    levels from -100 * 2^j, and a one-signed row), or E2M1 values times 2^e (block amax 6 * 2^e)."""
+    rng = np.random.default_rng(seed)
+    K = case.K
+    rows = []
+    if case.spec.activations == "int8":
+        for j in (0, -3, 2, -1, 4, 1, -5, 3):
+            if declared._act_symmetric(case):
+                t = rng.integers(-127, 128, K).astype(np.float64)
+                t[rng.integers(K)] = 127 * rng.choice((-1, 1))
+            else:
+                lo = -100 if j % 2 == 0 else 0  # one-signed rows too
+                t = rng.integers(lo, lo + 256, K).astype(np.float64)
+                t[0], t[-1] = lo, lo + 255
+            rows.append(np.ldexp(t, j))
+    elif case.spec.activations == "mxfp4":
+        vals = np.asarray([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+        for e in (0, -2, 3, -1, 1, -4, 2, 0):
+            t = vals[rng.integers(0, 8, K)] * rng.choice((-1, 1), K)
+            t[::32] = 6 * rng.choice((-1, 1), len(t[::32]))
+            rows.append(np.ldexp(t, e))
+    else:
+        return None
+    X = np.stack(rows).astype(np.float32)
+    keep = [i for i in range(len(X)) if _quantization_exact(case, declared, X[i:i + 1])]
+    X = X[keep]
+    if not len(X) or not _quantization_exact(case, declared, X):  # per-tensor quantizers: one amax for all
+        X = X[:1]
+    if not len(X) or round_to_dtype(X.astype(np.float64), case.act_dtype).tolist() != X.astype(np.float64).tolist():
+        return None
+    return X
+
+
+# -- activation / epilogue hypotheses -------------------------------------------------------------------------
+def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None) -> list:
+    """(pattern, output) for activation-quantization and epilogue bugs on the exact rows X (``chunk``: the rows
+    of one kernel call, for the per-tensor hypothesis)."""
+    out_dtype = declared.output or case.output_dtype
+    x64 = X.astype(np.float64)
+    exact = x64 @ W.T
+    H = []
+    if case.spec.activations == "int8":
+        q = a8.quantize_int8_per_token(X.astype(np.float32), int8_variant(declared, case))
+        s = q.scale.astype(np.float64)
+        zp = q.zero_point.astype(np.float64)
+        amax = np.abs(x64).max(axis=1, keepdims=True)
+        for d, lo, name in ((128.0, -128, "activation scale amax/128 instead of amax/127"),
+                            (127.5, -128, "activation scale amax/127.5 instead of amax/127")):
+            sc = (amax / d).astype(np.float32).astype(np.float64)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                c = np.clip(np.rint(np.where(sc > 0, x64 / sc, 0)), lo, 127)
+            H.append((name, (c * sc) @ W.T))
+        H.append(("activation codes clamped to [-127, 127] instead of [-128, 127]",
+                  ((np.clip(q.q, -127, 127) - zp) * s) @ W.T))
+        if chunk is not None and len(x64) > 1:  # one scale over the rows of each call instead of one per row
+            xt = np.empty_like(x64)
+            for a in range(0, len(x64), chunk):
+                rows = X[a:a + chunk].astype(np.float32)
+                v = dataclasses.replace(int8_variant(declared, case), granularity="per_tensor")
+                xt[a:a + chunk] = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(rows, v))
+            H.append(("one activation scale for the whole tensor instead of one per token (per-tensor)", xt @ W.T))
+        if np.any(zp):
+            H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
+            H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))
+        H.append(("activation scale not applied (the integer codes used as values)", (q.q - zp) @ W.T))
+        H.append(("activation scale applied twice", ((q.q - zp) * s * s) @ W.T))
+    elif case.spec.activations == "mxfp4":
+        blocks = x64.reshape(len(x64), -1, 32)
+        with np.errstate(divide="ignore"):
+            e = np.floor(np.log2(np.abs(blocks).max(axis=2, keepdims=True))) - 2  # OCP MX: emax(E2M1) = 2
+        e = np.where(np.isfinite(e), e, -127)
+        for d, name in ((1, "activation block scale one E8M0 step high (exponent floor(log2 amax) - 1)"),
+                        (-1, "activation block scale one E8M0 step low (exponent floor(log2 amax) - 3)")):
+            sc = np.ldexp(1.0, (e + d).astype(np.int64))
+            xq = decode_e2m1(encode_e2m1(blocks / sc)).astype(np.float64) * sc
+            H.append((name, xq.reshape(x64.shape) @ W.T))
+        H.append(("activation codes right, dequantized with twice their block scale", 2 * exact))
+        H.append(("activation codes right, dequantized with half their block scale", exact / 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        H.append(("every output scaled by 127/128", exact * 127 / 128))
+        H.append(("every output scaled by 128/127", exact * 128 / 127))
+    return [(n, _rnd(y, out_dtype)) for n, y in H] + [(OUTPUT_RTZ, round_to_dtype(exact, out_dtype, "rtz"))]
+
+
+def _per_axis_factor(obs: np.ndarray, exp: np.ndarray, dtype: str) -> str | None:
+    """'every token (row) scaled by its own factor' / 'every output channel ...' when one factor per row
+    or per column explains the mismatch."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = obs / exp
+    for axis, what in ((1, "token (row)"), (0, "output channel (column)")):
+        f = np.nanmedian(np.where(np.isfinite(r) & (exp != 0), r, np.nan), axis=axis, keepdims=True)
+        if np.all(np.isnan(f)):
+            continue
+        hyp = round_to_dtype(np.nan_to_num(f, nan=1.0) * exp, dtype)
+        if close(obs, hyp, dtype, 2).all() and not np.allclose(f[np.isfinite(f)], 1.0):
+            fs = np.unique(np.round(f[np.isfinite(f)], 6))
+            return (f"each {what} scaled by its own factor ({', '.join(f'{v:g}' for v in fs[:4])}"
+                    + (", ..." if fs.size > 4 else "") + "): a per-"
+                    + ("token activation scale" if axis == 1 else "channel weight scale") + " in the epilogue")
+    return None
+
+
+def _analyze_rows(obs, exp, bad, hyps, dtype: str) -> dict:
+    res = {"ok": not bad.any(), "n_bad": int(bad.sum()), "n": int(bad.size), "findings": []}
+    if not bad.any():
+        return res
+    nonfin = bad & (~np.isfinite(obs) | ~np.isfinite(exp))
+    if nonfin.any():
+        res["findings"].append({"where": f"{int(nonfin.sum())} element(s)", "n": int(nonfin.sum()),
+                                "pattern": "NaN/Inf where the reference is finite" if np.isfinite(exp[nonfin]).all()
+                                else "non-finite mismatch"})
+    # every failing element within 2 ulps of the hypothesis (the kernel's own arithmetic rounds too); the
+    # hypothesis that matches most failing elements exactly wins (two rules can both come within 2 ulps)
+    fits = [(int(close(obs, hyp, dtype, 0)[bad].sum()), -i, name) for i, (name, hyp) in enumerate(hyps)
+            if close(obs, hyp, dtype, 2)[bad].all()]
+    if fits:
+        ranked = [f[2] for f in sorted(fits, reverse=True)]
+        res["findings"].append({"where": "every probe row", "pattern": ranked[0], "n": int(bad.sum())})
+        res["hypothesis"], res["candidates"] = ranked[0], ranked
+        return res
+    f = _per_axis_factor(obs, exp, dtype)
+    res["findings"].append({"where": "probe rows " + ", ".join(map(str, np.nonzero(bad.any(axis=1))[0][:6])),
+                            "pattern": f or "outputs differ (no named pattern)", "n": int(bad.sum())})
+    return res
+
+
+# -- the whole localization ------------------------------------------------------------------------------------
+def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.ndarray | None = None) -> dict:
+    """Probe the backend (``run``) on the case's own weights and say which stage is wrong, and how."""
+    if case.spec.quantize_only or case.spec.activations == "moe":
+        return {"stage": "not localized", "summary": f"no localization for {case.scheme} yet", "probes": []}
+    if case.N * case.K > MAX_WEIGHTS:
+        return {"stage": "not localized", "probes": [],
+                "summary": f"not localized: N*K = {case.N * case.K} weights exceed {MAX_WEIGHTS} (replay a smaller case)"}
+    out_dtype = declared.output or case.output_dtype
+    prober = _Prober(case, tensors, declared, run)
+    loc: dict = {"probes": [], "stage": None}
+    st = structure(case, tensors, declared)
+    if st is None:
+        return {"stage": "not localized", "summary": f"no weight decomposition for {case.weight_format}",
+                "probes": []}
+    W_decl = round_weights(st.W, declared) if case.spec.activations == "a16" else st.W
+    # 1. weights
+    v = _one_hot_value(case, declared)
+    weights = None
+    if v is not None:
+        ks = _probe_columns(case)
+        X = np.zeros((ks.size, case.K), np.float32)
+        X[np.arange(ks.size), ks] = v
+        try:
+            obs1, exp1, bad1 = prober(X, None)
+            bias_in = None
+        except Exception:  # noqa: BLE001 - a kernel that needs its bias: probe with it and expect it
+            obs1, exp1, bad1 = prober(X, bias)
+            bias_in = bias
+        b64 = 0.0 if bias_in is None else np.asarray(bias_in, np.float64)[None, :]
+
+        def to_output(Wh: np.ndarray, cols: np.ndarray) -> np.ndarray:
+            Wr = round_weights(Wh, declared) if case.spec.activations == "a16" else Wh
+            with np.errstate(invalid="ignore", over="ignore"):
+                return _rnd(v * Wr + (b64.T if bias_in is not None else 0.0), out_dtype)
+
+        weights = analyze_weights(st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
+        weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
+        if not weights["ok"] and bad1.any():
+            # the one-hot products need rounding (v * w off the output grid): is it truncated instead?
+            with np.errstate(invalid="ignore", over="ignore"):
+                exact1 = v * W_decl[:, ks].T + (b64 if bias_in is not None else 0.0)
+            rtz = round_to_dtype(exact1, out_dtype, "rtz")
+            if close(obs1, rtz, out_dtype, 0)[bad1].all():
+                weights["explained_by"] = OUTPUT_RTZ
+        loc["probes"].append(f"weight readback: {ks.size} one-hot row(s) of value {v:g} (columns "
+                             f"{'all' if ks.size == case.K else f'{ks.size} of {case.K}'}), in chunks of M={case.M}")
+        loc["weights"] = weights
+    # 2. activation quantization (int8 / MXFP4 activations)
+    acts = None
+    Xa = _exact_activation_rows(case, declared)
+    if Xa is not None:
+        obs, exp, bad = prober(Xa, None)
+        step = prober.chunks(len(Xa))[0][2]
+        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step), out_dtype)
+        if acts.get("hypothesis") and weights is not None and not weights["ok"]:
+            # the same activation bug on the one-hot rows: does it explain the weight readback too? (of the
+            # hypotheses that fit the exact rows, the first that does is the one named)
+            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2]))
+            fit = [(int(close(obs1, one_hot[n], out_dtype, 0).sum()), -i, n) for i, n in enumerate(acts["candidates"])
+                   if close(obs1, one_hot[n], out_dtype, 2).all()]
+            acts["explains_weight_readback"] = bool(fit)
+            if fit:  # the one matching most read-back elements exactly
+                name = max(fit)[2]
+                acts["hypothesis"] = acts["findings"][-1]["pattern"] = weights["explained_by"] = name
+        acts.pop("candidates", None)
+        loc["activations"] = acts
+        loc["probes"].append(f"activation quantization: {len(Xa)} row(s) whose declared quantization is exact")
+    # 3. bias
+    bias_res = None
+    if bias is not None:
+        Z = np.zeros((max(1, case.M), case.K), np.float32)
+        obs, exp, bad = prober(Z, bias)
+        b = np.asarray(bias, np.float64)[None, :]
+        base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
+        hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
+                (("bias added twice", 2.0), ("bias not added", 0.0), ("bias subtracted instead of added", -1.0))]
+        bias_res = _analyze_rows(obs, exp, bad, hyps, out_dtype)
+        loc["bias"] = bias_res
+        loc["probes"].append("bias: all-zero activation rows with the case's bias")
+    loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res)
+    return loc
+
+
+def _finding_text(f: dict) -> str:
+    return f"{f['where']}: {f['pattern']}"
+
+
+def _weights_read(case: Case, weights) -> str:
+    """'weights', or 'weights (n of K columns)' where the one-hot readback probed only some columns."""
+    n = (weights or {}).get("probed_columns", case.K)
+    return "weights" if n >= case.K else f"weights ({n} of {case.K} columns)"
+
+
+def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
+    named_act = acts is not None and not acts["ok"] and acts.get("hypothesis")
+    weights_bad = weights is not None and not weights["ok"]
+    if weights_bad and weights.get("explained_by") == OUTPUT_RTZ and (acts is None or acts["ok"]
+                                                                     or acts.get("hypothesis") == OUTPUT_RTZ):
+        return "epilogue", f"epilogue wrong: {OUTPUT_RTZ} (weights right: the one-hot readback is their truncation)"
+    if named_act and (not weights_bad or acts.get("explains_weight_readback")):
+        name = acts["hypothesis"]
+        stage = "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization"
+        why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
+               else f" ({_weights_read(case, weights)} read back exact)" if weights is not None else "")
+        return stage, f"{stage} wrong on rows whose quantization is exact: {name}{why}"
+    unnamed = ("wrong weights (no named pattern)", "wrong by a whole number")
+    if (weights_bad and acts is not None and not acts["ok"] and not named_act
+            and any(f["pattern"].startswith(unnamed) for f in weights["findings"])):
+        # activation-quantized: the one-hot readback passes through the activation quantizer too
+        return "weights or activation quantization", (
+            "weights or activation quantization wrong: the one-hot weight readback and the rows whose quantization "
+            "is exact both differ, with no named pattern: " + "; ".join(_finding_text(f) for f in weights["findings"][:2]))
+    if weights_bad:
+        also = " (the activation probe differs too, as wrong weights make it)" if acts is not None and not acts["ok"] else ""
+        return "weights", "weights wrong: " + "; ".join(_finding_text(f) for f in weights["findings"][:3]) + also
+    if acts is not None and not acts["ok"]:
+        f = acts["findings"][-1] if acts["findings"] else {"pattern": "outputs differ"}
+        stage = "epilogue" if "epilogue" in f["pattern"] else "activation quantization"
+        return stage, (f"{stage} wrong on rows whose quantization is exact: {f['pattern']}"
+                       + (f" ({_weights_read(case, weights)} read back exact)" if weights is not None else ""))
+    if bias_res is not None and not bias_res["ok"]:
+        return "epilogue", "epilogue wrong: " + "; ".join(f["pattern"] for f in bias_res["findings"][:2])
+    checked = [_weights_read(case, weights) if weights is not None else None, "activation quantization" if acts is not None else None,
+               "bias" if bias_res is not None else None]
+    checked = [c for c in checked if c]
+    return ("accumulation or output rounding",
+            f"{', '.join(checked) or 'nothing'} read back exact: the failure is in the product, the accumulation "
+            "or the output rounding (or depends on the case's own activations)")
+
+
+def to_json(loc: dict) -> dict:
+    """``loc`` with NumPy scalars made plain (records are JSON)."""
+    def plain(o):
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [plain(v) for v in o]
+        if isinstance(o, np.generic):
+            return o.item()
+        return o
+    return plain(dataclasses.asdict(loc) if dataclasses.is_dataclass(loc) else loc)
