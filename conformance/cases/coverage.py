@@ -13,7 +13,7 @@ recorded as such. ``realize`` turns a row into a ``Case`` and the value class's 
 from the realized case, and ``coverage_values.realized`` checks the value class in its tensors, so a
 class counts as covered only where the case really has it. A class added to a table reaches every
 profile that draws a design (``PROFILES[...]["coverage"]``, conformance/cases/specs.py). The docs table and a
-bundle's coverage record: conformance/cases/coverage_report.py. This module imports nothing of the suite.
+bundle's coverage record: conformance/report/coverage.py. This module imports nothing of the suite.
 """
 
 from __future__ import annotations

@@ -22,13 +22,13 @@ from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.cases.coverage import AMAX, TABLES, W_INT, W_MX
 from conformance.cases.generators import gen_router_ties, int_weight_tensors, scales_array, uint8_domain_row
 
-__all__ = ["VALUE_GENERATORS", "generate_value", "realized", "activation_units"]
+__all__ = ["VALUE_GENERATORS", "generate_value", "activation_units", "units_of", "MANTISSA_BITS", "INT16_MAX"]
 
 #: mantissa bits of each activation dtype (the ulp of 2^k is 2^(k - bits))
-_MANT = {"bfloat16": 7, "float16": 10, "float32": 23}
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 _WEIGHT_CLASSES = set(W_INT) | set(W_MX) | {"w-rowsum-beyond-int16"}
 #: the largest int16
-_INT16_MAX = 32767
+INT16_MAX = 32767
 
 
 def _round(a, dtype: str) -> np.ndarray:
@@ -69,7 +69,7 @@ def activation_units(case: Case) -> str:
     return "none"
 
 
-def _units(x: np.ndarray, unit: str) -> list:
+def units_of(x: np.ndarray, unit: str) -> list:
     """Views of x, one per activation scale."""
     M, K = x.shape
     if unit == "tensor":
@@ -86,12 +86,12 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64).copy()
     if cls in AMAX:
         lo, hi = (-6, 7) if dt == "float16" else (-12, 13)
-        for u in _units(x, unit):
+        for u in units_of(x, unit):
             a = _amax_target(cls, int(rng.integers(lo, hi)), dt)
             u[:] = _round(rng.uniform(-0.99, 0.99, u.shape) * a, dt)
             u[int(rng.integers(0, u.size))] = a * rng.choice([-1.0, 1.0])
     elif cls == "act-one-signed":
-        for i, u in enumerate(_units(x, unit)):
+        for i, u in enumerate(units_of(x, unit)):
             v = np.abs(rng.standard_normal(u.shape)) + rng.uniform(0.25, 2.0)
             sign = (-1.0 if i % 3 == 1 else 1.0) if unit != "tensor" else (1.0 if rng.random() < 0.5 else -1.0)
             u[:] = v * sign
@@ -101,7 +101,7 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
         for m in range(0, M, 2):
             x[m] = rng.uniform(0.5, 2.0) * 2.0 ** int(rng.integers(-3, 3)) * rng.choice([-1.0, 1.0])
     elif cls == "act-saturation":  # block amax mantissa 1.625..1.875: amax / 2^(floor(log2 amax) - 2) > 6
-        for u in _units(x, "block"):
+        for u in units_of(x, "block"):
             a = rng.choice([1.625, 1.75, 1.875]) * 2.0 ** int(rng.integers(-3, 4))
             u[:] = rng.uniform(-0.9, 0.9, u.shape) * a
             u[0] = a * rng.choice([-1.0, 1.0])
@@ -306,176 +306,3 @@ def _value_generator(cls: str):
 VALUE_GENERATORS = {f"vc-{c}": ("edge", _value_generator(c), lambda c: False)
                     for c in dict.fromkeys(v for t in TABLES.values() for v in t["values"])}
 
-
-# -- realization -----------------------------------------------------------------------------------------------
-def _f64(a) -> np.ndarray:
-    return np.asarray(a).astype(np.float32).astype(np.float64) if np.asarray(a).dtype.name == "bfloat16" \
-        else np.asarray(a).astype(np.float64)
-
-
-def _element_scales(case: Case, t: dict):
-    """(scale of every weight element [N, K], group of every column [K]) read from the tensors."""
-    N, K, fmt = case.N, case.K, case.weight_format
-    if fmt == "gptq":
-        g = np.asarray(t["g_idx"]).astype(np.int64)
-        return _f64(t["scales"])[g, :].T, g
-    if fmt == "awq":
-        s = _f64(t["scales"])
-        g = np.arange(K) // (K // s.shape[0])
-        return s[g, :].T, g
-    if fmt == "ct-pack-quantized":
-        s = _f64(t["weight_scale"])
-        g = np.asarray(t["weight_g_idx"]).astype(np.int64) if "weight_g_idx" in t else np.arange(K) // (K // s.shape[1])
-        return s[:, g], g
-    if fmt == "ct-int-quantized":
-        return np.broadcast_to(_f64(t["weight_scale"]).reshape(N, 1), (N, K)), np.zeros(K, np.int64)
-    sb = np.asarray(t["weight_scale"]).astype(np.int64)
-    s = np.where(sb == 0xFF, np.nan, np.exp2((sb - 127).astype(np.float64)))
-    return np.repeat(s, 32, axis=1), np.arange(K) // 32
-
-
-def _reference(inp: CaseInputs) -> np.ndarray:
-    from emulator.declaration import canonical_declaration
-
-    from conformance.judge.acceptance import declared_interval
-
-    return np.asarray(declared_interval(inp, canonical_declaration(inp.case)).y_ref, np.float64)
-
-
-def _finite_and_not(y: np.ndarray, what: str) -> tuple[bool, str]:
-    bad, good = ~np.isfinite(y), np.isfinite(y)
-    if what == "nan":
-        bad = np.isnan(y)
-    return bool(bad.any() and good.any()), f"reference output: {int(bad.sum())} {what}, {int(good.sum())} finite"
-
-
-def _asym_rows(x: np.ndarray):
-    """Per row, in fp32 as docs/formats/activations.md#canonical-asymmetric-azp writes it (plain NumPy, not the
-    emulator): (scale, fl32(min / scale), fl32(-128 - min / scale), the quotients fl32(x / scale))."""
-    f32 = np.float32
-    x = np.asarray(x, f32)
-    with np.errstate(all="ignore"):
-        mn, mx = x.min(axis=1), x.max(axis=1)
-        scale = ((mx - mn).astype(f32) / f32(255)).astype(f32)
-        m = (mn / scale).astype(f32)
-        zr = (f32(-128) - m).astype(f32)
-        quo = (x / scale[:, None]).astype(f32)
-    return scale, m.astype(np.float64), zr.astype(np.float64), quo.astype(np.float64)
-
-
-def _realized_asym_acts(cls: str, case: Case, x: np.ndarray) -> tuple[bool, str]:
-    if case.act_symmetric or activation_units(case) != "row":
-        return False, "not asymmetric per-token int8 activations"
-    scale, m, zr, quo = _asym_rows(x)
-    live = (scale > 0) & np.isfinite(scale)
-    within = live & (np.abs(zr) <= 2.0 ** 31 - 1)
-    if cls == "azp-int32-saturation":
-        n = int((live & ~within).sum())
-        return n > 0, f"{n} row(s) whose zero point saturates int32"
-    if cls == "azp-int8-domain":
-        n = int((within & (np.rint(zr) != np.rint(-m) - 128)).sum())
-        return n > 0, f"{n} row(s) whose int8- and uint8-domain zero points differ"
-    pre = np.rint(quo) + np.rint(zr)[:, None]  # codes before saturation
-    n = int((live & ((pre > 127) | (pre < -128)).any(axis=1)).sum())
-    return n > 0, f"{n} row(s) with a code outside [-128, 127] before saturation"
-
-
-def realized(cls: str, inp: CaseInputs) -> tuple[bool, str]:
-    """Whether the inputs hold value class ``cls``, and what was seen."""
-    case, x = inp.case, np.asarray(inp.x, np.float64)
-    if cls in ("azp-int32-saturation", "azp-int8-domain", "act-code-saturation"):
-        return _realized_asym_acts(cls, case, x)
-    if cls == "ordinary":
-        return bool(np.isfinite(x).all()), "finite activations"
-    if cls == "router-ties":
-        lg = np.sort(np.asarray(inp.router_logits, np.float64), axis=1)[:, ::-1]
-        k = case.top_k
-        ok = bool(np.all(lg[:, k - 1] == lg[:, k]))
-        return ok, f"k-th and (k+1)-th logits equal in every row: {ok}"
-    if cls in AMAX or cls.startswith("act-"):
-        unit = activation_units(case) if cls != "act-saturation" else "block"
-        units = _units(x, unit if unit != "none" else "row")
-        if cls in AMAX:
-            m = _MANT[case.act_dtype]
-            seen = []
-            for u in units:
-                a = float(np.max(np.abs(u)))
-                e = int(np.floor(np.log2(a)))
-                forms = {"amax=2^k": [2.0 ** e], "amax=2^k-ulp": [2.0 ** (e + 1) - 2.0 ** (e - m)],
-                         "amax=2^k+ulp": [2.0 ** e + 2.0 ** (e - m)],
-                         "amax=1.5*2^k-ulp": [1.5 * 2.0 ** e - 2.0 ** (e - m)],
-                         "amax=1.5*2^k+ulp": [1.5 * 2.0 ** e + 2.0 ** (e - m)], "amax=1.75*2^k": [1.75 * 2.0 ** e]}
-                seen.append(a in forms[cls])
-            return all(seen), f"{sum(seen)} of {len(seen)} {unit}s with {cls}"
-        if cls == "act-one-signed":
-            n = sum(bool(((u >= 0).all() and (u > 0).any()) or ((u <= 0).all() and (u < 0).any())) for u in units)
-            return n > 0, f"{n} one-signed {unit}(s)"
-        if cls == "act-constant-rows":
-            n = sum(bool((r == r[0]).all() and r[0] != 0) for r in x)
-            return n > 0, f"{n} constant non-zero row(s)"
-        if cls == "act-saturation":
-            n = 0
-            for u in units:
-                a = float(np.max(np.abs(u)))
-                n += bool(a > 0 and a / 2.0 ** (np.floor(np.log2(a)) - 2) > 6)
-            return n > 0, f"{n} block(s) whose amax scales above 6"
-    if cls in ("nan-act", "inf-act"):
-        finite_rows = int(np.isfinite(x).all(axis=1).sum())
-        has = np.isnan(x).any() if cls == "nan-act" else (np.isinf(x).any() and not np.isnan(x).any())
-        if not has or not finite_rows:
-            return False, f"{cls}: activations hold it: {bool(has)}; {finite_rows} finite row(s)"
-        if case.spec.quantize_only:
-            return True, f"{finite_rows} finite row(s)"
-        return _finite_and_not(_reference(inp), "nan" if cls == "nan-act" else "non-finite")
-    # weight classes
-    from conformance.judge.oracles import independent_weight
-
-    t = inp.tensors
-    W = independent_weight(case, t)
-    S, g = _element_scales(case, t)
-    if cls == "w-one-signed":
-        n = sum(bool(((r >= 0).all() and (r > 0).any()) or ((r <= 0).all() and (r < 0).any())) for r in W)
-        return n > 0, f"{n} one-signed weight row(s)"
-    if cls == "w-constant-rows":
-        n = sum(bool((r == r[0]).all() and r[0] != 0) for r in W)
-        return n > 0, f"{n} constant non-zero weight row(s)"
-    if cls == "w-rowsum-beyond-int16":
-        sums = np.rint(W / S).sum(axis=1)
-        n = int((np.abs(sums) > _INT16_MAX).sum())
-        asym = not case.act_symmetric
-        return n > 0 and asym, f"{n} weight row(s) with |sum of codes| > {_INT16_MAX}; asymmetric activations: {asym}"
-    if cls == "code-eq-zero":
-        n = sum(bool((W[i] == 0).all() and (S[i] != 0).all()) for i in range(W.shape[0]))
-        return n > 0, f"{n} row(s) whose codes all equal their zero points (non-zero scales)"
-    if cls == "w-saturation":
-        c = W[0] / S[0]
-        if case.weight_format == "ct-mxfp4":
-            ok = all(c[g == b].max() == 6 and c[g == b].min() == -6 for b in np.unique(g))
-        elif case.weight_format == "ct-int-quantized":
-            ok = bool(c.max() == 127 and c.min() == -127)
-        else:
-            maxq = (1 << case.bits) - 1
-            ok = all(c[g == b].max() - c[g == b].min() == maxq for b in np.unique(g))
-        return ok, f"row 0 reaches both ends of the code range in every group: {ok}"
-    if cls == "scale-subnormal":
-        if case.weight_format == "ct-mxfp4":
-            n = int(np.isin(np.asarray(t["weight_scale"]), (0, 1)).sum())
-            return n > 0, f"{n} E8M0 byte(s) 0x00/0x01"
-        key = {"gptq": "scales", "awq": "scales"}.get(case.weight_format, "weight_scale")
-        s = _f64(t[key])
-        tiny = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126}[case.scale_dtype]
-        n = int(((s != 0) & (np.abs(s) < tiny)).sum())
-        return n > 0, f"{n} subnormal {case.scale_dtype} scale(s)"
-    if cls == "scale-extreme":
-        if case.weight_format == "ct-mxfp4":
-            big = bool((np.asarray(t["weight_scale"]) == 0xFE).any())
-        else:
-            big = bool(np.nanmax(np.abs(S)) >= 2.0 ** 14)
-        y = _reference(inp)
-        return big and bool(np.isfinite(y).any()), f"huge scale present: {big}; {int(np.isfinite(y).sum())} finite output(s)"
-    if cls == "nan-scale":
-        has = bool((np.asarray(t["weight_scale"]) == 0xFF).any()) and bool(np.isfinite(x).all())
-        if not has:
-            return False, "no 0xFF byte with finite activations"
-        return _finite_and_not(_reference(inp), "nan")
-    raise ValueError(f"unknown value class {cls!r}")

@@ -5,7 +5,8 @@ Semantics: docs/conformance.md#golden-tensors.
 ``golden/`` (package data: it ships with ``pip install .``) holds one safetensors file per case (inputs + the canonical
 reference ``y_ref``/``y_exact``) and ``MANIFEST.json`` (sha256 of each file,
 the case spec that generated it, the emulator version, the oracle that
-cross-checked it). ``qconform golden regenerate`` rewrites them byte for byte;
+cross-checked it). ``qconform golden regenerate`` rewrites them byte for byte
+(conformance/judge/golden_regenerate.py);
 ``qconform golden verify`` names any file whose bytes changed, is missing, or
 is not in the manifest.
 
@@ -24,15 +25,13 @@ from pathlib import Path
 
 
 from backends.base import Case
-from emulator import __version__ as emulator_version
 from emulator.errors import QconformError
 from emulator.tensorfile import load_tensors
 
-from conformance.run.bundle import save_bundle
 from conformance.cases.generators import generators_for
 from conformance.cases.specs import GOLDEN_DIR, MANIFEST, CaseSpec, golden_inputs  # noqa: F401 - GOLDEN_DIR, golden_inputs re-exported
 
-__all__ = ["GOLDEN_DIR", "golden_cases", "golden_specs", "golden_inputs", "regenerate", "verify"]
+__all__ = ["GOLDEN_DIR", "golden_cases", "golden_specs", "golden_inputs", "verify", "source_specs", "file_name", "sha256_of"]
 
 
 
@@ -63,7 +62,7 @@ def golden_cases() -> list[Case]:
     ]
 
 
-def _source_specs() -> list[CaseSpec]:
+def source_specs() -> list[CaseSpec]:
     from conformance.cases.generators import GENERATORS
 
     out = []
@@ -75,50 +74,15 @@ def _source_specs() -> list[CaseSpec]:
     return out
 
 
-def _name(spec: CaseSpec) -> str:
+def file_name(spec: CaseSpec) -> str:
     c = spec.case
     flags = ("sym" if c.sym else "asym") + (f"-{c.zero_convention}" if c.zero_convention else "") + \
         ("-bias" if c.bias else "")
     return f"{c.scheme}__{c.weight_format}__g{c.group_size}-{flags}-{c.act_dtype}__{spec.generator}"
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def regenerate(folder: "str | Path" = GOLDEN_DIR, *, check_oracles: bool = True) -> dict:
-    """Write every golden file and the manifest into ``folder``; returns the manifest."""
-    from conformance.judge.acceptance import declared_interval
-    from backends.base import Declared
-
-    from conformance.judge import oracles
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for spec in _source_specs():
-        inp = spec.inputs()
-        decl = Declared(variants={}, accumulate="exact", output=spec.case.output_dtype)
-        if spec.case.spec.quantize_only:  # inputs + the canonical codes, scales, zero points, dequantized values
-            from conformance.judge.quantized import expected_for
-
-            expected = expected_for(spec.case, inp.x, decl)
-            oracle = oracles.cross_check_quantized(inp, expected) if check_oracles else "not checked"
-            name = _name(spec) + ".safetensors"
-            save_bundle(folder / name, inp, spec=spec.to_json(), backend="emulator", declared=decl.to_json(),
-                        verdict="golden", reason="canonical reference", quantized=(None, expected))
-            files[name] = {"sha256": _sha256(folder / name), "spec": spec.to_json(), "oracle": oracle}
-            continue
-        iv = declared_interval(inp, decl)
-        oracle = oracles.cross_check(inp, iv) if check_oracles else "not checked"
-        name = _name(spec) + ".safetensors"
-        save_bundle(folder / name, inp, spec=spec.to_json(), backend="emulator", declared=decl.to_json(),
-                    verdict="golden", reason="canonical reference", y=None, interval=iv)
-        files[name] = {"sha256": _sha256(folder / name), "spec": spec.to_json(), "oracle": oracle}
-    manifest = {"emulator_version": emulator_version, "generator": "conformance.cases.golden.regenerate",
-                "files": dict(sorted(files.items()))}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return manifest
 
 
 def _manifest(folder: Path) -> dict:
@@ -143,7 +107,7 @@ def verify(folder: "str | Path" = GOLDEN_DIR) -> list[str]:
         if not p.exists():
             problems.append(f"{name}: missing")
             continue
-        got = _sha256(p)
+        got = sha256_of(p)
         if got != entry["sha256"]:
             problems.append(f"{name}: sha256 {got[:16]}... does not match the manifest's {entry['sha256'][:16]}...")
     for p in sorted(folder.glob("*.safetensors")):

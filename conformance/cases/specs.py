@@ -99,7 +99,7 @@ MANIFEST = "MANIFEST.json"
 
 
 def golden_inputs(spec: CaseSpec, folder: "str | Path" = GOLDEN_DIR):
-    from conformance.run.bundle import load_bundle_inputs
+    from conformance.cases.bundle import load_bundle_inputs
 
     inp, _ = load_bundle_inputs(Path(folder) / (spec.generator + ".safetensors"))
     return inp

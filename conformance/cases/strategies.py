@@ -3,7 +3,8 @@
 Semantics: docs/conformance.md#tiers.
 
     from hypothesis import given
-    from conformance.cases.strategies import case_inputs, judge_inputs
+    from conformance.cases.strategies import case_inputs
+    from conformance.run.inprocess import judge_inputs
 
     @given(case_inputs(schemes=["w4a16"], formats=["gptq"]))
     def test_my_kernel(inp):
@@ -29,7 +30,7 @@ from backends.base import Case
 from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.cases.generators import GENERATORS
 
-__all__ = ["DISTRIBUTIONS", "activations", "cases", "case_inputs", "judge_inputs"]
+__all__ = ["DISTRIBUTIONS", "activations", "cases", "case_inputs"]
 
 DISTRIBUTIONS = ("gaussian", "heavy_tailed", "outlier_channels", "int8_ties", "zero_rows")
 
@@ -113,30 +114,6 @@ def case_inputs(draw, schemes=None, formats=None, distributions=DISTRIBUTIONS, *
     inp = make_inputs(case, seed)
     inp.x = draw(activations(case.M, case.K, case.act_dtype, distributions))
     return inp
-
-
-def judge_inputs(backend: str, inp: CaseInputs, *, target: bool = False) -> dict:
-    """Run ``backend`` in-process on ``inp`` and judge it against its own declaration.
-
-    With ``target=True`` the error/bound ratio goes to ``hypothesis.target`` (nightly profile).
-    """
-    from backends.registry import create
-
-    from conformance.judge.verdict import Verdict, judge, judged_against
-
-    b = create(backend)
-    sup = b.can_implement(inp.case)
-    if not sup.ok:
-        return {"verdict": Verdict.UNSUPPORTED.value, "reason": sup.reason}
-    declared = b.declared(inp.case)
-    y = b.run(b.prepare(inp.case, inp.tensors), inp.x, bias=inp.bias, router_logits=inp.router_logits)
-    rec = judge(inp, judged_against(inp, declared), np.asarray(y, np.float32), declared).record()
-    if target:
-        from hypothesis import target as _target
-
-        ratio = rec.get("max_ratio", 0.0)
-        _target(float(ratio) if np.isfinite(ratio) else 1e6, label="error/bound ratio")
-    return rec
 
 
 #: the tier names of the seeded random generators (the runner's random tier) kept in step with these

@@ -1,4 +1,4 @@
-"""The bounded, seeded search of a certification: the property tier (conformance/cases/property.py) run by
+"""The bounded, seeded search of a certification: the property tier (conformance/run/property_search.py) run by
 ``qconform certify`` with a recorded seed and example budget per family, and what a bundle says about it.
 
 Semantics: docs/certification.md#coverage-and-search. The search runs after the case list, in its own
@@ -45,7 +45,8 @@ def search_schemes(schemes, families) -> "list | None":
 def run_search(work: Path, backends: list, *, profile: str, schemes=None, seed: int = 0,
                examples: "int | None" = None, timeout: float = 120.0, waivers=None, log=print) -> None:
     """Run the property search of every backend into ``work/search`` (replaced if a resumed certify left one)."""
-    from conformance.cases.property import families, run_property
+    from conformance.cases.property import families
+    from conformance.run.property_search import run_property
     from conformance.run.runner import Runner
 
     folder = Path(work) / SEARCH_DIR
@@ -188,7 +189,7 @@ def _search_schemes(meta: dict):
 def _deep_coverage(meta: dict, problems: list) -> None:
     """--deep: the coverage record is what this suite's tables and design give for the profile, and every
     class of every table is covered."""
-    from conformance.cases.coverage_report import coverage_record
+    from conformance.report.coverage import coverage_record
     from conformance.cases.specs import PROFILES
 
     profile = meta.get("profile")

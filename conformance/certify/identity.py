@@ -19,7 +19,7 @@ MANIFEST = "MANIFEST.json"
 
 #: the sources whose code decides cases, intervals, verdicts, metrics and what a bundle must hold (hashed
 #: into ``suite_code_sha256``); reports' layout, fingerprints, the CLI and test helpers are left out
-_SUITE_SOURCES = ("conformance/judge/acceptance.py", "conformance/run/bundle.py", "conformance/cases/inputs.py",
+_SUITE_SOURCES = ("conformance/judge/acceptance.py", "conformance/cases/bundle.py", "conformance/cases/inputs.py",
                   "conformance/certify", "conformance/cases/generators.py", "conformance/cases/golden.py",
                   "conformance/judge/oracles.py", "conformance/run/runner.py", "conformance/cases/suite.py", "conformance/judge/verdict.py",
                   "conformance/run/worker.py", "conformance/run/workerproc.py", "emulator", "backends/base.py")

@@ -185,7 +185,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", *
             raise QconformError(f"{work}: holds an interrupted certification of another case list; remove it "
                                 "or choose another --out")
         (work / "cases.txt").write_text(cases_txt, encoding="utf-8")
-        from conformance.cli.commands import environment
+        from conformance.run.provenance import environment
 
         wv = load_waivers(waivers)
         env = environment()
@@ -310,7 +310,7 @@ def _assemble(folder: Path, staging: Path, ids: list, header: dict, extra_files)
 def _coverage_and_search(folder: Path, bundle: dict, header: dict) -> None:
     """bundle.json's ``coverage`` (the profile's coverage table) and ``search`` (what the property search
     searched and found); a failing search makes the certification fail (docs/certification.md#coverage-and-search)."""
-    from conformance.cases.coverage_report import coverage_record
+    from conformance.report.coverage import coverage_record
     from conformance.certify.coverage_search import SEARCH_DIR, search_record, search_schemes
     from conformance.cases.specs import PROFILES
 

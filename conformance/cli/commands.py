@@ -240,7 +240,7 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
         with runner.interruptible():  # Ctrl-C, SIGTERM, a closed pipe: stop, then report what finished
             results = runner.run(backends, specs, resume=args.resume, header=header)
             if prop_families:
-                from conformance.cases.property import run_property
+                from conformance.run.property_search import run_property
 
                 results += run_property(runner, backends, profile=args.profile, seed=getattr(args, "seed", None),
                                         schemes=args.scheme or None)
@@ -319,7 +319,7 @@ def cmd_replay(args) -> int:
 
     from backends.base import Declared
 
-    from conformance.run.bundle import load_bundle_inputs
+    from conformance.cases.bundle import load_bundle_inputs
     from conformance.run.runner import WorkerProcess
     from conformance.cases.selection import check_backends
     from conformance.judge.verdict import judged_against
@@ -399,7 +399,9 @@ def cmd_golden(args) -> int:
 
     folder = Path(args.dir) if args.dir else golden.GOLDEN_DIR
     if args.action == "regenerate":
-        m = golden.regenerate(folder)
+        from conformance.judge.golden_regenerate import regenerate
+
+        m = regenerate(folder)
         print(f"wrote {len(m['files'])} golden file(s) and MANIFEST.json to {folder}")
         return 0
     problems = golden.verify(folder)
@@ -490,8 +492,9 @@ def add_commands(sub) -> None:
     from conformance.report import write as report
     from conformance.selftest import mutation as selftest
 
-    for m in (selftest, report, certify, fingerprint):
+    for m in (selftest, certify, fingerprint):
         m.register(sub)
+    report.register(sub, verify_bundle=certify.verify_bundle)  # report sits below certify: it is handed the verifier
     # commands of packages built on the suite (benchmarks/: `qconform bench`) register through the entry-point
     # group qconform.commands, as third-party backends do: the suite never imports them
     for ep in _command_entry_points():

@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_coverage(args) -> int:
-    from conformance.cases.coverage_report import main as coverage_main
+    from conformance.report.coverage import main as coverage_main
 
     return coverage_main([])
 

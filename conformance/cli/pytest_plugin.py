@@ -6,7 +6,7 @@ Semantics: docs/conformance.md#pytest.
            [--qconform-tier=edge] [--qconform-out=DIR] -n auto
 
 ``--qconform-tier=property`` (never a default) adds one item per (scheme, format) family: a
-Hypothesis search (conformance/cases/property.py) that fails with the shrunk minimal example;
+Hypothesis search (conformance/run/property_search.py) that fails with the shrunk minimal example;
 ``--qconform-seed`` fixes its seed.
 
 Without ``--qconform-backend`` the plugin adds nothing. With it, pytest collects *only* the
@@ -125,7 +125,7 @@ class QconformFailure(Exception):
 
 
 class PropertyItem(pytest.Item):
-    """One property-tier search (conformance/cases/property.py) of one (scheme, format) family on one backend:
+    """One property-tier search (conformance/run/property_search.py) of one (scheme, format) family on one backend:
     fails with the shrunk minimal example of each failure it found, skips when no example was judged."""
 
     def __init__(self, *, backend: str, scheme: str, fmt: str, **kw):
@@ -136,7 +136,7 @@ class PropertyItem(pytest.Item):
     def runtest(self):
         import time
 
-        from conformance.cases.property import PropertySearch
+        from conformance.run.property_search import PropertySearch
         from conformance.judge.verdict import BAD, Verdict
 
         out, runner, worker, label = _session_worker(self)

@@ -19,7 +19,7 @@ How one axis is decided:
    *separate* a pair of hypotheses with different axis values not yet separated: on some output
    element the two declared intervals (conformance.judge.acceptance.declared_interval) are disjoint, so
    no output can be inside both.
-3. Each probe is written as a replay bundle (conformance/run/bundle.py) and run by the backend in
+3. Each probe is written as a replay bundle (conformance/cases/bundle.py) and run by the backend in
    a worker subprocess (conformance.run.runner.WorkerProcess), so a crashing kernel costs one axis,
    not the fingerprint.
 4. A hypothesis is *consistent* when the observed output is inside its interval on every probe
@@ -51,7 +51,7 @@ import numpy as np
 from backends.base import Case, Declared
 
 from conformance.judge.acceptance import compare, declared_interval
-from conformance.run.bundle import save_bundle
+from conformance.cases.bundle import save_bundle
 from conformance.cases.inputs import CaseInputs
 from conformance.fingerprint.axes import (AXES, SCHEME_AXES, Axis, candidate_cases, coinciding_values, known_keys,
                                rows_options, values_for_case)

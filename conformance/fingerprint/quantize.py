@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backends.base import Case, Declared
 
-from conformance.run.bundle import save_bundle
+from conformance.cases.bundle import save_bundle
 from conformance.cases.generators import GENERATORS, generators_for
 from conformance.judge.quantized import decide_quantized, expected_for, load_observed
 from conformance.cases.specs import CaseSpec

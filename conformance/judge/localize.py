@@ -87,7 +87,7 @@ class _Prober:
     def __call__(self, X: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(observed, reference, outside) [rows, N] for probe rows X (float32 act_dtype values): the
         reference rounded once to the output dtype, and where the output is outside the declared interval
-        (the judged interval of conformance/run/runner.py's ``judge``: one declared rounding)."""
+        (the judged interval of conformance/judge/verdict.py's ``judge``: one declared rounding)."""
         xs, ys = [], []
         for a, b, step in self.chunks(len(X)):
             x = np.zeros((step, X.shape[1]), np.float32)
@@ -99,7 +99,7 @@ class _Prober:
             ys.append(y)
         # rows are independent unless one activation scale spans the tensor: then the chunks the kernel saw
         groups = ([np.concatenate(xs)], [np.concatenate(ys)]) if not self._per_tensor() else (xs, ys)
-        from conformance.run.runner import reference_declaration, rounded_interval  # the verdict's own intervals
+        from conformance.judge.verdict import reference_declaration, rounded_interval  # the verdict's own intervals
 
         ref_decl = reference_declaration(self.case, self.declared)
         obs, exp, bad = [], [], []

@@ -119,11 +119,13 @@ def report_run(run: "str | Path", out_dir: "str | Path | None" = None, *, html_r
     return write_reports(target, summary, html_report=html_report, md_report=md_report)
 
 
-def merge_bundles(bundles: list["str | Path"], out_dir: "str | Path", *, verify: bool = True) -> tuple[dict, list]:
+def merge_bundles(bundles: list["str | Path"], out_dir: "str | Path", *, verify_bundle=None) -> tuple[dict, list]:
     """One matrix over several certification bundles (or run folders): a column per host + backend.
 
-    Bundles are verified first (``conformance.certify.verify_bundle``) unless ``verify`` is False; a
-    bundle that fails is refused. Returns (summary, paths written).
+    Each bundle is verified first by ``verify_bundle`` (the CLI passes ``conformance.certify.verify_bundle``:
+    the report room sits below certify and never imports it); a bundle that fails is refused. With
+    ``verify_bundle=None`` (``--no-verify``) bundles are read unverified and their columns say so.
+    Returns (summary, paths written).
     """
     from emulator.errors import QconformError
 
@@ -132,9 +134,7 @@ def merge_bundles(bundles: list["str | Path"], out_dir: "str | Path", *, verify:
         folder = Path(b)
         is_bundle = (folder / "MANIFEST.json").is_file()
         verified = None
-        if is_bundle and verify:
-            from conformance.certify import verify_bundle
-
+        if is_bundle and verify_bundle is not None:
             res = verify_bundle(folder)
             if not res.ok:
                 raise QconformError(f"{folder}: bundle does not verify ({len(res.problems)} problem(s)); first: "
@@ -217,7 +217,8 @@ def cmd_report(args) -> int:
             raise ValueError("report merge: give one or more bundle folders")
         if not args.out:
             raise ValueError("report merge: --out DIR is required")
-        summary, written = merge_bundles(paths[1:], args.out, verify=not args.no_verify)
+        summary, written = merge_bundles(paths[1:], args.out,
+                                          verify_bundle=None if args.no_verify else args.verify_bundle)
         print(f"merged {len(paths) - 1} source(s): {len(summary['columns'])} column(s) x "
               f"{len(summary['schemes'])} scheme(s), {summary['n_bad']} failing")
         for note in summary.get("notes") or []:
@@ -238,7 +239,8 @@ def cmd_report(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub, *, verify_bundle) -> None:
+    """``qconform report``; ``verify_bundle`` checks each bundle ``report merge`` reads (certify's verifier)."""
     s = sub.add_parser("report", help="summary.json, report.md and report.html of a run; 'report merge BUNDLE... "
                                       "--out DIR' combines bundles from several hosts")
     s.add_argument("paths", nargs="+", metavar="OUT", help="a run folder (or results JSONL); or: merge BUNDLE...")
@@ -246,4 +248,4 @@ def register(sub) -> None:
     s.add_argument("--md", action="store_true", help="write report.md (default: html and md)")
     s.add_argument("--out", help="folder for the reports (default: the run folder); required for merge")
     s.add_argument("--no-verify", action="store_true", help="merge: skip verifying the bundles")
-    s.set_defaults(fn=cmd_report)
+    s.set_defaults(fn=cmd_report, verify_bundle=verify_bundle)

@@ -34,7 +34,7 @@ import numpy as np
 from backends.base import Declared
 
 from conformance.judge.acceptance import Interval, declared_interval
-from conformance.run.bundle import load_bundle_inputs, save_bundle
+from conformance.cases.bundle import load_bundle_inputs, save_bundle
 from conformance.cases.inputs import CaseInputs
 
 __all__ = ["REFERENCE_FORMAT", "ReferenceCache", "inputs_digest"]

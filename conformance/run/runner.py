@@ -28,7 +28,7 @@ import numpy as np
 from backends.base import Declared
 
 from conformance.judge.acceptance import Interval, declared_interval
-from conformance.run.bundle import save_bundle
+from conformance.cases.bundle import save_bundle
 from conformance.judge.levels import assess
 from conformance.run.outlock import OutLock
 from conformance.run.record import ResultRecord

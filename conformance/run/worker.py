@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     from backends.registry import create
     from emulator.tensorfile import save_tensors
 
-    from conformance.run.bundle import load_bundle_inputs
+    from conformance.cases.bundle import load_bundle_inputs
     from conformance.cases.suite import CaseSpec
 
     backend = create(args.backend)

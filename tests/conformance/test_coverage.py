@@ -12,9 +12,10 @@ import pytest
 
 from backends.base import Case
 from conformance.cases import coverage as cov
-from conformance.cases.coverage_report import coverage_of
-from conformance.cases.coverage_report import main as report_main
-from conformance.cases.coverage_values import activation_units, generate_value, realized
+from conformance.report.coverage import coverage_of
+from conformance.report.coverage import main as report_main
+from conformance.cases.coverage_values import activation_units, generate_value
+from conformance.judge.realization import realized
 from conformance.cases.generators import GENERATORS, generate
 from conformance.cases.suite import case_list
 
@@ -206,7 +207,7 @@ def test_qconform_coverage_prints_the_tables(capsys):
 
 
 def test_docs_coverage_table_is_current():
-    assert report_main(["--check"]) == 0, "run: python -m conformance.cases.coverage_report --write"
+    assert report_main(["--check"]) == 0, "run: python -m conformance.report.coverage --write"
 
 
 # -- the asymmetric W8A8 classes of the independent-kernels campaign (examples/independent-kernels/README.md,

@@ -177,7 +177,7 @@ def test_every_scheme_axis_is_defined_and_cli_writes_json(tmp_path, capsys):
     a = data["schemes"]["w8a8"]["axes"][0]
     assert a["consistent"] == ["rhaz"]
     # the probes are replayable bundles
-    from conformance.run.bundle import load_bundle_inputs
+    from conformance.cases.bundle import load_bundle_inputs
 
     inp, meta = load_bundle_inputs(a["probes"][0]["bundle"])
     assert inp.case.scheme == "w8a8" and meta["verdict"] == "probe"

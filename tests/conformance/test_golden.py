@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conformance.cases import golden
+from conformance.judge.golden_regenerate import regenerate
 
 
 def test_committed_golden_files_verify():
@@ -29,7 +30,7 @@ def test_golden_package_holds_only_data_and_its_docstring():
 
 
 def test_regenerate_reproduces_every_byte(tmp_path):
-    golden.regenerate(tmp_path)
+    regenerate(tmp_path)
     committed = _data_files(golden.GOLDEN_DIR)
     fresh = sorted(p.name for p in tmp_path.iterdir())
     assert committed == fresh
@@ -97,7 +98,7 @@ def test_golden_folder_is_the_package_data_found_through_importlib_resources():
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "QCONFORM_GOLDEN_DIR"}
     env["PYTHONPATH"] = str(root)
-    code = ("from importlib import resources; from conformance import golden; "
+    code = ("from importlib import resources; from conformance.cases import golden; "
             "print(golden.GOLDEN_DIR); print(resources.files('golden'))")
     r = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=120)
     lines = r.stdout.split()

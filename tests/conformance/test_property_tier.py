@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run.bundle import load_bundle_inputs
+from conformance.cases.bundle import load_bundle_inputs
 from conformance.selftest.doubles.mutants import EXTRA_BACKENDS_ENTRY
-from conformance.cases.property import PROPERTY_PROFILES, families, mutant_kills, run_property
+from conformance.cases.property import PROPERTY_PROFILES, families
+from conformance.run.property_search import run_property
+from conformance.selftest.property_kills import mutant_kills
 from conformance.run.runner import Runner, Waiver
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -233,7 +233,7 @@ def test_fingerprint_of_the_emulator_agrees_with_its_declaration_on_every_quanti
 # -- property tier ---------------------------------------------------------------------------------------------
 def test_property_tier_searches_quantize_schemes_and_shrinks_a_planted_rounding(tmp_path):
     pytest.importorskip("hypothesis", reason="the property tier needs Hypothesis")
-    from conformance.cases.property import run_property
+    from conformance.run.property_search import run_property
 
     r = Runner(tmp_path, progress=False)
     recs = run_property(r, ["emulator", "emulator:e2m1_rounding=rhaz,declare=canonical"], profile="smoke",

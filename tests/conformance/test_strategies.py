@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from conformance.cases.strategies import activations, case_inputs, cases, judge_inputs
+from conformance.cases.strategies import activations, case_inputs, cases
+from conformance.run.inprocess import judge_inputs
 
 OK = {"pass", "pass-with-tie-flips", "mistrusted"}
 NIGHTLY = os.environ.get("QCONFORM_HYPOTHESIS_PROFILE") == "nightly"

@@ -2,8 +2,8 @@
 
 Semantics: docs/conformance.md#coverage (the tables: conformance/cases/coverage.py).
 
-    python -m conformance.cases.coverage_report             # print the coverage tables (qconform coverage)
-    python -m conformance.cases.coverage_report --write     # rewrite them in docs/conformance.md (--check: exit 1 when stale)
+    python -m conformance.report.coverage             # print the coverage tables (qconform coverage)
+    python -m conformance.report.coverage --write     # rewrite them in docs/conformance.md (--check: exit 1 when stale)
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     from conformance.report.doctables import ROOT, rewrite
 
-    ap = argparse.ArgumentParser(prog="python -m conformance.cases.coverage_report",
+    ap = argparse.ArgumentParser(prog="python -m conformance.report.coverage",
                                  description="the coverage tables of docs/conformance.md#coverage")
     ap.add_argument("--markdown", action="store_true", help="print the coverage tables (the default)")
     ap.add_argument("--write", action="store_true", help=f"rewrite the generated block in {DOC_FILE}")
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         new = rewrite(text, {BLOCK: md})
         if args.check:
             if new != text:
-                print(f"{DOC_FILE}: the coverage table is stale; run python -m conformance.cases.coverage_report --write",
+                print(f"{DOC_FILE}: the coverage table is stale; run python -m conformance.report.coverage --write",
                       file=sys.stderr)
                 return 1
             return 0
