@@ -28,7 +28,7 @@ from emulator import __version__ as emulator_version
 from emulator.declaration import declared_output, declared_weight
 from emulator.formats.fast_matmul import matmul_rows
 from emulator.fast_linear import exact_int_matmul_for
-from emulator.numerics.floats import round_float32_array, round_float64_array
+from emulator.numerics.fast_round import round_fast
 from emulator.quantize_only import quantize_reference
 from emulator.variants import FIELD_AXES, VARIANT_AXES, VariantError, axis
 
@@ -154,7 +154,7 @@ class EmulatorBackend(Backend):
             y = matmul_rows(np.asarray(x, dtype=np.float32), w)
             if bias is not None:
                 y += np.asarray(bias, dtype=np.float32)
-            return round_float32_array(y, case.output_dtype)
+            return round_fast(y, case.output_dtype)
         if self._fast_w8a8(case):
             return self._run_w8a8(prepared, np.asarray(x, dtype=np.float32), bias)
         return declared_output(case, tensors, np.asarray(x, np.float32), bias, inputs.get("router_logits"),
@@ -193,4 +193,4 @@ class EmulatorBackend(Backend):
         y *= scale.astype(np.float64) * ws  # sx * sw is exact in float64 (24 + 24 bits): one rounding
         if bias is not None:
             y += np.asarray(bias, dtype=np.float64)
-        return round_float64_array(y, case.output_dtype)
+        return round_fast(y, case.output_dtype)

@@ -33,7 +33,7 @@ import torch
 from emulator.declaration import declared_weight
 from emulator.formats.fast_matmul import RowsTimesX
 from emulator.parallel import single_threaded_blas
-from emulator.numerics.floats import round_float32_array
+from emulator.numerics.fast_round import round_fast
 
 __all__ = ["row_slicer", "blocked_fast_linear", "fused_fast_linear", "MIN_BLOCK_BYTES", "FUSED_FORMATS",
            "TorchScaledRowsTimesX", "one_torch_thread"]
@@ -105,7 +105,7 @@ def blocked_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias, bud
     y = np.ascontiguousarray(yt.T)
     if bias is not None:
         y += np.asarray(bias, np.float32)
-    return round_float32_array(y, case.output_dtype)
+    return round_fast(y, case.output_dtype)
 
 
 #: formats whose fast dequantizer streams row blocks into a ``RowSink`` (emulator/formats/fast_dequant.py)
@@ -168,4 +168,4 @@ def fused_fast_linear(backend, case, tensors: dict, x32: np.ndarray, bias):
     y = sink.result()
     if bias is not None:
         y += np.asarray(bias, np.float32)
-    return round_float32_array(y, case.output_dtype)
+    return round_fast(y, case.output_dtype)

@@ -45,13 +45,14 @@ from emulator import moe as emoe
 from emulator.activations import int8 as a8
 from emulator.declaration import Declared, declared_reference, declared_weight, int8_variant, moe_variant, mx_variant
 from emulator.schemes import Case
-from emulator.numerics.floats import decode, encode, format_of, round_float64_array, round_to_dtype
+from emulator.numerics.fast_round import FAST_DTYPES, round_fast
+from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
 from emulator.numerics.rounding import Rounding
 
 from conformance.cases.inputs import CaseInputs
 
 __all__ = ["UNIT_ROUNDOFF", "UNDERFLOW_UNIT", "Interval", "INTERMEDIATES", "declared_interval", "compare", "Comparison", "round_down",
-           "round_up", "round_to", "grid_neighbour", "ulp_distance",
+           "round_up", "grid_neighbour", "ulp_distance",
            # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
            "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
 
@@ -74,48 +75,7 @@ def _gamma(n: int, u: float) -> float:
 
 
 #: output dtypes with float32 fast paths (float32 holds each of their values exactly)
-_FAST = ("float32", "float16", "bfloat16")
-
-
-def _rtz32(v: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float64 ``v`` toward zero to ``dtype`` (one of ``_FAST``); float32 out.
-
-    float64 -> float32 is the IEEE RNE cast, stepped back by one float32 ulp wherever it went away
-    from zero: that is RTZ to float32 (also for overflow: Inf steps back to the largest float32).
-    The grids nest (bfloat16 and float16 values are float32 values), so RTZ to them is RTZ of that:
-    bfloat16 drops the low 16 bits; float16 takes the RNE cast and steps back the same way.
-    """
-    with np.errstate(over="ignore", invalid="ignore"):
-        f = v.astype(np.float32)
-        over = np.abs(f.astype(np.float64)) > np.abs(v)
-    bits = f.view(np.uint32).copy()
-    bits -= over.astype(np.uint32)
-    if dtype == "float32":
-        return bits.view(np.float32)
-    if dtype == "bfloat16":
-        return (bits & np.uint32(0xFFFF0000)).view(np.float32)
-    f = bits.view(np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        h = f.astype(np.float16)
-        over = np.abs(h.astype(np.float32)) > np.abs(f)
-    hb = h.view(np.uint16).copy()
-    hb -= over.astype(np.uint16)
-    return hb.view(np.float16).astype(np.float32)
-
-
-def round_to(v, dtype: str, mode: "Rounding | str" = Rounding.RNE) -> np.ndarray:
-    """``round_to_dtype(v, dtype, mode)`` (float64 out), by float32 fast paths for the output dtypes under
-    RNE and RTZ (equal to it: tests/conformance/test_model_profile.py checks every float class);
-    NaN elements, other dtypes and modes by ``round_to_dtype`` itself."""
-    mode = Rounding.parse(mode)
-    v = np.asarray(v, dtype=np.float64)
-    if dtype not in _FAST or mode not in (Rounding.RNE, Rounding.RTZ) or v.ndim == 0:
-        return round_to_dtype(v, dtype, mode)
-    out = (round_float64_array(v, dtype) if mode is Rounding.RNE else _rtz32(v, dtype)).astype(np.float64)
-    nan = np.isnan(v)
-    if nan.any():
-        out[nan] = round_to_dtype(v[nan], dtype, mode)
-    return out
+_FAST = FAST_DTYPES
 
 
 def _native(dtype: str):
@@ -151,13 +111,13 @@ def grid_neighbour(v: np.ndarray, dtype: str, toward: float) -> np.ndarray:
 
 def round_down(v: np.ndarray, dtype: str) -> np.ndarray:
     """Largest ``dtype`` value <= v (toward -inf)."""
-    t = round_to(v, dtype, Rounding.RTZ)
+    t = round_fast(v, dtype, Rounding.RTZ, as_float64=True)
     return np.where((t > v) | ((t != v) & (v < 0)), grid_neighbour(t, dtype, -np.inf), t)
 
 
 def round_up(v: np.ndarray, dtype: str) -> np.ndarray:
     """Smallest ``dtype`` value >= v (toward +inf)."""
-    t = round_to(v, dtype, Rounding.RTZ)
+    t = round_fast(v, dtype, Rounding.RTZ, as_float64=True)
     return np.where((t < v) | ((t != v) & (v > 0)), grid_neighbour(t, dtype, np.inf), t)
 
 
@@ -227,12 +187,12 @@ def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str
         if mode is Rounding.RTZ:
             # RTZ is monotone and fixes grid points: the outputs of accumulators in [y - b, y + b] are
             # exactly the grid points of [RTZ(y - b), RTZ(y + b)]
-            lo = round_to(y_exact - bound, out_dtype, Rounding.RTZ)
-            hi = round_to(y_exact + bound, out_dtype, Rounding.RTZ)
+            lo = round_fast(y_exact - bound, out_dtype, Rounding.RTZ, as_float64=True)
+            hi = round_fast(y_exact + bound, out_dtype, Rounding.RTZ, as_float64=True)
         else:
             lo = round_down(y_exact - bound, out_dtype)
             hi = round_up(y_exact + bound, out_dtype)
-    y_ref = round_to(y_exact, out_dtype, mode)
+    y_ref = round_fast(y_exact, out_dtype, mode, as_float64=True)
     return Interval(y_ref=y_ref, y_exact=y_exact, lo=lo, hi=hi, bound=bound, out_dtype=out_dtype,
                     **_intermediates(parts))
 
@@ -264,11 +224,11 @@ def _after_output_rounding(inp: CaseInputs, declared: Declared) -> Interval:
     rest = {k: v for k, v in declared.variants.items() if k != "bias_stage"}
     iv0 = _interval(dataclasses.replace(inp, bias=None), dataclasses.replace(declared, variants=rest))
     T = iv0.out_dtype
-    b = round_to(inp.bias.astype(np.float64), T)[None, :]
+    b = round_fast(inp.bias.astype(np.float64), T, as_float64=True)[None, :]
 
     def add(o):
         with np.errstate(invalid="ignore", over="ignore"):
-            return round_to(np.asarray(o, np.float64) + b, T)
+            return round_fast(np.asarray(o, np.float64) + b, T, as_float64=True)
 
     lo, hi, y_ref = add(iv0.lo), add(iv0.hi), add(iv0.y_ref)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -495,8 +455,8 @@ class Comparison:
 
 def _grid_bits(v: np.ndarray, dtype: str) -> np.ndarray:
     """``encode(v, dtype)`` as int64 for the ``_FAST`` dtypes and finite or infinite v: RNE to the grid
-    (``round_to``), then the value's own bits (float32 holds every value of the three exactly)."""
-    g = round_to(v, dtype)
+    (``round_fast``), then the value's own bits (float32 holds every value of the three exactly)."""
+    g = round_fast(v, dtype, as_float64=True)
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "float32":
             return g.astype(np.float32).view(np.uint32).astype(np.int64)

@@ -33,7 +33,8 @@ from emulator.activations import int8 as a8
 from emulator.declaration import int8_variant, mx_variant, round_weights
 from emulator.formats import mxfp4
 from emulator.numerics.e2m1 import decode_e2m1, encode_e2m1
-from emulator.numerics.floats import round_float64_array, round_to_dtype
+from emulator.numerics.fast_round import round_fast
+from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
 
@@ -133,8 +134,7 @@ def _rows(parts: list, xs: list, n: int) -> np.ndarray:
 
 def _rnd(v: np.ndarray, dtype: str) -> np.ndarray:
     """RNE to ``dtype`` (float64 out) by the emulator's fast path; NaN stays NaN (its payload is not compared)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return round_float64_array(np.asarray(v, np.float64), dtype).astype(np.float64)
+    return round_fast(np.asarray(v, np.float64), dtype, as_float64=True)
 
 
 # -- exact activation values --------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.judge.acceptance import round_to
+from emulator.numerics.fast_round import round_fast
 
 __all__ = ["off_grid"]
 
@@ -21,4 +21,4 @@ def off_grid(y, dtype: str) -> np.ndarray:
     y64 = np.asarray(y, np.float64)
     fin = np.isfinite(y64)
     with np.errstate(invalid="ignore", over="ignore"):
-        return fin & (round_to(np.where(fin, y64, 0.0), dtype) != np.where(fin, y64, 0.0))
+        return fin & (round_fast(np.where(fin, y64, 0.0), dtype, as_float64=True) != np.where(fin, y64, 0.0))

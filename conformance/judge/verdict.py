@@ -21,8 +21,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from emulator.declaration import Declared, declared_weight
+from emulator.numerics.fast_round import round_fast
 
-from conformance.judge.acceptance import Interval, compare, declared_interval, round_down, round_to, round_up, ulp_distance
+from conformance.judge.acceptance import Interval, compare, declared_interval, round_down, round_up, ulp_distance
 from conformance.judge.output_grid import off_grid
 
 __all__ = ["Verdict", "PASSING", "BAD", "JUDGED", "Judgement", "judge", "judged_against", "rounded_interval",
@@ -385,8 +386,8 @@ def rounded_interval(iv: Interval, declared: Declared) -> Interval:
     if mode not in ("rne", "rtz") or iv.bias_after_output_rounding:
         return iv
     with np.errstate(invalid="ignore", over="ignore"):
-        lo_t = round_to(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode)
-        hi_t = round_to(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode)
+        lo_t = round_fast(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode, as_float64=True)
+        hi_t = round_fast(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode, as_float64=True)
         fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
         lo = np.where(fin, np.maximum(iv.lo, lo_t), iv.lo)
         hi = np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
@@ -489,7 +490,7 @@ def require_output_grid(j: Judgement, y) -> Judgement:
     metrics["worst_element"] = {"index": list(idx), "observed": float(y64[idx]), "expected": float(judged.y_exact[idx]),
                                 "lo": float(judged.lo[idx]), "hi": float(judged.hi[idx]),
                                 "reference": float(judged.y_ref[idx]),
-                                "ulp": ulp_distance(float(round_to(y64[idx], judged.out_dtype)),
+                                "ulp": ulp_distance(float(round_fast(y64[idx], judged.out_dtype, as_float64=True)),
                                                     float(judged.y_ref[idx]), judged.out_dtype)}
     reason = (f"{n} output element(s) are not values of the declared output dtype {judged.out_dtype} "
               f"(off its grid: e.g. element {list(idx)} = {float(y64[idx])!r}; the kernel returns another "

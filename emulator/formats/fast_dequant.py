@@ -29,7 +29,7 @@ import numpy as np
 
 from ..numerics.e2m1 import decode_e2m1
 from ..numerics.e8m0 import decode_e8m0
-from ..numerics.floats import round_float32_array
+from ..numerics.fast_round import round_fast
 from ..numerics.rounding import Rounding, as_float64
 from ..parallel import for_row_chunks
 from .fast_matmul import RowSink
@@ -203,7 +203,7 @@ class _FastPlan:
         else:
             scale(o3, s)  # the sink's own multiply (RowSink.scale) keeps Inf/NaN products silent
         if self.compute is not ComputeDtype.FLOAT32:
-            out[...] = round_float32_array(out, self.compute.value)
+            out[...] = round_fast(out, self.compute.value)
 
 
 class _FloatZeroPlan:
@@ -211,7 +211,7 @@ class _FloatZeroPlan:
     ``RNE_C((q - m) s_C + zero)`` with ``zero = RNE_Z((m - z) s_C)`` formed once per [N, G] group by the rule
     itself. ``(q - m) s_C + zero`` is exact in float64 (``int_common.dequantize_affine`` says why: at most
     24 + 11 significant bits), so one float64 pass and one correctly rounded conversion to C (the IEEE
-    cast for float32, ``round_float64_array`` for a 16-bit C) equal the rule bit for bit."""
+    cast for float32, ``round_fast`` for a 16-bit C) equal the rule bit for bit."""
 
     __slots__ = ("s64", "zero", "midpoint", "compute")
 
@@ -243,7 +243,6 @@ class _FloatZeroPlan:
     def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False,
               scale=None) -> None:
         """As ``_FastPlan.block``; ``scale`` is unused (this rule scales in float64)."""
-        from ..numerics.floats import round_float64_array
 
         r = r1 - r0
         s, zero = self.s64[r0:r1], self.zero[r0:r1]
@@ -255,7 +254,7 @@ class _FloatZeroPlan:
             s, zero = expand_groups(s, g), expand_groups(zero, g)
         with np.errstate(over="ignore", invalid="ignore"):
             v = (q3.astype(np.float64) - self.midpoint) * s + zero  # exact (see the class docstring)
-            o = v.astype(np.float32) if self.compute is ComputeDtype.FLOAT32 else round_float64_array(v, self.compute.value)
+            o = v.astype(np.float32) if self.compute is ComputeDtype.FLOAT32 else round_fast(v, self.compute.value)
         out[...] = o.reshape(out.shape)
 
 
@@ -267,8 +266,8 @@ def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
         return None
     s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
     if scale_dtype is not None:
-        s32 = round_float32_array(s32, ComputeDtype(scale_dtype).value)
-    return round_float32_array(s32, compute.value)
+        s32 = round_fast(s32, ComputeDtype(scale_dtype).value)
+    return round_fast(s32, compute.value)
 
 
 def _sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding, out=None,
@@ -277,7 +276,7 @@ def _sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: 
 
     Applies to SUB_THEN_MUL with RNE and scales stored as fp16/bf16/fp32: the scale is
     exact in float32, each operand conversion is an RNE rounding of a float32 (done by
-    ``round_float32_array``), q - z (|q - z| <= 256) is exact in float32, and the float32
+    ``round_fast``), q - z (|q - z| <= 256) is exact in float32, and the float32
     product is the correctly rounded exact product — for a 16-bit compute dtype it is exact
     (<= 9 + 11 significant bits) and then rounded once. Returns None when it does not apply.
     """
@@ -302,7 +301,7 @@ def _sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: 
     with np.errstate(over="ignore", invalid="ignore"):
         np.multiply(out, s32, out=out)
     if compute is not ComputeDtype.FLOAT32:
-        out[...] = round_float32_array(out, compute.value)
+        out[...] = round_fast(out, compute.value)
     return out
 
 

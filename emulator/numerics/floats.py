@@ -239,58 +239,7 @@ def decode(bits, fmt: "FloatFormat | str") -> np.ndarray:
 
 
 def round_to_dtype(x, dtype: str, mode: Rounding | str = Rounding.RNE) -> np.ndarray:
-    """Round to ``'float32' | 'float16' | 'bfloat16'`` (IEEE overflow); float64 out."""
+    """Round to ``'float32' | 'float16' | 'bfloat16'`` (IEEE overflow); float64 out.
+
+    The definition; ``fast_round.round_fast`` is its fast path (same values, one NaN rule)."""
     return round_to_format(x, format_of(dtype), mode, Overflow.IEEE)
-
-
-def round_float32_array(y32: np.ndarray, dtype: str) -> np.ndarray:
-    """RNE-round float32 values to ``dtype`` ('float32' | 'float16' | 'bfloat16'); float32 out.
-
-    The fast path for rounding an fp32 accumulator to the output dtype: equal to
-    ``round_to_dtype`` on float32 input (tests/emulator/test_floats.py checks every
-    fp32 bit class), using the IEEE float32 -> float16 conversion and the classic
-    integer RNE on the upper 16 bits for bfloat16.
-    """
-    y = np.asarray(y32, dtype=np.float32)
-    if dtype == "float32":
-        return y
-    if dtype == "float16":
-        with np.errstate(over="ignore"):
-            return y.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        bits = y.view(np.uint32)
-        lsb = (bits >> np.uint32(16)) & np.uint32(1)
-        rounded = (bits + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)
-        nan = np.isnan(y)
-        if nan.any():
-            rounded = np.where(nan, (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000), rounded)
-        return rounded.view(np.float32)
-    raise ValueError(f"unknown dtype {dtype!r}")
-
-
-def round_float64_array(y64: np.ndarray, dtype: str) -> np.ndarray:
-    """RNE-round float64 values to ``dtype`` ('float32' | 'float16' | 'bfloat16'); float32 out.
-
-    Fast and exact: float64 -> float32 by *round-to-odd* (truncate, then set the last bit if
-    anything was dropped), then RNE to the 16-bit dtype. Round-to-odd to a format with at
-    least two more significand bits than the target makes the second rounding equal to one
-    direct RNE rounding (Boldo & Melquiond, "When double rounding is odd", 2005). float32
-    itself is numpy's IEEE RNE cast. Equal to ``round_to_dtype`` (tests/emulator/test_fast_paths.py).
-    """
-    y = np.asarray(y64, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        f = y.astype(np.float32)
-    if dtype == "float32":
-        return f
-    fin = np.isfinite(y)
-    with np.errstate(invalid="ignore"):
-        over = fin & (np.abs(f.astype(np.float64)) > np.abs(y))  # RNE went away from zero: step back
-    bits = f.view(np.uint32).copy()
-    # |f| > 0 where over, so the magnitude decrement stays in range (Inf -> max); masks as 0/1
-    # integers (a boolean-indexed update costs ~10x an elementwise pass)
-    bits -= over.view(np.uint8)
-    t = bits.view(np.float32)
-    with np.errstate(invalid="ignore"):
-        inexact = fin & (t.astype(np.float64) != y)
-    bits |= inexact.view(np.uint8)
-    return round_float32_array(bits.view(np.float32), dtype)

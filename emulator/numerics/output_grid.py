@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .floats import round_float64_array, round_to_dtype
-from .rounding import Rounding
+from .fast_round import FAST_DTYPES, round_fast
 
 __all__ = ["OUT_DTYPES", "U64", "gamma", "rne", "round_output", "next_up", "overflow_threshold",
            "boundary_between"]
 
 #: float64's unit roundoff
 U64 = 2.0 ** -53
-OUT_DTYPES = ("float32", "float16", "bfloat16")
+OUT_DTYPES = FAST_DTYPES
 _MAX = {"float32": float(np.finfo(np.float32).max), "float16": 65504.0, "bfloat16": float.fromhex("0x1.fep127")}
 
 
@@ -29,16 +28,8 @@ def gamma(n: int, u: float = U64) -> float:
 
 
 def rne(v: np.ndarray, out_dtype: str) -> np.ndarray:
-    """``round_to_dtype(v, out_dtype)`` (float64 out) by the float32 fast path (equal to it:
-    tests/emulator/test_fast_paths.py); NaN elements by ``round_to_dtype`` itself (its NaN payload rule)."""
-    v = np.asarray(v, dtype=np.float64)
-    if out_dtype not in OUT_DTYPES or v.ndim == 0:
-        return round_to_dtype(v, out_dtype, Rounding.RNE)
-    out = round_float64_array(v, out_dtype).astype(np.float64)
-    nan = np.isnan(v)
-    if nan.any():
-        out[nan] = round_to_dtype(v[nan], out_dtype, Rounding.RNE)
-    return out
+    """RNE to ``out_dtype``, float64 out (``fast_round.round_fast``)."""
+    return round_fast(v, out_dtype, as_float64=True)
 
 
 def _ends(y_exact: np.ndarray, y_bound: np.ndarray):

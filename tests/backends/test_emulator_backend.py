@@ -13,7 +13,7 @@ from backends.registry import create
 from conformance.judge.acceptance import compare, declared_interval
 from conformance.cases.inputs import CaseInputs, weight_tensors
 from conformance.judge.oracles import independent_weight
-from emulator.numerics.floats import round_float32_array
+from emulator.numerics.fast_round import round_fast
 
 
 def _layer(case: Case, seed: int) -> dict:
@@ -40,7 +40,7 @@ def test_next_layer_reuses_the_buffer_and_never_sees_stale_values(fmt, extra):
         # the held buffer is the exact weight: a float32 GEMM on the independently dequantized
         # weights, rounded (RNE) once to the output dtype, gives the same bits
         w = independent_weight(case, t).astype(np.float32)
-        assert np.array_equal(y, round_float32_array(x @ w.T, case.output_dtype))
+        assert np.array_equal(y, round_fast(x @ w.T, case.output_dtype))
         assert compare(y, declared_interval(CaseInputs(case, 0, t, x, None), b.declared(case))).ok
     assert not np.array_equal(outs[0], outs[1])
 
