@@ -33,8 +33,7 @@ import json
 import logging
 import math
 
-import numpy as np
-
+from emulator.numerics.sqnr import sqnr_db
 from emulator.variants import Level
 
 from .base import Backend, Case
@@ -115,12 +114,6 @@ def _class_key(case: Case) -> str:
     d = case.to_json()
     d["M"] = list(shape_class(case.M))
     return json.dumps(d, sort_keys=True)
-
-
-def _sqnr_db(y, ref) -> float:
-    y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
-    err = float(((y64 - r64) ** 2).sum())
-    return math.inf if err == 0 else 10 * math.log10(max(float((r64 ** 2).sum()), 1e-300) / err)
 
 
 # --------------------------------------------------------------------------------------------- policies
@@ -438,7 +431,7 @@ class Dispatcher:
                 continue
             if self.floor_db is not None and reference is not None and b is not fb:
                 ref = reference() if ref is None else ref
-                db = _sqnr_db(y, ref)
+                db = sqnr_db(y, ref)  # NaN or Inf where the reference is finite: -inf, gated
                 if db < self.floor_db:
                     gated.append((b.label, f"{db:.1f} dB against the reference on this input, below the "
                                            f"{self.floor_db:g} dB floor the model-level check asks"))

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.numerics.sqnr import sqnr_db
+
 FORMATS = ("ct-w4a16", "gptq", "ct-w8a8")
 #: a toolkit contender whose logits are further than this from the dense forward of the same weights is not
 #: timing the same model (W8A8's own activation quantization stays far above it)
@@ -187,11 +189,6 @@ def _timed(fns: dict, tokens, repeat: int) -> dict:
     return best
 
 
-def _sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
-    err = float(np.sum((ref.astype(np.float64) - got) ** 2))
-    return float("inf") if err == 0 else 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / err)
-
-
 def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), contenders=None) -> dict:
     """One checkpoint format: every contender at each T (see the module docstring)."""
     from qconform_torch import op
@@ -234,15 +231,15 @@ def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), co
                     op.set_cache_budget(f.cache_mb)
                 logits[k] = f(tokens)
             ref = logits.get("dense")
-            if ref is not None and "toolkit" in logits and _sqnr_db(ref, logits["toolkit"]) < TOOLKIT_FLOOR_DB:
+            if ref is not None and "toolkit" in logits and sqnr_db(logits["toolkit"], ref) < TOOLKIT_FLOOR_DB:
                 # a toolkit that loaded something else (e.g. tensors it did not recognise, initialised at
                 # random) is not a contender: its time would compare with a different model
-                tk_name = (f"skipped: its logits are {_sqnr_db(ref, logits['toolkit']):.1f} dB from the dense "
+                tk_name = (f"skipped: its logits are {sqnr_db(logits['toolkit'], ref):.1f} dB from the dense "
                            f"forward of the same weights (< {TOOLKIT_FLOOR_DB} dB): not the same model")
                 fns.pop("toolkit")
                 times.pop("toolkit")
             rows.append({"T": T, "seconds": times, "load": round(os.getloadavg()[0], 2),
-                         "sqnr_db_vs_dense": ({k: _sqnr_db(ref, v) for k, v in logits.items() if k != "dense"}
+                         "sqnr_db_vs_dense": ({k: sqnr_db(v, ref) for k, v in logits.items() if k != "dense"}
                                               if ref is not None else {}),
                          "streamed_cache": stats,
                          "auto_choices": sorted({l for ls in op.selections().values() for l in ls})[:6]})

@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+from emulator.numerics.sqnr import sqnr_db
+
 __all__ = ["add_parser"]
 
 
@@ -165,12 +167,6 @@ def _check(args, rule, model, modules, logits, seen, tokens, dtype):
 
 #: docs/fallback.md#comparing-logits
 SQNR_FLOOR_DB = {"a16": 80.0, "act-quantized": 30.0}
-
-
-def sqnr_db(y, ref) -> float:
-    y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
-    err = float(((y64 - r64) ** 2).sum())
-    return float("inf") if err == 0 else float(10 * np.log10(float((r64 ** 2).sum()) / err))
 
 
 def print_choices(selections: dict) -> None:

@@ -48,6 +48,7 @@ from emulator.schemes import Case
 from emulator.numerics.fast_round import FAST_DTYPES, round_fast
 from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
 from emulator.numerics.rounding import Rounding
+from emulator.numerics.sqnr import sqnr_db
 
 from conformance.cases.inputs import CaseInputs
 
@@ -508,10 +509,7 @@ def compare(y: np.ndarray, iv: Interval) -> Comparison:
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     finite = np.isfinite(y64) & np.isfinite(iv.y_ref)
     ulp = np.abs(_ordinal(np.where(finite, y64, 0), iv.out_dtype) - _ordinal(np.where(finite, iv.y_ref, 0), iv.out_dtype))
-    with np.errstate(invalid="ignore", over="ignore"):
-        sig = float(np.sum(np.where(finite, iv.y_exact, 0) ** 2))
-        noise = float(np.sum(np.where(finite, y64 - iv.y_exact, 0) ** 2))
-    sqnr = np.inf if noise == 0 else (10 * np.log10(sig / noise) if sig > 0 else -np.inf)
+    sqnr = sqnr_db(y64, iv.y_exact, where=finite)  # against the exact reference, where output and y_ref are finite
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.where(np.isfinite(ratio), ratio, 1e300))),
                                                     ratio.shape)) if ratio.size else None
     exact = bool(np.array_equal(np.where(nan_ref, 0, y64), np.where(nan_ref, 0, iv.y_ref)))

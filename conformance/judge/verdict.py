@@ -22,6 +22,7 @@ import numpy as np
 
 from emulator.declaration import Declared, declared_weight
 from emulator.numerics.fast_round import round_fast
+from emulator.numerics.sqnr import sqnr_db
 
 from conformance.judge.acceptance import Interval, compare, declared_interval, round_down, round_up, ulp_distance
 from conformance.judge.output_grid import off_grid
@@ -29,7 +30,7 @@ from conformance.judge.output_grid import off_grid
 __all__ = ["Verdict", "PASSING", "BAD", "JUDGED", "Judgement", "judge", "judged_against", "rounded_interval",
            "reference_declaration",
            "QUALITY_MEAN_RATIO", "QUALITY_MAX_RATIO", "Evidence", "decide", "decide_opaque", "degenerate_reference",
-           "failing_element", "require_output_grid", "sqnr_db"]
+           "failing_element", "require_output_grid"]
 
 
 class Verdict(str, enum.Enum):
@@ -295,20 +296,6 @@ def _decide(y, loose: Interval, judged: Interval, *, output_rounding: str = "rne
                     f"({(output_rounding or 'rne').lower()}) of any accumulator "
                     "within the bound (e.g. truncated instead of rounded to nearest)")
     return done(Verdict.FAIL, f"{n_out} output element(s) outside the declared interval")
-
-
-def sqnr_db(y, ref) -> float:
-    """10 log10(sum ref^2 / sum (y - ref)^2) over the elements where ref is finite (inf: equal)."""
-    y64, r64 = np.asarray(y, np.float64), np.asarray(ref, np.float64)
-    fin = np.isfinite(r64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        sig = float(np.sum(r64[fin] ** 2))
-        noise = float(np.sum((y64[fin] - r64[fin]) ** 2))
-    if noise == 0:
-        return float("inf")
-    if not np.isfinite(noise):
-        return float("-inf")
-    return 10 * float(np.log10(sig / noise)) if sig > 0 else float("-inf")
 
 
 def decide_opaque(y, loose: Interval, judged: Interval, floor_db: float) -> Judgement:

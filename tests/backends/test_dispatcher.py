@@ -169,6 +169,20 @@ def test_the_floor_gate_refuses_a_contender_far_from_the_reference():
     assert d.choose(W8A8, timer=timer, reference=lambda: ref).backend.name == "rounding"
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_contender_with_nan_or_inf_outputs_is_below_every_floor(bad):
+    """Its SQNR is -inf (emulator/numerics/sqnr.py); the former private SQNR gave NaN here, and ``NaN < floor``
+    is False: the fastest contender returning NaN was chosen."""
+    ref = np.ones(4)
+
+    def timer(b, bound):
+        return (1e-4, np.array([1.0, bad, 1.0, 1.0])) if b.name == "rounding" else (1e-3, ref)
+
+    d = dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"], floor_db=10.0)
+    c = d.choose(W8A8, timer=timer, reference=lambda: ref)
+    assert c.backend.name == "emulator" and "below the 10 dB floor" in dict(c.skipped)["rounding"]
+
+
 def test_the_host_cache_spares_a_second_process_the_timing(tmp_path):
     _measured(tmp_path).choose(W8A8, timer=Timer(rounding=1e-3, emulator=2e-3))
     t = Timer(rounding=9.0, emulator=9.0)

@@ -16,7 +16,8 @@ from backends.registry import create, select
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import make_inputs
 from conformance.cli.main import main
-from conformance.judge.verdict import decide_opaque, sqnr_db
+from conformance.judge.verdict import decide_opaque
+from emulator.numerics.sqnr import sqnr_db
 from emulator.variants import VariantError
 
 HERE = Path(__file__).resolve().parent
