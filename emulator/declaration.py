@@ -23,7 +23,7 @@ from .formats.int_common import check_out
 from .numerics.floats import round_to_dtype
 from .numerics.rounding import Rounding
 from .schemes import Case
-from .variants import AXES, FIELD_AXES, Level, VariantError, normalize_variants
+from .variants import AXES, FIELD_AXES, Level, VariantError, acts, declared_level, normalize_variants
 
 __all__ = ["Declared", "Deviation", "Reference", "int8_variant", "mx_variant", "moe_variant", "weight_kwargs",
            "arithmetic_dtype", "rounds_after_arithmetic", "round_weights", "declared_weight", "declared_reference", "declared_output", "canonical_declaration"]
@@ -105,49 +105,24 @@ class Declared:
         zero-point reading other than the canonical one is canonical only where every qzeros field is the
         symmetric midpoint; without the tensors it is a semantic deviation.
 
-        Axes that do not apply to the case's scheme are ignored (an int8 rounding rule on a W4A16
-        case changes nothing); the int8-activation axes apply to a MoE case only under
-        ``moe_act_quant=int8``.
+        Axes that do not act on this declaration are ignored (``variants.acts``, from each axis's
+        ``acts_when`` in emulator/variants.py: an int8 rounding rule on a W4A16 case, a zero-point axis on
+        symmetric activations, the int8-activation axes of a MoE case without ``moe_act_quant=int8``).
         """
-        out = []
-        for key, a in AXES.items():
-            if not a.applies_to(case.scheme):
-                continue
-            if (a.stage.value == "int8-activations" and case.scheme == "w4a16-moe"
-                    and self.value("moe_act_quant") != "int8"):
-                continue
-            if key == "eps" and self.value("zero_row") != "eps":
-                continue
-            if key == "e2m1_nan" and self.value("mx_nan_block") == "scale_nan":
-                continue  # the block's scale is NaN: the element code is invisible
-            if key == "zero_dtype" and self.value("dequant_order") != "float_zero":
-                continue
-            if key == "weight_rounding" and self.weight_dtype in ("exact", "float32"):
-                continue
-            if (key == "weight_formation" and self.weight_dtype in ("exact", "float32")
-                    and self.value(key) != "in_scale_dtype"):
-                continue  # float32 arithmetic either way: the canonical weights
-            v = self.value(key)
-            if key == "act_symmetric" and key not in self.variants:
-                v = case.act_symmetric  # silent: the checkpoint's own activation scheme
-            if key in _ASYM_ONLY and self._act_symmetric(case):
-                continue  # no zero point: the axis changes nothing
-            if key == "azp_clamp_nan" and not self.value("azp_clamp"):
-                continue  # no clamp, nothing to do with NaN
-            if key == "azp_fused" and not (self.value("azp_before_rounding") and
-                                           self.value("reciprocal") == "recip_scale"):
-                continue  # nothing to fuse
-            lvl = a.level_of(v, case, tensors)
-            if key == "azp_clamp" and lvl is Level.SEMANTIC and self.value("act_range") == "zero_inclusive":
-                # with 0 in the range the real zero point lies in [-128, 127] up to rounding: the clamp only
-                # trims that rounding (under the row's own min/max it moves every code: semantic)
-                lvl = Level.ROUNDING
-            if lvl is not Level.CANONICAL:
-                out.append(Deviation(key, v, lvl))
-        return out
+        def value_of(key):
+            return self.value_for(key, case)
 
-    def _act_symmetric(self, case: Case) -> bool:
-        return bool(self.variants["act_symmetric"]) if "act_symmetric" in self.variants else case.act_symmetric
+        return [Deviation(key, value_of(key), lvl) for key in AXES
+                if acts(key, value_of, case.scheme)
+                and (lvl := declared_level(key, value_of, case, tensors)) is not Level.CANONICAL]
+
+    def value_for(self, key: str, case: Case):
+        """The declared value of axis ``key`` for ``case``: ``value``, except that a silent declaration takes
+        the case's own value where the axis says so (``Axis.from_case``: ``act_symmetric``)."""
+        a = AXES[key]
+        if a.from_case and not a.field and key not in self.variants:
+            return getattr(case, a.from_case)
+        return self.value(key)
 
     def level(self, case: Case, tensors: dict | None = None) -> Level:
         """The farthest level of this declaration's values for ``case`` (and its ``tensors``)."""
@@ -158,10 +133,6 @@ class Declared:
         if self.arithmetic == "declared":  # the default: omitted, so records and golden files written before the
             del d["arithmetic"], d["sqnr_floor_db"]  # opaque fields existed keep their bytes
         return d
-
-
-#: int8-activation axes that change nothing for symmetric activations (they act on the zero point or the min/max)
-_ASYM_ONLY = ("azp_clamp", "azp_domain", "azp_overflow", "azp_fused", "act_range", "azp_clamp_nan")
 
 
 def canonical_declaration(case: Case, accumulate: str = "exact") -> Declared:

@@ -33,8 +33,9 @@ from typing import Any, Callable
 
 from .schemes import SCHEMES
 
-__all__ = ["Level", "Stage", "Axis", "AXES", "FIELD_AXES", "VARIANT_AXES", "VariantError", "axis", "parse_value",
-           "normalize_variants", "describe_axes", "markdown_table"]
+__all__ = ["Level", "Stage", "Axis", "ActsWhen", "LevelUnder", "STAGE_ACTS_WHEN", "AXES", "FIELD_AXES", "VARIANT_AXES",
+           "VariantError", "axis", "parse_value", "acts", "declared_level", "normalize_variants", "describe_axes",
+           "markdown_table", "acts_table"]
 
 
 class VariantError(ValueError):
@@ -94,6 +95,45 @@ def _bool(raw: Any) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class ActsWhen:
+    """A condition for an axis to change the computation: ``key`` holds one of ``values`` (typed, as
+    ``Axis.parse`` returns them). ``schemes``: the schemes the condition applies on (empty: every scheme;
+    elsewhere it holds)."""
+
+    key: str
+    values: tuple
+    schemes: tuple = ()
+
+    def holds(self, value_of: Callable[[str], Any], scheme: str | None = None) -> bool:
+        if self.schemes and scheme not in self.schemes:
+            return True
+        return value_of(self.key) in self.values
+
+    def describe(self) -> str:
+        """'acts only under key=value' (several values joined by '/'; booleans lower case)."""
+        vals = "/".join(str(v).lower() if isinstance(v, bool) else str(v) for v in self.values)
+        return f"acts only under {self.key}={vals}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelUnder:
+    """The level of an axis's ``from_level`` values becomes ``level`` where ``key`` holds one of ``values``."""
+
+    key: str
+    values: tuple
+    from_level: "Level"
+    level: "Level"
+
+
+#: conditions every axis of a stage shares: the int8-activation axes act on a MoE block only where its GEMM
+#: inputs are int8-quantized
+STAGE_ACTS_WHEN: dict = {Stage.INT8_ACTIVATIONS: (ActsWhen("moe_act_quant", ("int8",), schemes=_MOE_SCHEMES),)}
+
+_SIXTEEN_BIT_WEIGHTS = ActsWhen("weight_dtype", ("float16", "bfloat16"))  # weights formed in a 16-bit dtype
+_ASYMMETRIC = ActsWhen("act_symmetric", (False,))  # a zero point, a min and a max exist
+
+
+@dataclasses.dataclass(frozen=True)
 class Axis:
     """One semantic choice: key, values, canonical value, level of each value, where it applies.
 
@@ -103,6 +143,12 @@ class Axis:
     ``case_level``, when set, decides the level from the case (e.g. a zero-point reading that is
     exact for symmetric checkpoints). ``field`` marks the axes that are ``Declared`` fields rather
     than ``Declared.variants`` keys (accumulation, weight and output dtypes).
+
+    When the axis matters (docs/variants.md#when-an-axis-acts; read by emulator/declaration.py and the
+    fingerprint): ``acts_when`` lists the conditions on other axes under which its value changes the
+    computation at all (with those of its stage, ``STAGE_ACTS_WHEN``); values in ``acts_always`` change it
+    whatever those conditions. ``from_case`` names the ``Case`` attribute a silent declaration takes its
+    value from (instead of ``canonical``). ``level_under`` adjusts the level under another axis's value.
     """
 
     key: str
@@ -121,6 +167,10 @@ class Axis:
     field: bool = False
     case_level: Callable | None = None
     value_notes: tuple = ()  # ((value, note), ...)
+    acts_when: tuple = ()  # (ActsWhen, ...)
+    acts_always: tuple = ()  # values that act whatever acts_when says
+    from_case: str = ""  # Case attribute a silent declaration means (e.g. Case.act_symmetric)
+    level_under: tuple = ()  # (LevelUnder, ...)
 
     def parse(self, raw: Any) -> Any:
         """The typed value of ``raw`` (a string from the command line, or a Python value)."""
@@ -164,6 +214,11 @@ class Axis:
 
     def applies_to(self, scheme: str) -> bool:
         return scheme in self.schemes
+
+    @property
+    def conditions(self) -> tuple:
+        """Every ``ActsWhen`` of the axis: its stage's (``STAGE_ACTS_WHEN``), then its own."""
+        return STAGE_ACTS_WHEN.get(self.stage, ()) + tuple(self.acts_when)
 
     def describe(self) -> dict:
         return {"key": self.key, "title": self.title, "stage": self.stage.value, "kind": self.kind,
@@ -249,11 +304,12 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          case_level=_same_as_case_scale),
     Axis("zero_dtype", "dtype of the float zero point under dequant_order=float_zero", Stage.WEIGHTS,
          ("weight",) + _DTYPES, "weight", schemes=_INT_SCHEMES, target="dequantize_*(zero_dtype=)",
-         doc=_DOC_INT + "#float-zero-point-dequantorderfloat_zero", source="tinygemm keeps its zero point in bf16"),
+         doc=_DOC_INT + "#float-zero-point-dequantorderfloat_zero", source="tinygemm keeps its zero point in bf16",
+         acts_when=(ActsWhen("dequant_order", ("float_zero",)),)),
     Axis("weight_rounding", "rounding of the weights to Declared.weight_dtype", Stage.WEIGHTS,
          ("rne", "rtz"), "rne", schemes=_WEIGHT_DTYPE_SCHEMES, target="dequantize_*(compute_rounding=)",
          doc=_DOC_INT + "#weight-formation",
-         source="fp32 -> bf16 conversions that drop the low 16 bits (vLLM _C_AVX512)"),
+         source="fp32 -> bf16 conversions that drop the low 16 bits (vLLM _C_AVX512)", acts_when=(_SIXTEEN_BIT_WEIGHTS,)),
     Axis("weight_dtype", "dtype of the weights that enter the product (how they get there: weight_formation)",
          Stage.WEIGHTS, ("exact", "float32", "float16", "bfloat16"), "exact", levels=(("float32", Level.CANONICAL),),
          schemes=_WEIGHT_DTYPE_SCHEMES, target="Declared.weight_dtype", doc=_DOC_INT + "#weight-formation",
@@ -266,7 +322,9 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          source="in_weight_dtype: torch CUDA _weight_int4pack_mm (aten/src/ATen/native/cuda/int4mm.cu, one bf16 FMA), "
                 "oneDNN fpmath_mode apply_to_int; float32_then_round: compressed-tensors _dequantize with float32 scales, "
                 "vLLM CPU cpu_gemm_wna16 (fp32 LUT, then the activation dtype); in_scale_dtype: compressed-tensors _dequantize "
-                "(quantization/lifecycle/forward_helpers.py: (q - z) * s in the scale's dtype, then .to(dtype))"),
+                "(quantization/lifecycle/forward_helpers.py: (q - z) * s in the scale's dtype, then .to(dtype))",
+         # float32 weights formed in float32 either way are the canonical ones; in the scale's dtype they are not
+         acts_when=(_SIXTEEN_BIT_WEIGHTS,), acts_always=("in_scale_dtype",)),
     # -- GEMM --------------------------------------------------------------------------------------------
     Axis("w4a8_product", "how W4A8 combines the integer weights, their group scales and the int8 activations",
          Stage.GEMM, ("group_int", "float32_weights"), "group_int", schemes=("w4a8",),
@@ -328,7 +386,8 @@ AXES: dict[str, Axis] = {a.key: a for a in [
                 "calculate_qparams (dtype_eps: a zero scale becomes finfo(dtype).eps); ONNX reference "
                 "DynamicQuantizeLinear (unit_range: scale 1/255 when max == min)"),
     Axis("eps", "amax clamp under zero_row=eps", Stage.INT8_ACTIVATIONS, canonical=0.0, kind="float",
-         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#named-variants-int8actvariant"),
+         schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.eps", doc=_DOC_ACT + "#named-variants-int8actvariant",
+         acts_when=(ActsWhen("zero_row", ("eps",)),)),
     Axis("nan_to_int", "what a NaN quotient becomes (zero_row=nan, or a scale that underflowed to 0)", Stage.INT8_ACTIVATIONS,
          ("zero", "low", "raise"), "zero", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.nan_to_int",
          doc=_DOC_ACT + "#named-variants-int8actvariant", source="the emulator raises where NaN means bad input; ONNX reference "
@@ -337,7 +396,7 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          Stage.INT8_ACTIVATIONS, canonical=True, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
          target="Int8ActVariant.symmetric", doc=_DOC_ACT + "#canonical-asymmetric-azp",
          source="compressed-tensors input_activations.symmetric; vLLM azp kernels",
-         case_level=_act_symmetric_level),
+         case_level=_act_symmetric_level, from_case="act_symmetric"),
     Axis("uint8_zp128", "codes stored as q + 128 in uint8 (same values)", Stage.INT8_ACTIVATIONS, canonical=False,
          kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.uint8_zp128", doc=_DOC_ACT + "#named-variants-int8actvariant",
          source="vLLM SGL CPU W4A8 (csrc/cpu/sgl-kernels)"),
@@ -359,7 +418,8 @@ AXES: dict[str, Axis] = {a.key: a for a in [
     Axis("act_range", "range the asymmetric scale and zero point come from", Stage.INT8_ACTIVATIONS,
          ("minmax", "zero_inclusive"), "minmax", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.range_rule",
          doc=_DOC_ACT + "#reference-implementations",
-         source="compressed-tensors calculate_qparams, ONNX DynamicQuantizeLinear (min(min, 0), max(max, 0))"),
+         source="compressed-tensors calculate_qparams, ONNX DynamicQuantizeLinear (min(min, 0), max(max, 0))",
+         acts_when=(_ASYMMETRIC,)),
     Axis("act_arith_dtype", "dtype the scale, zero point and quotients are computed in", Stage.INT8_ACTIVATIONS,
          ("float32", "input", "bfloat16", "float16"), "float32", schemes=_INT8_ACT_SCHEMES,
          target="Int8ActVariant.arith_dtype", doc=_DOC_ACT + "#reference-implementations",
@@ -369,14 +429,19 @@ AXES: dict[str, Axis] = {a.key: a for a in [
          canonical=False, kind="bool", level=Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_clamp",
          doc=_DOC_ACT + "#reference-implementations",
          source="compressed-tensors calculate_qparams (clamp to [-128, 127], then round); ONNX DynamicQuantizeLinear "
-                "(saturate to [0, 255])"),
+                "(saturate to [0, 255])", acts_when=(_ASYMMETRIC,),
+         # with 0 in the range the real zero point lies in [-128, 127] up to rounding: the clamp only trims that
+         # rounding (under the row's own min/max it moves every code: semantic)
+         level_under=(LevelUnder("act_range", ("zero_inclusive",), Level.SEMANTIC, Level.ROUNDING),)),
     Axis("azp_clamp_nan", "what azp_clamp makes of a NaN real zero point (a scale underflowed to 0)",
          Stage.INT8_ACTIVATIONS, ("keep", "high"), "keep", schemes=_INT8_ACT_SCHEMES,
          target="Int8ActVariant.azp_clamp_nan", doc=_DOC_ACT + "#reference-implementations",
-         source="ONNX reference DynamicQuantizeLinear (high: max(qmin, min(qmax, NaN)) is qmax in Python)"),
+         source="ONNX reference DynamicQuantizeLinear (high: max(qmin, min(qmax, NaN)) is qmax in Python)",
+         acts_when=(_ASYMMETRIC, ActsWhen("azp_clamp", (True,)))),
     Axis("azp_domain", "integer domain the zero point is formed in", Stage.INT8_ACTIVATIONS, ("int8", "uint8"),
          "int8", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_domain",
-         doc=_DOC_ACT + "#reference-implementations", source="ONNX DynamicQuantizeLinear (uint8: zp = round(-min / scale))"),
+         doc=_DOC_ACT + "#reference-implementations", source="ONNX DynamicQuantizeLinear (uint8: zp = round(-min / scale))",
+         acts_when=(_ASYMMETRIC,)),
     Axis("int32_saturation", "range of saturating float -> int32 conversions", Stage.INT8_ACTIVATIONS,
          ("symmetric", "full"), "symmetric", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.int32_saturation",
          doc=_DOC_ACT + "#reference-implementations",
@@ -385,11 +450,13 @@ AXES: dict[str, Axis] = {a.key: a for a in [
     Axis("azp_fused", "x * inv + azp rounded once (FMA) under azp_before_rounding", Stage.INT8_ACTIVATIONS,
          canonical=False, kind="bool", schemes=_INT8_ACT_SCHEMES, target="Int8ActVariant.azp_fused",
          doc=_DOC_ACT + "#reference-implementations",
-         source="vLLM csrc/cpu/dnnl_kernels.cpp (measured: the compiled x * inv_scale + azp is one FMA)"),
+         source="vLLM csrc/cpu/dnnl_kernels.cpp (measured: the compiled x * inv_scale + azp is one FMA)",
+         acts_when=(_ASYMMETRIC, ActsWhen("azp_before_rounding", (True,)), ActsWhen("reciprocal", ("recip_scale",)))),
     Axis("azp_overflow", "what a zero point outside int32 is stored as", Stage.INT8_ACTIVATIONS,
          ("saturate", "int_min"), "saturate", Level.SEMANTIC, schemes=_INT8_ACT_SCHEMES,
          target="Int8ActVariant.azp_overflow", doc=_DOC_ACT + "#reference-implementations",
-         source="vLLM csrc/cpu/dnnl_kernels.cpp (int_min: the implicit float -> int32 store, x86 cvttss2si)"),
+         source="vLLM csrc/cpu/dnnl_kernels.cpp (int_min: the implicit float -> int32 store, x86 cvttss2si)",
+         acts_when=(_ASYMMETRIC,)),
     # -- MXFP4 activations -------------------------------------------------------------------------------
     Axis("mx_scale_rule", "MX shared-scale rule", Stage.MX_ACTIVATIONS,
          ("floor", "even", "rceil", "ceil", "rceil_log2f"), "floor",
@@ -417,7 +484,8 @@ AXES: dict[str, Axis] = {a.key: a for a in [
     Axis("e2m1_nan", "what a NaN element encodes to", Stage.MX_ACTIVATIONS,
          ("zero", "saturate", "saturate_positive", "zero_signed", "zero_sign_flipped", "raise"), "zero",
          schemes=_MX_ACT_SCHEMES, target="MxVariant.element_nan", doc=_DOC_MX + "#variants-mxvariant",
-         source="triton_kernels (saturate), vllm-xpu-kernels (saturate_positive), ml_dtypes (zero_sign_flipped)"),
+         source="triton_kernels (saturate), vllm-xpu-kernels (saturate_positive), ml_dtypes (zero_sign_flipped)",
+         acts_when=(ActsWhen("mx_nan_block", ("ignore",)),)),  # a NaN block scale hides the element code
     Axis("e2m1_zero_sign", "code of a -0 element (same value)", Stage.MX_ACTIVATIONS, ("keep", "positive"), "keep",
          schemes=_MX_ACT_SCHEMES, target="MxVariant.element_zero_sign", doc=_DOC_MX + "#variants-mxvariant",
          source="vllm-xpu-kernels float_to_fp4_e2m1; compressed-tensors 0.20"),
@@ -453,6 +521,43 @@ AXES: dict[str, Axis] = {a.key: a for a in [
 #: the axes that are Declared fields, and those that are Declared.variants keys
 FIELD_AXES = {k: a for k, a in AXES.items() if a.field}
 VARIANT_AXES = {k: a for k, a in AXES.items() if not a.field}
+
+
+def _check_rules() -> None:
+    """Every rule names a key of this table and values it accepts (fails at import)."""
+    for a in AXES.values():
+        for c in a.conditions + tuple(a.level_under):
+            for v in c.values:
+                if AXES[c.key].parse(v) != v:
+                    raise AssertionError(f"axis {a.key}: rule on {c.key} names {v!r}, not a typed value of it")
+        for v in a.acts_always:
+            a.parse(v)
+
+
+_check_rules()
+
+
+def acts(key: str, value_of: Callable[[str], Any], scheme: str) -> bool:
+    """Whether axis ``key`` changes the computation of ``scheme`` at all, given the values of the other axes
+    (``value_of(key)``: a declaration's typed value of each key): it applies to the scheme, and its value is
+    in ``acts_always`` or every condition of ``Axis.conditions`` holds."""
+    a = AXES[key]
+    if not a.applies_to(scheme):
+        return False
+    if a.acts_always and value_of(key) in a.acts_always:
+        return True
+    return all(c.holds(value_of, scheme) for c in a.conditions)
+
+
+def declared_level(key: str, value_of: Callable[[str], Any], case, tensors=None) -> Level:
+    """The level of a declaration's value of ``key`` for ``case`` (``Axis.level_of``), adjusted by the axis's
+    ``level_under`` rules from the declaration's other values."""
+    a = AXES[key]
+    lvl = a.level_of(value_of(key), case, tensors)
+    for rule in a.level_under:
+        if lvl is rule.from_level and value_of(rule.key) in rule.values:
+            lvl = rule.level
+    return lvl
 
 
 def axis(key: str) -> Axis:
@@ -501,6 +606,29 @@ def markdown_table() -> str:
         name = f"`{a.key}`" + (" (field)" if a.field else "")
         lines.append(f"| {name} | {a.stage.value} | {', '.join(vals)} | {', '.join(levels)} | "
                      f"{', '.join(a.schemes) if a.schemes != _ALL else 'all'} | {a.source or '-'} |")
+    return "\n".join(lines) + "\n\n" + acts_table()
+
+
+def acts_table() -> str:
+    """docs/variants.md#when-an-axis-acts: the axes whose value changes the computation only under other
+    values (``Axis.conditions``), from the same table."""
+    def cond(c: ActsWhen) -> str:
+        return c.describe().removeprefix("acts only under ") + (f" (on {', '.join(c.schemes)})" if c.schemes else "")
+
+    stages = "; ".join(f"every `{st.value}` axis acts only where {', '.join(cond(c) for c in cs)}"
+                       for st, cs in STAGE_ACTS_WHEN.items())
+    lines = ["### When an axis acts", "",
+             "An axis changes the computation only where `variants.acts` says so (elsewhere its value changes nothing "
+             f"and is no deviation): {stages}; and", "", "| key | acts only where | except its values | level adjusted |",
+             "| --- | --- | --- | --- |"]
+    for a in AXES.values():
+        if not (a.acts_when or a.level_under or a.from_case):
+            continue
+        conds = [cond(c) for c in a.acts_when] + ([f"(silent: the case's `{a.from_case}`)"] if a.from_case else [])
+        lev = "; ".join(f"{r.from_level.label} -> {r.level.label} under {r.key}={'/'.join(map(str, r.values))}"
+                        for r in a.level_under)
+        lines.append(f"| `{a.key}` | {'; '.join(conds) or '-'} | {', '.join(map(str, a.acts_always)) or '-'} | "
+                     f"{lev or '-'} |")
     return "\n".join(lines) + "\n"
 
 
