@@ -34,7 +34,7 @@ from typing import Any, Callable
 from .schemes import SCHEMES
 
 __all__ = ["Level", "Stage", "Axis", "ActsWhen", "LevelUnder", "STAGE_ACTS_WHEN", "AXES", "FIELD_AXES", "VARIANT_AXES",
-           "VariantError", "axis", "parse_value", "acts", "declared_level", "normalize_variants", "describe_axes",
+           "VariantError", "axis", "parse_value", "acts", "conditions_hold", "declared_level", "normalize_variants", "describe_axes",
            "markdown_table", "acts_table"]
 
 
@@ -541,9 +541,13 @@ def acts(key: str, value_of: Callable[[str], Any], scheme: str) -> bool:
     """Whether axis ``key`` changes the computation of ``scheme`` at all, given the values of the other axes
     (``value_of(key)``: a declaration's typed value of each key): it applies to the scheme, and its value is
     in ``acts_always`` or every condition of ``Axis.conditions`` holds."""
+    return AXES[key].applies_to(scheme) and conditions_hold(key, value_of, scheme)
+
+
+def conditions_hold(key: str, value_of: Callable[[str], Any], scheme: str | None = None) -> bool:
+    """``acts`` without the scheme test: the value is in ``acts_always``, or every condition holds (those
+    limited to some schemes hold where ``scheme`` is None)."""
     a = AXES[key]
-    if not a.applies_to(scheme):
-        return False
     if a.acts_always and value_of(key) in a.acts_always:
         return True
     return all(c.holds(value_of, scheme) for c in a.conditions)

@@ -12,8 +12,8 @@ from backends.base import Case
 from emulator.variants import AXES as VOCABULARY
 from emulator.variants import FIELD_AXES
 
-__all__ = ["AXES", "SCHEME_AXES", "Axis", "DECLARED_FIELDS", "DEFAULTS", "norm_value", "known_keys",
-           "values_for_case", "candidate_cases", "rows_options"]
+__all__ = ["PROBE_AXES", "SCHEME_AXES", "ProbeAxis", "DECLARED_FIELDS", "DEFAULTS", "norm_value", "known_keys",
+           "values_for_case", "candidate_cases", "rows_options", "CONDITIONAL"]
 
 #: Declared fields (not variants) an axis may set
 DECLARED_FIELDS = tuple(k for k in FIELD_AXES if k != "arithmetic")
@@ -47,14 +47,14 @@ def norm_value(key: str, v):
 
 # -- axes ---------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Axis:
+class ProbeAxis:
     """One semantic axis: named values, each a set of overrides of the declaration."""
 
     name: str
     title: str
     probe: str  # probe family: int8 | mx | gptq-sym | gptq-v1 | dequant | accumulate
     values: tuple  # ((value name, {key: value}), ...)
-    nuisance: tuple = ()  # other axes (names in AXES) ranged over while deciding this one
+    nuisance: tuple = ()  # other axes (names in PROBE_AXES) ranged over while deciding this one
     depends: tuple = ()  # earlier axes of the scheme whose findings condition this one
     modes: tuple = ()  # candidate-input styles for the search
     note: str = ""
@@ -90,65 +90,65 @@ _DEQUANT_VALUES = tuple((f"{d}/{o}", {"weight_dtype": d, "dequant_order": o, "ze
     (f"float32/float_zero/zero={z}", {"weight_dtype": "float32", "dequant_order": "float_zero", "zero_dtype": z})
     for z in ("bfloat16", "float16"))
 
-AXES: dict[str, Axis] = {a.name: a for a in [
+PROBE_AXES: dict[str, ProbeAxis] = {a.name: a for a in [
     # dynamic int8 activations (W8A8, W4A8)
-    Axis("act_rounding", "activation rounding (ties)", "int8", _vals("act_rounding", ("rne", "rhaz", "rtz", "rhtz")),
+    ProbeAxis("act_rounding", "activation rounding (ties)", "int8", _vals("act_rounding", ("rne", "rhaz", "rtz", "rhtz")),
          modes=("pow2", "random")),
-    Axis("act_scale_dtype", "activation scale dtype", "int8",
+    ProbeAxis("act_scale_dtype", "activation scale dtype", "int8",
          _vals("act_scale_dtype", ("float32", "bfloat16", "float16")), nuisance=("reciprocal",),
          depends=("act_rounding",), modes=("random", "odd")),
-    Axis("reciprocal", "quotient form (x/s, x*(127/amax), x*(1/s))", "int8",
+    ProbeAxis("reciprocal", "quotient form (x/s, x*(127/amax), x*(1/s))", "int8",
          _vals("reciprocal", ("divide", "recip_amax", "recip_scale")),
          depends=("act_rounding", "act_scale_dtype"), modes=("odd", "random")),
-    Axis("zero_row", "zero-row / amax-eps rule", "int8", _ZERO_ROW_VALUES,
+    ProbeAxis("zero_row", "zero-row / amax-eps rule", "int8", _ZERO_ROW_VALUES,
          depends=("act_rounding", "act_scale_dtype", "reciprocal"), modes=("tiny", "zero"),
          note="an all-zero row gives 0 under 'zero' and 'nan' alike; only eps clamps show, on rows with amax < eps"),
-    Axis("zero_range", "zero-range rule on asymmetric rows", "int8-asym",
+    ProbeAxis("zero_range", "zero-range rule on asymmetric rows", "int8-asym",
          _vals("zero_row", ("zero", "dtype_eps", "unit_range")), modes=("constant", "gen:reference-int8"),
          depends=("act_rounding",),
          note="a zero range (max == min) keeps scale 0, becomes the dtype's epsilon, or 1 (scale 1/255): constant "
               "rows of an asymmetric activation show it; a symmetric all-zero row gives 0 under all three"),
-    Axis("qmin", "int8 clamp range", "int8", (("[-128,127]", {"qmin": -128}), ("[-127,127]", {"qmin": -127})),
+    ProbeAxis("qmin", "int8 clamp range", "int8", (("[-128,127]", {"qmin": -128}), ("[-127,127]", {"qmin": -127})),
          depends=("act_rounding", "act_scale_dtype", "reciprocal", "zero_row"), modes=("subnormal", "random"),
          act="float32",
          note="symmetric per-token quotients stay within +-127.5 unless the scale underflows: probed with "
               "subnormal amax, in float32 activations where the backend takes them (a float32 scale of a "
               "16-bit amax never underflows)"),
     # MXFP4 activations (W4A4)
-    Axis("mx_scale_rule", "MX shared-scale rule", "mx",
+    ProbeAxis("mx_scale_rule", "MX shared-scale rule", "mx",
          _vals("mx_scale_rule", ("floor", "even", "rceil", "ceil", "rceil_log2f")),
          nuisance=("e2m1_rounding",), modes=("boundary",),
          note="rceil_log2f differs from rceil only on float32 amax just above 6 * 2^k, which 16-bit activations "
               "cannot hold"),
-    Axis("e2m1_rounding", "E2M1 tie rule", "mx", _vals("e2m1_rounding", ("rne", "rhaz", "rtz", "rhtz")),
+    ProbeAxis("e2m1_rounding", "E2M1 tie rule", "mx", _vals("e2m1_rounding", ("rne", "rhaz", "rtz", "rhtz")),
          depends=("mx_scale_rule",), modes=("boundary",)),
-    Axis("mx_nan", "NaN rule (block scale / element code)", "mx", _MX_NAN_VALUES,
+    ProbeAxis("mx_nan", "NaN rule (block scale / element code)", "mx", _MX_NAN_VALUES,
          depends=("mx_scale_rule", "e2m1_rounding"), modes=("nan",),
          note="with the block scale made NaN the element code is invisible; codes +0/-0 are equal in a sum"),
-    Axis("mx_zero_block", "zero-block scale", "mx", _vals("mx_zero_block", ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor")),
+    ProbeAxis("mx_zero_block", "zero-block scale", "mx", _vals("mx_zero_block", ("min", "half", "eps_fp32", "eps_1e10", "eps_1e10_floor")),
          depends=("mx_scale_rule", "e2m1_rounding"), modes=("zero",),
          note="an all-zero block contributes 0 whatever its scale: not observable in a linear's output"),
     # GPTQ zero points
-    Axis("gptq_sym_qzeros", "GPTQ sym=True: are qzeros read?", "gptq-sym",
+    ProbeAxis("gptq_sym_qzeros", "GPTQ sym=True: are qzeros read?", "gptq-sym",
          (("read (canonical)", {"zero_read": "canonical"}), ("ignored (z=8)", {"zero_read": "ignore_qzeros"})),
          modes=("random",)),
-    Axis("gptq_v1_zero", "GPTQ v1 zero convention", "gptq-v1",
+    ProbeAxis("gptq_v1_zero", "GPTQ v1 zero convention", "gptq-v1",
          _vals("zero_read", ("canonical", "v1_literal", "v1_wrap", "v1_packed_add")), modes=("random",)),
     # dequantization (A16)
-    Axis("weight_scale_dtype", "dtype the weight scales are read in", "dequant",
+    ProbeAxis("weight_scale_dtype", "dtype the weight scales are read in", "dequant",
          (("checkpoint", {"weight_scale_dtype": None}), ("bfloat16", {"weight_scale_dtype": "bfloat16"}),
           ("float16", {"weight_scale_dtype": "float16"})), nuisance=("dequant",), modes=("cancel", "random")),
-    Axis("dequant", "weight dtype / dequant order", "dequant", _DEQUANT_VALUES, depends=("weight_scale_dtype",),
+    ProbeAxis("dequant", "weight dtype / dequant order", "dequant", _DEQUANT_VALUES, depends=("weight_scale_dtype",),
          modes=("cancel", "random"),
          note="with 16-bit scales and float32 weights every order is exact, so the orders coincide there"),
-    Axis("accumulate", "accumulation precision (bracket)", "accumulate",
+    ProbeAxis("accumulate", "accumulation precision (bracket)", "accumulate",
          _vals("accumulate", ("float64", "float32", "float16", "bfloat16")),
          depends=("gptq_sym_qzeros", "weight_scale_dtype", "dequant")),
 ]}
 
 def _check_probe_axes() -> None:
     """Every override of every probe axis names a vocabulary key and a value it accepts (fails at import)."""
-    for ax in AXES.values():
+    for ax in PROBE_AXES.values():
         for name, ov in ax.values:
             for k, v in ov.items():
                 if k not in VOCABULARY:
@@ -268,7 +268,7 @@ def _rep_values(key: str) -> tuple:
     if a.kind == "bool":
         return (a.canonical, not a.canonical)
     raise AssertionError(f"vocabulary axis {key!r} ({a.kind}): no representative values; give them in "
-                         f"conformance/fingerprint_axes.TUNING[{key!r}]['values']")
+                         f"conformance/fingerprint/axes.TUNING[{key!r}]['values']")
 
 
 def value_label(v) -> str:
@@ -305,11 +305,11 @@ def derive_axes() -> tuple[dict, dict]:
     """(every probe axis by name, the axes probed per scheme): the hand-written axes, then one axis for
     every vocabulary key that none of them decides, probed on the schemes it applies to (named
     ``key`` on the first family, ``key@family`` on others)."""
-    axes = dict(AXES)
-    covered = {k for ax in AXES.values() for k in ax.keys}
+    axes = dict(PROBE_AXES)
+    covered = {k for ax in PROBE_AXES.values() for k in ax.keys}
     # conditioned on the hand-written axes a scheme found (the accumulation bracket at its finest consistent
     # precision: a kernel outside the declared accumulation bound is judged on every other axis with its own)
-    hand = tuple(AXES)
+    hand = tuple(PROBE_AXES)
     per_scheme = {s: list(v) for s, v in _HAND_SCHEME_AXES.items()}
     for key, va in VOCABULARY.items():
         if key in covered or key in DECLARATION_ONLY:
@@ -320,7 +320,7 @@ def derive_axes() -> tuple[dict, dict]:
             fam = _family(key, s)
             name = names.setdefault(fam, key if not names else f"{key}@{fam}")
             if name not in axes:
-                axes[name] = Axis(name, va.title, fam,
+                axes[name] = ProbeAxis(name, va.title, fam,
                                   tuple((value_label(v), {key: v, **t.get("context", {})}) for v in _rep_values(key)),
                                   depends=hand, modes=t.get("modes", ("random",)), note=t.get("note", ""),
                                   act=t.get("act"), derived=True, bias=bool(t.get("bias")),
@@ -329,10 +329,27 @@ def derive_axes() -> tuple[dict, dict]:
     return axes, {s: tuple(v) for s, v in per_scheme.items() if v}
 
 
-AXES, SCHEME_AXES = derive_axes()
+PROBE_AXES, SCHEME_AXES = derive_axes()
 
 
-def coinciding_values(axis: Axis, case: Case, declared=None) -> dict:
+def _co_decided() -> dict:
+    """{key: why}: the vocabulary keys that act only under another key's value (``Axis.acts_when`` in
+    emulator/variants.py) where one probe axis decides both (``zero_row`` x ``eps``, ``mx_nan_block`` x
+    ``e2m1_nan``, ``dequant_order`` x ``zero_dtype``): a probe value that does not make the key act leaves it
+    unset (None), which says nothing of it."""
+    out = {}
+    for key, a in VOCABULARY.items():
+        conds = [c for c in a.acts_when if not c.schemes]
+        if conds and any(key in ax.keys and all(c.key in ax.keys for c in conds) for ax in PROBE_AXES.values()):
+            out[key] = "; ".join(c.describe() for c in conds)
+    return out
+
+
+#: keys that act only under another key's value decided by the same probe axis (from the vocabulary's rules)
+CONDITIONAL = _co_decided()
+
+
+def coinciding_values(axis: ProbeAxis, case: Case, declared=None) -> dict:
     """{value: (the value it computes the same numbers as on this case, why)} (by construction);
     ``declared``: the declaration the axis's values are applied to."""
     out = {}
@@ -356,7 +373,7 @@ def coinciding_values(axis: Axis, case: Case, declared=None) -> dict:
     return out
 
 
-def values_for_case(axis: Axis, case: Case, declared=None) -> Axis:
+def values_for_case(axis: ProbeAxis, case: Case, declared=None) -> ProbeAxis:
     """Drop values that coincide by construction on this case (so they are not reported as unseparated),
     and spell ``output=case`` as the case's output dtype (a Declared names a dtype)."""
     drop = coinciding_values(axis, case, declared)

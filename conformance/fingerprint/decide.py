@@ -32,9 +32,9 @@ inside the bfloat16 bound too), so its probes are fixed cancellation patterns th
 coarser accumulator err visibly, and the answer is a bracket: the finest precision whose bound
 the output respects, and the finer ones it violates.
 
-The module is split along those steps: fingerprint_axes.py (the axes and probe cases),
-fingerprint_probes.py (candidate inputs), fingerprint_search.py (hypotheses and the separation
-search), fingerprint_render.py (text and tables); this one runs the probes and decides each axis.
+The module is split along those steps: axes.py (the probe axes and probe cases), probes.py (candidate
+inputs), search.py (hypotheses and the separation search), render.py (text and tables), all in
+conformance/fingerprint/; this one runs the probes and decides each axis.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from backends.base import Case, Declared
 from conformance.judge.acceptance import compare, declared_interval
 from conformance.cases.bundle import save_bundle
 from conformance.cases.inputs import CaseInputs
-from conformance.fingerprint.axes import (AXES, SCHEME_AXES, Axis, candidate_cases, coinciding_values, known_keys,
+from conformance.fingerprint.axes import (PROBE_AXES, SCHEME_AXES, ProbeAxis, candidate_cases, coinciding_values, known_keys,
                                rows_options, values_for_case)
 from conformance.fingerprint.axes import DEFAULTS as _DEFAULTS  # noqa: F401 - the old name (test_variant_vocabulary reads it)
 from conformance.fingerprint.probes import accumulate_probes, trial_fn, with_rows
@@ -64,7 +64,7 @@ from conformance.fingerprint.search import (Raises, declared_value, hypotheses, 
 from conformance.run.runner import WorkerProcess
 from conformance.cases.suite import CaseSpec
 
-__all__ = ["AXES", "SCHEME_AXES", "Axis", "fingerprint", "register", "format_text", "markdown_tables"]
+__all__ = ["PROBE_AXES", "SCHEME_AXES", "ProbeAxis", "fingerprint", "register", "format_text", "markdown_tables"]
 
 #: the old name (tests/conformance/test_variant_vocabulary.py reads it from here)
 _known_keys = known_keys
@@ -120,7 +120,7 @@ class _Prober:
         self.worker.close()
 
 
-def _pick_case(prober: _Prober, scheme: str, axis: Axis, act: str):
+def _pick_case(prober: _Prober, scheme: str, axis: ProbeAxis, act: str):
     """(case with the row count to use, declared, reasons) for the first candidate the backend implements."""
     reasons = []
     acts = ([axis.act] if axis.act and axis.act != act else []) + [act]
@@ -140,7 +140,7 @@ def _pick_case(prober: _Prober, scheme: str, axis: Axis, act: str):
 _PREC_ORDER = ("float64", "float32", "float16", "bfloat16")
 
 
-def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *, max_trials: int, seed: int) -> dict:
+def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: dict, *, max_trials: int, seed: int) -> dict:
     res: dict = {"axis": axis.name, "title": axis.title, "status": "ok"}
     case, base, reasons = _pick_case(prober, scheme, axis, act)
     if case is None:
@@ -181,7 +181,7 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
             ranged[dep] = [(v, ovs[v]) for v in cons]
     for nu in axis.nuisance:
         if nu not in ranged and nu not in fixed:
-            ranged[nu] = list(values_for_case(AXES[nu], case).values)
+            ranged[nu] = list(values_for_case(PROBE_AXES[nu], case).values)
     res["fixed"] = {k: v[0] for k, v in fixed.items()}
     res["ranged"] = {k: [v[0] for v in vs] for k, vs in ranged.items()}
     hyps, values = hypotheses(axis, base, fixed, ranged)
@@ -293,7 +293,7 @@ def _run_axis(prober: _Prober, scheme: str, axis: Axis, act: str, found: dict, *
     return res
 
 
-def _unless_inputs_wrong(prober: _Prober, scheme: str, axis: Axis, act: str, rec: dict) -> None:
+def _unless_inputs_wrong(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, rec: dict) -> None:
     """Withdraw the accumulation bracket when the failure localization (conformance/judge/localize.py, run by the
     worker on the axis's case) shows the weights or the activation quantization wrong: an accumulator
     cannot be named from outputs whose inputs are already wrong (docs/fingerprints.md)."""
@@ -344,8 +344,8 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
     from emulator.variants import VARIANT_AXES
 
     for a in axes or ():
-        if a not in AXES and a not in VARIANT_AXES:
-            raise ValueError(f"fingerprint: unknown axis {a!r}; known: {', '.join(AXES)}")
+        if a not in PROBE_AXES and a not in VARIANT_AXES:
+            raise ValueError(f"fingerprint: unknown axis {a!r}; known: {', '.join(PROBE_AXES)}")
     from backends.registry import create
 
     listed = create(backend).schemes()  # an unknown name or parameter: the caller's error (one line, exit 2)
@@ -384,7 +384,7 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
             for name in SCHEME_AXES[scheme]:
                 if axes and name not in axes:
                     continue
-                ax = AXES[name]
+                ax = PROBE_AXES[name]
                 t1 = time.perf_counter()
                 rec = _run_axis(prober, scheme, ax, act_dtype, found, max_trials=max_trials,
                                 seed=seed + sum(map(ord, scheme + name)))

@@ -13,7 +13,7 @@ from backends.base import Case
 from emulator.numerics.floats import decode, encode, format_of, round_to_dtype
 
 from conformance.cases.inputs import CaseInputs, make_inputs
-from conformance.fingerprint.axes import Axis
+from conformance.fingerprint.axes import ProbeAxis
 from conformance.cases.generators import int_weight_tensors, scales_array
 
 __all__ = ["with_rows", "trial_fn", "accumulate_probes"]
@@ -328,7 +328,7 @@ def _generic_inputs(rng, case: Case, mode: str) -> CaseInputs:
 
 
 # -- a probe family's candidate inputs, by trial number ------------------------------------------
-def trial_fn(axis: Axis, case: Case, seed: int):
+def trial_fn(axis: ProbeAxis, case: Case, seed: int):
     rng = np.random.default_rng(seed)
     modes = axis.modes or ("random",)
 

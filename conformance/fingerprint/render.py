@@ -6,7 +6,7 @@ Part of conformance/fingerprint/decide.py (which re-exports ``format_text`` and 
 
 from __future__ import annotations
 
-from conformance.fingerprint.axes import AXES, SCHEME_AXES
+from conformance.fingerprint.axes import PROBE_AXES, SCHEME_AXES
 
 __all__ = ["axis_line", "vocabulary_line", "format_text", "markdown_tables", "vocabulary_tables"]
 
@@ -116,7 +116,7 @@ def markdown_tables(results: list[dict], names: list[str] | None = None, hand_on
     out = []
     for scheme, axes in SCHEME_AXES.items():
         if hand_only:
-            axes = tuple(a for a in axes if not AXES[a].derived)
+            axes = tuple(a for a in axes if not PROBE_AXES[a].derived)
             if not axes:
                 continue
         rows = []
@@ -163,7 +163,7 @@ def vocabulary_tables(results: list[dict], names: list[str] | None = None, deriv
         for v in (voc[i] for i in cols):
             for k, row in v.items():
                 probe = row.get("probe")
-                if probe is None or (derived_only and not AXES[probe].derived) or k in keys:
+                if probe is None or (derived_only and not PROBE_AXES[probe].derived) or k in keys:
                     continue
                 keys.append(k)
         if not keys:

@@ -12,10 +12,11 @@ import itertools
 import numpy as np
 
 from backends.base import Declared
+from emulator.variants import conditions_hold
 
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
-from conformance.fingerprint.axes import DECLARED_FIELDS, Axis, norm_value
+from conformance.fingerprint.axes import CONDITIONAL, DECLARED_FIELDS, ProbeAxis, norm_value
 
 __all__ = ["Raises", "Hypothesis", "apply_overrides", "declared_value", "hypotheses", "hypothesis_intervals",
            "search_separating_inputs", "identify"]
@@ -40,21 +41,22 @@ def _zero_dtype(v, weight_dtype):
     return weight_dtype if v == "weight" else v
 
 
-def declared_value(axis: Axis, base: Declared) -> str | None:
-    """The axis value the backend's own declaration names (None: not among the probed values)."""
+def declared_value(axis: ProbeAxis, base: Declared) -> str | None:
+    """The axis value the backend's own declaration names (None: not among the probed values). A key the
+    probe value co-decides with the key it acts under (``CONDITIONAL``) is compared only where it acts on the
+    declaration that value makes (``variants.conditions_hold``: e.g. ``eps`` only under ``zero_row=eps``)."""
     for name, ov in axis.values:
         ok = True
+        made = None
         for k, v in ov.items():
             if k in axis.context:
                 continue
             have = getattr(base, k) if k in DECLARED_FIELDS else base.variants.get(k)
-            if k == "eps" and norm_value("zero_row", base.variants.get("zero_row")) != "eps":
-                continue
-            if k == "e2m1_nan" and norm_value("mx_nan_block", base.variants.get("mx_nan_block")) == "scale_nan":
-                continue
-            if k == "zero_dtype":  # 'weight' is the weight dtype (of the declaration, of the value)
-                if norm_value("dequant_order", ov.get("dequant_order")) != "float_zero":
+            if k in CONDITIONAL:
+                made = made or apply_overrides(base, ov)
+                if not conditions_hold(k, made.value):
                     continue
+            if k == "zero_dtype":  # 'weight' is the weight dtype (of the declaration, of the value)
                 have = _zero_dtype(have, norm_value("weight_dtype", base.weight_dtype))
                 v = _zero_dtype(v, norm_value("weight_dtype", ov.get("weight_dtype", base.weight_dtype)))
             if norm_value(k, have) != norm_value(k, v):
@@ -65,7 +67,7 @@ def declared_value(axis: Axis, base: Declared) -> str | None:
     return None
 
 
-def _extra_declared_value(axis: Axis, base: Declared) -> tuple | None:
+def _extra_declared_value(axis: ProbeAxis, base: Declared) -> tuple | None:
     """The declaration's own value of the axis as one more named value, when no probed value is it."""
     keys = sorted(axis.keys)
     ov = {k: (getattr(base, k) if k in DECLARED_FIELDS else base.variants.get(k)) for k in keys}
@@ -82,7 +84,7 @@ class Hypothesis:
     combo: dict  # the nuisance values of this hypothesis, by axis
 
 
-def hypotheses(axis: Axis, base: Declared, fixed: dict, ranged: dict) -> tuple[list[Hypothesis], list[tuple]]:
+def hypotheses(axis: ProbeAxis, base: Declared, fixed: dict, ranged: dict) -> tuple[list[Hypothesis], list[tuple]]:
     """Joint hypotheses: axis values x ranged axes' values, on the base with fixed overrides applied."""
     values = list(axis.values)
     if declared_value(axis, base) is None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from emulator.variants import AXES as VOCABULARY
 
-from conformance.fingerprint.axes import AXES, DECLARATION_ONLY, NOT_APPLICABLE, SCHEME_AXES, TUNING, norm_value, value_label
+from conformance.fingerprint.axes import (CONDITIONAL, DECLARATION_ONLY, NOT_APPLICABLE, PROBE_AXES, SCHEME_AXES, TUNING,
+                                         norm_value, value_label)
 
 __all__ = ["SAME_NUMBERS", "representative_values", "coverage", "missing_probes", "vocabulary_summary"]
 
@@ -82,7 +83,7 @@ def coverage() -> dict:
     where: dict = {}
     for scheme, names in SCHEME_AXES.items():
         for name in names:
-            ax = AXES[name]
+            ax = PROBE_AXES[name]
             for label, ov in ax.values:
                 for k, v in ov.items():
                     if k in ax.context:
@@ -109,7 +110,7 @@ def missing_probes() -> list[str]:
             continue
         if not any(cov[key].values()):
             lines.append(f"vocabulary axis {key!r} (stage {a.stage.value}, schemes {', '.join(a.schemes)}): no "
-                         f"fingerprint probe sets it; conformance/fingerprint_axes.derive_axes makes one from its "
+                         f"fingerprint probe sets it; conformance/fingerprint/axes.derive_axes makes one from its "
                          f"stage unless its stage has no probe family (_STAGE_FAMILY) or its values are not typed "
                          f"(TUNING[{key!r}]['values'])")
             continue
@@ -117,13 +118,8 @@ def missing_probes() -> list[str]:
             if not hits:
                 lines.append(f"vocabulary axis {key!r}: value {label!r} is set by no probe value (add it to the "
                              f"probe axis of conformance/fingerprint/axes.py that decides {key!r}, or name the value "
-                             f"it cannot be told from in fingerprint_vocab.SAME_NUMBERS with the reason)")
+                             f"it cannot be told from in conformance/fingerprint/vocab.SAME_NUMBERS with the reason)")
     return lines
-
-
-#: keys that act only under another key's value: a probe value leaving them unset (None) says nothing of them
-CONDITIONAL = {"eps": "acts only under zero_row=eps", "e2m1_nan": "acts only under mx_nan_block=ignore",
-               "zero_dtype": "acts only under dequant_order=float_zero"}
 
 
 def _project(rec: dict, key: str) -> list:
@@ -161,11 +157,11 @@ def vocabulary_summary(result: dict) -> dict:
                 rows[key] = {"status": "not-applicable", "values": [], "probe": None,
                              "reason": NOT_APPLICABLE[(key, scheme)]}
                 continue
-            probes = [n for n in SCHEME_AXES.get(scheme, ()) if key in AXES[n].keys]
+            probes = [n for n in SCHEME_AXES.get(scheme, ()) if key in PROBE_AXES[n].keys]
             if not probes:
                 rows[key] = {"status": "not-probed", "values": [], "probe": None,
                              "reason": "probed on " + (", ".join(s for s, ns in SCHEME_AXES.items()
-                                                                if any(key in AXES[n].keys for n in ns)) or "no scheme")}
+                                                                if any(key in PROBE_AXES[n].keys for n in ns)) or "no scheme")}
                 continue
             rec = next((recs[n] for n in probes if n in recs), None)
             if rec is None:
@@ -189,8 +185,8 @@ def vocabulary_summary(result: dict) -> dict:
                              "reason": rec.get("note", "no value is consistent")}
                 continue
             status = "identified" if len(vals) == 1 else ("not-observable" if st == "not-observable" else "ambiguous")
-            reason = rec.get("identified_by", "") if status == "identified" else (rec.get("reason") or AXES[rec["axis"]].note
-                                                                                  if rec["axis"] in AXES else "")
+            reason = rec.get("identified_by", "") if status == "identified" else (rec.get("reason") or PROBE_AXES[rec["axis"]].note
+                                                                                  if rec["axis"] in PROBE_AXES else "")
             rows[key] = {"status": status, "values": vals, "probe": rec["axis"], "reason": reason}
         out[scheme] = rows
     return out

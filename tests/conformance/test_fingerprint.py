@@ -19,7 +19,7 @@ Values that no linear output can tell apart are expected as groups, with the rea
 
 import pytest
 
-from conformance.fingerprint.decide import AXES, SCHEME_AXES, fingerprint
+from conformance.fingerprint.decide import PROBE_AXES, SCHEME_AXES, fingerprint
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -163,7 +163,7 @@ def test_crashing_backend_costs_the_axis_not_the_fingerprint(monkeypatch):
 def test_every_scheme_axis_is_defined_and_cli_writes_json(tmp_path, capsys):
     for scheme, axes in SCHEME_AXES.items():
         for a in axes:
-            assert a in AXES, (scheme, a)
+            assert a in PROBE_AXES, (scheme, a)
     from conformance.cli.main import main
 
     out = tmp_path / "fp.json"

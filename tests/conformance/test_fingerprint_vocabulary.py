@@ -4,7 +4,7 @@ and each probe really tells its value apart (docs/fingerprints.md#every-vocabula
 The axes are enumerated from their definition. For each value, the emulator *computes* that value while
 *declaring canonical semantics* (``emulator:<key>=<value>,declare=canonical``): the fingerprint, seeing
 only outputs, must identify the value -- or, for the values no linear output can tell apart
-(fingerprint_vocab.SAME_NUMBERS, each with its reason), report the value it cannot be told from as
+(conformance/fingerprint/vocab.SAME_NUMBERS, each with its reason), report the value it cannot be told from as
 consistent. The expected value is the one passed to the emulator, never read from the fingerprint.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from backends.emulator import FIELD_KEYS, VARIANT_KEYS
 from conformance.judge.acceptance import UNIT_ROUNDOFF
 from conformance.fingerprint.decide import fingerprint
-from conformance.fingerprint.axes import AXES, DECLARATION_ONLY, SCHEME_AXES, norm_value, value_label
+from conformance.fingerprint.axes import PROBE_AXES, DECLARATION_ONLY, SCHEME_AXES, norm_value, value_label
 from conformance.fingerprint.vocab import SAME_NUMBERS, coverage, missing_probes, representative_values
 from emulator.variants import AXES as VOCABULARY
 
@@ -32,7 +32,7 @@ SCHEME_FOR = {
 LABEL_FOR = {
     # with float32 weights and 16-bit scales every dequantization order is exact (docs/fingerprints.md)
     "dequant_order": "bfloat16/",
-    # 16-bit weights round the difference a finer zero point makes away (fingerprint_axes._DEQUANT_VALUES)
+    # 16-bit weights round the difference a finer zero point makes away (conformance/fingerprint/axes._DEQUANT_VALUES)
     "zero_dtype": "float32/",
 }
 #: emulator parameters a value needs to act at all (why)
@@ -68,7 +68,7 @@ def test_declaration_only_axes_are_not_computations():
 
 
 def test_every_probe_axis_value_names_vocabulary_values():
-    for ax in AXES.values():
+    for ax in PROBE_AXES.values():
         for _, ov in ax.values:
             for k, v in ov.items():
                 assert k in VOCABULARY, (ax.name, k)
@@ -94,7 +94,7 @@ def _checks():
             pref = SCHEME_FOR.get(key)
             hits = [h for h in hits if h[2].startswith(LABEL_FOR.get(key, ""))] or hits
             scheme, name, label = next((h for h in hits if h[0] == pref), hits[0])
-            ov = dict(AXES[name].values)[label]
+            ov = dict(PROBE_AXES[name].values)[label]
             params = {k: x for k, x in ov.items() if x is not None}
             params[key] = v  # (SAME_NUMBERS values: the probe value is the one it cannot be told from)
             params.update(CONTEXT.get(key, {}))
@@ -188,7 +188,7 @@ def test_output_dtype_values_are_identified_from_their_outputs(scheme):
     from conformance.fingerprint.search import hypotheses, hypothesis_intervals, identify, search_separating_inputs
 
     name = next(n for n in SCHEME_AXES[scheme] if n.split("@")[0] == "output")
-    ax = AXES[name]
+    ax = PROBE_AXES[name]
     case = with_rows(candidate_cases(scheme, ax.probe, "bfloat16")[0], rows_options(ax.probe)[0])
     ax = values_for_case(ax, case)
     hyps, _ = hypotheses(ax, EmulatorBackend().declared(case), {}, {})

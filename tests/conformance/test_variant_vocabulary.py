@@ -202,7 +202,7 @@ def test_fingerprint_keys_and_defaults_come_from_the_vocabulary():
     for key, a in AXES.items():
         if a.canonical not in ("checkpoint", "none"):
             assert fingerprint._DEFAULTS[key] == a.canonical
-    for ax in fingerprint.AXES.values():
+    for ax in fingerprint.PROBE_AXES.values():
         for _, ov in ax.values:
             assert set(ov) <= set(AXES), ax.name
 
