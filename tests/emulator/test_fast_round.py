@@ -3,7 +3,7 @@
 Oracles, none of them the code under test:
 - the grids themselves, enumerated from ml_dtypes' bfloat16 and NumPy's float16 bit patterns (every one of
   the 2**16), and float32's by ``np.nextafter``: the RNE / RTZ answer of any float64 x is decided by exact
-  float64 comparisons with its two grid neighbours and their midpoint (hand-derived rule, ``_grid_oracle``);
+  float64 comparisons with its two grid neighbours and their midpoint (hand-derived rule, ``grid_oracle``);
 - library casts: ml_dtypes float32 -> bfloat16, NumPy float32 -> float16, NumPy float64 -> float32 (RNE);
 - literal bit patterns for NaN payloads.
 Inputs: every 16-bit grid value, every midpoint between neighbours and the float64 / float32 values next to
@@ -62,7 +62,7 @@ def _bracket(m: np.ndarray, dtype: str):
     return g[idx], b, idx % 2 == 0  # the positive patterns are 0, 1, 2, ...: the index is the pattern
 
 
-def _grid_oracle(x: np.ndarray, dtype: str, mode: str) -> np.ndarray:
+def grid_oracle(x: np.ndarray, dtype: str, mode: str) -> np.ndarray:
     """Hand-derived rounding of finite-or-infinite float64 x (no NaN): float64 out."""
     m = np.abs(x)
     fin = np.isfinite(m)
@@ -133,7 +133,7 @@ def test_round_fast_equals_the_grid_rule(dtype, mode):
         x = x[~np.isnan(x)]
         got = round_fast(x, dtype, mode)
         assert got.dtype == np.float32
-        want = _grid_oracle(x.astype(np.float64), dtype, mode)
+        want = grid_oracle(x.astype(np.float64), dtype, mode)
         bad = ~_same_bits(got.astype(np.float64), want)
         assert not bad.any(), (dtype, mode, x.dtype, x[bad][:5], got[bad][:5], want[bad][:5])
 
