@@ -43,6 +43,7 @@ from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, Measur
 from backends.registry import create
 from backends.registry import dispatcher as new_dispatcher
 from emulator.checkpoint import LayerInfo
+from emulator.declaration import declared_weight
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
@@ -52,6 +53,7 @@ from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
 from .int_kernels import fastest_int_engine
 from .prepared_cache import PreparedCache
+from .torch_fast import TorchFastLinear, ieee_fp32_matmul_refusal
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
@@ -344,14 +346,25 @@ def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray,
     its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
     (qconform_torch/prepared_cache.py)."""
     if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
-        key = _prepared_key(spec, b, case, weights)
-        if not _CACHE.admits(key, _prepared_bytes_estimate(case, weights)):
+        # one entry per layer whatever M is (the fp32 weight depends on the layer's tensors only)
+        key = (spec, b.label, "fp32 weight", _identity(weights))
+        nbytes = _prepared_bytes_estimate(case, weights)
+        if not _CACHE.admits(key, nbytes):
             # not kept (over the budget, or the cache holds layers requested as often): dequantize row blocks
             # (max(budget, 16 MiB)) straight into the sgemm
             y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
             if y is not None:
                 _CACHE.count_streamed(key)
                 return y
+        elif ieee_fp32_matmul_refusal() is None:
+            # kept: torch's fp32 GEMM on the kept weight (qconform_torch/torch_fast.py), where torch computes
+            # float32 products in float32 (else NumPy's row blocks below)
+            entry = _CACHE.get(key)
+            if entry is None:
+                w = declared_weight(case, case_tensors(src, info, case), b.computed(case))
+                entry = (TorchFastLinear(w), list(weights))
+                _CACHE.put(key, entry, nbytes)
+            return entry[0](x32, bias, case.output_dtype)
     return _run_prepared(b, case, src, info, weights, spec, x32, bias)
 
 

@@ -1,0 +1,111 @@
+"""The op's A16 fast path on torch's fp32 GEMM for a layer the cache keeps (qconform_torch/torch_fast.py).
+
+Checks: (1) the kept layer's output is exactly nn.functional.linear of ``qconform dequant``'s weight (the
+exact dequantized weight, read by the reference dequantizer, not the fast path's), the bias added in fp32
+and rounded once to x's dtype, and within fp32 accumulation of a float64 product; (2) one cache entry per
+layer whatever M is; (3) where torch's fp32 matmul settings allow narrower operands (bf16 / TF32), or its
+GEMM is seen to round them, the op does not use it: it takes NumPy's row blocks, equal bit for bit to the
+emulator backend's cached path; (4) the self-check catches a GEMM that rounds its operands to bfloat16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from backends.registry import create  # noqa: E402
+from emulator.checkpoint import Checkpoint  # noqa: E402
+from emulator.layer_cases import case_tensors, layer_case  # noqa: E402
+from emulator.layers import dequantize_layer, layer_bias  # noqa: E402
+from emulator.numerics.floats import round_float32_array  # noqa: E402
+from qconform_torch import QuantLinear, op, torch_fast  # noqa: E402
+
+SCHEMES = ["gptq-w4g32-sym-v1", "gptq-w4g32-asym-v2", "awq-w4g32", "ct-w4a16-g32-sym", "ct-mxfp4-w4a16"]
+FAST = "emulator:path=fast"
+
+
+def _x(m, k, dtype, seed=0):
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)).to(dtype)
+
+
+@pytest.fixture
+def big_cache():
+    op.set_cache_budget(256)
+    yield
+    op.set_cache_budget(op.DEFAULT_CACHE_MB)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_layer_is_fp32_linear_of_the_exact_weight(scheme, dtype, synthetic, big_cache):
+    ck = Checkpoint(synthetic / scheme)
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend=FAST)
+    w = dequantize_layer(ck, info).astype(np.float32)  # the reference dequantizer's exact weight
+    bias = layer_bias(ck, info)
+    for M in (1, 5, 17):
+        x = _x(M, info.shape[-1], dtype, seed=M)
+        y = m(x)
+        y32 = torch.nn.functional.linear(x.float(), torch.from_numpy(w)).numpy()
+        if bias is not None:
+            y32 = y32 + np.asarray(bias, np.float32)
+        want = round_float32_array(y32, {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype])
+        np.testing.assert_array_equal(y.float().numpy(), want)
+        # an independent bound: fp32 accumulation of the exact products, then one rounding to x's dtype
+        x64, w64 = x.double().numpy(), w.astype(np.float64)
+        exact = x64 @ w64.T + (0 if bias is None else np.asarray(bias, np.float64))
+        mag = np.abs(x64) @ np.abs(w64).T + (0 if bias is None else np.abs(np.asarray(bias, np.float64)))
+        tol = (info.shape[-1] + 2) * 2.0 ** -24 * mag + np.abs(exact) * 2.0 ** -(8 if dtype == torch.bfloat16 else 23)
+        assert np.all(np.abs(y.double().numpy() - exact) <= tol)
+    # one entry for the layer (its fp32 weight + the packed tensors it holds), however many M it ran at
+    assert op.cache_stats()["used_bytes"] == 4 * w.size + sum(int(t.untyped_storage().nbytes()) for t in m.weights())
+
+
+def _numpy_cached(ck, info, x):
+    """The emulator backend's own cached fast path (NumPy's row blocks: emulator/formats/fast_matmul.py)."""
+    case = layer_case(info, x.shape[0], "float32", "a16")
+    emu = create("emulator")
+    bias = layer_bias(ck, info)
+    extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
+    return emu.run(emu.prepare(case, case_tensors(ck, info, case)), x.numpy(), **extra)
+
+
+@pytest.mark.parametrize("setting", ["mkldnn-bf16", "global-medium"])
+def test_narrow_fp32_matmul_settings_take_numpy(setting, synthetic, big_cache, monkeypatch):
+    ck = Checkpoint(synthetic / "ct-w4a16-g32-sym")
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend=FAST)
+    x = _x(3, info.shape[-1], torch.float32)
+    used = []
+    monkeypatch.setattr(torch_fast.TorchFastLinear, "__call__", lambda *a: used.append(1))
+    if setting == "mkldnn-bf16":
+        saved = torch.backends.mkldnn.matmul.fp32_precision
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        try:
+            assert "bf16" in torch_fast.ieee_fp32_matmul_refusal()
+            y = m(x)
+        finally:
+            torch.backends.mkldnn.matmul.fp32_precision = saved
+    else:
+        monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+        assert "medium" in torch_fast.ieee_fp32_matmul_refusal()
+        y = m(x)
+    assert not used
+    np.testing.assert_array_equal(y.numpy(), _numpy_cached(ck, info, x))
+
+
+def test_self_check_catches_a_gemm_that_rounds_operands_to_bf16(monkeypatch):
+    real = torch.mm
+
+    def bf16_mm(a, b):  # what oneDNN's bf32 mode does: operands rounded to bfloat16, fp32 accumulation
+        return real(a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float())
+
+    monkeypatch.setattr(torch_fast, "_CHECK", {"done": False, "why": None})
+    assert torch_fast.self_check() is None  # this host's torch.mm: IEEE fp32
+    monkeypatch.setattr(torch_fast, "_CHECK", {"done": False, "why": None})
+    monkeypatch.setattr(torch, "mm", bf16_mm)
+    why = torch_fast.self_check()
+    assert why is not None and "round" in why
+    assert torch_fast.ieee_fp32_matmul_refusal() == why
