@@ -30,9 +30,12 @@ import threading
 import numpy as np
 import torch
 
-from emulator.numerics.floats import round_float32_array
+from emulator.numerics.floats import round_float32_array, round_float64_array
 
-__all__ = ["ieee_fp32_matmul_refusal", "TorchFastLinear", "self_check"]
+from .int_kernels import MAX_K, _b_operand
+from .int_kernels import self_check as int8_self_check
+
+__all__ = ["ieee_fp32_matmul_refusal", "TorchFastLinear", "TorchW8A8Linear", "self_check"]
 
 _CHECK = {"done": False, "why": None}
 _LOCK = threading.Lock()
@@ -102,3 +105,47 @@ class TorchFastLinear:
         if bias is not None:
             y.add_(torch.from_numpy(np.asarray(bias, dtype=np.float32)))  # the fp32 bias add, after the sum
         return round_float32_array(y.numpy(), output_dtype)
+
+
+class TorchW8A8Linear:
+    """The emulator backend's canonical W8A8 fast path (backends/emulator.py ``_run_w8a8``, symmetric int8
+    channel weights, dynamic symmetric per-token int8 activations) in torch ops, equal to it bit for bit:
+
+    - per token: scale = fl32(amax / 127), codes = clamp(RNE(fl32(x / scale)), -128, 127) (a zero row gives
+      codes 0; an underflowed scale's 0/0 gives 0, x/0 = +-Inf saturates), all IEEE float32 operations;
+    - the exact integer sums by ``torch._int_mm`` (int8 x int8 -> int32: exact for K < 2**17, and the engine
+      proved against NumPy's int64 matmul once per process: qconform_torch/int_kernels.py ``self_check``);
+    - y = sum * (sx * sw) in float64 (sx * sw exact: 24 + 24 bits; one rounding), + bias in float64, then one
+      rounding to the output dtype (``round_float64_array``).
+
+    ``usable`` is False where the engine cannot take the layer (weights not int8, K >= 2**17, a failed
+    self-check): the caller keeps the backend's own path."""
+
+    __slots__ = ("_b", "_ws", "nbytes", "usable")
+
+    def __init__(self, weight: np.ndarray, weight_scale: np.ndarray):
+        w = np.asarray(weight)
+        self.usable = bool(w.dtype == np.int8 and w.ndim == 2 and 0 < w.shape[1] < MAX_K and w.shape[0] > 0
+                           and int8_self_check())
+        self._b = _b_operand(np.ascontiguousarray(w)) if self.usable else None
+        ws = np.asarray(weight_scale).astype(np.float32).astype(np.float64).reshape(1, -1)
+        self._ws = torch.from_numpy(ws)
+        self.nbytes = int(w.nbytes + ws.nbytes)
+
+    def __call__(self, x32: np.ndarray, bias, output_dtype: str) -> np.ndarray:
+        x = torch.from_numpy(np.ascontiguousarray(x32, dtype=np.float32))
+        if bool(torch.isnan(x).any()):
+            raise ValueError("x: NaN in activations: per-token int8 quantization is undefined for NaN input")
+        amax = x.abs().amax(dim=1, keepdim=True)
+        # float32 / float32 (127 is exact), one IEEE division each: a tensor divisor, as a scalar one may be
+        # turned into a multiply by its reciprocal, which rounds twice
+        scale = torch.div(amax, torch.full_like(amax, 127.0))
+        quot = x / scale
+        quot = torch.where(amax == 0, 0.0, quot)
+        quot = torch.nan_to_num(quot, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+        q = torch.round(quot).clamp_(-128, 127).to(torch.int8)  # torch.round: half to even
+        acc = torch._int_mm(q, self._b)
+        y = acc.double() * (scale.double() * self._ws)
+        if bias is not None:
+            y += torch.from_numpy(np.asarray(bias, dtype=np.float64))
+        return round_float64_array(y.numpy(), output_dtype)

@@ -109,3 +109,64 @@ def test_self_check_catches_a_gemm_that_rounds_operands_to_bf16(monkeypatch):
     why = torch_fast.self_check()
     assert why is not None and "round" in why
     assert torch_fast.ieee_fp32_matmul_refusal() == why
+
+
+def _w8a8_inputs(k, dtype):
+    """Rows that exercise the per-token quantization: random, a zero row, a row whose amax / 127 underflows
+    float32, a row with +-Inf-free extremes, rows whose quotients are exact .5 ties (RNE decides them), and a
+    single-element spike."""
+    rng = np.random.default_rng(5)
+    rows = [rng.standard_normal(k) * s for s in (1.0, 1e-3, 1e4)]
+    rows.append(np.zeros(k))
+    rows.append(np.where(np.arange(k) % 3 == 0, 1e-44, -1e-45))  # subnormal amax: the scale underflows
+    rows.append(np.full(k, 3.0e38) * np.where(np.arange(k) % 2 == 0, 1, -1))
+    tie = np.full(k, 127.0)
+    tie[1::4] = 0.5
+    tie[2::4] = -2.5
+    tie[3::4] = 126.5
+    rows.append(tie)  # scale 1: quotients 0.5, -2.5, 126.5 are ties
+    spike = np.zeros(k)
+    spike[k // 2] = -7.0
+    rows.append(spike)
+    x = torch.from_numpy(np.asarray(rows, dtype=np.float32))
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_w8a8_torch_path_is_the_reference_bit_for_bit(dtype, synthetic, big_cache, monkeypatch):
+    """The fast W8A8 path's torch ops give the canonical reference's bits (an independent path: the exact
+    reference, emulator/linear.py), on rows that exercise every step of the per-token quantization, whichever
+    path the first call's measurement keeps (both are forced in turn)."""
+    ck = Checkpoint(synthetic / "ct-w8a8-int8")
+    info = ck.layers()[0]
+    k = info.shape[-1]
+    x = _w8a8_inputs(k, dtype)
+    if dtype == torch.float16:
+        x = torch.nan_to_num(x.float().clamp(-6e4, 6e4)).to(dtype)
+    ref = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")(x)
+    calls = []
+    real = torch_fast.TorchW8A8Linear.__call__
+    monkeypatch.setattr(torch_fast.TorchW8A8Linear, "__call__", lambda *a: calls.append(1) or real(*a))
+    for torch_wins in (True, False):
+        monkeypatch.setattr(op, "_W8A8_CHOICE", {})
+        m = QuantLinear.from_checkpoint(ck, info.name, backend=FAST)
+        y_first = m(x)  # the measured call: both paths, checked equal
+        monkeypatch.setattr(op, "_W8A8_CHOICE", {k_: torch_wins for k_ in op._W8A8_CHOICE})
+        calls.clear()
+        y = m(x)
+        assert bool(calls) == torch_wins
+        np.testing.assert_array_equal(y_first.float().numpy(), ref.float().numpy())
+        np.testing.assert_array_equal(y.float().numpy(), ref.float().numpy())
+
+
+def test_w8a8_torch_path_refuses_nan(synthetic, big_cache):
+    ck = Checkpoint(synthetic / "ct-w8a8-int8")
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend=FAST)
+    x = _x(2, info.shape[-1], torch.float32)
+    x[1, 3] = float("nan")
+    with pytest.raises(Exception, match="NaN in activations"):
+        m(x)
+    mm = torch_fast.TorchW8A8Linear(np.zeros((4, 8), np.int8), np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="NaN in activations"):
+        mm(x[:, :8].numpy().copy(), None, "float32")
