@@ -86,9 +86,15 @@ class TorchInt8Matmul:
 
     def __init__(self, w8: np.ndarray, fallback):
         self.shape = w8.shape
+        self._w8 = w8
         self._b = _b_operand(w8)
-        self._rowsum = w8.astype(np.int64).sum(axis=1)  # sum_k w[n, k], for the row shifts
+        self._rowsum = None  # sum_k w[n, k], for the row shifts: formed at the first shifted row (a pass over w)
         self._fallback = fallback
+
+    def _rowsums(self) -> np.ndarray:
+        if self._rowsum is None:
+            self._rowsum = self._w8.sum(axis=1, dtype=np.int64)
+        return self._rowsum
 
     def __call__(self, a) -> np.ndarray:
         a = np.asarray(a)
@@ -114,7 +120,7 @@ class TorchInt8Matmul:
         a8 = (a.astype(np.int64) - c[:, None]).astype(np.int8) if np.any(c) else a.astype(np.int8)
         acc = _int8_product(a8, self._b)
         if np.any(c):
-            acc += c[:, None] * self._rowsum[None, :]
+            acc += c[:, None] * self._rowsums()[None, :]
         return acc.astype(np.float64)  # |acc| < 2**53: exact
 
 
@@ -201,9 +207,16 @@ class MeasuredIntMatmul:
     Measured, not assumed: on the hosts of docs/performance.md torch's int8 GEMM was 4-10x faster than a
     float64 dgemm on one (AMX) and several times slower than float32 BLAS on another (AVX2)."""
 
-    def __init__(self, torch_mm: TorchInt8Matmul, numpy_mm: ExactIntMatmul):
-        self.shape = numpy_mm.shape
-        self._torch, self._numpy = torch_mm, numpy_mm
+    def __init__(self, torch_mm: TorchInt8Matmul, numpy_mm):
+        """``numpy_mm``: an ExactIntMatmul, or a callable building one when first needed (its float32 chunks are a
+        copy of the weight: not formed where every shape class seen was already measured for torch)."""
+        self.shape = torch_mm.shape
+        self._torch, self._numpy_mm = torch_mm, numpy_mm
+
+    def _numpy(self, a) -> np.ndarray:
+        if not isinstance(self._numpy_mm, ExactIntMatmul):
+            self._numpy_mm = self._numpy_mm()
+        return self._numpy_mm(a)
 
     def __call__(self, a) -> np.ndarray:
         a = np.asarray(a)
@@ -235,4 +248,4 @@ def fastest_int_engine(w, a_max: int, w_max: int | None = None):
     t = torch_int8_engine(w, a_max, w_max)
     if t is None:
         return None
-    return MeasuredIntMatmul(t, ExactIntMatmul(np.asarray(w), a_max, w_max))
+    return MeasuredIntMatmul(t, lambda: ExactIntMatmul(np.asarray(w), a_max, w_max))

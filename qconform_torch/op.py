@@ -256,11 +256,43 @@ def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor])
         seen.add(key)
 
 
-def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
+def _reference_store(spec: str, weights: list[torch.Tensor]):
+    """``store(what, make)``: the value the cache keeps for this layer's tensors (and versions) under ``what``, or
+    ``make()`` (kept where the cache admits it; None is never kept). What the reference forms from a layer's
+    tensors alone (its dequantized weight, its exact integer GEMM's prepared operands, that ``linear_layer``
+    accepted them) is then formed once per layer, not per call (qconform_torch/exact_blocks.py ``reference``)."""
+    ident = _identity(weights)
+    packed = _nbytes(weights)
+
+    def store(what, make):
+        key = (spec, "reference", what, ident)
+        got = _CACHE.get(key)
+        if got is not None:
+            return got[0]
+        value = make()
+        if value is not None:
+            nbytes = int(value.nbytes) if isinstance(value, np.ndarray) else 0
+            if isinstance(what, tuple) and what[0] == "int engine":  # its int8 operand and, at most, fp32 chunks
+                nbytes = 5 * int(np.prod(what[2]))
+            _CACHE.put(key, (value, list(weights)), nbytes + packed)
+        return value
+    return store
+
+
+def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str, layer=None) -> np.ndarray:
     """The canonical reference (``qconform linear``; a [1, N, K] layer is one stacked expert), by row blocks
     whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py); W8A8's exact
-    accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
-    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=fastest_int_engine)
+    accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py). ``layer``:
+    (spec, weights), whose tensors-only work the cache may keep (``_reference_store``)."""
+    engine, store = fastest_int_engine, None
+    if layer is not None:
+        store = _reference_store(*layer)
+
+        def engine(w, a_max, w_max=None):  # one prepared engine per weight array (and bound), not per call
+            w = np.asarray(w)
+            what = ("int engine", w.__array_interface__["data"][0], w.shape, w.strides, str(w.dtype), a_max, w_max)
+            return store(what, lambda: fastest_int_engine(w, a_max, w_max))
+    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=engine, weights=store)
     with _CACHE._lock:
         _CACHE.exact_calls += 1
         _CACHE.exact_blocked += st["blocks"] > 1
@@ -291,7 +323,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         raise ValueError(f"quant_linear: {info.name}: stacked experts {list(info.shape)} need an expert index")
     src = _LayerTensors(info, weights)
     if backend == "emulator":
-        return _reference(src, info, x32, dtype)
+        return _reference(src, info, x32, dtype, (spec, weights_in))
     _validate_once(spec, info, src, weights)
     try:
         case = layer_case(info, int(x.shape[0]), dtype, declared_activation(info))
@@ -299,7 +331,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         if backend != "auto":
             raise RuntimeError(f"backend {backend} cannot run {info.name}: {e}") from None
         _log_choice(spec, info.name, f"{info.format} -> emulator reference (no backend can take it: {e})")
-        return _reference(src, info, x32, dtype)
+        return _reference(src, info, x32, dtype, (spec, weights_in))
     bias = layer_bias(src, info)
     if backend != "auto":
         try:
@@ -324,7 +356,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         return best, y
 
     choice = _DISPATCH.choose(case, tensors=lambda: case_tensors(src, info, case), layer=(spec, _identity(weights)),
-                              timer=timer, reference=lambda: _reference(src, info, x32, dtype))
+                              timer=timer, reference=lambda: _reference(src, info, x32, dtype, (spec, weights_in)))
     b = choice.backend
     try:
         y = choice.output if choice.output is not None else _compute(b, case, src, info, weights, spec, x32, bias)
@@ -333,7 +365,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         if choice.fallback:  # not even the fast path takes it: the reference answers (and says why)
             _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> emulator reference (the emulator "
                                          f"backend's fast path failed: {why}) (skipped: {choice.skipped_text()})")
-            return _reference(src, info, x32, dtype)
+            return _reference(src, info, x32, dtype, (spec, weights_in))
         _DISPATCH.fail(case, b.label, why)
         log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, b.label, why)
         return _run_layer(x, weights_in, spec, backend)

@@ -170,3 +170,41 @@ def test_w8a8_torch_path_refuses_nan(synthetic, big_cache):
     mm = torch_fast.TorchW8A8Linear(np.zeros((4, 8), np.int8), np.ones(4, np.float32))
     with pytest.raises(ValueError, match="NaN in activations"):
         mm(x[:, :8].numpy().copy(), None, "float32")
+
+
+@pytest.mark.parametrize("scheme", ["gptq-w4g32-asym-v2", "awq-w4g32", "ct-w4a16-g32-asym", "ct-w8a8-int8",
+                                    "ct-w4a8-g32-sym", "ct-mxfp4-w4a16", "ct-mxfp4-w4a4"])
+def test_reference_reusing_its_layer_work_is_linear_layer(scheme, synthetic, big_cache):
+    """The op's reference keeps what it forms from a layer's tensors alone (the dequantized weight, the W8A8
+    engine, that linear_layer accepted the tensors): its later calls, at other M and dtypes, still equal
+    ``linear_layer`` (``qconform linear``) bit for bit, and they do hit the cache."""
+    from emulator.layers import linear_layer
+
+    ck = Checkpoint(synthetic / scheme)
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")
+    hits0 = op.cache_stats()["hits"]
+    for i, (M, dtype) in enumerate([(3, torch.float32), (8, torch.float32), (3, torch.bfloat16), (1, torch.float16)]):
+        x = _x(M, info.shape[-1], dtype, seed=i)
+        want = linear_layer(ck, info, x.float().numpy(), out_dtype={torch.float32: "float32",
+                            torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]).y
+        np.testing.assert_array_equal(m(x).float().numpy(), np.asarray(want, np.float32))
+    if scheme in ("ct-w8a8-int8",) or "w4a16" in scheme or scheme.startswith(("gptq", "awq")):
+        assert op.cache_stats()["hits"] >= hits0 + 3
+
+
+def test_reference_does_not_reuse_work_after_an_in_place_write(synthetic, big_cache):
+    """A weight tensor written in place (its version moves) is validated again: a NaN scale written after
+    the first call is refused, never served from what the cache kept."""
+    from emulator.errors import FormatError
+
+    for scheme, role in (("ct-w8a8-int8", "weight_scale"), ("ct-w4a16-g32-sym", "weight_scale")):
+        ck = Checkpoint(synthetic / scheme)
+        info = ck.layers()[0]
+        m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")
+        x = _x(2, info.shape[-1], torch.float32)
+        m(x)
+        m(x)
+        getattr(m, "q_" + role).view(-1)[0] = float("nan")
+        with pytest.raises((FormatError, RuntimeError), match="weight_scale|NaN"):
+            m(x)
