@@ -95,7 +95,8 @@ class QuantLinear(nn.Module):
         return self._spec
 
     def weights(self) -> list[torch.Tensor]:
-        return [getattr(self, "q_" + r) for r in self._roles]
+        b = self._buffers  # the buffers as registered (nn.Module.__getattr__ per role costs more than the dict)
+        return [b["q_" + r] for r in self._roles]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

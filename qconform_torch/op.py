@@ -32,6 +32,7 @@ model is ever held.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -78,6 +79,12 @@ def layer_spec(info: LayerInfo, expert: int | None = None) -> str:
 
 
 def parse_spec(spec: str) -> tuple[LayerInfo, int | None]:
+    """(the layer's LayerInfo, its expert index or None) from a ``layer_spec`` string (parsed once per string)."""
+    return _parse_spec(spec)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_spec(spec: str) -> tuple[LayerInfo, int | None]:
     try:
         d = json.loads(spec)
         info = LayerInfo(**{**d["info"], "shape": tuple(d["info"]["shape"])})
@@ -103,13 +110,17 @@ class _LayerTensors:
         if len(weights) != len(r):
             raise ValueError(f"quant_linear: {info.name}: expected {len(r)} weight tensors ({', '.join(r)}), "
                              f"got {len(weights)}")
-        self._by_name = {info.tensors[role]: to_numpy_tensor(w) for role, w in zip(r, weights)}
+        self._torch = {info.tensors[role]: w for role, w in zip(r, weights)}
+        self._by_name: dict[str, Tensor] = {}  # converted when first read (a layer served from the cache reads few)
 
     def tensor(self, name: str, *, layer: str | None = None) -> Tensor:
-        return self._by_name[name]
+        t = self._by_name.get(name)
+        if t is None:
+            t = self._by_name[name] = to_numpy_tensor(self._torch[name])
+        return t
 
     def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:
-        return {role: self._by_name[name] for role, name in info.tensors.items()}
+        return {role: self.tensor(name) for role, name in info.tensors.items()}
 
 
 def _expert_slice(info: LayerInfo, weights: list[torch.Tensor], expert: int) -> tuple[LayerInfo, list[torch.Tensor]]:
