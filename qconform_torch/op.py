@@ -143,6 +143,7 @@ def set_cache_budget(mb: float) -> None:
     if mb < 0:
         raise ValueError(f"cache budget must be >= 0 MiB, got {mb}")
     _CACHE.reset(int(mb * (1 << 20)))
+    _LANES.clear()
 
 
 def cache_stats() -> dict:
@@ -222,6 +223,7 @@ def use_floor(db: float | None) -> None:
 def clear_selections() -> None:
     """Forget every dispatch choice and its log lines (a new run: ``qconform model``)."""
     _DISPATCH.clear()
+    _LANES.clear()
 
 
 def selections() -> dict[str, list[str]]:
@@ -332,6 +334,11 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         info, weights = _expert_slice(info, weights, int(expert))
     elif len(info.shape) != 2:
         raise ValueError(f"quant_linear: {info.name}: stacked experts {list(info.shape)} need an expert index")
+    lane_key = (spec, backend, dtype) if expert is None and backend not in ("emulator", "auto") else None
+    if lane_key is not None:
+        y = _lane(lane_key, weights, x32)
+        if y is not None:
+            return y
     src = _LayerTensors(info, weights)
     if backend == "emulator":
         return _reference(src, info, x32, dtype, (spec, weights_in))
@@ -348,7 +355,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         try:
             b = _DISPATCH.named(backend, case)
             _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {b.label} (named)")
-            return _compute(b, case, src, info, weights, spec, x32, bias)
+            return _compute(b, case, src, info, weights, spec, x32, bias, lane_key)
         except Exception as e:  # noqa: BLE001 - one line naming the layer (a kernel's error may name none)
             raise RuntimeError(f"{info.name}: {' '.join(str(e).split())[:400]}" if str(e).startswith("backend ")
                                else f"{info.name}: backend {backend} failed ({type(e).__name__}: "
@@ -384,7 +391,31 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
     return y
 
 
-def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias) -> np.ndarray:
+#: (spec, named backend, activation dtype) -> (weights' identity, cache key, bias, output dtype, (N, K) or None):
+#: a named backend's layer the torch fast path served, checked, validated and logged before (``_lane``)
+_LANES: dict[tuple, tuple] = {}
+
+
+def _lane(lane_key, weights, x32: np.ndarray):
+    """y for a layer already served by a torch fast path entry, with the same tensors (and versions): validated,
+    dispatched and logged on an earlier call, its cache entry asked for as every call asks (the cache's request
+    counts stay exact); None where anything differs (the full path then runs)."""
+    lane = _LANES.get(lane_key)
+    if lane is None or lane[0] != _identity(weights):
+        return None
+    _, key, bias, out_dtype, w8a8_shape = lane
+    if w8a8_shape is not None and not _W8A8_CHOICE.get((*w8a8_shape, _m_class(x32.shape[0]))):
+        return None
+    if w8a8_shape is None and ieee_fp32_matmul_refusal() is not None:
+        return None
+    entry = _CACHE.peek(key)
+    if entry is None:
+        return None
+    _CACHE.get(key)
+    return entry[0](x32, bias, out_dtype)
+
+
+def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias, lane_key=None) -> np.ndarray:
     """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
     its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
     (qconform_torch/prepared_cache.py)."""
@@ -407,10 +438,15 @@ def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray,
                 w = declared_weight(case, case_tensors(src, info, case), b.computed(case))
                 entry = (TorchFastLinear(w), list(weights))
                 _CACHE.put(key, entry, nbytes)
+            if lane_key is not None:
+                _LANES[lane_key] = (_identity(weights), key, bias, case.output_dtype, None)
             return entry[0](x32, bias, case.output_dtype)
     elif b.name == "emulator" and set(b.params) <= {"path"} and b._fast_w8a8(case):
         y = _torch_w8a8(b, case, src, info, weights, spec, x32, bias)
         if y is not None:
+            if lane_key is not None:
+                _LANES[lane_key] = (_identity(weights), (spec, b.label, "torch w8a8", _identity(weights)), bias,
+                                    case.output_dtype, (case.N, case.K))
             return y
     return _run_prepared(b, case, src, info, weights, spec, x32, bias)
 

@@ -60,6 +60,12 @@ class PreparedCache:
             self.misses += 1
             return None
 
+    def peek(self, key):
+        """The cached value, or None; not counted as a request (``get`` counts it)."""
+        with self._lock:
+            v = self._d.get(key)
+            return None if v is None else v[0]
+
     def count_streamed(self, key) -> None:
         """A request the caller served without the cache (``admits`` said no): a miss, uncached."""
         with self._lock:

@@ -141,7 +141,7 @@ class TorchW8A8Linear:
         # turned into a multiply by its reciprocal, which rounds twice
         scale = torch.div(amax, torch.full_like(amax, 127.0))
         quot = x / scale
-        quot = torch.where(amax == 0, 0.0, quot)
+        # a zero row (scale 0: every x is +-0) and an underflowed scale give 0/0 = NaN: code 0; x/0 = +-Inf saturates
         quot = torch.nan_to_num(quot, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
         q = torch.round(quot).clamp_(-128, 127).to(torch.int8)  # torch.round: half to even
         acc = torch._int_mm(q, self._b)

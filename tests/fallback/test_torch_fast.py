@@ -208,3 +208,22 @@ def test_reference_does_not_reuse_work_after_an_in_place_write(synthetic, big_ca
         getattr(m, "q_" + role).view(-1)[0] = float("nan")
         with pytest.raises((FormatError, RuntimeError), match="weight_scale|NaN"):
             m(x)
+
+
+@pytest.mark.parametrize("scheme", ["ct-w4a16-g32-sym", "ct-w8a8-int8"])
+def test_repeated_calls_see_in_place_writes(scheme, synthetic, big_cache):
+    """A named backend's later calls skip the per-call checks only while the layer's tensors (and their versions)
+    are those checked: a bias written in place after several calls moves the output by exactly that bias."""
+    ck = Checkpoint(synthetic / scheme)
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend=FAST)
+    x = _x(4, info.shape[-1], torch.float32)
+    y0 = [m(x) for _ in range(3)][-1]
+    with torch.no_grad():
+        m.q_bias.zero_()
+    y1 = m(x)
+    ref = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")
+    with torch.no_grad():
+        ref.q_bias.zero_()
+    np.testing.assert_allclose(y1.numpy(), ref(x).numpy(), rtol=0, atol=1e-5 * float(ref(x).abs().max()))
+    assert not torch.equal(y0, y1)
