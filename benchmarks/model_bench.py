@@ -1,7 +1,9 @@
 """Model-level benchmark (issue 25): a whole forward pass of a small random Llama quantized three ways, on every
 path the fallback offers and the toolkits' own CPU paths, timed alternately, best of N.
 
-Run: ``qconform bench --model [--hidden 1024] [--layers 4] [--json FILE]`` (docs/performance.md#model-level).
+Run: ``qconform bench --model [--hidden 1024] [--layers 4] [--threads N] [--formats ...] [--json FILE]``
+(docs/performance.md#model-level). ``--threads 1`` runs every contender on one thread and times the process's
+CPU time: on a shared host that measures each contender's work, where wall times measure its share of the cores.
 
 The bench writes its own checkpoints (project-written: emulator/formats quantizers from seeded random
 fp32 weights): compressed-tensors W4A16 (pack-quantized, group 128, symmetric), GPTQ v1 (int4, group 128,
