@@ -19,7 +19,8 @@ Requests:
                                                   shared inputs with "inputs_sha256", checked before running)
   (a quantize-only case writes its named tensors "q.<name>" instead of "y": docs/conformance.md#quantize-only-cases)
   {"op": "localize", "spec" | "bundle", "declared": {...}} -> {"localization": {...}}: probes run on the
-                                                  case's own weights (conformance/judge/localize.py)
+                                                  case's own weights, and its own activation rows one
+                                                  at a time (conformance/judge/localize.py)
   {"op": "exit"}
 A kernel output that is not a real-valued array (None, a scalar, complex, object) is refused with
 ``{"ok": false, "kind": "malformed", "error": ...}``; a Python exception (MemoryError under the
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
                         raise ValueError(problem)
                     return y
 
-                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias)
+                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias, x=inp.x)
                 reply({"ok": True, "localization": to_json(loc)})
             elif op == "exit":
                 reply({"ok": True})
