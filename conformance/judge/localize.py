@@ -359,6 +359,7 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     Xa = _exact_activation_rows(case, declared)
     if Xa is not None:
         obs, exp, bad = prober(Xa, None)
+        acts_bad = bad
         step = prober.chunks(len(Xa))[0][2]
         acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step), out_dtype)
         if acts.get("hypothesis") and weights is not None and not weights["ok"]:
@@ -379,7 +380,9 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     if x is not None and case.spec.activations in ("int8", "mxfp4") and (
             weights is None or weights["ok"] or weights.get("explained_by")):
         try:
-            own = analyze_own_rows(case, tensors, declared, run, prober.judge, x, bias, W_decl, prober.parts)
+            exact_rows = (Xa, acts_bad) if Xa is not None else None
+            own = analyze_own_rows(case, tensors, declared, run, prober.judge, x, bias, W_decl, prober.parts,
+                                   exact_rows)
         except Exception as e:  # noqa: BLE001 - the kernel raised on a row alone: the other findings stand
             own = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
         if own is not None:
@@ -421,7 +424,7 @@ def _weights_read(case: Case, weights) -> str:
 _CLASS_PART = {"exact ties after scaling": "rounding of ties", "amax exactly a power of two": "scale",
                "amax one unit below a power of two": "scale", "tiny amax (subnormal scale)": "scale",
                "saturating values": "clamp / saturation", "zero row": "zero-row guard",
-               "NaN/Inf in the row": "NaN/Inf handling"}
+               "NaN/Inf in the row": "NaN/Inf handling", "zero point saturated at the int32 limit": "zero point"}
 
 
 def _own_rows_verdict(case: Case, own) -> "tuple[str, str] | None":
@@ -431,15 +434,16 @@ def _own_rows_verdict(case: Case, own) -> "tuple[str, str] | None":
         return None
     rows = f"the case's rows {_short(own['failing_rows'])} (of {case.M}) fail alone"
     if own.get("hypothesis"):
+        alt = [c for c in own.get("candidates", [])[1:3]]
         return "activation quantization", (f"activation quantization wrong ({own['part']}): {rows}; the kernel "
-                                           f"quantizes as {own['hypothesis']}" + _class_note(own))
-    fc = [c for c in own.get("failing_classes") or [] if c in QUANTIZER_CLASSES]
-    passing_without = [r for r, c in own.get("row_classes", {}).items() if fc and fc[0] not in c]
-    if fc and passing_without:
+                                           f"quantizes as {own['hypothesis']}"
+                                           + (f" (equally consistent: {'; '.join(alt)})" if alt else "") + _class_note(own))
+    fc = [c for c in own.get("failing_classes") or [] if c in QUANTIZER_CLASSES and own["passing_without"].get(c)]
+    if fc:
         c = fc[0]
         return "activation quantization", (f"activation quantization wrong ({_CLASS_PART[c]}, by row class): {rows}, "
-                                           f"each a row with {c.lower()}; the rows without pass (no rule of the "
-                                           "vocabulary reproduces the outputs)")
+                                           f"each a row with {c.lower()}; {own['passing_without'][c]} row(s) without "
+                                           "it pass (no rule of the vocabulary reproduces the outputs)")
     return None
 
 
@@ -448,7 +452,8 @@ def _class_note(own: dict) -> str:
     if not fc:
         return ""
     t = next(t for t in own["classes"] if t["class"] == fc[0])
-    return f" (every failing row has {fc[0].lower()}; {t['pass']} such row(s) pass)"
+    return (f" (every failing row has {fc[0].lower()}; {t['pass']} such row(s) pass, "
+            f"{own.get('passing_without', {}).get(fc[0], 0)} without it pass)")
 
 
 def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
@@ -489,10 +494,13 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
                "bias" if bias_res is not None else None]
     checked = [c for c in checked if c]
     if own and not own.get("ok") and own.get("failing_rows"):
+        fc = [c for c in own.get("failing_classes") or [] if c in QUANTIZER_CLASSES]
+        how = (f"(each has {fc[0].lower()} and no row without it was run: the quantization of such rows is not "
+               "excluded)" if fc else "whatever their value class")
         return ("accumulation or output rounding",
-                f"{', '.join(checked) or 'nothing'} read back exact, and the case's own rows fail alone whatever "
-                "their value class (no activation-quantization rule of the vocabulary reproduces them): the failure "
-                "is in the product, the accumulation or the output rounding")
+                f"{', '.join(checked) or 'nothing'} read back exact, and the case's own rows fail alone {how}; no "
+                "activation-quantization rule of the vocabulary reproduces them: the failure is in the product, the "
+                "accumulation or the output rounding")
     return ("accumulation or output rounding",
             f"{', '.join(checked) or 'nothing'} read back exact: the failure is in the product, the accumulation "
             "or the output rounding (or depends on the case's own activations)")

@@ -60,7 +60,12 @@ _SKIP = {("nan_to_int", "raise"), ("e2m1_nan", "raise"), ("azp_fused", True), ("
 #: a one-signed or a constant row also stresses the accumulator (large sums), so it is not among them
 QUANTIZER_CLASSES = ("zero row", "NaN/Inf in the row", "amax exactly a power of two",
                      "amax one unit below a power of two", "exact ties after scaling", "saturating values",
-                     "tiny amax (subnormal scale)")
+                     "tiny amax (subnormal scale)", "zero point saturated at the int32 limit")
+
+#: the order in which classes shared by every failing row are named (the most specific first)
+_PRIORITY = ("zero point saturated at the int32 limit", "NaN/Inf in the row", "zero row", "saturating values",
+             "exact ties after scaling", "tiny amax (subnormal scale)", "amax one unit below a power of two",
+             "amax exactly a power of two", "zero point outside the int8 code range", "constant row", "one-signed row")
 
 Judge = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", Declared], tuple]
 Run = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
@@ -78,9 +83,11 @@ def _pow2(v: np.ndarray) -> np.ndarray:
     return (v != 0) & np.isfinite(v) & (m == 0.5)
 
 
-def row_classes(case: Case, x: np.ndarray, tie: "np.ndarray | None", scale: "np.ndarray | None") -> list[list[str]]:
+def row_classes(case: Case, x: np.ndarray, tie: "np.ndarray | None", scale: "np.ndarray | None",
+                zero_point: "np.ndarray | None" = None) -> list[list[str]]:
     """The value classes of each row of ``x`` (float32 [rows, K]); ``tie``: the declared reference's tie mask
-    ([rows, K]); ``scale``: its scales (int8: per row; MXFP4: E8M0 bytes per block). MXFP4 classes are of
+    ([rows, K]); ``scale``: its scales (int8: per row; MXFP4: E8M0 bytes per block); ``zero_point``: its int8
+    zero points (asymmetric). MXFP4 classes are of
     the row's 32-element blocks (a row has the class if one of its blocks has it)."""
     x64 = np.asarray(x, np.float64)
     out = []
@@ -118,6 +125,12 @@ def row_classes(case: Case, x: np.ndarray, tie: "np.ndarray | None", scale: "np.
                 s = float(np.ravel(scale)[i]) if np.ndim(scale) else float(scale)
                 if 0 < s < np.finfo(np.float32).tiny:
                     cls.append("tiny amax (subnormal scale)")
+        if zero_point is not None and np.size(zero_point) > i:
+            z = float(np.ravel(zero_point)[i])
+            if abs(z) >= 2.0 ** 31 - 1:
+                cls.append("zero point saturated at the int32 limit")
+            elif not -128 <= z <= 127:
+                cls.append("zero point outside the int8 code range")
         if tie is not None and np.asarray(tie)[i].any():
             cls.append("exact ties after scaling")
         if not cls:
@@ -211,12 +224,14 @@ def _custom(case: Case, declared: Declared, X: np.ndarray) -> list[tuple[str, st
 
 # -- the analysis ----------------------------------------------------------------------------------------------
 def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, judge: Judge, x: np.ndarray,
-                     bias: "np.ndarray | None", W: np.ndarray, reference_parts) -> "dict | None":
+                     bias: "np.ndarray | None", W: np.ndarray, reference_parts,
+                     probe_rows: "tuple | None" = None) -> "dict | None":
     """Run the case's own rows alone and name the row classes and the quantizer rule behind the failure.
 
     ``judge(X, Y, bias, decl)`` -> (reference outputs, outside-the-interval mask) of rows X with outputs Y
     under ``decl``; ``W``: the declared weights [N, K] (exact); ``reference_parts(X, bias)``: the declared
-    reference's intermediates (``x_tie``, ``x_scale``) for rows X."""
+    reference's intermediates (``x_tie``, ``x_scale``) for rows X; ``probe_rows``: (rows, outside mask) of the
+    probe rows whose quantization is exact, already run: they join the class table as rows of their classes."""
     if case.spec.activations not in ("int8", "mxfp4") or x is None or not len(x):
         return None
     if case.spec.activations == "int8" and declared.value("act_granularity") == "per_tensor":
@@ -245,9 +260,15 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
             f"rows {_list(rows[together & ~fail].tolist())} fail in the case's call of M = {case.M} rows but pass "
             "alone (M = 1): the rows are not independent (a scale or state spanning rows)")
     parts = reference_parts(X, bias)
-    classes = row_classes(case, X, parts.get("x_tie"), parts.get("x_scale"))
+    classes = row_classes(case, X, parts.get("x_tie"), parts.get("x_scale"), parts.get("x_zero_point"))
+    all_classes, all_fail = list(classes), list(fail)
+    if probe_rows is not None and len(probe_rows[0]):
+        pp = reference_parts(probe_rows[0], None)
+        all_classes += row_classes(case, probe_rows[0], pp.get("x_tie"), pp.get("x_scale"), pp.get("x_zero_point"))
+        all_fail += list(np.asarray(probe_rows[1]).any(axis=1))
+        res["probe_rows_in_table"] = int(len(probe_rows[0]))
     table = {}
-    for c, f in zip(classes, fail):
+    for c, f in zip(all_classes, all_fail):
         for name in c:
             t = table.setdefault(name, [0, 0])
             t[0 if f else 1] += 1
@@ -260,9 +281,11 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
     for c, f in zip(classes, fail):
         if f:
             common &= set(c)
-    confined = sorted((k for k in common if k != "ordinary row"), key=lambda k: table[k][1])
+    confined = sorted((k for k in common if k != "ordinary row"),
+                      key=lambda k: (table[k][1], _PRIORITY.index(k) if k in _PRIORITY else len(_PRIORITY)))
     res["failing_classes"] = confined
-    res["passing_classes"] = sorted({k for c, f in zip(classes, fail) if not f for k in c})
+    res["passing_classes"] = sorted({k for c, f in zip(all_classes, all_fail) if not f for k in c})
+    res["passing_without"] = {k: sum(1 for c, f in zip(all_classes, all_fail) if not f and k not in c) for k in confined}
     # hypotheses: vocabulary values (judged with their own interval) and named bugs (within 1 ulp)
     fits = []
     for name, part, d in hypotheses(case, declared):
@@ -302,12 +325,13 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
 def _class_text(res: dict) -> str:
     fc = res.get("failing_classes") or []
     if not fc:
-        return "; the failing rows share no value class (every kind of row fails)" if res["classes"] else ""
+        return "; the failing rows hold no value class that stresses the quantizer (ordinary rows fail)"
     c = fc[0]
     n_pass = next(t["pass"] for t in res["classes"] if t["class"] == c)
     n_fail = next(t["fail"] for t in res["classes"] if t["class"] == c)
-    return (f"; every failing row is a row with {c.lower()} ({n_fail} fail, {n_pass} such row(s) pass"
-            + (", every other kind of row passes)" if n_pass == 0 else ")"))
+    others = res.get("passing_without", {}).get(c, 0)
+    return (f"; every failing row is a row with {c.lower()} ({n_fail} fail, {n_pass} such row(s) pass; "
+            + (f"{others} row(s) without it pass)" if others else "no row without it was run)"))
 
 
 def _list(v, limit: int = 8) -> str:
