@@ -40,7 +40,7 @@ from backends.base import Case, Declared
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.localize_acts import QUANTIZER_CLASSES, analyze_own_rows
-from conformance.judge.localize_weights import analyze_weights, close, structure
+from conformance.judge.localize_weights import analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
 
@@ -174,6 +174,19 @@ def _one_hot_value(case: Case, declared: Declared) -> float | None:
         x[1, K - 1] = v
         if round_to_dtype(np.float64(v), case.act_dtype) == v and _quantization_exact(case, declared, x):
             return v
+    return None
+
+
+def _second_value(case: Case, declared: Declared, v: float) -> float | None:
+    """A second one-hot value whose products with the weights need more bits than the weights (3 v first)."""
+    K = case.K
+    for f in (3.0, 1.5, 5.0, 1.25):
+        v2 = v * f
+        x = np.zeros((2, K), np.float32)
+        x[0, 0] = v2
+        x[1, K - 1] = v2
+        if round_to_dtype(np.float64(v2), case.act_dtype) == v2 and _quantization_exact(case, declared, x):
+            return v2
     return None
 
 
@@ -344,6 +357,18 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
 
         weights = analyze_weights(st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
         weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
+        v2 = None if weights["ok"] else _second_value(case, declared, v)
+        if v2 is not None:  # a rounded product or a rounded weight? (round(v w) and v round(w) differ at v2)
+            obs2, _, _ = prober(X * np.float32(v2 / v), bias_in)
+            pw = product_or_weight(W_decl[:, ks].T, [(v, obs1), (v2, obs2)], out_dtype, b64)
+            loc["probes"].append(f"weight readback: the same {ks.size} one-hot row(s) at value {v2:g} (a rounded "
+                                 "product and a rounded weight differ there)")
+            if pw is not None:
+                weights["rounding"] = pw
+                finding = {"where": "every probed weight", "pattern": pw["pattern"], "n": weights["n_bad"]}
+                if pw["what"] == "product":
+                    weights["explained_by"] = pw["pattern"]
+                weights["findings"] = [finding]
         if not weights["ok"] and bad1.any():
             # the one-hot products need rounding (v * w off the output grid): is it truncated instead?
             with np.errstate(invalid="ignore", over="ignore"):
@@ -423,7 +448,7 @@ def _weights_read(case: Case, weights) -> str:
 #: the part of the activation quantizer a failing row class points at (when no rule of the vocabulary is named)
 _CLASS_PART = {"exact ties after scaling": "rounding of ties", "amax exactly a power of two": "scale",
                "amax one unit below a power of two": "scale", "tiny amax (subnormal scale)": "scale",
-               "saturating values": "clamp / saturation", "zero row": "zero-row guard",
+               "saturating values": "clamp / saturation", "saturating codes": "clamp / saturation", "zero row": "zero-row guard",
                "NaN/Inf in the row": "NaN/Inf handling", "zero point saturated at the int32 limit": "zero point"}
 
 
@@ -457,6 +482,9 @@ def _class_note(own: dict) -> str:
 
 
 def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
+    rounding = (weights or {}).get("rounding") or {}
+    if rounding.get("what") == "product":
+        return "accumulation", f"accumulation wrong: {rounding['pattern']}"
     named_act = acts is not None and not acts["ok"] and acts.get("hypothesis")
     weights_bad = weights is not None and not weights["ok"]
     if weights_bad and weights.get("explained_by") == OUTPUT_RTZ and (acts is None or acts["ok"]

@@ -60,11 +60,11 @@ _SKIP = {("nan_to_int", "raise"), ("e2m1_nan", "raise"), ("azp_fused", True), ("
 #: a one-signed or a constant row also stresses the accumulator (large sums), so it is not among them
 QUANTIZER_CLASSES = ("zero row", "NaN/Inf in the row", "amax exactly a power of two",
                      "amax one unit below a power of two", "exact ties after scaling", "saturating values",
-                     "tiny amax (subnormal scale)", "zero point saturated at the int32 limit")
+                     "saturating codes", "tiny amax (subnormal scale)", "zero point saturated at the int32 limit")
 
 #: the order in which classes shared by every failing row are named (the most specific first)
-_PRIORITY = ("zero point saturated at the int32 limit", "NaN/Inf in the row", "zero row", "saturating values",
-             "exact ties after scaling", "tiny amax (subnormal scale)", "amax one unit below a power of two",
+_PRIORITY = ("zero point saturated at the int32 limit", "NaN/Inf in the row", "zero row", "saturating codes",
+             "exact ties after scaling", "saturating values", "tiny amax (subnormal scale)", "amax one unit below a power of two",
              "amax exactly a power of two", "zero point outside the int8 code range", "constant row", "one-signed row")
 
 Judge = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", Declared], tuple]
@@ -125,6 +125,12 @@ def row_classes(case: Case, x: np.ndarray, tie: "np.ndarray | None", scale: "np.
                 s = float(np.ravel(scale)[i]) if np.ndim(scale) else float(scale)
                 if 0 < s < np.finfo(np.float32).tiny:
                     cls.append("tiny amax (subnormal scale)")
+                z = float(np.ravel(zero_point)[i]) if zero_point is not None and np.size(zero_point) > i else 0.0
+                if s > 0 and abs(z) < 2.0 ** 31 - 1:
+                    with np.errstate(all="ignore"):
+                        raw = np.rint((rf.astype(np.float32) / np.float32(s)).astype(np.float32)) + z
+                    if np.any((raw > 127) | (raw < -128)):
+                        cls.append("saturating codes")
         if zero_point is not None and np.size(zero_point) > i:
             z = float(np.ravel(zero_point)[i])
             if abs(z) >= 2.0 ** 31 - 1:
