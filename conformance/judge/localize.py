@@ -406,7 +406,8 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
             weights is None or weights["ok"] or weights.get("explained_by")):
         try:
             exact_rows = (Xa, acts_bad) if Xa is not None else None
-            own = analyze_own_rows(case, tensors, declared, run, prober.judge, x, bias, W_decl, prober.parts,
+            W_own = st.build() if st.kind == "int" else W_decl  # (q - z) * s in float64: the integer dots' weights
+            own = analyze_own_rows(case, tensors, declared, run, prober.judge, x, bias, W_own, prober.parts,
                                    exact_rows)
         except Exception as e:  # noqa: BLE001 - the kernel raised on a row alone: the other findings stand
             own = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}

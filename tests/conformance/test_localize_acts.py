@@ -160,6 +160,27 @@ def _ties_rows(K: int, rng) -> np.ndarray:
     return X
 
 
+def _recip_rows(K: int, rng) -> np.ndarray:
+    """Symmetric int8, fp32: every row's amax is one where fl32(amax / 127) != fl32(amax * fl32(1/127))
+    (found by NumPy float32 arithmetic), the other values below it."""
+    X = rng.normal(0, 1, (4, K)).astype(f32)
+    for i in range(4):
+        while True:
+            a = f32(rng.uniform(4, 8))
+            if f32(a / f32(127)) != f32(a * (f32(1) / f32(127))):
+                break
+        X[i, 0] = a
+        s1, s2 = f32(a / f32(127)), f32(a * (f32(1) / f32(127)))
+        col = 1
+        for n in range(3, 120):  # values next to a rounding boundary whose code the two scales give differently
+            base = f32((n + 0.5) * s1)
+            for c in (base, np.nextafter(base, f32(0)), np.nextafter(base, f32(np.inf))):
+                if col < K and np.rint(f32(c / s1)) != np.rint(f32(c / s2)):
+                    X[i, col] = c
+                    col += 1
+    return X
+
+
 def _one_signed_rows(K: int, rng) -> np.ndarray:
     """Asymmetric int8: rows 0 and 2 one-signed (all positive / all negative), rows 1 and 3 straddle zero."""
     X = rng.normal(0, 1, (4, K)).astype(f32)
@@ -207,7 +228,7 @@ CASES = [
     ("rhaz", W8S, "ties", "activation quantization",
      ["activation quantization wrong (rounding)", "act_rounding=rhaz", "exact ties after scaling"]),
     ("rtz", W8S, "normal", "activation quantization", ["activation quantization wrong (rounding)", "act_rounding=rtz"]),
-    ("recip_mul", W8S, "normal", "activation quantization",
+    ("recip_mul", W8S, "recip", "activation quantization",
      ["activation quantization wrong (scale)", "act_scale_formula=recip_mul"]),
     ("scale_bf16", W8S, "normal", "activation quantization",
      ["activation quantization wrong (scale)", "act_scale_dtype=bfloat16"]),
@@ -236,6 +257,8 @@ def crafted_inputs(case: Case, rows: str):
     K = case.K
     if rows == "ties":
         x = _mx_rows_in(K, rng, "ties") if case.spec.activations == "mxfp4" else _ties_rows(K, rng)
+    elif rows == "recip":
+        x = _recip_rows(K, rng)
     elif rows == "one_signed":
         x = _one_signed_rows(K, rng)
     elif rows == "wrap":
@@ -292,8 +315,8 @@ def test_worker_localization_names_the_planted_bug(tmp_path, bug, case, rows, st
     if stage == "activation quantization":
         own = loc["own_rows"]
         assert own["failing_rows"] and not own["ok"], text
-        if rows != "normal":  # the crafted trigger sits in row 0 only: the other rows pass alone
-            assert own["failing_rows"] == [0], text
+        if rows not in ("normal", "recip"):  # the crafted triggers sit in these rows only: the others pass alone
+            assert own["failing_rows"] == ([0, 2] if rows == "one_signed" else [0]), text
 
 
 @pytest.mark.parametrize("case,rows", [(W8S, "ties"), (W8A, "one_signed"), (W8A, "wrap"), (W4A4, "ties"),
