@@ -361,8 +361,6 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         if v2 is not None:  # a rounded product or a rounded weight? (round(v w) and v round(w) differ at v2)
             obs2, _, _ = prober(X * np.float32(v2 / v), bias_in)
             pw = product_or_weight(W_decl[:, ks].T, [(v, obs1), (v2, obs2)], out_dtype, b64)
-            loc["probes"].append(f"weight readback: the same {ks.size} one-hot row(s) at value {v2:g} (a rounded "
-                                 "product and a rounded weight differ there)")
             if pw is not None:
                 weights["rounding"] = pw
                 finding = {"where": "every probed weight", "pattern": pw["pattern"], "n": weights["n_bad"]}
@@ -378,6 +376,9 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
                 weights["explained_by"] = OUTPUT_RTZ
         loc["probes"].append(f"weight readback: {ks.size} one-hot row(s) of value {v:g} (columns "
                              f"{'all' if ks.size == case.K else f'{ks.size} of {case.K}'}), in chunks of M={case.M}")
+        if v2 is not None:
+            loc["probes"].append(f"weight readback: the same {ks.size} one-hot row(s) at value {v2:g} (a rounded "
+                                 "product and a rounded weight differ there)")
         loc["weights"] = weights
     # 2. activation quantization (int8 / MXFP4 activations)
     acts = None

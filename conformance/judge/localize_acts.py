@@ -322,9 +322,9 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
         res["findings"].append({"where": where, "pattern": "outputs differ; no activation-quantization rule of the "
                                 "vocabulary explains them" + cls_txt, "n": int(bad.sum())})
     res["scale"] = _scale_readback(case, declared, run, X[fail][:4], rows[fail][:4], W, out_dtype)
-    for s in res["scale"]:
-        if s.get("off"):
-            res["findings"].append({"where": f"row {s['row']} (its amax element alone)", "pattern": s["text"], "n": 1})
+    for s in [s for s in res["scale"] if s.get("off")][:2]:
+        res["findings"].append({"where": f"row {s['row']} (its amax element alone)", "pattern": s["text"],
+                                "n": int(W.shape[0])})
     return res
 
 
@@ -390,7 +390,8 @@ def _scale_readback(case: Case, declared: Declared, run: Run, X: np.ndarray, row
             seen = {}
             for de in (-1, 0, 1):
                 m = a / 2.0 ** (e + de)
-                seen[f"block scale 2^{e + de}"] = float(grid[np.argmin(np.abs(grid - min(m, 6)))] * 2.0 ** (e + de))
+                j = np.argmin(np.abs(grid - min(m, 6)) + 1e-12 * (np.arange(8) % 2))  # ties to the even code
+                seen[f"block scale 2^{e + de}"] = float(grid[j] * 2.0 ** (e + de))
             what = f"dequantized amax in [{lo:.9g}, {hi:.9g}], declared {d_decl:.9g} (block scale 2^{e})"
         inside = lo <= d_decl <= hi
         match = [n for n, d in seen.items() if lo <= d <= hi]

@@ -318,6 +318,10 @@ def hypotheses(st: Structure, case: Case):
         yield (f"the {what} {g}-1 used for {what.split()[-1]} {g}", st.build(grp=down))
         if st.kind == "int" and np.any(st.zero):
             yield ("the scale of group g+1 used for group g (zero point right)", (st.q - st.zero[:, st.grp]) * st.scale[:, up])
+        if st.kind == "int":  # group scales read as one per output channel: group 0's everywhere
+            g0 = np.zeros_like(st.grp)
+            yield ("the scale of K group 0 used for every group (group scales read as per-channel)",
+                   (st.q - st.zero[:, st.grp]) * st.scale[:, g0])
     if st.default_grp is not None:
         yield ("g_idx ignored: column k read with group k // G instead of g_idx[k]", st.build(grp=st.default_grp))
     length = case.K if st.pack_axis == "K" else case.N
