@@ -16,7 +16,12 @@ one declared rounding, computed by the emulator):
    with weights read back exact is in the activation quantization or the epilogue, and named where a
    hypothesis (scale amax/128, zero point sign flipped or ignored, a per-token or per-channel factor)
    explains it;
-3. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
+   a weight readback that differs runs again at a second value (3 v first): a product rounded to a dtype,
+   round(v w), is told from a weight rounded to it, v round(w) (conformance/judge/localize_weights.py);
+3. the case's own activation rows (``x``; int8 and MXFP4 activations), one at a time: classified by value
+   class and matched against every other value of the activation-quantization vocabulary
+   (conformance/judge/localize_acts.py);
+4. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
 
 Probes run in chunks of the case's M rows, so the kernel takes the same path (M = 1 decode kernels
 too). The result is a JSON-able dict; conformance/judge/localize_text.py renders it (console, reports, replay).
