@@ -301,14 +301,18 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
             continue
         if hbad.any() or np.array_equal(hexp, exp, equal_nan=True):
             continue
-        fits.append((int(close(Y, hexp, out_dtype, 0).sum()), -len(fits), name, part))
+        fits.append((int(close(Y, hexp, out_dtype, 0).sum()), -len(fits), name, part, d))
     b = 0.0 if bias is None else np.asarray(bias, np.float64)[None, :]
     for name, part, deq in _custom(case, declared, X):
         with np.errstate(all="ignore"):
             hy = np.asarray(round_to_dtype(deq @ W.T + b, out_dtype), np.float64)
         if close(Y, hy, out_dtype, 1).all() and not close(exp, hy, out_dtype, 0).all():
-            fits.append((int(close(Y, hy, out_dtype, 0).sum()), -len(fits), name, part))
-    fits.sort(reverse=True)
+            fits.append((int(close(Y, hy, out_dtype, 0).sum()), -len(fits), name, part, None))
+    fits.sort(key=lambda f: f[:2], reverse=True)
+    if len(fits) > 1:  # rows on which the rules that fit disagree, run alone: keep the rules that still fit
+        fits, n_disc = _discriminate(case, declared, run, judge, fits, X[fail], bias, W, out_dtype)
+        if n_disc:
+            res["discriminating_rows"] = n_disc
     where = f"rows {_list(rows[fail].tolist())} (of {case.M}) run alone"
     cls_txt = _class_text(res)
     if fits:
@@ -326,6 +330,54 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
         res["findings"].append({"where": f"row {s['row']} (its amax element alone)", "pattern": s["text"],
                                 "n": int(W.shape[0])})
     return res
+
+
+def _predict(case, declared, judge, fit, Xc, bias, W, out_dtype):
+    """A rule's rounded reference outputs on rows Xc (vocabulary rules: their declaration's reference)."""
+    name, d = fit[2], fit[4]
+    if d is not None:
+        return judge(Xc, np.zeros((len(Xc), W.shape[0])), bias, d)[0]
+    b = 0.0 if bias is None else np.asarray(bias, np.float64)[None, :]
+    deq = dict((n, q) for n, _, q in _custom(case, declared, Xc))[name]
+    with np.errstate(all="ignore"):
+        return np.asarray(round_to_dtype(deq @ W.T + b, out_dtype), np.float64)
+
+
+def _fits(case, declared, judge, fit, Xc, Yc, bias, W, out_dtype) -> bool:
+    if fit[4] is not None:
+        return not judge(Xc, Yc, bias, fit[4])[1].any()
+    return bool(close(Yc, _predict(case, declared, judge, fit, Xc, bias, W, out_dtype), out_dtype, 1).all())
+
+
+def _discriminate(case, declared, run, judge, fits, Xf, bias, W, out_dtype, n_rows: int = 8, seed: int = 3):
+    """Among the failing rows scaled by factors in [0.5, 2) (rounded to the activation dtype, so the amax, the
+    scale and the quotients move), the rows where the fitting rules predict different outputs; each runs alone
+    and the rules that no longer fit are dropped. Returns (fits, rows run)."""
+    rng = np.random.default_rng(seed)
+    top = fits[:6]
+    cand = []
+    for r in Xf[:4]:
+        for f in rng.uniform(0.5, 2.0, 48):
+            cand.append(np.asarray(round_to_dtype(r.astype(np.float64) * f, case.act_dtype), np.float32))
+    if not cand:
+        return fits, 0
+    Xc = np.stack(cand)
+    try:
+        preds = [_predict(case, declared, judge, f, Xc, bias, W, out_dtype) for f in top]
+    except Exception:  # noqa: BLE001 - a rule the reference cannot evaluate on these rows: keep the fits as they are
+        return fits, 0
+    with np.errstate(invalid="ignore"):
+        split = np.array([len({tuple(np.nan_to_num(p[i]).round(12)) for p in preds}) for i in range(len(Xc))])
+    pick = [i for i in np.argsort(-split, kind="stable") if split[i] > 1][:n_rows]
+    if not pick:
+        return fits, 0
+    Xd = Xc[pick]
+    try:
+        Yd = np.concatenate([np.asarray(run(Xd[i:i + 1], bias), np.float64) for i in range(len(Xd))])
+    except Exception:  # noqa: BLE001 - the kernel refused a row: keep the fits as they are
+        return fits, 0
+    kept = [f for f in top if _fits(case, declared, judge, f, Xd, Yd, bias, W, out_dtype)]
+    return (kept + [f for f in fits[6:] if kept] if kept else fits), len(pick)
 
 
 def _class_text(res: dict) -> str:
