@@ -112,15 +112,13 @@ def row_classes(case: Case, x: np.ndarray, tie: "np.ndarray | None", scale: "np.
                 cls.append("amax exactly a power of two")
             if _pow2(amaxes + _ulp_of(amaxes, case.act_dtype)).any() and not _pow2(amaxes).all():
                 cls.append("amax one unit below a power of two")
-            if mx:
-                e = np.floor(np.log2(np.where(np.abs(r) > 0, np.abs(r), 1.0)))
+            if mx:  # |x| / 2^(floor(log2 amax) - 2) > 6: an element the E2M1 grid saturates
                 bexp = np.repeat([np.floor(np.log2(a)) if a > 0 else 0 for a in
                                   [np.max(np.abs(b[np.isfinite(b)]), initial=0.0) for b in blocks]], 32)[: r.size]
                 with np.errstate(invalid="ignore", over="ignore"):
                     quo = np.abs(r) / np.ldexp(1.0, (bexp - 2).astype(np.int64))
                 if np.any(np.isfinite(quo) & (quo > 6)):
                     cls.append("saturating values")
-                del e
             elif scale is not None and np.size(scale) > i:
                 s = float(np.ravel(scale)[i]) if np.ndim(scale) else float(scale)
                 if 0 < s < np.finfo(np.float32).tiny:

@@ -333,3 +333,31 @@ def test_correct_kernel_localization_names_nothing(tmp_path, case, rows):
     for part in ("weights", "activations", "own_rows", "bias"):
         if part in loc:
             assert loc[part]["ok"] and not loc[part]["findings"], (part, loc[part])
+
+
+def test_console_reports_and_replay_name_the_activation_rule(tmp_path, capsys, monkeypatch):
+    """`qconform run` (the runner's worker localizes the first failures), report.md, report.html and
+    `qconform replay` show the own-row localization of the rhaz kernel on the smoke profile's W8A8 edge cases."""
+    import json
+
+    from conformance.cli.main import main
+
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", SPEC)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
+    out = tmp_path / "run"
+    assert main(["run", "--profile", "smoke", "--tier", "edge", "--scheme", "w8a8", "-j", "1", "--no-progress",
+                 "--backend", "actplanted:bug=rhaz", "--out", str(out)]) == 1
+    want = "activation quantization wrong (rounding)"
+    rule = "act_rounding=rhaz"
+    console = capsys.readouterr().out
+    assert want in console and rule in console and "own rows by value class" in console
+    for report in ("report.md", "report.html"):
+        text = (out / report).read_text()
+        assert want in text and rule in text, report
+    recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    localized = [r for r in recs if r.get("kind") == "result" and r.get("localization")]
+    assert localized and all(r["localization"]["stage"] == "activation quantization" for r in localized)
+    monkeypatch.chdir(out)
+    assert main(["replay", localized[0]["bundle"]]) == 1
+    replay = capsys.readouterr().out
+    assert want in replay and rule in replay
