@@ -408,7 +408,7 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         loc["probes"].append(f"activation quantization: {len(Xa)} row(s) whose declared quantization is exact")
     # 3. the case's own activation rows, one at a time (int8 / MXFP4 activations; the weights read back right)
     own = None
-    if x is not None and case.spec.activations in ("int8", "mxfp4") and (
+    if x is not None and case.spec.activations in ("int8", "mxfp4") and declared.arithmetic != "opaque" and (
             weights is None or weights["ok"] or weights.get("explained_by")):
         try:
             exact_rows = (Xa, acts_bad) if Xa is not None else None
@@ -528,6 +528,11 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
     checked = [_weights_read(case, weights) if weights is not None else None, "activation quantization" if acts is not None else None,
                "bias" if bias_res is not None else None]
     checked = [c for c in checked if c]
+    if own and own.get("alone_vs_together"):
+        return ("accumulation or output rounding",
+                f"{', '.join(checked) or 'nothing'} read back exact; the case's own rows: {own['alone_vs_together']}: "
+                "the kernel path of one row count differs from the other's (product, accumulation, output rounding, "
+                "or a state spanning rows)")
     if own and not own.get("ok") and own.get("failing_rows"):
         fc = [c for c in own.get("failing_classes") or [] if c in QUANTIZER_CLASSES]
         how = (f"(each has {fc[0].lower()} and no row without it was run: the quantization of such rows is not "

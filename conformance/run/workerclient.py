@@ -126,7 +126,8 @@ class WorkerClient:
         return RunReply(r.get("prepare_s"), r.get("run_s"))
 
     def localize(self, declared: Declared, *, spec=None, bundle: "str | Path | None" = None) -> LocalizeReply:
-        """Probe the kernel on the case's own weights (the inputs of ``spec`` or ``bundle``, as ``run`` took them)."""
+        """Probe the kernel on the case's own weights, and run its own activation rows one at a time (the inputs of
+        ``spec`` or ``bundle``, as ``run`` took them)."""
         req: dict = {"op": "localize", "declared": declared.to_json()}
         if bundle is not None:
             req["bundle"] = str(bundle)
