@@ -327,3 +327,48 @@ def test_literal_kernel_passes_its_declaration_and_fails_the_canonical_one(key, 
         assert fails_canonical, f"{key}={value}: no case tells the kernel from the canonical declaration"
     if key == "act_symmetric":
         assert fails_canonical
+
+
+# -- the product: act_dequant_scale_dtype (W8A8) ------------------------------------------------------------
+def _w8a8_inputs(sym: bool, seed: int):
+    case = Case("w8a8", "ct-int-quantized", 8, 32, 128, group_size=-1, sym=sym, act_dtype="bfloat16",
+                out_dtype="float32", bias=True)
+    return make_inputs(case, seed)
+
+
+def w8a8_kernel(inp, dequant_scale_dtype: str) -> np.ndarray:
+    """docs/formats/activations.md#w8a8-int8-weights-int8-dynamic-activations: 'acc = sum_k (qx - azp) qw exact
+    integer; y = acc * sx * sw + bias', with dequant_scale_dtype: 'the quotient uses the fp32 (scale_dtype)
+    scale, the accumulator is multiplied by the scale rounded (RNE) to this dtype'. float64 epilogue."""
+    case = inp.case
+    q = int8_kernel(inp.x, case.act_dtype, dict(DEFAULTS, act_symmetric=case.act_symmetric))
+    qx = q["codes"].astype(np.int64) - (q["zero_point"].astype(np.int64) if "zero_point" in q else 0)
+    qw = np.asarray(inp.tensors["weight"]).astype(np.int64)  # int8 [N, K] (docs: compressed-tensors int-quantized)
+    sw = np.asarray(inp.tensors["weight_scale"]).astype(np.float64).reshape(1, -1)  # [N, 1] per channel
+    sx = q["scale"].astype(np.float64)
+    if dequant_scale_dtype != "same":
+        sx = fl(sx, dequant_scale_dtype)
+    y = (qx @ qw.T).astype(np.float64) * sx * sw + np.asarray(inp.bias, np.float64)
+    return y.astype(np.float32)
+
+
+def _linear_verdict(inp, y, variants) -> str:
+    d = Declared(variants=variants, accumulate="float64", output="float32")
+    return judge(inp, judged_against(inp, d), y, d).verdict.value
+
+
+LINEAR_PARAMS = [v for v, (req, _) in KERNELS["act_dequant_scale_dtype"].items()]
+
+
+@pytest.mark.parametrize("value", LINEAR_PARAMS)
+def test_dequant_scale_dtype_kernel_passes_its_declaration_and_fails_the_canonical_one(value):
+    ok, fails = [], []
+    for sym in (True, False):
+        for seed in range(2):
+            inp = _w8a8_inputs(sym, seed)
+            y = w8a8_kernel(inp, value)
+            ok.append(_linear_verdict(inp, y, {"act_dequant_scale_dtype": value}))
+            fails.append(_linear_verdict(inp, y, {}))
+    assert all(v == "pass" for v in ok), ok
+    if value in ("float16", "bfloat16"):  # 'same' is canonical; a float32 scale is the scale itself
+        assert "fail" in fails, fails
