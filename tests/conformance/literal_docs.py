@@ -17,12 +17,26 @@ NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat
 EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 
 
+#: (significand bits p, smallest normal exponent, largest finite value) of each dtype (IEEE 754 binary32/16; bfloat16)
+FORMATS = {"float32": (24, -126, float(np.finfo(np.float32).max)), "float16": (11, -14, 65504.0),
+           "bfloat16": (8, -126, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))}
+
+
 def fl(a, dtype: str) -> np.ndarray:
-    """``a`` (float64, the exact or correctly rounded float64 result of one operation on values of ``dtype``)
-    rounded once, to nearest even, to ``dtype``, as float64. The float64 step is innocuous double rounding
-    (53 >= 2p + 2 for p <= 24: Figueroa 1995)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(a, np.float64).astype(NP[dtype]).astype(np.float64)
+    """``a`` (float64) rounded once, to nearest even, to ``dtype``, as float64: the textbook rule, quantum
+    2^(max(e, emin) - p + 1) for |a| in [2^e, 2^(e+1)), np.rint (RNE) of the exact quotient by it, +-Inf at or
+    beyond max + ulp(max)/2. Not ml_dtypes' float64 -> bfloat16 cast, which rounds through float32 (twice:
+    1 + 2^-8 + 2^-30 becomes 1.0, not 1 + 2^-7)."""
+    p, emin, vmax = FORMATS[dtype]
+    a = np.asarray(a, np.float64)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        _, ex = np.frexp(np.where(np.isfinite(a) & (a != 0), a, 1.0))
+        e = ex - 1.0  # exact floor(log2 |a|) (frexp: |a| = m 2^ex, m in [0.5, 1))
+        quantum = np.ldexp(1.0, (np.maximum(e, emin) - p + 1).astype(np.int64))
+        r = np.rint(a / quantum) * quantum
+        threshold = vmax + np.ldexp(1.0, int(np.floor(np.log2(vmax))) - p)  # max + ulp(max) / 2
+        r = np.where(np.abs(a) >= threshold, np.copysign(np.inf, a), r)
+        return np.where(np.isfinite(a) & (a != 0), r, a)
 
 
 def round_int(v, mode: str) -> np.ndarray:

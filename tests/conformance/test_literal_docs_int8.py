@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from backends.base import Declared
+from conformance.cases.generators import generate
 from conformance.cases.inputs import make_inputs
 from conformance.cases.suite import case_list
 from conformance.judge.quantized import judge_quantized
@@ -231,7 +232,7 @@ def _pool():
     """(name, case, x): the smoke profile's q-int8-token edge cases (int8 ties, reciprocal quotients, zero rows,
     saturation, one-signed rows, the reference-int8 rows) and the hand-built rows."""
     out = [(f"{s.generator}/{s.case.M}x{s.case.K}/{'sym' if s.case.sym else 'asym'}/{s.case.act_dtype}", s.case,
-            make_inputs(s.case, s.seed).x)
+            generate(s.case, s.generator, s.seed).x)
            for s in case_list(schemes=["q-int8-token"], tiers=("edge",), profile="smoke")]
     return out + [(name, c, x) for name, (c, x) in _hand_cases().items()]
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from backends.base import Declared
-from conformance.cases.inputs import make_inputs
+from conformance.cases.generators import generate
 from conformance.cases.suite import case_list
 from conformance.judge.quantized import judge_quantized
 from emulator.schemes import Case
@@ -186,7 +186,7 @@ def _hand_cases():
 
 @functools.lru_cache(maxsize=1)
 def _pool():
-    out = [(f"{s.generator}/{s.case.M}x{s.case.K}/{s.case.act_dtype}", s.case, make_inputs(s.case, s.seed).x)
+    out = [(f"{s.generator}/{s.case.M}x{s.case.K}/{s.case.act_dtype}", s.case, generate(s.case, s.generator, s.seed).x)
            for s in case_list(schemes=["q-mxfp4"], tiers=("edge",), profile="smoke")]
     return out + [(name, c, x) for name, (c, x) in _hand_cases().items()]
 
