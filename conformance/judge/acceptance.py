@@ -353,19 +353,12 @@ def _moe_interval(inp: CaseInputs, ref, declared: Declared) -> Interval:
     u = UNIT_ROUNDOFF[declared.accumulate]
     ia = case.N
     inter_mag = r.y_bound / max(lin.gamma(ia + case.top_k + 8), 1e-300)
+    extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u) + 2.0 ** -7) * inter_mag
     parts = {"topk_ids": r.parts["topk_ids"]}
     if mv.act_quant is not None:
-        extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u) + 2.0 ** -7) * inter_mag
         dev = _moe_act_quant_deviation(r, x, w13, w2, mv, case, u, out_dtype)
         extra = extra + dev * (1 + _gamma(ia + case.top_k + 4, u))
         parts["act_quant_deviation"] = dev
-    else:
-        # the kernel's own intermediate: where the first GEMM's error (or its fp32 SiLU) can move a' across a
-        # rounding boundary of the intermediate dtype, by the box of _moe_intermediate_box; elsewhere a' = a.
-        # (A blanket allowance of 2^-7 |a| here accepted every intermediate dtype under every declaration.)
-        dev = _moe_intermediate_deviation(r, x, w13, w2, mv, case, u, out_dtype)
-        extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u)) * inter_mag + dev * (
-            1 + _gamma(ia + case.top_k + 4, u))
     iv = _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype, parts=parts, extra=extra)
     if declared.value("moe_tie_order") == "any":
         iv = _union_over_tie_orders(iv, inp, declared)
@@ -401,59 +394,6 @@ def _silu_range(lo, hi):
     return mn, np.maximum(a, b)
 
 
-def _moe_intermediate_box(r, x_in, w13, mv: emoe.MoeVariant, u: float, out_dtype: str):
-    """(alo, ahi) [M, top_k, I]: per token m, slot j and element i, the range of the kernel's intermediate a'
-    (docs/formats/moe.md#acceptance-bound), by interval arithmetic with monotone steps:
-
-    1. h' in [h - e_h, h + e_h], h = x_in W13[e]^T exact, e_h = (gamma_{K+2}(u) + gamma_K(2^-53)) |x_in| |W13[e]|^T,
-       then rounded to ``gate_up_dtype`` when declared (RNE, monotone: [RNE(lo), RNE(hi)]);
-    2. silu(g) * up over the box (silu's exact range on an interval; the product's four corners),
-       widened by SILU_REL_ERR for the kernel's fp32 evaluation, rounded to the intermediate dtype.
-    """
-    ids = r.parts["topk_ids"]
-    inter_dtype = mv.intermediate_dtype or out_dtype
-    M, top_k = ids.shape
-    K = x_in.shape[1]
-    alo = np.zeros((M, top_k, w13.shape[1] // 2))
-    ahi = np.zeros_like(alo)
-    for j in range(top_k):
-        for e in np.unique(ids[:, j]):
-            rows = np.nonzero(ids[:, j] == e)[0]
-            h = x_in[rows] @ w13[e].T
-            eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_in[rows]) @ np.abs(w13[e]).T)
-            hlo, hhi = h - eh, h + eh
-            if mv.gate_up_dtype:
-                hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
-            glo, ulo = emoe._split_gate_up(hlo, mv)
-            ghi, uhi = emoe._split_gate_up(hhi, mv)
-            slo, shi = _silu_range(glo, ghi)
-            corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
-            plo, phi = corners.min(axis=0), corners.max(axis=0)
-            widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
-            plo, phi = plo - widen, phi + widen
-            if inter_dtype != "float64":
-                plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
-            alo[rows, j], ahi[rows, j] = plo, phi
-    return alo, ahi
-
-
-def _moe_intermediate_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: float, out_dtype: str) -> np.ndarray:
-    """Bound on |y_kernel - y_ref| caused by the kernel's own intermediate (no ``act_quant``): a'_i lies in the
-    box of ``_moe_intermediate_box``; D_i = the larger distance from the reference's a_i to it (0 where the box
-    is the one value a_i: the first GEMM's error cannot move it across a rounding boundary), and
-    |y' - y| <= sum_j w_j (D @ |W2[e]|^T)."""
-    ids, wts, a = r.parts["topk_ids"], r.parts["topk_weights"], r.parts["a"]
-    alo, ahi = _moe_intermediate_box(r, np.asarray(x, np.float64), w13, mv, u, out_dtype)
-    with np.errstate(invalid="ignore"):
-        dev_el = np.maximum(np.maximum(ahi - a, a - alo), 0.0)
-    dev = np.zeros((ids.shape[0], w2.shape[1]))
-    for j in range(ids.shape[1]):
-        for e in np.unique(ids[:, j]):
-            rows = np.nonzero(ids[:, j] == e)[0]
-            dev[rows] += np.abs(wts[rows, j:j + 1]) * (dev_el[rows, j] @ np.abs(w2[e]).T)
-    return dev
-
-
 def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: float, out_dtype: str) -> np.ndarray:
     """Bound on |y_kernel - y_ref| caused by the int8 quantization of a perturbed intermediate.
 
@@ -482,10 +422,31 @@ def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: 
     if not aq.symmetric or aq.scheme is not a8.Int8Scheme.MINMAX or aq.granularity is not a8.Granularity.PER_TOKEN:
         raise ValueError("the MoE act_quant bound is defined for symmetric per-token MINMAX int8 schemes")
     ids, wts = r.parts["topk_ids"], r.parts["topk_weights"]
-    a_in = r.parts["a_in"]
+    x_in, a_in = r.parts["x_in"], r.parts["a_in"]
+    inter_dtype = mv.intermediate_dtype or out_dtype
     M, top_k = ids.shape
+    K = x_in.shape[1]
     # 1-2: per (m, j) the kernel's intermediate box [alo, ahi]
-    alo, ahi = _moe_intermediate_box(r, r.parts["x_in"], w13, mv, u, out_dtype)
+    alo = np.zeros_like(a_in)
+    ahi = np.zeros_like(a_in)
+    for j in range(top_k):
+        for e in np.unique(ids[:, j]):
+            rows = np.nonzero(ids[:, j] == e)[0]
+            h = x_in[rows] @ w13[e].T
+            eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_in[rows]) @ np.abs(w13[e]).T)
+            hlo, hhi = h - eh, h + eh
+            if mv.gate_up_dtype:
+                hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
+            glo, ulo = emoe._split_gate_up(hlo, mv)
+            ghi, uhi = emoe._split_gate_up(hhi, mv)
+            slo, shi = _silu_range(glo, ghi)
+            corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
+            plo, phi = corners.min(axis=0), corners.max(axis=0)
+            widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
+            plo, phi = plo - widen, phi + widen
+            if inter_dtype != "float64":
+                plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
+            alo[rows, j], ahi[rows, j] = plo, phi
     # 3: amax' range per row, codes and scales at the corners
     mig = np.where((alo <= 0) & (ahi >= 0), 0.0, np.minimum(np.abs(alo), np.abs(ahi)))
     mag = np.maximum(np.abs(alo), np.abs(ahi))

@@ -374,3 +374,28 @@ def test_dequant_scale_dtype_kernel_passes_its_declaration_and_fails_the_canonic
     assert all(v == "pass" for v in ok), ok
     if value in ("float16", "bfloat16"):  # 'same' is canonical; a float32 scale is the scale itself
         assert "fail" in fails, fails
+
+
+# -- the pieces the kernels stand on --------------------------------------------------------------------------
+def test_fl_rounds_once_as_the_ieee_casts_do():
+    """``fl`` against NumPy's float16/float32 casts and ml_dtypes' bfloat16 on float32 inputs (where ml_dtypes
+    rounds once), and on the float64 value where rounding through float32 first goes wrong."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(20000) * np.exp(rng.uniform(-90, 90, 20000))).astype(np.float32).astype(np.float64)
+    x = np.concatenate([x, [65504.0, 65520.0, 65519.99, 2.0 ** -149, 1.5 * 2.0 ** -133, 2.0 ** -25, -0.0]])
+    with np.errstate(over="ignore"):
+        for dt, t in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+            assert np.array_equal(fl(x, dt), x.astype(t).astype(np.float64)), dt
+    assert fl(np.array([1 + 2.0 ** -8 + 2.0 ** -30]), "bfloat16")[0] == 1 + 2.0 ** -7
+
+
+def test_uint8_domain_zero_point_beyond_int32_saturates_instead_of_wrapping():
+    """Row [2 - 2^-22, 2 - 2^-23]: scale = fl32(2^-23 / 255), m = min / scale ~ 255 * 2^24; azp = RNE(-m) - 128
+    is below int32, so it saturates to -(2^31 - 1) (int32_saturation=symmetric). The emulator subtracted 128
+    after saturating and wrapped to 2^31 - 129 (fixed with this test)."""
+    case = _case(1, 32, False, "float32")
+    x = np.array([_row([2 - 2.0 ** -22, 2 - 2.0 ** -23] * 16)], np.float32)
+    rec, exp = judge_quantized(case, x, Declared(variants={"azp_domain": "uint8"}), {})
+    assert exp["zero_point"][0, 0] == -(2 ** 31 - 1)
