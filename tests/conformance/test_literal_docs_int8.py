@@ -299,6 +299,8 @@ KERNELS: dict = {
     "azp_fused": {v: (FUSED, _asym) for v in (True, False)},
     "azp_overflow": {v: ({}, _asym) for v in ("saturate", "int_min")},
     "act_dequant_scale_dtype": {v: ("linear", None) for v in ("same", "float32", "float16", "bfloat16")},
+    # the W8A8 epilogue (stage epilogue; its int8 zero point makes it this file's): test_azp_epilogue_kernels
+    "azp_epilogue": {v: ("linear", None) for v in ("exact", "compensation")},
 }
 
 QUANTIZE_PARAMS = [(k, v) for k, vals in KERNELS.items() for v, (req, _) in vals.items() if req != "linear"]
@@ -350,16 +352,17 @@ def w8a8_kernel(inp, dequant_scale_dtype: str) -> np.ndarray:
     sx = q["scale"].astype(np.float64)
     if dequant_scale_dtype != "same":
         sx = fl(sx, dequant_scale_dtype)
-    y = (qx @ qw.T).astype(np.float64) * sx * sw + np.asarray(inp.bias, np.float64)
+    bias = 0.0 if inp.bias is None else np.asarray(inp.bias, np.float64)
+    y = (qx @ qw.T).astype(np.float64) * sx * sw + bias
     return y.astype(np.float32)
 
 
-def _linear_verdict(inp, y, variants) -> str:
-    d = Declared(variants=variants, accumulate="float64", output="float32")
+def _linear_verdict(inp, y, variants, accumulate="float64") -> str:
+    d = Declared(variants=variants, accumulate=accumulate, output="float32")
     return judge(inp, judged_against(inp, d), y, d).verdict.value
 
 
-LINEAR_PARAMS = [v for v, (req, _) in KERNELS["act_dequant_scale_dtype"].items()]
+LINEAR_PARAMS = list(KERNELS["act_dequant_scale_dtype"])
 
 
 @pytest.mark.parametrize("value", LINEAR_PARAMS)
@@ -399,3 +402,42 @@ def test_uint8_domain_zero_point_beyond_int32_saturates_instead_of_wrapping():
     x = np.array([_row([2 - 2.0 ** -22, 2 - 2.0 ** -23] * 16)], np.float32)
     rec, exp = judge_quantized(case, x, Declared(variants={"azp_domain": "uint8"}), {})
     assert exp["zero_point"][0, 0] == -(2 ** 31 - 1)
+
+
+# -- the W8A8 epilogue: azp_epilogue ----------------------------------------------------------------------------
+def w8a8_compensation_kernel(inp) -> np.ndarray:
+    """docs/formats/activations.md#w8a8-int8-weights-int8-dynamic-activations: 'the GEMM sees the stored codes,
+    then y = fl(fl(A - B) + b) with A = fl(fl(sw S1) sx), S1 = sum_k qx qw, and
+    B = fl(fl(fl(sum_k qw) sw) fl(sx azp))', every fl an fp32 rounding."""
+    case = inp.case
+    q = int8_kernel(inp.x, case.act_dtype, dict(DEFAULTS, act_symmetric=case.act_symmetric))
+    f32 = functools.partial(fl, dtype="float32")
+    qx = q["codes"].astype(np.int64)
+    azp = q["zero_point"].astype(np.float64) if "zero_point" in q else np.zeros((case.M, 1))
+    qw = np.asarray(inp.tensors["weight"]).astype(np.int64)
+    sw = np.asarray(inp.tensors["weight_scale"]).astype(np.float64).reshape(1, -1)
+    sx = q["scale"].astype(np.float64)
+    S1 = (qx @ qw.T).astype(np.float64)  # exact integers, below 2^24 here: fp32-exact
+    A = f32(f32(sw * S1) * sx)
+    B = f32(f32(f32(qw.sum(axis=1)[None, :] * sw) * f32(sx * azp)))
+    b = np.zeros(case.N) if inp.bias is None else np.asarray(inp.bias, np.float64)
+    return f32(f32(A - B) + b).astype(np.float32)
+
+
+@pytest.mark.parametrize("value", ["exact", "compensation"])
+def test_azp_epilogue_kernels(value):
+    """The docs' reproducer: Case(w8a8, ct-int-quantized, 16x256x256, asym, fp32), seed 0: the compensation
+    kernel passes under azp_epilogue=compensation and fails under the canonical exact epilogue; the exact
+    kernel (w8a8_kernel: integer acc of (qx - azp) qw) passes under both."""
+    assert value in KERNELS["azp_epilogue"]
+    case = Case("w8a8", "ct-int-quantized", 16, 256, 256, group_size=-1, sym=False, act_dtype="float32")
+    inp = make_inputs(case, 0)
+    d = {"azp_epilogue": value} if value != "exact" else {}
+    if value == "compensation":
+        y = w8a8_compensation_kernel(inp)
+        assert _linear_verdict(inp, y, d, accumulate="float32") == "pass"
+        assert _linear_verdict(inp, y, {}, accumulate="float32") == "fail"
+    else:
+        y = w8a8_kernel(inp, "same")
+        assert _linear_verdict(inp, y, {}, accumulate="float32") == "pass"
+        assert _linear_verdict(inp, y, {"azp_epilogue": "compensation"}, accumulate="float32") == "pass"
