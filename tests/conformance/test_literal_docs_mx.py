@@ -158,15 +158,15 @@ def _block(vals, fill=0.0):
 
 def _hand_cases():
     """Blocks from the docs' own examples (docs/formats/mxfp4.md, docs/formats.md), by hand."""
-    nan, u = np.nan, 2.0 ** -22
+    nan, u = np.nan, 2.0 ** -23  # one ulp of 1.5
     out = {
         # 'Block [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 2.9] (amax 5, s = 0)': every tie rule differs
         "ties": (_case(2, "float32"), [_block([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 2.9]),
                                        _block([-0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5, -2.9])]),
         # 'amax 1.75: FLOOR s = -2, EVEN s = -1'; 'amax 1.5 + 1 ulp: FLOOR 125, RCEIL 126'; 'amax 1.25: CEIL 126';
         # 'amax = 6 * 2^10 * (1 + 2^-22): fp32 log2 = 10, byte 137; RCEIL: byte 138'
-        "rules": (_case(4, "float32"), [_block([1.75, -0.875]), _block([1.5 + 2 * u / 2 ** 1, 1.0]),
-                                        _block([1.25, 0.3]), _block([6 * 2.0 ** 10 * (1 + u), 5.0])]),
+        "rules": (_case(4, "float32"), [_block([1.75, -0.875]), _block([1.5 + u, 1.0]),
+                                        _block([1.25, 0.3]), _block([6 * 2.0 ** 10 * (1 + 2 * u), 5.0])]),
         # '[NaN, 3, -1] with nan_block=ignore: byte 126'; '[-NaN, 1, -0.0] -> byte 125 (RCEIL)'; a block with +NaN
         "nan": (_case(3, "float32"), [_block([nan, 3, -1]), _block([-nan, 1, -0.0]), _block([0.5, nan, 2])]),
         # -0 and negative values that round to 0
