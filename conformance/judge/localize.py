@@ -492,6 +492,8 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
     rounding = (weights or {}).get("rounding") or {}
     if rounding.get("what") == "product":
         return "accumulation", f"accumulation wrong: {rounding['pattern']}"
+    if rounding.get("what") == "either":
+        return "weights or accumulation", f"weights or accumulation wrong: {rounding['pattern']}"
     named_act = acts is not None and not acts["ok"] and acts.get("hypothesis")
     weights_bad = weights is not None and not weights["ok"]
     if weights_bad and weights.get("explained_by") == OUTPUT_RTZ and (acts is None or acts["ok"]
