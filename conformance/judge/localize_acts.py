@@ -42,6 +42,8 @@ __all__ = ["analyze_own_rows", "row_classes", "hypotheses", "PARTS", "MAX_OWN_RO
 
 #: at most this many of the case's rows are run alone (failing rows first)
 MAX_OWN_ROWS = 24
+#: multiply-adds the emulator spends on the hypotheses' references (rows * N * K * hypotheses) at most
+MAX_HYPOTHESIS_MACS = 1 << 31
 #: the part of the quantizer each vocabulary axis belongs to
 PARTS = {"act_rounding": "rounding", "e2m1_rounding": "rounding", "mx_quotient_dtype": "rounding",
          "reciprocal": "scale", "act_scale_dtype": "scale", "act_dequant_scale_dtype": "scale",
@@ -290,22 +292,27 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
     res["failing_classes"] = confined
     res["passing_classes"] = sorted({k for c, f in zip(all_classes, all_fail) if not f for k in c})
     res["passing_without"] = {k: sum(1 for c, f in zip(all_classes, all_fail) if not f and k not in c) for k in confined}
-    # hypotheses: vocabulary values (judged with their own interval) and named bugs (within 1 ulp)
+    # hypotheses: vocabulary values (judged with their own interval) and named bugs (within 1 ulp), on the
+    # failing rows first and as many passing rows as the reference budget allows
+    hyps = hypotheses(case, declared)
+    cap = max(2, MAX_HYPOTHESIS_MACS // max(1, case.N * case.K * (len(hyps) + 4)))
+    keep = np.sort(np.r_[np.nonzero(fail)[0], np.nonzero(~fail)[0]][:cap])
+    Xh, Yh, exp_h = X[keep], Y[keep], exp[keep]
     fits = []
-    for name, part, d in hypotheses(case, declared):
+    for name, part, d in hyps:
         try:
-            hexp, hbad = judge(X, Y, bias, d)
+            hexp, hbad = judge(Xh, Yh, bias, d)
         except Exception:  # noqa: BLE001 - a declaration the reference cannot evaluate on these rows
             continue
-        if hbad.any() or np.array_equal(hexp, exp, equal_nan=True):
+        if hbad.any() or np.array_equal(hexp, exp_h, equal_nan=True):
             continue
-        fits.append((int(close(Y, hexp, out_dtype, 0).sum()), -len(fits), name, part, d))
+        fits.append((int(close(Yh, hexp, out_dtype, 0).sum()), -len(fits), name, part, d))
     b = 0.0 if bias is None else np.asarray(bias, np.float64)[None, :]
-    for name, part, deq in _custom(case, declared, X):
+    for name, part, deq in _custom(case, declared, Xh):
         with np.errstate(all="ignore"):
             hy = np.asarray(round_to_dtype(deq @ W.T + b, out_dtype), np.float64)
-        if close(Y, hy, out_dtype, 1).all() and not close(exp, hy, out_dtype, 0).all():
-            fits.append((int(close(Y, hy, out_dtype, 0).sum()), -len(fits), name, part, None))
+        if close(Yh, hy, out_dtype, 1).all() and not close(exp_h, hy, out_dtype, 0).all():
+            fits.append((int(close(Yh, hy, out_dtype, 0).sum()), -len(fits), name, part, None))
     fits.sort(key=lambda f: f[:2], reverse=True)
     if len(fits) > 1:  # rows on which the rules that fit disagree, run alone: keep the rules that still fit
         fits, n_disc = _discriminate(case, declared, run, judge, fits, X[fail], bias, W, out_dtype)
