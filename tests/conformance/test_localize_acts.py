@@ -33,6 +33,7 @@ BUGS = {
     "none": "no bug (control)",
     "rhaz": "int8 activation quotients rounded half away from zero (std::round) instead of half to even",
     "rtz": "int8 activation quotients converted to int by truncation (a C cast) instead of rounding",
+    "pow2_shift": "a power-of-two amax takes a shift fast path that forms the scale as amax / 128 (no rule names it)",
     "recip_mul": "per-token scale formed as amax * fl32(1/127) instead of amax / 127",
     "scale_bf16": "per-token activation scale stored in bfloat16 (and used for the quotient and the epilogue)",
     "zero_inclusive": "asymmetric range taken from min(min, 0) and max(max, 0) instead of the row's min and max",
@@ -59,6 +60,9 @@ def _int8_rows(x: np.ndarray, symmetric: bool, bug: str) -> np.ndarray:
         if symmetric:
             amax = np.max(np.abs(x), axis=1, keepdims=True)
             s = (amax * (f32(1) / f32(127))).astype(f32) if bug == "recip_mul" else (amax / f32(127)).astype(f32)
+            if bug == "pow2_shift":
+                m, _ = np.frexp(amax)
+                s = np.where(m == 0.5, (amax / f32(128)).astype(f32), s)
             if bug == "scale_bf16":
                 s = s.astype(ml_dtypes.bfloat16).astype(f32)
             safe = np.where(s > 0, s, f32(1))
@@ -181,6 +185,14 @@ def _recip_rows(K: int, rng) -> np.ndarray:
     return X
 
 
+def _pow2_rows(K: int, rng) -> np.ndarray:
+    """Symmetric int8, fp32: row 0's amax is exactly 4, the other rows' amax is not a power of two."""
+    X = rng.uniform(-3, 3, (4, K)).astype(f32)
+    X[0, 0] = 4.0
+    X[1:, 0] = (3.3, -5.1, 6.7)
+    return X
+
+
 def _one_signed_rows(K: int, rng) -> np.ndarray:
     """Asymmetric int8: rows 0 and 2 one-signed (all positive / all negative), rows 1 and 3 straddle zero."""
     X = rng.normal(0, 1, (4, K)).astype(f32)
@@ -227,6 +239,9 @@ A16 = Case("w4a16", "gptq", M=2, N=32, K=128, group_size=64, act_dtype="float32"
 CASES = [
     ("rhaz", W8S, "ties", "activation quantization",
      ["activation quantization wrong (rounding)", "act_rounding=rhaz", "exact ties after scaling"]),
+    ("pow2_shift", W8S, "pow2", "activation quantization",
+     ["activation quantization wrong (scale, by row class)", "each a row with amax exactly a power of two",
+      "row(s) without it pass"]),
     ("rtz", W8S, "normal", "activation quantization", ["activation quantization wrong (rounding)", "act_rounding=rtz"]),
     ("recip_mul", W8S, "recip", "activation quantization",
      ["activation quantization wrong (scale)", "act_scale_formula=recip_mul"]),
@@ -262,6 +277,8 @@ def crafted_inputs(case: Case, rows: str):
     K = case.K
     if rows == "ties":
         x = _mx_rows_in(K, rng, "ties") if case.spec.activations == "mxfp4" else _ties_rows(K, rng)
+    elif rows == "pow2":
+        x = _pow2_rows(K, rng)
     elif rows == "recip":
         x = _recip_rows(K, rng)
     elif rows == "one_signed":
