@@ -426,7 +426,7 @@ def _scale_readback(case: Case, declared: Declared, run: Run, X: np.ndarray, row
         except Exception:  # noqa: BLE001 - a kernel that refuses the probe: no scale readback
             continue
         lo, hi = _d_interval(y, W[:, k], out_dtype)
-        if lo is None:
+        if lo is None or not (np.isfinite(lo) and np.isfinite(hi)):  # records are strict JSON: no Infinity
             continue
         a = float(abs(xr[k]))
         f32 = np.float32
