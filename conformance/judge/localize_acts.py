@@ -66,8 +66,9 @@ QUANTIZER_CLASSES = ("zero row", "NaN/Inf in the row", "amax exactly a power of 
 
 #: the order in which classes shared by every failing row are named (the most specific first)
 _PRIORITY = ("zero point saturated at the int32 limit", "NaN/Inf in the row", "zero row", "saturating codes",
-             "exact ties after scaling", "saturating values", "tiny amax (subnormal scale)", "amax one unit below a power of two",
-             "amax exactly a power of two", "zero point outside the int8 code range", "constant row", "one-signed row")
+             "exact ties after scaling", "amax one unit below a power of two", "saturating values",
+             "tiny amax (subnormal scale)", "amax exactly a power of two", "zero point outside the int8 code range",
+             "constant row", "one-signed row")
 
 Judge = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", Declared], tuple]
 Run = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
