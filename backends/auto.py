@@ -20,7 +20,10 @@ import dataclasses
 
 from emulator import __version__ as emulator_version
 
+import numpy as np
+
 from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Support, no, yes
+from .dispatch import activation_refusal
 
 __all__ = ["AutoBackend"]
 
@@ -51,9 +54,20 @@ class AutoBackend(Backend):
     def availability(self) -> Availability:
         return Availability(True, "always available (the emulator is the fallback)", emulator_version, "cpu")
 
+    def plan_on(self, inp) -> None:
+        """The inputs (``CaseInputs``) the next plan, prepare and run of ``inp.case`` are for: the choice is
+        judged on their activations (a rounding-level activation quantizer variant can be more than rounding on
+        them: backends/dispatch.py ``activation_refusal``). The suite's worker and in-process runner call it
+        before ``declared``; ``run`` refuses activations the choice was not judged on."""
+        x = getattr(inp, "x", None)
+        self._planned = (repr(inp.case), None if x is None else np.asarray(x, np.float32))
+
     def select(self, case: Case):
-        """The dispatcher's Choice for ``case`` (its contenders kept per case)."""
-        return self.dispatcher.choose(case)
+        """The dispatcher's Choice for ``case`` (its contenders kept per case), judged on the planned
+        activations of this case where ``plan_on`` gave them."""
+        planned = getattr(self, "_planned", None)
+        x = planned[1] if planned is not None and planned[0] == repr(case) else None
+        return self.dispatcher.choose(case, activations=x)
 
     def can_implement(self, case: Case) -> Support:
         sel = self.select(case)
@@ -71,7 +85,13 @@ class AutoBackend(Backend):
         return Prepared(case, {"backend": b, "prepared": b.prepare(case, tensors)})
 
     def run(self, prepared: Prepared, x, **inputs):
-        return prepared.data["backend"].run(prepared.data["prepared"], x, **inputs)
+        b = prepared.data["backend"]
+        if b.name != self.dispatcher.fallback_name:  # chosen without these activations: never a silent misroute
+            why = activation_refusal(b.declared(prepared.case), prepared.case, x)
+            if why:
+                raise RuntimeError(f"auto chose {b.label} for {prepared.case.describe()} without these activations "
+                                   f"(plan_on was not given them), and it {why}")
+        return b.run(prepared.data["prepared"], x, **inputs)
 
     def quantize(self, prepared: Prepared, x):
         return prepared.data["backend"].quantize(prepared.data["prepared"], x)

@@ -1,0 +1,78 @@
+"""Levels that depend on the activations: a declared rounding-level variant that is more on a given input.
+
+Semantics: docs/conformance.md#levels (what "rounding level" promises) and docs/fallback.md#the-dispatcher
+(who asks: the dispatcher, before it routes an input to a kernel).
+
+A variant of the dynamic int8 activation quantizer is *rounding level* when it moves each dequantized
+activation by about one quantization step at most (a tie rule, a reciprocal, a 16-bit scale). Several such
+variants only bite in a degenerate regime, and there they are not rounding: an amax clamp (``zero_row=eps``,
+zentorch's 127e-10) zeroes every row whose range lies below the clamp, a zero-scale rule turns a zero row into
+NaN, a 16-bit scale underflows. Whether that regime is reached depends on the input alone, so it is decided on
+the input: ``activation_deviation`` quantizes ``x`` with the declared quantizer and with the canonical one and
+compares the dequantized activations element by element.
+
+The bound, ``STEPS`` canonical quantization steps, is what rounding-level variants stay inside: each of the two
+quantizers is within half a step of ``x`` (the declared one within half of its own step), a 16-bit scale or
+dequantization scale moves 127 codes by at most 127 * 2^-9 ~ 0.25 step (bfloat16, RNE) and a code rounded the
+other way by one step; 2 steps hold all of that. A clamp that bites moves an element by up to 127 steps (to 0),
+and NaN where the canonical value is finite (or the reverse) is never rounding. Where the canonical quantizer
+itself is undefined (NaN activations: emulator/activations/int8.py raises) there is nothing to compare with
+and the question is the reference's, not the dispatcher's (None).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .activations import int8 as a8
+from .declaration import Declared, canonical_declaration, int8_variant
+from .errors import FormatError
+from .schemes import SCHEMES, Case
+
+__all__ = ["STEPS", "activation_deviation"]
+
+#: how many canonical quantization steps a rounding-level quantizer variant may move a dequantized activation
+STEPS = 2.0
+
+
+def _dequantized(x: np.ndarray, v: a8.Int8ActVariant) -> np.ndarray:
+    acts = a8.quantize_int8_per_token(x, v)
+    deq = a8.dequantize_int8_per_token(acts)
+    return deq, np.broadcast_to(np.abs(acts.scale.astype(np.float64)), deq.shape)
+
+
+def activation_deviation(declared: Declared, case: Case, x) -> str | None:
+    """Why ``declared``'s int8 activation quantizer is not within rounding of the canonical one on ``x`` [M, K]
+    (None: it is, or the case has no int8-quantized activations, or the declaration names no quantizer variant).
+
+    Checked: schemes whose activations are int8-quantized from ``x`` (w8a8, w4a8; not the MoE block, whose
+    GEMM inputs are not ``x``). The MXFP4 activation quantizer is not checked here (its variants' levels do
+    not depend on the input in the same way: docs/formats/mxfp4.md)."""
+    if not SCHEMES[case.scheme].int8_activations:
+        return None
+    canon_v = int8_variant(canonical_declaration(case), case)
+    decl_v = int8_variant(declared, case)
+    if decl_v == canon_v:
+        return None
+    x = np.asarray(x, np.float32)
+    try:
+        ref, step = _dequantized(x, canon_v)
+    except FormatError:  # the canonical quantizer is undefined on this input (NaN): nothing to compare with
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            got, _ = _dequantized(x, decl_v)
+    except FormatError as e:
+        return f"its activation quantizer raises on this input where the canonical one does not ({e})"
+    with np.errstate(all="ignore"):
+        fin = np.isfinite(ref) & np.isfinite(got)
+        same_special = ~fin & ((ref == got) | (np.isnan(ref) & np.isnan(got)))
+        far = np.where(fin, np.abs(got - ref) > STEPS * step, ~same_special)
+    n = int(far.sum())
+    if not n:
+        return None
+    rows = int(far.any(axis=1).sum())
+    i, j = (int(a) for a in np.argwhere(far)[0])
+    return (f"on this input its activation quantizer moves {n} of {far.size} dequantized activations ({rows} of "
+            f"{far.shape[0]} rows) more than {STEPS:g} quantization steps from the canonical one (e.g. x[{i}, {j}] "
+            f"= {float(x[i, j]):.6g}: {float(got[i, j]):.6g} where the canonical quantizer gives {float(ref[i, j]):.6g})")
