@@ -56,18 +56,24 @@ class AutoBackend(Backend):
 
     def plan_on(self, inp) -> None:
         """The inputs (``CaseInputs``) the next plan, prepare and run of ``inp.case`` are for: the choice is
-        judged on their activations (a rounding-level activation quantizer variant can be more than rounding on
-        them: backends/dispatch.py ``activation_refusal``). The suite's worker and in-process runner call it
-        before ``declared``; ``run`` refuses activations the choice was not judged on."""
+        judged on their checkpoint tensors and activations, as the op judges a layer (a level that depends on
+        them: backends/dispatch.py ``refusal``). The suite's worker and in-process runner call it before
+        ``declared``; ``prepare`` and ``run`` refuse tensors and activations the choice was not judged on."""
         x = getattr(inp, "x", None)
-        self._planned = (repr(inp.case), None if x is None else np.asarray(x, np.float32))
+        self._planned = (repr(inp.case), dict(inp.tensors), None if x is None else np.asarray(x, np.float32))
+        self._plan_id = getattr(self, "_plan_id", 0) + 1
+
+    def _plan(self, case: Case):
+        planned = getattr(self, "_planned", None)
+        return planned if planned is not None and planned[0] == repr(case) else None
 
     def select(self, case: Case):
-        """The dispatcher's Choice for ``case`` (its contenders kept per case), judged on the planned
-        activations of this case where ``plan_on`` gave them."""
-        planned = getattr(self, "_planned", None)
-        x = planned[1] if planned is not None and planned[0] == repr(case) else None
-        return self.dispatcher.choose(case, activations=x)
+        """The dispatcher's Choice for ``case``: judged on the planned tensors and activations of this case
+        where ``plan_on`` gave them (contenders kept per plan), else on the case alone (kept per case)."""
+        planned = self._plan(case)
+        if planned is None:
+            return self.dispatcher.choose(case)
+        return self.dispatcher.choose(case, tensors=planned[1], layer=("plan", self._plan_id), activations=planned[2])
 
     def can_implement(self, case: Case) -> Support:
         sel = self.select(case)
@@ -81,6 +87,10 @@ class AutoBackend(Backend):
         return dataclasses.replace(d, notes=f"dispatched to {sel.backend.label} (skipped: {skipped}). {d.notes}")
 
     def prepare(self, case: Case, tensors: dict) -> Prepared:
+        planned = self._plan(case)
+        if planned is not None and not _same_tensors(planned[1], tensors):
+            raise RuntimeError(f"auto planned {case.describe()} on other checkpoint tensors than these: its choice "
+                               "was judged on those (plan_on)")
         b = self.select(case).backend
         return Prepared(case, {"backend": b, "prepared": b.prepare(case, tensors)})
 
@@ -98,3 +108,17 @@ class AutoBackend(Backend):
 
     def schemes(self) -> list[str]:
         return list(SCHEMES)
+
+
+def _same_tensors(a: dict, b: dict) -> bool:
+    """Whether two tensor dicts hold the same names, dtypes and bytes."""
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = (v if isinstance(v, np.ndarray) else getattr(v, "data", v) for v in (a[k], b[k]))
+        x, y = np.asarray(x), np.asarray(y)
+        if x is y:
+            continue
+        if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True

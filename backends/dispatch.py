@@ -10,8 +10,8 @@ case, the timings per shape class, the kernels that failed when run, and the cho
 A backend is a *contender* for a case only if the dispatcher's own rules admit it (``dispatch_refusal``:
 available, can implement the case, declares it canonically or with rounding-level variants only, judged
 on the layer's own tensors where given and on the call's activations where given (a rounding-level
-activation quantizer variant such as an amax clamp is more than rounding on some inputs:
-emulator/activation_levels.py), no int32 accumulator that can wrap at this K, no known defect)
+weight dtype or activation quantizer variant such as an amax clamp is more than rounding on some tensors:
+emulator/tensor_levels.py), no int32 accumulator that can wrap at this K, no known defect)
 and the policy does too. The fallback (the emulator backend: its fast path) is never refused: it is the
 answer when nothing else is admitted. Policies:
 
@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from emulator.activation_levels import activation_deviation
+from emulator.tensor_levels import WEIGHT_AXES, activation_deviation, weight_deviation
 from emulator.variants import AXES, Level, Stage
 
 from .base import Backend, Case, Declared
@@ -64,8 +64,10 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
       zero points without the +1, or per-tensor activations where the checkpoint is per-token), judged on
       ``tensors`` where given (ignoring qzeros changes nothing where every field is the midpoint): the
       suite certifies such a backend against its own declaration, but its answer is not the checkpoint's;
-    - a rounding-level activation quantizer variant that is more than rounding on ``activations`` where given
-      (``activation_refusal``: an amax clamp zeroes rows whose range lies below it);
+    - a rounding-level weight dtype that does not hold ``tensors``' scales or weights where given (a bfloat16 or
+      float16 scale flushes a tiny float32 one toward zero) and a rounding-level activation quantizer variant
+      that is more than rounding on ``activations`` where given (``activation_refusal``: an amax clamp zeroes
+      rows whose range lies below it): emulator/tensor_levels.py;
     - an int32 accumulator whose partial sums can wrap at this K (the declared interval assumes exact sums);
     - a kernel defect the adapter knows for this case (``Backend.known_defect``);
     - no declaration at all.
@@ -85,6 +87,15 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
         return (f"declares {', '.join(semantic)}: a semantic deviation (it would compute other numbers than the "
                 "checkpoint defines" + ("" if tensors is not None else "; without the layer's tensors a "
                                         "tensor-dependent level counts as semantic") + ")")
+    if tensors is not None:
+        try:
+            why = weight_deviation(declared, case, tensors)
+        except Exception as e:  # noqa: BLE001 - tensors the rule cannot read: not proven harmless
+            return f"its weight dtypes cannot be judged on this layer's tensors ({type(e).__name__}: {e})"
+        if why:
+            named = ", ".join(str(d) for d in declared.deviations(case, tensors)
+                              if AXES[d.key].stage is Stage.WEIGHTS or d.key in WEIGHT_AXES) or "its weight arithmetic"
+            return f"declares {named}: rounding level in general, but {why}"
     if activations is not None:
         why = activation_refusal(declared, case, activations)
         if why:
@@ -113,7 +124,7 @@ def dispatch_refusal(backend: Backend, case: Case, allow_opaque: bool = False,
 
 def activation_refusal(declared: Declared, case: Case, activations) -> str | None:
     """Why ``declared``'s activation quantizer, rounding level in general, is more than rounding on
-    ``activations`` [M, K] (emulator/activation_levels.py: every dequantized activation within two canonical
+    ``activations`` [M, K] (emulator/tensor_levels.py: every dequantized activation within two canonical
     quantization steps of the canonical quantizer's); None where it is within rounding there."""
     try:
         why = activation_deviation(declared, case, activations)

@@ -14,7 +14,7 @@ import pytest
 from backends.base import Availability, Backend, Case, Declared, Prepared, yes
 from backends.registry import create, select
 from conformance.cases.inputs import CaseInputs, make_inputs
-from emulator.activation_levels import activation_deviation
+from emulator.tensor_levels import activation_deviation
 from conformance.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
