@@ -109,12 +109,13 @@ def weight_deviation(declared: Declared, case: Case, tensors: dict) -> str | Non
                           arithmetic_dtype(declared, case)) if d in ("float16", "bfloat16")}
     if not dtypes:
         return None
-    values = {"weight": np.asarray(declared_weight(case, tensors, canonical_declaration(case)), np.float64)}
+    values = {}  # the scales first: where a scale is not held, that is the cause
     for key in ("scales", "weight_scale"):
         t = tensors.get(key)
         data = t if t is None or isinstance(t, np.ndarray) else getattr(t, "data", t)  # an array or a Tensor
         if data is not None and str(np.asarray(data).dtype) in ("float32", "float16", "bfloat16"):
             values["scale"] = np.asarray(data).astype(np.float64)
+    values["weight"] = np.asarray(declared_weight(case, tensors, canonical_declaration(case)), np.float64)
     for dtype in sorted(dtypes):
         u = 2.0 ** -(format_of(dtype).man_bits + 1)
         for what, v in values.items():

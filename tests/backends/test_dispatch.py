@@ -54,13 +54,15 @@ def fakes(monkeypatch):
     mod.Defect = _fake("defect", 98, Declared(variants={}, output="bfloat16"), defect="reads past the row")
     mod.Literal = _fake("literal", 97, Declared(variants={"zero_read": "v1_literal"}, output="bfloat16"))
     mod.Rounding = _fake("rounding", 50, Declared(variants={"act_rounding": "rhaz"}, output="bfloat16"))
+    # zentorch's weight scales (backends/zentorch.py): the checkpoint's float32 scales copied into bfloat16
+    mod.Bf16Scale = _fake("bf16-scale", 60, Declared(variants={"weight_scale_dtype": "bfloat16"}, output="float32"))
     # zentorch's activation quantizer (backends/zentorch.py ACT_AMAX_EPS): amax clamped to 127e-10 first
     mod.EpsClamp = _fake("eps-clamp", 60, Declared(variants={"zero_row": "eps", "eps": EPS}, output="bfloat16"))
     monkeypatch.setitem(sys.modules, "qconform_dispatch_fakes", mod)
     monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", ",".join(
         f"{n}=qconform_dispatch_fakes:{c}" for n, c in (("per-tensor", "PerTensor"), ("defect", "Defect"),
                                                           ("literal", "Literal"), ("rounding", "Rounding"),
-                                                          ("eps-clamp", "EpsClamp"))))
+                                                          ("eps-clamp", "EpsClamp"), ("bf16-scale", "Bf16Scale"))))
     return mod
 
 
@@ -96,6 +98,27 @@ def test_an_amax_clamp_is_judged_on_the_activations(fakes):
     assert activation_deviation(Declared(variants={"zero_row": "eps", "eps": EPS}), a16, tiny[:, :1]) is None
 
 
+def test_a_bfloat16_weight_scale_is_judged_on_the_layer_scales(fakes):
+    """A bfloat16 copy of float32 scales is rounding level where bfloat16 holds them to within 2^-8 of themselves
+    (its normal range), and more where it flushes them: subnormal bfloat16 keeps fewer bits, and below 2^-133
+    nothing. The oracle is ml_dtypes' own float32 -> bfloat16 conversion."""
+    import ml_dtypes
+
+    case = Case("w8a16", "ct-int-quantized", 2, 8, 32, group_size=-1, act_dtype="float32", scale_dtype="float32")
+    tensors = make_inputs(case, 0).tensors
+    ordinary = tensors["weight_scale"]
+    tiny = (ordinary * np.float32(2.0 ** -120)).astype(np.float32)  # ~2^-140: bfloat16 subnormal or zero
+    for s, held in ((ordinary, True), (tiny, False)):
+        bf = s.astype(ml_dtypes.bfloat16).astype(np.float64)
+        assert bool(np.all(np.abs(bf - s) <= 2.0 ** -8 * np.abs(s))) is held  # the oracle agrees with the premise
+        sel = select(case, ["bf16-scale", "emulator"], tensors=dict(tensors, weight_scale=s))
+        assert (sel.backend.name == "bf16-scale") is held, sel.skipped
+    why = dict(select(case, ["bf16-scale", "emulator"], tensors=dict(tensors, weight_scale=tiny)).skipped)["bf16-scale"]
+    assert "weight_scale_dtype=bfloat16" in why and "bfloat16 does not hold" in why and "scales" in why, why
+    # without the tensors the general level (rounding) stands: only tensors can show the flush
+    assert select(case, ["bf16-scale", "emulator"]).backend.name == "bf16-scale"
+
+
 def test_auto_plans_on_the_case_activations_and_refuses_others(fakes):
     """``auto`` (the suite's dispatcher) chooses on the inputs ``plan_on`` gives it; activations it did not judge
     are refused when run (a crash naming why), never answered by a kernel whose clamp bites on them."""
@@ -112,6 +135,9 @@ def test_auto_plans_on_the_case_activations_and_refuses_others(fakes):
     prepared = auto.prepare(case, inp.tensors)
     with pytest.raises(RuntimeError, match="without these activations.*zero_row=eps"):
         auto.run(prepared, tiny.x)
+    # the checkpoint tensors too: the choice was judged on the planned ones
+    with pytest.raises(RuntimeError, match="other checkpoint tensors"):
+        auto.prepare(case, dict(inp.tensors, weight=inp.tensors["weight"] ^ np.int8(1)))
 
 
 def test_semantic_deviations_and_known_defects_are_skipped(fakes, caplog):
