@@ -4,8 +4,9 @@ Semantics: docs/backends.md#dispatcher.
 
 ``qconform run --backend auto`` judges what a user of the dispatcher gets on this host: every case
 goes to the highest-priority available backend that can implement it, declares no semantic deviation
-for it and has no known defect for it, else to the emulator (backends/dispatch.py, the
-declaration-and-priority policy: the suite asks before it has an input to time on). The declaration judged is the chosen
+for it (judged on the case's own tensors and activations, which the suite gives through ``plan_on``) and has
+no known defect for it, else to the emulator (backends/dispatch.py, the declaration-and-priority policy: the
+suite does not time kernels). The declaration judged is the chosen
 backend's own (its notes name the choice), so a rounding-level variant is reported with its measured
 distance from the canonical reference, as for any backend.
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from emulator import __version__ as emulator_version
-
 import numpy as np
+
+from emulator import __version__ as emulator_version
 
 from .base import SCHEMES, Availability, Backend, Case, Declared, Prepared, Support, no, yes
 from .dispatch import activation_refusal
@@ -100,7 +101,7 @@ class AutoBackend(Backend):
             why = activation_refusal(b.declared(prepared.case), prepared.case, x)
             if why:
                 raise RuntimeError(f"auto chose {b.label} for {prepared.case.describe()} without these activations "
-                                   f"(plan_on was not given them), and it {why}")
+                                   f"(plan_on judged its choice on other ones, or on none), and it {why}")
         return b.run(prepared.data["prepared"], x, **inputs)
 
     def quantize(self, prepared: Prepared, x):

@@ -23,7 +23,7 @@ answer when nothing else is admitted. Policies:
   at each shape class, the fastest kept, and kept on disk per host (backends/dispatch_cache.py).
 
 Timed policies need a ``timer`` (the caller runs a backend on the real input); without one (the suite's
-``auto``, which has no input when it asks) they choose by priority. Because the fallback is always timed
+``auto``, which judges but does not time) they choose by priority. Because the fallback is always timed
 too, a timed choice is never slower than the fast path; with ``floor_db`` and a ``reference`` a contender
 whose output on the timing input is below that SQNR against the reference is not chosen, and every layer
 that reuses its shape class's choice is checked the same way on its own first input (``_floor_gate``).
