@@ -163,6 +163,8 @@ def main(argv=None) -> int:
                        "deterministic": bool(getattr(backend, "deterministic", True))})
             elif op == "plan":
                 spec = CaseSpec.from_json(req["spec"])
+                if hasattr(backend, "plan_on"):  # a dispatcher judges its choice on the case's own activations
+                    backend.plan_on(load_bundle_inputs(req["bundle"])[0] if "bundle" in req else spec.inputs())
                 sup = backend.can_implement(spec.case)
                 decl = backend.declared(spec.case).to_json() if sup.ok else None
                 reply({"ok": True, "supported": sup.ok, "reason": sup.reason, "declared": decl})
