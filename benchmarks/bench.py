@@ -532,7 +532,7 @@ def _model_args(p) -> None:
     p.add_argument("--formats", default=None, help="--model: a comma-separated subset of ct-w4a16,gptq,ct-w8a8")
 
 
-def register(sub) -> None:
+def register(sub, services=None) -> None:
     s = sub.add_parser("bench", help="benchmarks of the emulator fallback and the suite (ratios to baselines)")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--json")
