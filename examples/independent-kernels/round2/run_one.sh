@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: run_one.sh PROFILE SPEC SCHEME [OUTROOT]   (from the repository root)
-# one `qconform run` (or `certify` when PROFILE=certify) of one backend spec on one scheme, -j 1; prints
+# one `qconform run` (`--tier property --profile ci` when PROFILE=property, `certify` when PROFILE=certify) of one backend spec on one scheme, -j 1; prints
 # "spec scheme <verdict counts> wall_s" from the console table.
 set -u
 prof=$1; spec=$2; scheme=$3; root=${4:-/tmp/r2}
@@ -10,7 +10,10 @@ mkdir -p "$root/$prof"
 out=$root/$prof/$(echo "$spec" | tr ':=' '__')-$scheme
 rm -rf "$out"
 t0=$(date +%s.%N)
-if [ "$prof" = certify ]; then
+if [ "$prof" = property ]; then
+  PYTHONPATH=$PWD:$PWD/$R2 timeout 1500 python -m conformance.cli.main run --backend "$spec" --tier property --profile ci --scheme "$scheme" \
+    -j 1 --no-progress --out "$out" > "$out.log" 2>&1
+elif [ "$prof" = certify ]; then
   PYTHONPATH=$PWD:$PWD/$R2 timeout 1500 python -m conformance.cli.main certify --backend "$spec" --scheme "$scheme" \
     -j 1 --out "$out" > "$out.log" 2>&1
 else

@@ -265,12 +265,10 @@ def quant_mx(x: np.ndarray, bug: str | None):
         a = np.abs(xb)
         amax = np.nanmax(a, axis=2) if bug == "w4a4_nan_ignored" else np.max(a, axis=2)
         bad = ~np.isfinite(amax)
-        if bug == "w4a4_subnormal_exp":
-            bits = amax.astype(np.float32).view(np.uint32)
-            fl = ((bits >> 23) & 0xFF).astype(np.int64) - 127
-        else:
-            _, e = np.frexp(amax)
-            fl = e - 1  # floor(log2 amax)
+        if bug == "w4a4_amax_via_bf16":
+            amax = round_to(amax, "bfloat16")
+        _, e = np.frexp(amax)
+        fl = e - 1  # floor(log2 amax)
         if bug == "w4a4_rceil":
             t = amax / 6.0
             _, e6 = np.frexp(t)
@@ -355,8 +353,8 @@ class R2Moe(_R2):
         I = I2 // 2
         G13 = K // s13.shape[1]
         G2 = I // s2.shape[1]
-        if self.bug == "moe_w2_group_from_w13":
-            G2 = G13
+        if self.bug == "moe_w2_group_from_hidden":
+            G2 = max(K // s2.shape[1], 1)
         w13 = ((q13 - 8) * s13[:, np.arange(K) // G13, :]).astype(np.float32).astype(np.float64)
         r2 = np.minimum(np.arange(I) // G2, s2.shape[1] - 1)
         w2 = ((q2 - 8) * s2[:, r2, :]).astype(np.float32).astype(np.float64)

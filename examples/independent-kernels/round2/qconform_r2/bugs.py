@@ -54,7 +54,7 @@ BUGS = {
         "w4a4_rceil": ("w4a4-mxfp4", "activation scale 2^ceil(log2(amax / 6)) (RCEIL) while FLOOR is declared"),
         "w4a4_rhaz": ("w4a4-mxfp4", "E2M1 activation elements rounded half away from zero"),
         "w4a4_nan_ignored": ("w4a4-mxfp4 NaN acts", "block amax by nanmax: NaN elements skipped, block not NaN"),
-        "w4a4_subnormal_exp": ("w4a4-mxfp4 tiny amax", "floor(log2 amax) from the fp32 exponent field: subnormal amax -> -127"),
+        "w4a4_amax_via_bf16": ("w4a4-mxfp4 fp32/fp16 acts", "block amax rounded to bf16 (the kernel's compute dtype) before the scale exponent"),
     },
     "r2-moe": {
         "moe_no_renorm": ("w4a16-moe top-k < E", "top-k weights not renormalized"),
@@ -66,7 +66,7 @@ BUGS = {
         "moe_softmax_fp16": ("w4a16-moe", "router softmax rounded to float16 before top-k and weighting"),
         "moe_scatter_overwrite": ("w4a16-moe top-k > 1", "expert outputs written (last slot wins), not accumulated"),
         "moe_renorm_eps": ("w4a16-moe", "renormalization divides by sum + 1e-6"),
-        "moe_w2_group_from_w13": ("w4a16-moe I < G or channel-wise", "w2 scale row index i // G13 (w13's group size)"),
+        "moe_w2_group_from_hidden": ("w4a16-moe I != K, >= 2 w2 groups", "w2 group size computed from the hidden size K instead of I (K // n_groups)"),
     },
 }
 BUGS["r2-a16-bf16w"] = {}
