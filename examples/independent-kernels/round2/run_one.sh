@@ -23,4 +23,5 @@ fi
 rc=$?
 t1=$(date +%s.%N)
 line=$(grep -E "^\S+\s+$scheme\s+[0-9]+" "$out.log" | head -1)
+[ "$prof" = certify ] && line="x x $(grep -E '^certification:' "$out.log" | tail -1)"
 printf "%s\t%s\trc=%s\t%s\t%.1f\n" "$spec" "$scheme" "$rc" "$(echo $line | cut -d' ' -f3-)" "$(echo "$t1 - $t0" | bc)"
