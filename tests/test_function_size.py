@@ -25,8 +25,6 @@ MAX_PARAMS = 8
 #: functions over MAX_LINES lines, "file::qualified name" (lines when listed)
 KNOWN_LONG: set = {
     "conformance/certify/verify.py::verify_bundle",  # 130
-    "conformance/certify/write.py::certify",  # 124
-    "conformance/cli/commands.py::_run_locked",  # 108
     "conformance/fingerprint/decide.py::_run_axis",  # 151
     "conformance/fingerprint/decide.py::fingerprint",  # 81
     "conformance/judge/acceptance.py::_moe_act_quant_deviation",  # 82
@@ -47,9 +45,7 @@ KNOWN_WIDE: set = {
     "conformance/certify/codec.py::encode_case",  # 10
     "conformance/certify/coverage_search.py::run_search",  # 9
     "conformance/certify/verify.py::_check_one",  # 10
-    "conformance/certify/write.py::certify",  # 19
     "conformance/cli/commands.py::_judge_replay",  # 9
-    "conformance/cli/commands.py::_run_locked",  # 10
     "conformance/fingerprint/decide.py::fingerprint",  # 10
     "conformance/run/runner.py::Runner.__init__",  # 11
     "conformance/selftest/mutation.py::run_selftest",  # 9
