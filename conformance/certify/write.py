@@ -157,10 +157,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", o
     lock = OutLock.beside(folder).acquire()
     try:
         _check_target(folder)
-        work = folder.with_name(folder.name + PARTIAL)
-        # the encoded outputs wait outside the bundle until it is in place: an interruption anywhere before
-        # the rename leaves them for the resumed run (which skips the cases they belong to)
-        staging = folder.with_name(f".{folder.name}{STAGING}")
+        work, staging = _work_folder(folder), _staging_folder(folder)
         base_seed, specs = _selected_cases(work, opts)
         ids = [s.case_id for s in specs]
         _claim_work(work, ids)
@@ -170,7 +167,7 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", o
         header = _run_header(backends, opts, base_seed, specs, wv)
         host = header["host_label"]
         search_args = {"seed": int(opts.search_seed), "examples": opts.search_examples} if opts.search else None
-        _run_cases(work, staging, backends, specs, header, wv, opts, progress, log, folder)
+        _run_cases(folder, backends, specs, header, wv, opts, progress, log)
         if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
             from conformance.certify.coverage_search import run_search, search_schemes
 
@@ -180,6 +177,17 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", o
         return _seal_into(folder, work, staging, ids, dict(header, host_label=host, search=search_args), extra_files)
     finally:
         lock.release()
+
+
+def _work_folder(folder: Path) -> Path:
+    """Where the run happens until the sealed bundle is renamed to ``folder``."""
+    return folder.with_name(folder.name + PARTIAL)
+
+
+def _staging_folder(folder: Path) -> Path:
+    """Where the encoded outputs wait outside the bundle until it is in place: an interruption anywhere before
+    the rename leaves them for the resumed run (which skips the cases they belong to)."""
+    return folder.with_name(f".{folder.name}{STAGING}")
 
 
 def _checked_options(backends: list[str], opts: CertifyOptions) -> CertifyOptions:
@@ -257,10 +265,12 @@ def _run_header(backends: list[str], opts: CertifyOptions, base_seed, specs, wv)
     return header
 
 
-def _run_cases(work: Path, staging: Path, backends, specs, header: dict, wv, opts: CertifyOptions, progress: bool,
-               log, folder: Path) -> None:
-    """Run (or resume) the case list in ``work``; QconformError unless every (backend, case) has its result."""
+def _run_cases(folder: Path, backends, specs, header: dict, wv, opts: CertifyOptions, progress: bool, log) -> None:
+    """Run (or resume) the case list in ``folder``'s work folder, its outputs staged beside it; QconformError
+    unless every (backend, case) has its result."""
     from conformance.run.runner import Runner
+
+    work, staging = _work_folder(folder), _staging_folder(folder)
 
     placement = opts.placement
     runner = Runner(work, timeout=opts.timeout, jobs=opts.jobs, waivers=wv, progress=progress,
