@@ -47,7 +47,6 @@ KNOWN_WIDE: set = {
     "conformance/certify/verify.py::_check_one",  # 10
     "conformance/cli/commands.py::_judge_replay",  # 9
     "conformance/fingerprint/decide.py::fingerprint",  # 10
-    "conformance/run/runner.py::Runner.__init__",  # 11
     "conformance/selftest/mutation.py::run_selftest",  # 9
     "emulator/formats/awq.py::dequantize_awq",  # 10
     "emulator/formats/awq.py::dequantize_awq_reference",  # 9
