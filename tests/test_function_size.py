@@ -45,7 +45,6 @@ KNOWN_WIDE: set = {
     "conformance/certify/codec.py::encode_case",  # 10
     "conformance/certify/coverage_search.py::run_search",  # 9
     "conformance/certify/verify.py::_check_one",  # 10
-    "conformance/cli/commands.py::_judge_replay",  # 9
     "conformance/fingerprint/decide.py::fingerprint",  # 10
     "conformance/selftest/mutation.py::run_selftest",  # 9
     "emulator/formats/awq.py::dequantize_awq",  # 10

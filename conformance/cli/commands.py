@@ -418,17 +418,15 @@ def cmd_replay(args) -> int:
         if reply.failure is not None:
             print(f"replay on {want}: {reply.failure.kind}: {reply.failure.error}")
             return 1
-        return _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in,
-                             lambda: w.localize(declared, bundle=bundle))
+        rec = _replayed_record(inp, iv, declared, out)
+        return _report_replay(rec, inp, want, args.backend or recorded, stand_in,
+                              lambda: w.localize(declared, bundle=bundle))
     finally:
         w.close()
 
 
-def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, localize) -> int:
-    """The replayed output's verdict; a failure names its failing element and its localization
-    (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights)."""
-    from conformance.judge.localize_text import localization_lines
-    from conformance.report.summary import describe_worst
+def _replayed_record(inp, iv, declared, out: Path) -> dict:
+    """The replayed output's result record, judged as the runner judges (a quantize-only case: its tensors)."""
     from conformance.judge.verdict import judge
     from emulator.tensorfile import load_tensors
 
@@ -438,9 +436,18 @@ def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, locali
         rec, _ = judge_quantized(inp.case, inp.x, declared, load_observed(out))
         if rec.get("first_mismatch"):
             rec["worst_element"] = rec["first_mismatch"]
-    else:
-        y = load_tensors(out)["y"].data
-        rec = judge(inp, iv, y, declared).record()
+        return rec
+    y = load_tensors(out)["y"].data
+    return judge(inp, iv, y, declared).record()
+
+
+def _report_replay(rec: dict, inp, want: str, asked: str, stand_in: bool, localize) -> int:
+    """Print the replay's verdict and return the exit status; a failure names its failing element and its
+    localization (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights).
+    ``want``: the backend that ran; ``asked``: the one asked for (another when ``stand_in``)."""
+    from conformance.judge.localize_text import localization_lines
+    from conformance.report.summary import describe_worst
+
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")
@@ -451,7 +458,7 @@ def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, locali
                 print(line)
         return 1
     if stand_in:
-        print(f"replay: NOT REPLAYED on {args.backend or recorded} (unavailable here); the emulator's verdict above "
+        print(f"replay: NOT REPLAYED on {asked} (unavailable here); the emulator's verdict above "
               "says nothing about it")
         return EXIT_NOT_CERTIFIED
     return 0
