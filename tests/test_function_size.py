@@ -43,7 +43,6 @@ KNOWN_LONG: set = {
 KNOWN_WIDE: set = {
     "conformance/cases/bundle.py::save_bundle",  # 10
     "conformance/certify/codec.py::encode_case",  # 10
-    "conformance/certify/coverage_search.py::run_search",  # 9
     "conformance/certify/verify.py::_check_one",  # 10
     "conformance/fingerprint/decide.py::fingerprint",  # 10
     "conformance/selftest/mutation.py::run_selftest",  # 9

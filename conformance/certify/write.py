@@ -169,11 +169,11 @@ def certify(backends: list[str], out: "str | Path" = "qconform-certification", o
         search_args = {"seed": int(opts.search_seed), "examples": opts.search_examples} if opts.search else None
         _run_cases(folder, backends, specs, header, wv, opts, progress, log)
         if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
-            from conformance.certify.coverage_search import run_search, search_schemes
+            from conformance.certify.coverage_search import SearchSpec, run_search, search_schemes
 
-            run_search(work, list(backends), profile=opts.profile, schemes=search_schemes(opts.schemes, opts.families),
-                       seed=search_args["seed"], examples=opts.search_examples, timeout=opts.timeout, waivers=wv,
-                       log=log)
+            spec = SearchSpec(profile=opts.profile, schemes=search_schemes(opts.schemes, opts.families),
+                              seed=search_args["seed"], examples=opts.search_examples)
+            run_search(work, list(backends), spec, timeout=opts.timeout, waivers=wv, log=log)
         return _seal_into(folder, work, staging, ids, dict(header, host_label=host, search=search_args), extra_files)
     finally:
         lock.release()
