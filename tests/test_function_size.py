@@ -24,7 +24,6 @@ MAX_PARAMS = 8
 
 #: functions over MAX_LINES lines, "file::qualified name" (lines when listed)
 KNOWN_LONG: set = {
-    "conformance/certify/verify.py::verify_bundle",  # 130
     "conformance/fingerprint/decide.py::_run_axis",  # 151
     "conformance/fingerprint/decide.py::fingerprint",  # 81
     "conformance/judge/acceptance.py::_moe_act_quant_deviation",  # 82
@@ -43,7 +42,6 @@ KNOWN_LONG: set = {
 KNOWN_WIDE: set = {
     "conformance/cases/bundle.py::save_bundle",  # 10
     "conformance/certify/codec.py::encode_case",  # 10
-    "conformance/certify/verify.py::_check_one",  # 10
     "conformance/fingerprint/decide.py::fingerprint",  # 10
     "conformance/selftest/mutation.py::run_selftest",  # 9
     "emulator/formats/awq.py::dequantize_awq",  # 10
