@@ -43,7 +43,6 @@ KNOWN_WIDE: set = {
     "conformance/cases/bundle.py::save_bundle",  # 10
     "conformance/certify/codec.py::encode_case",  # 10
     "conformance/fingerprint/decide.py::fingerprint",  # 10
-    "conformance/selftest/mutation.py::run_selftest",  # 9
     "emulator/formats/awq.py::dequantize_awq",  # 10
     "emulator/formats/awq.py::dequantize_awq_reference",  # 9
     "emulator/formats/compressed_tensors.py::dequantize_ct_packed",  # 9
