@@ -28,7 +28,6 @@ KNOWN_LONG: set = {
     "conformance/fingerprint/decide.py::fingerprint",  # 81
     "conformance/judge/acceptance.py::_moe_act_quant_deviation",  # 82
     "conformance/judge/localize.py::localize",  # 81
-    "conformance/judge/realization.py::realized",  # 99
     "conformance/run/worker.py::main",  # 107
     "emulator/detect.py::_detect_compressed_tensors",  # 106
 }
