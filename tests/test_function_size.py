@@ -29,7 +29,6 @@ KNOWN_LONG: set = {
     "conformance/judge/acceptance.py::_moe_act_quant_deviation",  # 82
     "conformance/judge/localize.py::localize",  # 81
     "conformance/run/worker.py::main",  # 107
-    "emulator/detect.py::_detect_compressed_tensors",  # 106
 }
 
 #: functions with more than MAX_PARAMS parameters, "file::qualified name" (parameters when listed). The
