@@ -100,8 +100,6 @@ KNOWN_TESTS: dict = {
     ("tests/backends/test_xpu.py", "xpu._installed"): _NO_LIB,
     ("tests/backends/test_zentorch.py", "zt.ZentorchBackend._import"): _NO_LIB,
     ("tests/backends/test_zentorch.py", "zt._KEEP_ALIVE"): "keeps tensors a zentorch op holds alive as the adapter does",
-    ("tests/conformance/test_campaign.py", "campaign._false_green"): _INSIDE + " (the false-green rule, case by case)",
-    ("tests/conformance/test_console_layout.py", "commands._selection"): _INSIDE + " (the CLI's backend/spec choice)",
     ("tests/conformance/test_coverage.py", "cov._checker"): _STATE,
     ("tests/conformance/test_runner_robust.py", "Runner._append"): "loses one record write to show the run notices",
     ("tests/conformance/test_runner_robust.py", "verify._jsonl"): "counts the verifier's parses of the results file",

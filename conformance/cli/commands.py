@@ -135,7 +135,7 @@ def _silence(fds) -> None:
     os.close(devnull)
 
 
-def _selection(args):
+def run_selection(args):
     """(backend specs, tiers, specs) of a run, every name checked before anything runs."""
     from conformance.cases.selection import check_backends, check_selection
 
@@ -175,7 +175,7 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     header: backends of the target that could not start here."""
     from conformance.cases.specs import PROPERTY_TIER
 
-    backends, tiers, specs = _selection(args)
+    backends, tiers, specs = run_selection(args)
     prop_families = []
     if PROPERTY_TIER in tiers:  # Hypothesis is needed only here (a plain `pip install .` runs without it)
         try:
