@@ -137,7 +137,7 @@ class EmulatorBackend(Backend):
         """Quantize-only cases: the reference of emulator/quantize_only.py under this instance's variants."""
         return quantize_reference(prepared.case, np.asarray(x), self.computed(prepared.case))
 
-    def _fast_w8a8(self, case: Case) -> bool:
+    def uses_fast_w8a8(self, case: Case) -> bool:
         # canonical symmetric int8 activations only: any named activation variant, and asymmetric (azp)
         # activations, take the exact path (this path quantizes symmetrically)
         return (self.path == "fast" and case.scheme == "w8a8" and case.weight_format == "ct-int-quantized"
@@ -155,7 +155,7 @@ class EmulatorBackend(Backend):
             if bias is not None:
                 y += np.asarray(bias, dtype=np.float32)
             return round_float32_array(y, case.output_dtype)
-        if self._fast_w8a8(case):
+        if self.uses_fast_w8a8(case):
             return self._run_w8a8(prepared, np.asarray(x, dtype=np.float32), bias)
         return declared_output(case, tensors, np.asarray(x, np.float32), bias, inputs.get("router_logits"),
                                self.computed(case)).astype(np.float32)

@@ -106,7 +106,6 @@ KNOWN_TESTS: dict = {
     ("tests/conformance/test_variant_vocabulary.py", "fingerprint._DEFAULTS"): _INSIDE + " (fingerprint defaults = axes)",
     ("tests/conformance/test_variant_vocabulary.py", "fingerprint._known_keys"): _INSIDE + " (fingerprint keys = axes)",
     ("tests/emulator/test_checkpoint.py", "ck._files"): _INSIDE + " (which shard a tensor is read from)",
-    ("tests/emulator/test_exact_int_matmul.py", "emu._fast_w8a8"): _INSIDE + " (the W8A8 integer fast path is taken)",
     ("tests/emulator/test_loader_scaling.py", "saferegex._COMPILED"): _STATE,
     ("tests/fallback/test_fused_fallback.py", "s._xt"): _INSIDE + " (x's transpose keeps a BLAS-friendly stride)",
     ("tests/fallback/test_int_kernels.py", "int_kernels._CHECK"): _STATE,
