@@ -85,7 +85,6 @@ def _failure_type(signature: str) -> type:
 
 
 # -- the search ------------------------------------------------------------------------------------
-@dataclasses.dataclass
 def _search_outcome(test, st_: dict) -> str:
     """Run the Hypothesis test: "passed", "failed" (failure signatures in ``st_["found"]``), "unsatisfiable" or
     "flaky (...)" (an error after a failure was found; raised when none was)."""
@@ -104,6 +103,7 @@ def _search_outcome(test, st_: dict) -> str:
     return "passed"
 
 
+@dataclasses.dataclass
 class PropertySearch:
     """One backend's property searches, run through ``runner`` (conformance.run.runner.Runner) in one worker."""
 
