@@ -518,7 +518,7 @@ def _model_args(p) -> None:
     p.add_argument("--repeat", type=int, default=3, help="--model: rounds, best of (default 3)")
 
 
-def register(sub) -> None:
+def register(sub, services=None) -> None:
     s = sub.add_parser("bench", help="benchmarks of the emulator fallback and the suite (ratios to baselines)")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--json")

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["add_parser"]
+__all__ = ["register"]
 
 
 def _peak_rss_mib() -> float:
@@ -187,9 +187,10 @@ def print_choices(selections: dict) -> None:
         print(f"  {name}: {line.rpartition(marker)[0] if common is not None else line}")
 
 
-def add_parser(sub, certifier_factory=None) -> None:
-    """``certifier_factory(bundles)``: the certifier ``--certified`` builds (the suite passes
-    conformance.certify.CertificationStore; qconform_torch itself never imports the suite)."""
+def register(sub, services=None) -> None:
+    """``qconform model``. ``services.certifier_factory(bundles)``: the certifier ``--certified`` builds (the suite
+    passes conformance.certify.CertificationStore; qconform_torch itself never imports the suite)."""
+    certifier_factory = getattr(services, "certifier_factory", None)
     s = sub.add_parser("model", help="one forward pass of a quantized HF checkpoint through qconform's op "
                                      "(logits [T, vocab] as safetensors tensor 'logits')")
     s.add_argument("checkpoint")

@@ -263,7 +263,7 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def add_parser(sub) -> None:
+def register(sub, services) -> None:
     s = sub.add_parser("campaign", help="malformed-checkpoint campaign: every loader command on seeded mutants")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--count", type=int, default=1000, help="number of malformed checkpoints (default 1000)")

@@ -190,7 +190,7 @@ def _recorded_verdict(folder) -> str:
     return f"{'PASS' if meta.get('ok') else 'FAIL'} ({n_bad} failing of {n}; bundle.json ok: {str(meta.get('ok')).lower()})"
 
 
-def register(sub) -> None:
+def register(sub, services) -> None:
     from conformance.cases.suite import PROFILES, TIERS
 
     s = sub.add_parser("certify", help="run the certification profile on backends and write a verifiable bundle")

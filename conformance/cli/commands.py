@@ -519,7 +519,8 @@ _PROFILE_HELP = ("case list: smoke, ci (default), certification, nightly (fresh 
                  "families is certify --for-model's")
 
 
-def add_commands(sub) -> None:
+def register(sub, services) -> None:
+    """``run``, ``replay``, ``golden``, ``target``, ``backends`` (conformance/cli/main.py's COMMANDS)."""
     s = sub.add_parser("run", help="run the conformance suite on backends (the main job)")
     s.add_argument("--backend", action="append", help="backend spec name[:key=value,...]; repeatable "
                                                       "(default: every available backend)")
@@ -555,30 +556,11 @@ def add_commands(sub) -> None:
     s.add_argument("--dir", help="golden folder (default: the repository's golden/)")
     s.set_defaults(fn=cmd_golden)
 
-    add_target_command(sub)
-    # Commands that live with their feature: each module defines register(subparsers).
-    from conformance import certify
-    from conformance.fingerprint import decide as fingerprint
-    from conformance.report import write as report
-    from conformance.selftest import mutation as selftest
-
-    for m in (selftest, certify, fingerprint):
-        m.register(sub)
-    report.register(sub, verify_bundle=certify.verify_bundle)  # report sits below certify: it is handed the verifier
-    # commands of packages built on the suite (benchmarks/: `qconform bench`) register through the entry-point
-    # group qconform.commands, as third-party backends do: the suite never imports them
-    for ep in _command_entry_points():
-        ep.load()(sub)
+    _register_target(sub)
 
     s = sub.add_parser("backends", help="list registered backends, availability and schemes")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_backends)
-
-
-def _command_entry_points():
-    from importlib import metadata
-
-    return sorted(metadata.entry_points(group="qconform.commands"), key=lambda ep: ep.name)
 
 
 #: tox target -> the backends it certifies (docs/conformance.md#tox)
@@ -649,7 +631,7 @@ def _write_unavailable_summary(out: Path, args, unavailable: dict) -> None:
     write_reports(out, summarize_sources([src], base=out))
 
 
-def add_target_command(sub) -> None:
+def _register_target(sub) -> None:
     s = sub.add_parser("target", help="conformance of one tox target's backends (cpu, vllm-cpu, zen, xpu, cuda, "
                                       "emulator)")
     s.add_argument("name")

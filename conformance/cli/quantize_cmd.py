@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["PRESET_KEY", "parse_variant_options", "read_activations", "quantize_variant_keys", "cmd_quantize",
-           "add_parser"]
+           "register"]
 
 #: ``--variant preset=NAME``: a reference quantizer's whole declaration (emulator/reference_quantizers.py)
 PRESET_KEY = "preset"
@@ -137,7 +137,7 @@ def cmd_quantize(args) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
+def register(sub, services) -> None:
     from emulator.reference_quantizers import REFERENCE_QUANTIZERS
 
     s = sub.add_parser("quantize", help="quantize activations x from a safetensors file to codes, scales and zero "

@@ -427,7 +427,7 @@ def _cmd_fingerprint(args) -> int:
     return 1 if res["contradictions"] else 0
 
 
-def register(sub) -> None:
+def register(sub, services) -> None:
     s = sub.add_parser("fingerprint", help="which named variants a backend's outputs are consistent with "
                                            "(discriminating probes)")
     s.add_argument("--backend", required=True, help="backend spec name[:key=value,...]")

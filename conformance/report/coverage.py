@@ -100,3 +100,11 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def register(sub, services) -> None:
+    """``qconform coverage`` (conformance/cli/main.py's COMMANDS)."""
+    s = sub.add_parser("coverage", help="the feature tables and what each profile's covering design covers "
+                                        "(docs/conformance.md#coverage)")
+    s.add_argument("--markdown", action="store_true", help="print the tables as the docs show them (the default)")
+    s.set_defaults(fn=lambda args: main([]))

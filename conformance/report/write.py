@@ -239,8 +239,9 @@ def cmd_report(args) -> int:
     return 0
 
 
-def register(sub, *, verify_bundle) -> None:
-    """``qconform report``; ``verify_bundle`` checks each bundle ``report merge`` reads (certify's verifier)."""
+def register(sub, services) -> None:
+    """``qconform report``; ``services.verify_bundle`` checks each bundle ``report merge`` reads (certify's
+    verifier: this room sits below certify)."""
     s = sub.add_parser("report", help="summary.json, report.md and report.html of a run; 'report merge BUNDLE... "
                                       "--out DIR' combines bundles from several hosts")
     s.add_argument("paths", nargs="+", metavar="OUT", help="a run folder (or results JSONL); or: merge BUNDLE...")
@@ -248,4 +249,4 @@ def register(sub, *, verify_bundle) -> None:
     s.add_argument("--md", action="store_true", help="write report.md (default: html and md)")
     s.add_argument("--out", help="folder for the reports (default: the run folder); required for merge")
     s.add_argument("--no-verify", action="store_true", help="merge: skip verifying the bundles")
-    s.set_defaults(fn=cmd_report, verify_bundle=verify_bundle)
+    s.set_defaults(fn=cmd_report, verify_bundle=services.verify_bundle)

@@ -465,7 +465,7 @@ def cmd_selftest(args) -> int:
     return 0 if ok(report) else 1
 
 
-def register(sub) -> None:
+def register(sub, services) -> None:
     s = sub.add_parser("selftest", help="mutation self-test: run the suite against mutant backends (one planted "
                                         "bug each) and report which tier kills each")
     s.add_argument("--profile", default="ci", choices=sorted(PROFILES))

@@ -148,3 +148,11 @@ def main(args) -> int:
                       + (f"  {r['detail']}" if r.get("detail") else ""))
     print(f"emulator: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
+
+
+def register(sub, services) -> None:
+    """``qconform selfcheck`` (conformance/cli/main.py's COMMANDS)."""
+    s = sub.add_parser("selfcheck", help="end-to-end check of the emulator through checkpoint folders")
+    s.add_argument("--out", default="qconform-out", help="output folder")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=main)

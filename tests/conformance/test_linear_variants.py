@@ -8,7 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.cli.main import LINEAR_FIELDS, main
+from conformance.cli.checkpoint_cmds import LINEAR_FIELDS
+from conformance.cli.main import main
 from emulator.tensorfile import Tensor, load_tensors, save_tensors
 from emulator.variants import AXES
 

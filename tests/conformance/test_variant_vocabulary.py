@@ -224,7 +224,7 @@ def test_field_axes_are_declared_fields():
 
 
 def test_linear_help_lists_every_variant_key():
-    from conformance.cli.main import LINEAR_FIELDS, linear_variant_keys
+    from conformance.cli.checkpoint_cmds import LINEAR_FIELDS, linear_variant_keys
 
     keys = linear_variant_keys()
     assert set(keys) == set(VARIANT_AXES) | set(LINEAR_FIELDS)

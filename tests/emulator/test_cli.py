@@ -543,7 +543,7 @@ def test_linear_preset_equals_its_variants_and_unknown_keys_list_linear_keys(cap
     """--preset NAME and --variant preset=NAME give the bytes --variant with the preset's own keys gives
     (regression gate), and differ from canonical on the MX layer; an unknown key lists only the keys linear
     takes (not the kernel-only fields accumulate, output, arithmetic)."""
-    from conformance.cli.main import linear_variant_keys
+    from conformance.cli.checkpoint_cmds import linear_variant_keys
     from emulator.reference_quantizers import reference_variants
 
     folder, _ = ckpts["ct-mxfp4-w4a16"]
