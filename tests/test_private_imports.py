@@ -265,9 +265,9 @@ def test_the_check_sees_private_imports(tmp_path):
 def test_the_check_sees_private_attributes(tmp_path):
     """The attribute scan, on a planted package: a project module's private name (imported as a module
     by every spelling, even when the reader defines the same name), a private method called on an object
-    made elsewhere, getattr/monkeypatch with a literal name and a write into another module are found;
-    self/cls/super(), a name the module defines itself, dunders, enum sunders, other distributions'
-    privates and FOREIGN names are not."""
+    made elsewhere, getattr/monkeypatch with a literal name, a write into another module and a project module
+    bound by importlib are found; self/cls/super(), a name the module defines itself, dunders, enum sunders,
+    other distributions' privates (imported, or bound by pytest.importorskip) and FOREIGN names are not."""
     pkg = tmp_path / "emulator"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -287,11 +287,13 @@ def test_the_check_sees_private_attributes(tmp_path):
         "y = Engine()._fast() + type(x)._fast\n"           # an object made elsewhere
         "z = getattr(Engine(), '_fast') + x.__class__ + x._value_ + torch._C + x._parameters\n"
         "def t(monkeypatch):\n    monkeypatch.setattr(m, '_threads', None)\n"
-        "np = __import__('numpy')\nw = x.__mangled\n")
+        "w = x.__mangled\n"
+        "import pytest, importlib\ntv = pytest.importorskip('torchvision')\nq = tv._io\n"  # another distribution's
+        "em = importlib.import_module('emulator.a')\nr = em._TABLE\n")
     found = _private_attributes(tmp_path, ("emulator",))
     assert found == {("emulator/b.py", t) for t in (
         "ea._TABLE", "a._TABLE", "emulator.a._TABLE", "m._threads", "Engine()._fast", "type(x)._fast",
-        "Engine()._fast", "x.__mangled")}
+        "Engine()._fast", "x.__mangled", "em._TABLE")}
     # the monkeypatch and getattr spellings are found on their own (their text equals the attribute's)
     (pkg / "c.py").write_text("from .sub import m\nfrom .a import Engine\n"
                               "def t(monkeypatch):\n    monkeypatch.setattr(m, '_threads', None)\n"
