@@ -11,7 +11,7 @@ Imports: ``from x import _y`` where ``x`` is a project module (relative or absol
 Attributes, by AST (``_private_attributes``): in module M, an access ``E._x`` (read, write or delete;
 also ``getattr``/``setattr``/``hasattr``/``delattr(E, "_x")`` and ``monkeypatch.setattr(E, "_x", ...)``
 with a literal name), where ``_x`` has one leading underscore and is not an enum sunder name
-(``_value_``), is flagged when
+(``_value_``), or is a mangled ``__x``, is flagged when
 
 1. the root of ``E`` (the leftmost name of ``a.b.c``) is bound in M to a *project module*
    (``import emulator.moe as emoe``, ``from emulator.formats import fast_dequant``, ``import emulator``):
@@ -63,14 +63,8 @@ FOREIGN = {
     "_buffers": "torch.nn.Module's buffer table",
     "_version": "torch.Tensor's in-place version counter (detects a changed weight)",
     "_apply_gate": "transformers' GptOssExperts activation",
-    "_attn_implementation": "transformers' config field naming the attention kernel",
-    "_experts_implementation": "transformers' config field naming the experts kernel",
-    "_hypothesis_internal_use_seed": "hypothesis's seed attribute on a test function",
-    "_hypothesis_internal_database_key": "hypothesis's example-database key on a test function",
-    "_exit": "os._exit (a worker ends without running atexit handlers)",
     "_actions": "argparse's parser actions (tests list every option)",
     "_input_quantizer": "quark's quantizer slot on a quantized module (test data generator)",
-    "_int_mm": "torch._int_mm reached through a parameter",
 }
 
 #: (file, expression as ast.unparse writes it): product-code residue, with the reason it stays
