@@ -259,10 +259,7 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
     whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py); W8A8's exact
     accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
     y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=fastest_int_engine)
-    with _CACHE._lock:
-        _CACHE.exact_calls += 1
-        _CACHE.exact_blocked += st["blocks"] > 1
-        _CACHE.exact_ambiguous += st["ambiguous"]
+    _CACHE.count_exact(st["blocks"] > 1, st["ambiguous"])
     return y
 
 
@@ -343,7 +340,7 @@ def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray,
     """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
     its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
     (qconform_torch/prepared_cache.py)."""
-    if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
+    if b.name == "emulator" and set(b.params) <= {"path"} and b.uses_fast_path(case):
         key = _prepared_key(spec, b, case, weights)
         if not _CACHE.admits(key, _prepared_bytes_estimate(case, weights)):
             # not kept (over the budget, or the cache holds layers requested as often): dequantize row blocks
