@@ -130,7 +130,7 @@ class Declared:
             v = self.value(key)
             if key == "act_symmetric" and key not in self.variants:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
-            if key in _ASYM_ONLY and self._act_symmetric(case):
+            if key in _ASYM_ONLY and self.act_symmetric_for(case):
                 continue  # no zero point: the axis changes nothing
             if key == "azp_clamp_nan" and not self.value("azp_clamp"):
                 continue  # no clamp, nothing to do with NaN
@@ -146,7 +146,9 @@ class Declared:
                 out.append(Deviation(key, v, lvl))
         return out
 
-    def _act_symmetric(self, case: Case) -> bool:
+    def act_symmetric_for(self, case: Case) -> bool:
+        """Whether activations are quantized symmetrically for ``case``: the declared act_symmetric, else the
+        checkpoint's own scheme."""
         return bool(self.variants["act_symmetric"]) if "act_symmetric" in self.variants else case.act_symmetric
 
     def level(self, case: Case, tensors: dict | None = None) -> Level:

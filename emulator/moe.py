@@ -102,7 +102,7 @@ def route(logits, top_k: int, variant: MoeVariant = CANONICAL) -> tuple[np.ndarr
     return ids.astype(np.int64), w
 
 
-def _split_gate_up(h: np.ndarray, variant: MoeVariant) -> tuple[np.ndarray, np.ndarray]:
+def split_gate_up(h: np.ndarray, variant: MoeVariant) -> tuple[np.ndarray, np.ndarray]:
     inter = h.shape[-1] // 2
     if variant.gate_up is GateUpOrder.GATE_UP:
         return h[..., :inter], h[..., inter:]
@@ -164,7 +164,7 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
             h = x_in[rows] @ w13[e].T
             if variant.gate_up_dtype:
                 h = round_to_dtype(h, variant.gate_up_dtype)
-            gate, up = _split_gate_up(h, variant)
+            gate, up = split_gate_up(h, variant)
             a = _silu(gate) * up
             if inter_dtype != "float64":
                 a = round_to_dtype(a, inter_dtype)

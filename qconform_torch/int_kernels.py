@@ -37,7 +37,7 @@ import torch
 
 from emulator.fast_linear import ExactIntMatmul
 
-__all__ = ["TorchInt8Matmul", "torch_int8_engine", "fastest_int_engine", "MeasuredIntMatmul", "engine_choices",
+__all__ = ["TorchInt8Matmul", "torch_int8_engine", "b_operand", "m_class", "fastest_int_engine", "MeasuredIntMatmul", "engine_choices",
            "self_check", "MAX_K"]
 
 log = logging.getLogger("qconform.fallback")
@@ -73,6 +73,11 @@ def _b_operand(w8: np.ndarray) -> torch.Tensor:
     if k == 1:
         return torch.from_numpy(np.ascontiguousarray(w8.reshape(1, n)))
     return torch.from_numpy(np.ascontiguousarray(w8)).t()
+
+
+def b_operand(w8: np.ndarray) -> torch.Tensor:
+    """``_b_operand``: the [K, N] int8 operand of torch._int_mm for w [N, K] (what other engines of the op use)."""
+    return _b_operand(w8)
 
 
 def _int8_product(a8: np.ndarray, b: torch.Tensor) -> np.ndarray:
@@ -177,7 +182,7 @@ _CHOICE_LOCK = threading.Lock()
 _TORCH, _NUMPY = "torch int8 GEMM", "float32 sgemm over K-chunks"
 
 
-def _m_class(m: int) -> int:
+def m_class(m: int) -> int:
     """1, 8, 32, 128, 512, ...: the power-of-4 step above m (one timing per step)."""
     c = 1
     while c < m:
@@ -221,7 +226,7 @@ class MeasuredIntMatmul:
     def __call__(self, a) -> np.ndarray:
         a = np.asarray(a)
         N, K = self.shape
-        key = (N, K, _m_class(a.shape[0] if a.ndim == 2 else 1))
+        key = (N, K, m_class(a.shape[0] if a.ndim == 2 else 1))
         choice = _CHOICE.get(key)
         if choice is None:
             y_np = self._numpy(a)

@@ -52,13 +52,14 @@ from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
-from .int_kernels import _m_class, fastest_int_engine
+from .int_kernels import fastest_int_engine, m_class
 from .prepared_cache import PreparedCache
 from .torch_fast import TorchFastLinear, TorchW8A8Linear, ieee_fp32_matmul_refusal
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
-           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only"]
+           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only", "w8a8_path_choices",
+           "set_w8a8_path_choices"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -306,10 +307,7 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str, layer=None) -> n
             what = ("int engine", w.__array_interface__["data"][0], w.shape, w.strides, str(w.dtype), a_max, w_max)
             return store(what, lambda: fastest_int_engine(w, a_max, w_max))
     y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=engine, weights=store)
-    with _CACHE._lock:
-        _CACHE.exact_calls += 1
-        _CACHE.exact_blocked += st["blocks"] > 1
-        _CACHE.exact_ambiguous += st["ambiguous"]
+    _CACHE.count_exact(st["blocks"] > 1, st["ambiguous"])
     return y
 
 
@@ -405,7 +403,7 @@ def _lane(lane_key, weights, x32: np.ndarray):
     if lane is None or lane[0] != _identity(weights):
         return None
     _, key, bias, out_dtype, w8a8_shape = lane
-    if w8a8_shape is not None and not _W8A8_CHOICE.get((*w8a8_shape, _m_class(x32.shape[0]))):
+    if w8a8_shape is not None and not _W8A8_CHOICE.get((*w8a8_shape, m_class(x32.shape[0]))):
         return None
     if w8a8_shape is None and ieee_fp32_matmul_refusal() is not None:
         return None
@@ -420,7 +418,7 @@ def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray,
     """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
     its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
     (qconform_torch/prepared_cache.py)."""
-    if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
+    if b.name == "emulator" and set(b.params) <= {"path"} and b.uses_fast_path(case):
         # one entry per layer whatever M is (the fp32 weight depends on the layer's tensors only)
         key = (spec, b.label, "fp32 weight", _identity(weights))
         nbytes = _prepared_bytes_estimate(case, weights)
@@ -442,7 +440,7 @@ def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray,
             if lane_key is not None:
                 _LANES[lane_key] = (_identity(weights), key, bias, case.output_dtype, None)
             return entry[0](x32, bias, case.output_dtype)
-    elif b.name == "emulator" and set(b.params) <= {"path"} and b._fast_w8a8(case):
+    elif b.name == "emulator" and set(b.params) <= {"path"} and b.uses_fast_w8a8(case):
         y = _torch_w8a8(b, case, src, info, weights, spec, x32, bias)
         if y is not None:
             if lane_key is not None:
@@ -454,6 +452,20 @@ def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray,
 
 #: (N, K, M class) -> True where the torch W8A8 path measured faster than the backend's own (first call of each)
 _W8A8_CHOICE: dict[tuple, bool] = {}
+
+
+def w8a8_path_choices() -> dict[tuple, bool]:
+    """(N, K, M class) -> True where the torch W8A8 path was kept, False where the backend's (measured so far)."""
+    return dict(_W8A8_CHOICE)
+
+
+def set_w8a8_path_choices(torch_ops: bool | None) -> None:
+    """None: forget every measured choice (the next call of each class measures again); True / False: every
+    class measured so far takes the torch ops / the backend's path (tests force each path this way)."""
+    if torch_ops is None:
+        _W8A8_CHOICE.clear()
+    else:
+        _W8A8_CHOICE.update({k: bool(torch_ops) for k in _W8A8_CHOICE})
 
 
 def _torch_w8a8(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias):
@@ -471,7 +483,7 @@ def _torch_w8a8(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarr
         entry = (mm, list(weights))
         _CACHE.put(key, entry, mm.nbytes + _nbytes(weights))
     mm = entry[0]
-    shape = (case.N, case.K, _m_class(case.M))
+    shape = (case.N, case.K, m_class(case.M))
     use = _W8A8_CHOICE.get(shape)
     if use is None:
         y_t = mm(x32, bias, case.output_dtype)

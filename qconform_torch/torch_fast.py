@@ -32,10 +32,10 @@ import torch
 
 from emulator.numerics.floats import round_float32_array, round_float64_array
 
-from .int_kernels import MAX_K, _b_operand
+from .int_kernels import MAX_K, b_operand
 from .int_kernels import self_check as int8_self_check
 
-__all__ = ["ieee_fp32_matmul_refusal", "TorchFastLinear", "TorchW8A8Linear", "self_check"]
+__all__ = ["ieee_fp32_matmul_refusal", "TorchFastLinear", "TorchW8A8Linear", "self_check", "reset_self_check"]
 
 _CHECK = {"done": False, "why": None}
 _LOCK = threading.Lock()
@@ -84,6 +84,12 @@ def self_check() -> str | None:
         return why
 
 
+def reset_self_check() -> None:
+    """Forget the once-per-process check's answer (the next ``self_check`` runs it again)."""
+    with _LOCK:
+        _CHECK.update(done=False, why=None)
+
+
 def ieee_fp32_matmul_refusal() -> str | None:
     """None where torch's fp32 GEMM may stand for the fast path's fp32 accumulation now, else why not."""
     return _settings_refusal() or self_check()
@@ -127,7 +133,7 @@ class TorchW8A8Linear:
         w = np.asarray(weight)
         self.usable = bool(w.dtype == np.int8 and w.ndim == 2 and 0 < w.shape[1] < MAX_K and w.shape[0] > 0
                            and int8_self_check())
-        self._b = _b_operand(np.ascontiguousarray(w)) if self.usable else None
+        self._b = b_operand(np.ascontiguousarray(w)) if self.usable else None
         ws = np.asarray(weight_scale).astype(np.float32).astype(np.float64).reshape(1, -1)
         self._ws = torch.from_numpy(ws)
         self.nbytes = int(w.nbytes + ws.nbytes)

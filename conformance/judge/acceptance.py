@@ -437,8 +437,8 @@ def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: 
             hlo, hhi = h - eh, h + eh
             if mv.gate_up_dtype:
                 hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
-            glo, ulo = emoe._split_gate_up(hlo, mv)
-            ghi, uhi = emoe._split_gate_up(hhi, mv)
+            glo, ulo = emoe.split_gate_up(hlo, mv)
+            ghi, uhi = emoe.split_gate_up(hhi, mv)
             slo, shi = _silu_range(glo, ghi)
             corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
             plo, phi = corners.min(axis=0), corners.max(axis=0)

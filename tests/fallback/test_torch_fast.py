@@ -102,13 +102,17 @@ def test_self_check_catches_a_gemm_that_rounds_operands_to_bf16(monkeypatch):
     def bf16_mm(a, b):  # what oneDNN's bf32 mode does: operands rounded to bfloat16, fp32 accumulation
         return real(a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float())
 
-    monkeypatch.setattr(torch_fast, "_CHECK", {"done": False, "why": None})
-    assert torch_fast.self_check() is None  # this host's torch.mm: IEEE fp32
-    monkeypatch.setattr(torch_fast, "_CHECK", {"done": False, "why": None})
-    monkeypatch.setattr(torch, "mm", bf16_mm)
-    why = torch_fast.self_check()
-    assert why is not None and "round" in why
-    assert torch_fast.ieee_fp32_matmul_refusal() == why
+    try:
+        torch_fast.reset_self_check()
+        assert torch_fast.self_check() is None  # this host's torch.mm: IEEE fp32
+        torch_fast.reset_self_check()
+        monkeypatch.setattr(torch, "mm", bf16_mm)
+        why = torch_fast.self_check()
+        assert why is not None and "round" in why
+        assert torch_fast.ieee_fp32_matmul_refusal() == why
+    finally:
+        monkeypatch.undo()
+        torch_fast.reset_self_check()  # the real GEMM's answer for the tests after this one
 
 
 def _w8a8_inputs(k, dtype):
@@ -148,15 +152,17 @@ def test_w8a8_torch_path_is_the_reference_bit_for_bit(dtype, synthetic, big_cach
     real = torch_fast.TorchW8A8Linear.__call__
     monkeypatch.setattr(torch_fast.TorchW8A8Linear, "__call__", lambda *a: calls.append(1) or real(*a))
     for torch_wins in (True, False):
-        monkeypatch.setattr(op, "_W8A8_CHOICE", {})
+        op.set_w8a8_path_choices(None)
         m = QuantLinear.from_checkpoint(ck, info.name, backend=FAST)
         y_first = m(x)  # the measured call: both paths, checked equal
-        monkeypatch.setattr(op, "_W8A8_CHOICE", {k_: torch_wins for k_ in op._W8A8_CHOICE})
+        assert op.w8a8_path_choices()
+        op.set_w8a8_path_choices(torch_wins)
         calls.clear()
         y = m(x)
         assert bool(calls) == torch_wins
         np.testing.assert_array_equal(y_first.float().numpy(), ref.float().numpy())
         np.testing.assert_array_equal(y.float().numpy(), ref.float().numpy())
+    op.set_w8a8_path_choices(None)  # later tests measure for themselves
 
 
 def test_w8a8_torch_path_refuses_nan(synthetic, big_cache):
