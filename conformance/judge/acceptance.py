@@ -414,22 +414,28 @@ def _moe_intermediate_box(r, x_in, w13, mv: emoe.MoeVariant, u: float, out_dtype
     for j in range(top_k):
         for e in np.unique(ids[:, j]):
             rows = np.nonzero(ids[:, j] == e)[0]
-            h = x_in[rows] @ w13[e].T
-            eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_in[rows]) @ np.abs(w13[e]).T)
-            hlo, hhi = h - eh, h + eh
-            if mv.gate_up_dtype:
-                hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
-            glo, ulo = emoe._split_gate_up(hlo, mv)
-            ghi, uhi = emoe._split_gate_up(hhi, mv)
-            slo, shi = _silu_range(glo, ghi)
-            corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
-            plo, phi = corners.min(axis=0), corners.max(axis=0)
-            widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
-            plo, phi = plo - widen, phi + widen
-            if inter_dtype != "float64":
-                plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
-            alo[rows, j], ahi[rows, j] = plo, phi
+            with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs: NaN boxes, as the reference
+                alo[rows, j], ahi[rows, j] = _moe_box_rows(x_in[rows], w13[e], mv, u, K, inter_dtype)
     return alo, ahi
+
+
+def _moe_box_rows(x_rows, w13_e, mv: emoe.MoeVariant, u: float, K: int, inter_dtype: str):
+    """Steps 1-2 of ``_moe_intermediate_box`` for the rows routed to one expert."""
+    h = x_rows @ w13_e.T
+    eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_rows) @ np.abs(w13_e).T)
+    hlo, hhi = h - eh, h + eh
+    if mv.gate_up_dtype:
+        hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
+    glo, ulo = emoe._split_gate_up(hlo, mv)
+    ghi, uhi = emoe._split_gate_up(hhi, mv)
+    slo, shi = _silu_range(glo, ghi)
+    corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
+    plo, phi = corners.min(axis=0), corners.max(axis=0)
+    widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
+    plo, phi = plo - widen, phi + widen
+    if inter_dtype != "float64":
+        plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
+    return plo, phi
 
 
 def _moe_deviation(r, x, w13, w2, mv: emoe.MoeVariant, u: float, out_dtype: str) -> np.ndarray:
@@ -453,33 +459,35 @@ def _moe_deviation(r, x, w13, w2, mv: emoe.MoeVariant, u: float, out_dtype: str)
     with np.errstate(invalid="ignore"):
         dev_el = np.maximum(np.maximum(vhi - a_in, a_in - vlo), 0.0)
     amag = np.maximum(np.abs(vlo), np.abs(vhi))
-    od = mv.expert_output_dtype
     M, top_k = ids.shape
-    I = a_in.shape[2]
     dev = np.zeros((M, w2.shape[1]))
     for j in range(top_k):
         for e in np.unique(ids[:, j]):
             rows = np.nonzero(ids[:, j] == e)[0]
-            w = np.abs(wts[rows, j:j + 1])
-            d_o = dev_el[rows, j] @ np.abs(w2[e]).T
-            if not od:
-                dev[rows] += w * d_o
-                continue
-            e_o = d_o + _gamma(I + 2, u) * (amag[rows, j] @ np.abs(w2[e]).T)
-            o = r.parts["o"][rows, j]
-            if mv.expert_output_weighted:
-                # the kernel's weight w' is fp32 routing: relative error within gamma_{I+top_k+4}(u) (as the
-                # caller's routing term), and the product w' o' rounds once in fp32
-                v = wts[rows, j:j + 1] * o
-                e_v = w * e_o + (_gamma(I + top_k + 6, u)) * w * (np.abs(o) + e_o)
-                scale = 1.0
-            else:
-                v, e_v, scale = o, e_o, w
-            with np.errstate(invalid="ignore", over="ignore"):
-                rv = round_to_dtype(v, od)
-                dv = np.maximum(np.abs(round_to_dtype(v + e_v, od) - rv), np.abs(round_to_dtype(v - e_v, od) - rv))
-            dev[rows] += scale * dv
+            with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs: NaN, as the reference
+                dev[rows] += _moe_expert_deviation(r.parts["o"][rows, j], wts[rows, j:j + 1], dev_el[rows, j],
+                                                   amag[rows, j], w2[e], mv, u, top_k)
     return dev
+
+
+def _moe_expert_deviation(o, wt, dev_el, amag, w2_e, mv: emoe.MoeVariant, u: float, top_k: int) -> np.ndarray:
+    """One expert's share of ``_moe_deviation`` for the rows routed to it (o: the reference's expert outputs
+    before ``expert_output_dtype``, wt: their routing weights)."""
+    w = np.abs(wt)
+    d_o = dev_el @ np.abs(w2_e).T
+    od = mv.expert_output_dtype
+    if not od:
+        return w * d_o
+    e_o = d_o + _gamma(dev_el.shape[1] + 2, u) * (amag @ np.abs(w2_e).T)
+    if mv.expert_output_weighted:
+        # the kernel's fp32 routing weight w' is within gamma_{I+top_k+4}(u) of w (the caller's routing term),
+        # and the product w' o' rounds once in fp32 before the store
+        v = wt * o
+        e_v = w * e_o + _gamma(dev_el.shape[1] + top_k + 6, u) * w * (np.abs(o) + e_o)
+        rv = round_to_dtype(v, od)
+        return np.maximum(np.abs(round_to_dtype(v + e_v, od) - rv), np.abs(round_to_dtype(v - e_v, od) - rv))
+    ro = round_to_dtype(o, od)
+    return w * np.maximum(np.abs(round_to_dtype(o + e_o, od) - ro), np.abs(round_to_dtype(o - e_o, od) - ro))
 
 
 def _moe_act_quant_range(r, w13, mv: emoe.MoeVariant, u: float, out_dtype: str):
