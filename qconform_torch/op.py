@@ -322,7 +322,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         return best, y
 
     choice = _DISPATCH.choose(case, tensors=lambda: case_tensors(src, info, case), layer=(spec, _identity(weights)),
-                              timer=timer, reference=lambda: _reference(src, info, x32, dtype))
+                              timer=timer, reference=lambda: _reference(src, info, x32, dtype), activations=x32)
     b = choice.backend
     try:
         y = choice.output if choice.output is not None else _compute(b, case, src, info, weights, spec, x32, bias)

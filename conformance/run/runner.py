@@ -522,7 +522,11 @@ class Runner:
         """Plan, run and judge one case, before waivers (``run_case`` is the public form)."""
         t0 = time.perf_counter()
         client = WorkerClient(worker, self.timeout)
-        plan = client.plan(spec)
+        given = None  # inputs that are not spec's own: the plan sees them too (a dispatcher chooses on them)
+        if inp is not None:
+            given = save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(), backend=label,
+                                declared=None, verdict="", reason="inputs")
+        plan = client.plan(spec, bundle=given)
         if plan.failure is not None:
             return self._failed_request(label, spec, plan.failure, "planning failed", t0)
         if not plan.supported:
@@ -545,8 +549,7 @@ class Runner:
             source = {"spec": spec}
             reply = client.run(ypath, **source)
         else:
-            source = {"spec": spec, "bundle": save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(),
-                                                          backend=label, declared=None, verdict="", reason="inputs")}
+            source = {"spec": spec, "bundle": given}
             reply = client.run(ypath, **source)
         if reply.failure is not None:
             rec = self._failed_request(label, spec, reply.failure, "", t0, declared)
