@@ -1,7 +1,7 @@
 """Every value of every MoE axis is declarable (issue 21 item 5): a fused-MoE kernel written from the docs.
 
 ``moe_kernel`` is a NumPy W4A16 mixture-of-experts forward written from docs/formats/moe.md (#checkpoint-layout,
-#forward, #named-variants-moevariant, #int8-quantized-gemm-inputs-act_quant) and the GPTQ packing of
+#forward, #named-variants-moevariant, #expert-outputs, #int8-quantized-gemm-inputs-act_quant) and the GPTQ packing of
 docs/formats/gptq.md#packing, not from emulator/ code; its int8 GEMM inputs (``moe_act_quant=int8``) use the
 int8 quantizer written from docs/formats/activations.md in test_literal_docs_int8.py. For each value of each
 axis of the ``moe`` stage (emulator/variants.py) the kernel, set to that value, runs the smoke profile's
@@ -102,9 +102,9 @@ def moe_kernel(inp, f: dict) -> np.ndarray:
             o = W2[e] @ a  # 'o_e = a_e @ W2[e]^T'
             odt = f["moe_expert_output_dtype"]
             odt = dt if odt == "activation" else odt
-            if odt != "exact" and f["moe_expert_output_weighted"]:  # 'w_j * o_e is rounded (RNE) to it'
+            if odt != "exact" and f["moe_expert_output_weighted"]:  # 'w_j · o_e is what is rounded'
                 y[m] += fl(wj * o, odt)
-            elif odt != "exact":  # 'o_e is rounded (RNE) to it before the weighted sum'
+            elif odt != "exact":  # 'each expert's output o_e is rounded (RNE) to it before the weighted sum'
                 y[m] += wj * fl(o, odt)
             else:
                 y[m] += wj * o  # 'y[m] = sum_j w_j * o_{ids_j}'
