@@ -9,7 +9,9 @@ case, the timings per shape class, the kernels that failed when run, and the cho
 
 A backend is a *contender* for a case only if the dispatcher's own rules admit it (``dispatch_refusal``:
 available, can implement the case, declares it canonically or with rounding-level variants only, judged
-on the layer's own tensors where given, no int32 accumulator that can wrap at this K, no known defect)
+on the layer's own tensors where given and on the call's activations where given (a rounding-level
+weight dtype or activation quantizer variant such as an amax clamp is more than rounding on some tensors:
+emulator/tensor_levels.py), no int32 accumulator that can wrap at this K, no known defect)
 and the policy does too. The fallback (the emulator backend: its fast path) is never refused: it is the
 answer when nothing else is admitted. Policies:
 
@@ -21,9 +23,10 @@ answer when nothing else is admitted. Policies:
   at each shape class, the fastest kept, and kept on disk per host (backends/dispatch_cache.py).
 
 Timed policies need a ``timer`` (the caller runs a backend on the real input); without one (the suite's
-``auto``, which has no input when it asks) they choose by priority. Because the fallback is always timed
+``auto``, which judges but does not time) they choose by priority. Because the fallback is always timed
 too, a timed choice is never slower than the fast path; with ``floor_db`` and a ``reference`` a contender
-whose output on the timing input is below that SQNR against the reference is not chosen.
+whose output on the timing input is below that SQNR against the reference is not chosen, and every layer
+that reuses its shape class's choice is checked the same way on its own first input (``_floor_gate``).
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ import json
 import logging
 import math
 
-from emulator.numerics.sqnr import sqnr_db
-from emulator.variants import Level
 
-from .base import Backend, Case
+from emulator.numerics.sqnr import sqnr_db
+from emulator.tensor_levels import WEIGHT_AXES, activation_deviation, weight_deviation
+from emulator.variants import AXES, Level, Stage
+
+from .base import Backend, Case, Declared
 from .dispatch_cache import HostChoiceCache
 
 __all__ = ["Dispatcher", "Choice", "Policy", "ByPriority", "CertifiedFastest", "MeasuredFastest", "FallbackOnly",
-           "refusal",
+           "refusal", "activation_refusal",
            "dispatch_refusal", "shape_class", "INT8_PRODUCT_MAX"]
 
 log = logging.getLogger("qconform.dispatch")
@@ -50,7 +55,8 @@ log = logging.getLogger("qconform.dispatch")
 INT8_PRODUCT_MAX = 255 * 128
 
 
-def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None) -> str | None:
+def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: dict | None = None,
+            activations=None) -> str | None:
     """Why the dispatcher must not route ``case`` to ``backend`` although it can implement it.
 
     - a declared *semantic deviation* (emulator/variants.py levels: other weights, zero points, scales,
@@ -58,6 +64,10 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
       zero points without the +1, or per-tensor activations where the checkpoint is per-token), judged on
       ``tensors`` where given (ignoring qzeros changes nothing where every field is the midpoint): the
       suite certifies such a backend against its own declaration, but its answer is not the checkpoint's;
+    - a rounding-level weight dtype that does not hold ``tensors``' scales or weights where given (a bfloat16 or
+      float16 scale flushes a tiny float32 one toward zero) and a rounding-level activation quantizer variant
+      that is more than rounding on ``activations`` where given (``activation_refusal``: an amax clamp zeroes
+      rows whose range lies below it): emulator/tensor_levels.py;
     - an int32 accumulator whose partial sums can wrap at this K (the declared interval assumes exact sums);
     - a kernel defect the adapter knows for this case (``Backend.known_defect``);
     - no declaration at all.
@@ -77,6 +87,19 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
         return (f"declares {', '.join(semantic)}: a semantic deviation (it would compute other numbers than the "
                 "checkpoint defines" + ("" if tensors is not None else "; without the layer's tensors a "
                                         "tensor-dependent level counts as semantic") + ")")
+    if tensors is not None:
+        try:
+            why = weight_deviation(declared, case, tensors)
+        except Exception as e:  # noqa: BLE001 - tensors the rule cannot read: not proven harmless
+            return f"its weight dtypes cannot be judged on this layer's tensors ({type(e).__name__}: {e})"
+        if why:
+            named = ", ".join(str(d) for d in declared.deviations(case, tensors)
+                              if AXES[d.key].stage is Stage.WEIGHTS or d.key in WEIGHT_AXES) or "its weight arithmetic"
+            return f"declares {named}: rounding level in general, but {why}"
+    if activations is not None:
+        why = activation_refusal(declared, case, activations)
+        if why:
+            return why
     if declared.accumulate == "int32" and case.K * INT8_PRODUCT_MAX >= 2 ** 31:
         return (f"its int32 accumulator can wrap at K = {case.K} (|product| up to {INT8_PRODUCT_MAX}: K must stay "
                 f"below {2 ** 31 // INT8_PRODUCT_MAX + 1} for every sum to fit)")
@@ -87,7 +110,7 @@ def refusal(backend: Backend, case: Case, allow_opaque: bool = False, tensors: d
 
 
 def dispatch_refusal(backend: Backend, case: Case, allow_opaque: bool = False,
-                     tensors: dict | None = None) -> str | None:
+                     tensors: dict | None = None, activations=None) -> str | None:
     """Why the dispatcher must not route ``case`` to ``backend``: unavailable here, cannot implement it, or
     ``refusal``; None where it may."""
     av = backend.availability()
@@ -96,7 +119,22 @@ def dispatch_refusal(backend: Backend, case: Case, allow_opaque: bool = False,
     sup = backend.can_implement(case)
     if not sup.ok:
         return f"cannot implement {case.describe()}: {sup.reason}"
-    return refusal(backend, case, allow_opaque, tensors)
+    return refusal(backend, case, allow_opaque, tensors, activations)
+
+
+def activation_refusal(declared: Declared, case: Case, activations) -> str | None:
+    """Why ``declared``'s activation quantizer, rounding level in general, is more than rounding on
+    ``activations`` [M, K] (emulator/tensor_levels.py: every dequantized activation within two canonical
+    quantization steps of the canonical quantizer's); None where it is within rounding there."""
+    try:
+        why = activation_deviation(declared, case, activations)
+    except Exception as e:  # noqa: BLE001 - activations the rule cannot read: not proven harmless
+        return f"its activation quantizer cannot be judged on this input ({type(e).__name__}: {e})"
+    if why is None:
+        return None
+    named = ", ".join(str(d) for d in declared.deviations(case) if AXES[d.key].stage is Stage.INT8_ACTIVATIONS) or "its quantizer"
+    return (f"declares {named}: rounding level in general, but {why} (the checkpoint's answer differs beyond "
+            "rounding on this input)")
 
 
 def shape_class(M: int) -> tuple[int, int]:
@@ -275,6 +313,8 @@ class Dispatcher:
         self.floor_db = floor_db
         self._instances: dict[str, Backend | Exception] = {}
         self._admitted: dict = {}  # (layer, repr(case)) -> (contenders, skipped)
+        self._declared: dict = {}  # (label, repr(case)) -> its declaration (judged on each call's activations)
+        self._floor_met: dict = {}  # (layer, label) -> None (met floor_db on the layer's first input) or why not
         self._timed: dict = {}  # (class key, contender labels) -> (chosen label, times, how)
         self._failed: dict[str, dict[str, str]] = {}  # class key -> label -> why it failed when run
         self.notes: dict = {}  # layer -> the choice lines logged for it
@@ -285,11 +325,15 @@ class Dispatcher:
         """A new policy: every choice is made again (instances and failures are kept)."""
         self.policy = policy
         self._admitted.clear()
+        self._declared.clear()
+        self._floor_met.clear()
         self._timed.clear()
 
     def clear(self) -> None:
         """Forget every choice, failure and note (a new run)."""
         self._admitted.clear()
+        self._declared.clear()
+        self._floor_met.clear()
         self._timed.clear()
         self._failed.clear()
         self.notes.clear()
@@ -333,8 +377,33 @@ class Dispatcher:
         names = self.candidates if self.candidates is not None else list(self.registry.registered())
         return [s for s in names if s.partition(":")[0].strip() not in self.itself | {self.fallback_name}]
 
-    def admissible(self, case: Case, tensors: dict | None = None) -> tuple[list[Backend], list[tuple[str, str]]]:
-        """(the contenders for ``case``, highest priority first; (spec, why) of every other backend)."""
+    def admissible(self, case: Case, tensors: dict | None = None,
+                   activations=None) -> tuple[list[Backend], list[tuple[str, str]]]:
+        """(the contenders for ``case``, highest priority first; (spec, why) of every other backend).
+
+        ``activations``: the input [M, K] the choice is for; a contender whose activation quantizer is more than
+        rounding on it is skipped (``activation_refusal``)."""
+        admitted, skipped = self._admissible(case, tensors)
+        return self._on_activations(case, admitted, skipped, activations)
+
+    def _on_activations(self, case: Case, admitted: list[Backend], skipped: list, activations):
+        """``admitted`` less the contenders ``activation_refusal`` refuses on ``activations`` (None: all kept)."""
+        if activations is None:
+            return admitted, skipped
+        kept, skipped = [], list(skipped)
+        for b in admitted:
+            key = (b.label, repr(case))
+            declared = self._declared.get(key)
+            if declared is None:
+                declared = self._declared[key] = b.declared(case)
+            why = activation_refusal(declared, case, activations)
+            if why:
+                skipped.append((b.label, why))
+            else:
+                kept.append(b)
+        return kept, skipped
+
+    def _admissible(self, case: Case, tensors: dict | None = None) -> tuple[list[Backend], list[tuple[str, str]]]:
         specs, skipped = self.policy.contenders(self._specs())
         skipped = list(skipped)
         failed = self._failed.get(_class_key(case), {})
@@ -358,31 +427,73 @@ class Dispatcher:
         out.sort(key=lambda b: -b.priority)
         return out, skipped
 
-    def choose(self, case: Case, *, tensors=None, layer=None, timer=None, reference=None) -> Choice:
+    def choose(self, case: Case, *, tensors=None, layer=None, timer=None, reference=None,
+               activations=None) -> Choice:
         """The backend for ``case``.
 
         ``tensors``: the layer's tensors (a dict, or a callable returning it, called only when the
         contenders are not known yet for ``layer``) to judge tensor-dependent levels on; ``layer``: a
         hashable identity of the layer and its tensors (the contenders are kept per layer and case; without
-        it they are kept per case only when no tensors are given). ``timer(backend, bound) -> (seconds, y)``
+        it they are kept per case only when no tensors are given). ``activations``: this call's input [M, K],
+        on which each contender's activation quantizer is judged at every call (``activation_refusal``; never
+        kept: the next input may differ). ``timer(backend, bound) -> (seconds, y)``
         runs a contender on the real input (timed policies; ``bound``: the best time so far, which a timer
         may use to stop repeating a contender already slower); ``reference() -> y`` for the ``floor_db`` gate."""
         akey = (layer, repr(case)) if layer is not None or tensors is None else None
         got = self._admitted.get(akey) if akey is not None else None
         if got is None:
-            got = self.admissible(case, tensors() if callable(tensors) else tensors)
+            got = self._admissible(case, tensors() if callable(tensors) else tensors)
             if akey is not None:
                 self._admitted[akey] = got
-        admitted, skipped = got[0], list(got[1])
+        admitted, skipped = self._on_activations(case, got[0], list(got[1]), activations)
         fb = self.fallback()
         if not admitted:
             return self._logged(case, Choice(fb, skipped, self.policy.none_admitted, fallback=True))
         if not self.policy.timed or timer is None:
-            return self._logged(case, Choice(admitted[0], skipped + [(b.label, f"lower priority than "
-                                                                      f"{admitted[0].label}") for b in admitted[1:]],
-                                             ByPriority.chosen_how if timer is None and self.policy.timed
-                                             else self.policy.chosen_how))
-        return self._measured(case, admitted + [fb], skipped, timer, reference)
+            choice = self._logged(case, Choice(admitted[0], skipped + [(b.label, f"lower priority than "
+                                                                        f"{admitted[0].label}") for b in admitted[1:]],
+                                               ByPriority.chosen_how if timer is None and self.policy.timed
+                                               else self.policy.chosen_how))
+            return choice if timer is None else self._floor_gate(case, choice, layer, timer, reference)
+        return self._floor_gate(case, self._measured(case, admitted + [fb], skipped, timer, reference),
+                                layer, timer, reference)
+
+    def _floor_gate(self, case: Case, choice: Choice, layer, timer, reference) -> Choice:
+        """With ``floor_db``: ``choice`` only where its kernel met the floor on this layer's own input.
+
+        A timed choice is kept per shape class, so the layers after the first of a class reuse it without
+        having been timed: each layer is checked on its first call (the kernel run once on its input, against
+        its reference), and the answer kept per layer and kernel. A layer below the floor runs on the fast path.
+        A choice measured on this very input (its ``output`` set) was gated there already."""
+        if self.floor_db is None or reference is None or choice.fallback:
+            return choice
+        key = None if layer is None else (layer, choice.backend.label)
+        if choice.output is not None:
+            if key is not None:
+                self._floor_met[key] = None
+            return choice
+        if key is not None and key in self._floor_met:
+            why = self._floor_met[key]
+        else:
+            try:
+                _, y = timer(choice.backend, 0.0)  # a bound of 0: the timer runs it no more than it must
+            except Exception as e:  # noqa: BLE001 - a kernel that fails on this layer is not chosen for it
+                why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                self.fail(case, choice.backend.label, why)
+                why = f"failed when run on this layer ({why})"
+            else:
+                db = sqnr_db(y, reference())
+                why = None if db >= self.floor_db else (
+                    f"{db:.1f} dB against the reference on this layer's first input, below the {self.floor_db:g} dB "
+                    "floor the model-level check asks")
+                if why is None:
+                    choice.output = y
+            if key is not None:
+                self._floor_met[key] = why
+        if why is None:
+            return choice
+        return self._logged(case, Choice(self.fallback(), choice.skipped + [(choice.backend.label, why)],
+                                         f"{choice.backend.label} is below the floor on this layer", fallback=True))
 
     def _logged(self, case: Case, choice: Choice) -> Choice:
         for name, why in choice.skipped:

@@ -147,7 +147,7 @@ def create(spec: str) -> Backend:
 
 
 def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: bool = False,
-           tensors: dict | None = None) -> Selection:
+           tensors: dict | None = None, activations=None) -> Selection:
     """Best available backend for ``case`` by declaration and priority; the emulator when nothing else can.
 
     A one-off question to a fresh ``Dispatcher`` (backends/dispatch.py) under its declaration-and-priority
@@ -155,8 +155,11 @@ def select(case: Case, candidates: list[str] | None = None, *, allow_opaque: boo
     ``allow_opaque``: also consider backends declaring ``arithmetic=opaque`` (judged by SQNR only).
     ``tensors``: the layer's checkpoint tensors, for the levels that depend on them (a GPTQ reading
     that ignores qzeros is canonical only where every field is the symmetric midpoint); without them
-    such a backend is skipped, the conservative choice."""
-    return dispatcher(candidates=candidates, allow_opaque=allow_opaque).choose(case, tensors=tensors)
+    such a backend is skipped, the conservative choice. ``activations``: the input [M, K] the answer is for,
+    on which each activation quantizer variant's level is judged (an amax clamp is more than rounding on rows
+    whose range lies below it)."""
+    return dispatcher(candidates=candidates, allow_opaque=allow_opaque).choose(case, tensors=tensors,
+                                                                               activations=activations)
 
 
 def dispatcher(policy: Policy | None = None, **options) -> Dispatcher:

@@ -124,6 +124,11 @@ class Declared:
             return getattr(case, a.from_case)
         return self.value(key)
 
+    def act_symmetric_for(self, case: Case) -> bool:
+        """Whether activations are quantized symmetrically for ``case``: the declared act_symmetric, else the
+        checkpoint's own scheme (``value_for``)."""
+        return bool(self.value_for("act_symmetric", case))
+
     def level(self, case: Case, tensors: dict | None = None) -> Level:
         """The farthest level of this declaration's values for ``case`` (and its ``tensors``)."""
         return max((d.level for d in self.deviations(case, tensors)), default=Level.CANONICAL)
@@ -188,11 +193,16 @@ def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant
     v = declared.value
     inter = v("moe_intermediate_dtype")
     gate_up_dtype = v("moe_gate_up_dtype")
+    expert_out = v("moe_expert_output_dtype")
+    if expert_out == "activation" and case is not None:
+        expert_out = case.act_dtype  # the reference runs on float32 copies: the case names the dtype
     return emoe.MoeVariant(
         renormalize=v("moe_renormalize"), gate_up=v("moe_gate_up"),
         tie_lower_index_first=v("moe_tie_order") != "higher_index_first",
         intermediate_dtype=None if inter == "activation" else inter,
         gate_up_dtype=None if gate_up_dtype == "exact" else gate_up_dtype,
+        expert_output_dtype=None if expert_out == "exact" else expert_out,
+        expert_output_weighted=v("moe_expert_output_weighted"),
         act_quant=_moe_act_quant(declared, case) if v("moe_act_quant") == "int8" else None)
 
 

@@ -32,7 +32,7 @@ def linear_through_backend(ck, info, x: np.ndarray, dtype: str, act: str, spec: 
     bias32 = None if bias is None else np.asarray(bias, np.float32)
     lines = []
     if spec == "auto":
-        sel = select(case, tensors=tensors)
+        sel = select(case, tensors=tensors, activations=np.asarray(x, np.float32))
         backend = sel.backend
         lines.append(f"backend: {backend.label} (dispatched for {case.describe()})")
         lines += [f"  skipped {name}: {why}" for name, why in sel.skipped]

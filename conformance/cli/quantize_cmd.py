@@ -3,7 +3,8 @@ or variant (docs/variants.md#the-command-line), and the ``--variant`` / ``--pres
 
 Semantics: docs/conformance.md#quantize-only-cases (the output contract of each scheme) and docs/variants.md
 (the keys). A user compares a library's quantizer with the named reference without Python: the output file
-holds ``codes``, ``scale``, ``zero_point`` (where the scheme has one) and ``dequantized``.
+holds ``codes``, ``scale``, ``zero_point`` (where the scheme has one, in the codes' own domain: uint8 codes
+q + 128 come with the zero point + 128, as ONNX DynamicQuantizeLinear stores them) and ``dequantized``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,21 @@ def _scheme_of(args, variants: dict) -> str:
                      "implies one)")
 
 
+def _zero_point_in_codes_domain(codes: np.ndarray, zero_point: np.ndarray, contract: dict) -> np.ndarray:
+    """The zero point in the domain of the stored codes, so that ``(codes - zero_point) * scale`` is the
+    dequantized value whatever the codes' dtype.
+
+    The reference's int8-domain zero point (int32) goes with int8 codes. Codes stored as uint8 q + 128
+    (``uint8_zp128``: the ONNX DynamicQuantizeLinear preset, the SGL CPU W4A8 path) take the zero point + 128,
+    stored as uint8 as ONNX does (its ``y_zero_point`` is uint8) where every value fits, else as int32."""
+    zp = np.asarray(zero_point, np.int64)
+    if codes.dtype != np.uint8 or contract["zero_point"][0] == "uint8":
+        return np.ascontiguousarray(zp).astype(contract["zero_point"][0])  # already the codes' own domain
+    zp = zp + 128
+    fits = bool(np.all((zp >= 0) & (zp <= 255)))
+    return np.ascontiguousarray(zp).astype(np.uint8 if fits else np.int32)
+
+
 def cmd_quantize(args) -> int:
     from emulator.declaration import Declared
     from emulator.errors import FormatError
@@ -128,11 +144,14 @@ def cmd_quantize(args) -> int:
     out = quantize_reference(case, x, declared)
     contract = output_contract(case, declared)
     tensors = {name: np.ascontiguousarray(out[name]).astype(contract[name][0]) for name in contract}
+    if "zero_point" in tensors:
+        tensors["zero_point"] = _zero_point_in_codes_domain(tensors["codes"], out["zero_point"], contract)
     named = ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in variants.items())
     save_tensors(args.output, tensors, metadata={"scheme": scheme, "variants": named or "canonical",
                                                  "producer": "qconform"})
     print(f"x {list(x.shape)} {dtype} -> {args.output}: {scheme}; "
-          + ", ".join(f"{n} {contract[n][0]} {list(contract[n][1])}" for n in contract))
+          + ", ".join(f"{n} {tensors[n].dtype} {list(contract[n][1])}" for n in contract)
+          + ("; dequantized = (codes - zero_point) * scale" if "zero_point" in tensors else ""))
     print(f"variants: {named or 'canonical'}" + (f" (preset {args.preset})" if args.preset else ""))
     return 0
 

@@ -16,7 +16,12 @@ one declared rounding, computed by the emulator):
    with weights read back exact is in the activation quantization or the epilogue, and named where a
    hypothesis (scale amax/128, zero point sign flipped or ignored, a per-token or per-channel factor)
    explains it;
-3. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
+   a weight readback that differs runs again at a second value (3 v first): a product rounded to a dtype,
+   round(v w), is told from a weight rounded to it, v round(w) (conformance/judge/localize_weights.py);
+3. the case's own activation rows (``x``; int8 and MXFP4 activations), one at a time: classified by value
+   class and matched against every other value of the activation-quantization vocabulary
+   (conformance/judge/localize_acts.py);
+4. bias: all-zero activation rows with the case's bias (bias added twice, missing, subtracted).
 
 Probes run in chunks of the case's M rows, so the kernel takes the same path (M = 1 decode kernels
 too). The result is a JSON-able dict; conformance/judge/localize_text.py renders it (console, reports, replay).
@@ -40,7 +45,8 @@ from backends.base import Case, Declared
 
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
-from conformance.judge.localize_weights import analyze_weights, close, structure
+from conformance.judge.localize_acts import QUANTIZER_CLASSES, analyze_own_rows
+from conformance.judge.localize_weights import analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
 
@@ -100,22 +106,36 @@ class _Prober:
             ys.append(y)
         # rows are independent unless one activation scale spans the tensor: then the chunks the kernel saw
         groups = ([np.concatenate(xs)], [np.concatenate(ys)]) if not self._per_tensor() else (xs, ys)
-        from conformance.judge.verdict import reference_declaration, rounded_interval  # the verdict's own intervals
-
-        ref_decl = reference_declaration(self.case, self.declared)
         obs, exp, bad = [], [], []
         for x, y in zip(*groups):
-            inp = CaseInputs(dataclasses.replace(self.case, M=len(x)), 0, self.tensors, x, bias)
-            iv = rounded_interval(declared_interval(inp, ref_decl), ref_decl)  # one declared rounding
-            nonfinite = ~np.isfinite(iv.y_exact)
-            with np.errstate(invalid="ignore"):
-                same = (np.isnan(iv.y_exact) & np.isnan(y)) | (np.isinf(iv.y_exact) & (y == iv.y_exact))
-                inside = np.where(nonfinite, same, (y >= iv.lo) & (y <= iv.hi))
+            e, b = self.judge(x, y, bias)
             obs.append(y)
-            exp.append(np.where(nonfinite, iv.y_exact, iv.y_ref))
-            bad.append(~inside)
+            exp.append(e)
+            bad.append(b)
         n = len(X)
         return _rows(obs, xs, n), _rows(exp, xs, n), _rows(bad, xs, n)
+
+    def _interval(self, X: np.ndarray, bias, declared: "Declared | None" = None):
+        from conformance.judge.verdict import reference_declaration, rounded_interval  # the verdict's own intervals
+
+        ref_decl = reference_declaration(self.case, declared or self.declared)
+        inp = CaseInputs(dataclasses.replace(self.case, M=len(X)), 0, self.tensors, np.asarray(X, np.float32), bias)
+        return rounded_interval(declared_interval(inp, ref_decl), ref_decl)  # one declared rounding
+
+    def judge(self, X: np.ndarray, y: np.ndarray, bias, declared: "Declared | None" = None):
+        """(reference, outside) [rows, N] of outputs ``y`` of rows X judged as the verdict judges them, under
+        ``declared`` (default: the backend's declaration): the reference rounded once to the output dtype and
+        where ``y`` lies outside the declared interval (one declared rounding)."""
+        iv = self._interval(X, bias, declared)
+        nonfinite = ~np.isfinite(iv.y_exact)
+        with np.errstate(invalid="ignore"):
+            same = (np.isnan(iv.y_exact) & np.isnan(y)) | (np.isinf(iv.y_exact) & (y == iv.y_exact))
+            inside = np.where(nonfinite, same, (y >= iv.lo) & (y <= iv.hi))
+        return np.where(nonfinite, iv.y_exact, iv.y_ref), ~inside
+
+    def parts(self, X: np.ndarray, bias) -> dict:
+        """The declared reference's intermediates for rows X (``x_tie``, ``x_scale``, ...)."""
+        return self._interval(X, bias).intermediates()
 
     def _per_tensor(self) -> bool:
         return self.case.spec.activations == "int8" and self.declared.value("act_granularity") == "per_tensor"
@@ -162,6 +182,19 @@ def _one_hot_value(case: Case, declared: Declared) -> float | None:
     return None
 
 
+def _second_value(case: Case, declared: Declared, v: float) -> float | None:
+    """A second one-hot value whose products with the weights need more bits than the weights (3 v first)."""
+    K = case.K
+    for f in (3.0, 1.5, 5.0, 1.25):
+        v2 = v * f
+        x = np.zeros((2, K), np.float32)
+        x[0, 0] = v2
+        x[1, K - 1] = v2
+        if round_to_dtype(np.float64(v2), case.act_dtype) == v2 and _quantization_exact(case, declared, x):
+            return v2
+    return None
+
+
 def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.ndarray | None:
     """Rows whose declared quantization is exact: int8 codes times 2^j (amax 127 * 2^j; asymmetric: 255
     levels from -100 * 2^j, and a one-signed row), or E2M1 values times 2^e (block amax 6 * 2^e)."""
@@ -170,7 +203,7 @@ def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.
     rows = []
     if case.spec.activations == "int8":
         for j in (0, -3, 2, -1, 4, 1, -5, 3):
-            if declared.value_for("act_symmetric", case):
+            if declared.act_symmetric_for(case):
                 t = rng.integers(-127, 128, K).astype(np.float64)
                 t[rng.integers(K)] = 127 * rng.choice((-1, 1))
             else:
@@ -290,8 +323,10 @@ def _analyze_rows(obs, exp, bad, hyps, dtype: str) -> dict:
 
 
 # -- the whole localization ------------------------------------------------------------------------------------
-def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.ndarray | None = None) -> dict:
-    """Probe the backend (``run``) on the case's own weights and say which stage is wrong, and how."""
+def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.ndarray | None = None,
+             x: np.ndarray | None = None) -> dict:
+    """Probe the backend (``run``) on the case's own weights and say which stage is wrong, and how; ``x``: the
+    case's own activation rows (int8 and MXFP4 activations: run one at a time, conformance/judge/localize_acts.py)."""
     if case.spec.quantize_only or case.spec.activations == "moe":
         return {"stage": "not localized", "summary": f"no localization for {case.scheme} yet", "probes": []}
     if case.N * case.K > MAX_WEIGHTS:
@@ -327,6 +362,19 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
 
         weights = analyze_weights(st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
         weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
+        v2 = None if weights["ok"] else _second_value(case, declared, v)
+        if v2 is not None:  # a rounded product or a rounded weight? (round(v w) and v round(w) differ at v2)
+            try:
+                obs2, _, _ = prober(X * np.float32(v2 / v), bias_in)
+                pw = product_or_weight(W_decl[:, ks].T, [(v, obs1), (v2, obs2)], out_dtype, b64)
+            except Exception:  # noqa: BLE001 - the kernel refused the second readback: the first one's findings stand
+                pw, v2 = None, None
+            if pw is not None:
+                weights["rounding"] = pw
+                finding = {"where": "every probed weight", "pattern": pw["pattern"], "n": weights["n_bad"]}
+                if pw["what"] == "product":
+                    weights["explained_by"] = pw["pattern"]
+                weights["findings"] = [finding]
         if not weights["ok"] and bad1.any():
             # the one-hot products need rounding (v * w off the output grid): is it truncated instead?
             with np.errstate(invalid="ignore", over="ignore"):
@@ -336,12 +384,16 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
                 weights["explained_by"] = OUTPUT_RTZ
         loc["probes"].append(f"weight readback: {ks.size} one-hot row(s) of value {v:g} (columns "
                              f"{'all' if ks.size == case.K else f'{ks.size} of {case.K}'}), in chunks of M={case.M}")
+        if v2 is not None:
+            loc["probes"].append(f"weight readback: the same {ks.size} one-hot row(s) at value {v2:g} (a rounded "
+                                 "product and a rounded weight differ there)")
         loc["weights"] = weights
     # 2. activation quantization (int8 / MXFP4 activations)
     acts = None
     Xa = _exact_activation_rows(case, declared)
     if Xa is not None:
         obs, exp, bad = prober(Xa, None)
+        acts_bad = bad
         step = prober.chunks(len(Xa))[0][2]
         acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step), out_dtype)
         if acts.get("hypothesis") and weights is not None and not weights["ok"]:
@@ -357,7 +409,23 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         acts.pop("candidates", None)
         loc["activations"] = acts
         loc["probes"].append(f"activation quantization: {len(Xa)} row(s) whose declared quantization is exact")
-    # 3. bias
+    # 3. the case's own activation rows, one at a time (int8 / MXFP4 activations; the weights read back right)
+    own = None
+    if x is not None and case.spec.activations in ("int8", "mxfp4") and declared.arithmetic != "opaque" and (
+            weights is None or weights["ok"] or weights.get("explained_by")):
+        try:
+            exact_rows = (Xa, acts_bad) if Xa is not None else None
+            W_own = st.build() if st.kind == "int" else W_decl  # (q - z) * s in float64: the integer dots' weights
+            own = analyze_own_rows(case, tensors, declared, run, prober.judge, x, bias, W_own, prober.parts,
+                                   exact_rows)
+        except Exception as e:  # noqa: BLE001 - the kernel raised on a row alone: the other findings stand
+            own = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
+        if own is not None:
+            loc["own_rows"] = own
+            if own.get("rows"):
+                loc["probes"].append(f"own rows: the case's rows {_short(own['rows'])} run alone (M = 1), "
+                                     "classified by value class")
+    # 4. bias
     bias_res = None
     if bias is not None:
         Z = np.zeros((max(1, case.M), case.K), np.float32)
@@ -369,8 +437,12 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         bias_res = _analyze_rows(obs, exp, bad, hyps, out_dtype)
         loc["bias"] = bias_res
         loc["probes"].append("bias: all-zero activation rows with the case's bias")
-    loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res)
+    loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
     return loc
+
+
+def _short(v: list, limit: int = 8) -> str:
+    return ", ".join(map(str, v[:limit])) + (f", ... ({len(v)} in all)" if len(v) > limit else "")
 
 
 def _finding_text(f: dict) -> str:
@@ -383,7 +455,48 @@ def _weights_read(case: Case, weights) -> str:
     return "weights" if n >= case.K else f"weights ({n} of {case.K} columns)"
 
 
-def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
+#: the part of the activation quantizer a failing row class points at (when no rule of the vocabulary is named)
+_CLASS_PART = {"exact ties after scaling": "rounding of ties", "amax exactly a power of two": "scale",
+               "amax one unit below a power of two": "scale", "tiny amax (subnormal scale)": "scale",
+               "saturating values": "clamp / saturation", "saturating codes": "clamp / saturation", "zero row": "zero-row guard",
+               "NaN/Inf in the row": "NaN/Inf handling", "zero point saturated at the int32 limit": "zero point"}
+
+
+def _own_rows_verdict(case: Case, own) -> "tuple[str, str] | None":
+    """The activation-quantization stage when the case's own rows, run alone, show it: a rule named, or the
+    failures confined to a value class only the quantizer sees (rows with ties fail, the others pass)."""
+    if not own or own.get("ok") or not own.get("failing_rows"):
+        return None
+    rows = f"the case's rows {_short(own['failing_rows'])} (of {case.M}) fail alone"
+    if own.get("hypothesis"):
+        alt = [c for c in own.get("candidates", [])[1:3]]
+        return "activation quantization", (f"activation quantization wrong ({own['part']}): {rows}; the kernel "
+                                           f"quantizes as {own['hypothesis']}"
+                                           + (f" (equally consistent: {'; '.join(alt)})" if alt else "") + _class_note(own))
+    fc = [c for c in own.get("failing_classes") or [] if c in QUANTIZER_CLASSES and own["passing_without"].get(c)]
+    if fc:
+        c = fc[0]
+        return "activation quantization", (f"activation quantization wrong ({_CLASS_PART[c]}, by row class): {rows}, "
+                                           f"each a row with {c.lower()}; {own['passing_without'][c]} row(s) without "
+                                           "it pass (no rule of the vocabulary reproduces the outputs)")
+    return None
+
+
+def _class_note(own: dict) -> str:
+    fc = own.get("failing_classes") or []
+    if not fc:
+        return ""
+    t = next(t for t in own["classes"] if t["class"] == fc[0])
+    return (f" (every failing row has {fc[0].lower()}; {t['pass']} such row(s) pass, "
+            f"{own.get('passing_without', {}).get(fc[0], 0)} without it pass)")
+
+
+def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
+    rounding = (weights or {}).get("rounding") or {}
+    if rounding.get("what") == "product":
+        return "accumulation", f"accumulation wrong: {rounding['pattern']}"
+    if rounding.get("what") == "either":
+        return "weights or accumulation", f"weights or accumulation wrong: {rounding['pattern']}"
     named_act = acts is not None and not acts["ok"] and acts.get("hypothesis")
     weights_bad = weights is not None and not weights["ok"]
     if weights_bad and weights.get("explained_by") == OUTPUT_RTZ and (acts is None or acts["ok"]
@@ -405,16 +518,34 @@ def _conclude(case: Case, weights, acts, bias_res) -> tuple[str, str]:
     if weights_bad:
         also = " (the activation probe differs too, as wrong weights make it)" if acts is not None and not acts["ok"] else ""
         return "weights", "weights wrong: " + "; ".join(_finding_text(f) for f in weights["findings"][:3]) + also
+    own_verdict = _own_rows_verdict(case, own)
+    if own_verdict and own.get("hypothesis"):  # a rule that explains every row the case has
+        return own_verdict
     if acts is not None and not acts["ok"]:
         f = acts["findings"][-1] if acts["findings"] else {"pattern": "outputs differ"}
         stage = "epilogue" if "epilogue" in f["pattern"] else "activation quantization"
         return stage, (f"{stage} wrong on rows whose quantization is exact: {f['pattern']}"
                        + (f" ({_weights_read(case, weights)} read back exact)" if weights is not None else ""))
+    if own_verdict:
+        return own_verdict
     if bias_res is not None and not bias_res["ok"]:
         return "epilogue", "epilogue wrong: " + "; ".join(f["pattern"] for f in bias_res["findings"][:2])
     checked = [_weights_read(case, weights) if weights is not None else None, "activation quantization" if acts is not None else None,
                "bias" if bias_res is not None else None]
     checked = [c for c in checked if c]
+    if own and own.get("alone_vs_together"):
+        return ("accumulation or output rounding",
+                f"{', '.join(checked) or 'nothing'} read back exact; the case's own rows: {own['alone_vs_together']}: "
+                "the kernel path of one row count differs from the other's (product, accumulation, output rounding, "
+                "or a state spanning rows)")
+    if own and not own.get("ok") and own.get("failing_rows"):
+        fc = [c for c in own.get("failing_classes") or [] if c in QUANTIZER_CLASSES]
+        how = (f"(each has {fc[0].lower()} and no row without it was run: the quantization of such rows is not "
+               "excluded)" if fc else "whatever their value class")
+        return ("accumulation or output rounding",
+                f"{', '.join(checked) or 'nothing'} read back exact, and the case's own rows fail alone {how}; no "
+                "activation-quantization rule of the vocabulary reproduces them: the failure is in the product, the "
+                "accumulation or the output rounding")
     return ("accumulation or output rounding",
             f"{', '.join(checked) or 'nothing'} read back exact: the failure is in the product, the accumulation "
             "or the output rounding (or depends on the case's own activations)")

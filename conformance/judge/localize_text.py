@@ -8,7 +8,8 @@ from __future__ import annotations
 __all__ = ["localization_lines", "summary_line", "PARTS"]
 
 #: (record key, title) of each probed stage, in the order they are shown
-PARTS = (("weights", "weights"), ("activations", "activation quantization"), ("bias", "bias"))
+PARTS = (("weights", "weights"), ("activations", "activation quantization"), ("own_rows", "own rows"),
+         ("bias", "bias"))
 
 
 def summary_line(loc: dict | None) -> str:
@@ -34,6 +35,12 @@ def localization_lines(loc: dict | None, limit: int = 6) -> list[str]:
             continue
         for f in part.get("findings", [])[:limit]:
             out.append(f"  {title}: {f['where']}: {f['pattern']} ({f['n']} of {part['n']} probe elements)")
+    own = loc.get("own_rows") or {}
+    if own.get("classes") and not own.get("ok"):
+        cls = "; ".join(f"{t['class']}: {t['fail']} fail, {t['pass']} pass" for t in own["classes"])
+        out.append(f"  own rows by value class: {cls}")
+    if own.get("alone_vs_together"):
+        out.append(f"  own rows: {own['alone_vs_together']}")
     for p in loc.get("probes", []):
         out.append(f"  probe: {p}")
     return out

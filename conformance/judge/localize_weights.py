@@ -318,6 +318,10 @@ def hypotheses(st: Structure, case: Case):
         yield (f"the {what} {g}-1 used for {what.split()[-1]} {g}", st.build(grp=down))
         if st.kind == "int" and np.any(st.zero):
             yield ("the scale of group g+1 used for group g (zero point right)", (st.q - st.zero[:, st.grp]) * st.scale[:, up])
+        if st.kind == "int":  # group scales read as one per output channel: group 0's everywhere
+            g0 = np.zeros_like(st.grp)
+            yield ("the scale of K group 0 used for every group (group scales read as per-channel)",
+                   (st.q - st.zero[:, st.grp]) * st.scale[:, g0])
     if st.default_grp is not None:
         yield ("g_idx ignored: column k read with group k // G instead of g_idx[k]", st.build(grp=st.default_grp))
     length = case.K if st.pack_axis == "K" else case.N
@@ -457,3 +461,39 @@ def _residual_pattern(obs_w, exp_w, m, st: Structure, ks) -> str:
         u = np.unique(np.rint(steps).astype(np.int64))
         return "wrong by a whole number of scale steps (" + _list(u) + "): codes or zero points misread"
     return "wrong weights (no named pattern)"
+
+
+# -- product or weight rounded ----------------------------------------------------------------------------------
+def product_or_weight(Wt: np.ndarray, readbacks: list, out_dtype: str, b=0.0) -> "dict | None":
+    """Which rounding a one-hot readback at two magnitudes shows: ``readbacks`` = [(v, observed [rows, N])] of
+    one-hot rows of value v over the declared weights ``Wt`` [rows, N] (b: the bias the probe carried).
+
+    A kernel that rounds each product (or a partial sum holding one product) to a dtype X outputs
+    round(v * w) to X, one that rounds its weights outputs v * round(w): at v = 1 the two are the same, at
+    v = 3 they differ wherever 3 * w needs more bits than X holds. Returns {"dtype", "what" ("product" |
+    "weight" | "either"), "pattern"} for the X whose hypothesis matches every element of every readback
+    exactly, or None."""
+    def out(a):
+        with np.errstate(all="ignore"):
+            return np.asarray(round_to_dtype(a + b, out_dtype), np.float64)
+
+    for X in ("float16", "bfloat16", "float32"):
+        if X == out_dtype or (X == "float32" and out_dtype != "float32"):
+            continue
+        with np.errstate(all="ignore"):
+            hp = [out(np.asarray(round_to_dtype(v * Wt, X), np.float64)) for v, _ in readbacks]
+            hw = [out(v * np.asarray(round_to_dtype(Wt, X), np.float64)) for v, _ in readbacks]
+        fp = all(close(o, h, out_dtype, 0).all() for (_, o), h in zip(readbacks, hp))
+        fw = all(close(o, h, out_dtype, 0).all() for (_, o), h in zip(readbacks, hw))
+        if not (fp or fw):
+            continue
+        vs = " and ".join(f"{v:g}" for v, _ in readbacks)
+        if fp and fw:
+            return {"dtype": X, "what": "either", "pattern": f"the weight or the product is rounded to {X} (one-hot "
+                    f"readbacks at {vs} cannot tell them apart here)"}
+        if fp:
+            return {"dtype": X, "what": "product", "pattern": f"the product (or a partial sum) is rounded to {X}: the "
+                    f"one-hot readbacks at {vs} are round(v * w), not v * round(w) (the weights are right)"}
+        return {"dtype": X, "what": "weight", "pattern": f"the weight is rounded to {X} before the product: the "
+                f"one-hot readbacks at {vs} are v * round(w), not round(v * w)"}
+    return None

@@ -23,6 +23,8 @@ def judge_inputs(backend: str, inp: CaseInputs, *, target: bool = False) -> dict
     from conformance.judge.verdict import Verdict, judge, judged_against
 
     b = create(backend)
+    if hasattr(b, "plan_on"):  # a dispatcher judges its choice on the case's own activations
+        b.plan_on(inp)
     sup = b.can_implement(inp.case)
     if not sup.ok:
         return {"verdict": Verdict.UNSUPPORTED.value, "reason": sup.reason}

@@ -19,7 +19,8 @@ Requests:
                                                   shared inputs with "inputs_sha256", checked before running)
   (a quantize-only case writes its named tensors "q.<name>" instead of "y": docs/conformance.md#quantize-only-cases)
   {"op": "localize", "spec" | "bundle", "declared": {...}} -> {"localization": {...}}: probes run on the
-                                                  case's own weights (conformance/judge/localize.py)
+                                                  case's own weights, and its own activation rows one
+                                                  at a time (conformance/judge/localize.py)
   {"op": "exit"}
 A kernel output that is not a real-valued array (None, a scalar, complex, object) is refused with
 ``{"ok": false, "kind": "malformed", "error": ...}``; a Python exception (MemoryError under the
@@ -162,6 +163,8 @@ def main(argv=None) -> int:
                        "deterministic": bool(getattr(backend, "deterministic", True))})
             elif op == "plan":
                 spec = CaseSpec.from_json(req["spec"])
+                if hasattr(backend, "plan_on"):  # a dispatcher judges its choice on the case's own activations
+                    backend.plan_on(load_bundle_inputs(req["bundle"])[0] if "bundle" in req else spec.inputs())
                 sup = backend.can_implement(spec.case)
                 decl = backend.declared(spec.case).to_json() if sup.ok else None
                 reply({"ok": True, "supported": sup.ok, "reason": sup.reason, "declared": decl})
@@ -211,7 +214,7 @@ def main(argv=None) -> int:
                         raise ValueError(problem)
                     return y
 
-                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias)
+                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias, x=inp.x)
                 reply({"ok": True, "localization": to_json(loc)})
             elif op == "exit":
                 reply({"ok": True})

@@ -98,9 +98,13 @@ class WorkerClient:
         return Hello(bool(r.get("available")), str(r.get("reason") or ""), r.get("label"), r.get("version"),
                      r.get("device"), r.get("covers"), bool(r.get("deterministic", True)))
 
-    def plan(self, spec) -> Plan:
-        """``spec``: a CaseSpec or its JSON form."""
-        r = self.process.request({"op": "plan", "spec": _spec_json(spec)}, timeout=self.timeout)
+    def plan(self, spec, bundle: "str | Path | None" = None) -> Plan:
+        """``spec``: a CaseSpec or its JSON form; ``bundle``: the inputs the case will run on where they are not
+        ``spec``'s own (a dispatcher plans on them: backends/auto.py ``plan_on``)."""
+        req = {"op": "plan", "spec": _spec_json(spec)}
+        if bundle is not None:
+            req["bundle"] = str(bundle)
+        r = self.process.request(req, timeout=self.timeout)
         if not r.get("ok"):
             return Plan(False, failure=WorkerFailure.from_reply(r))
         if not r.get("supported"):
@@ -126,7 +130,8 @@ class WorkerClient:
         return RunReply(r.get("prepare_s"), r.get("run_s"))
 
     def localize(self, declared: Declared, *, spec=None, bundle: "str | Path | None" = None) -> LocalizeReply:
-        """Probe the kernel on the case's own weights (the inputs of ``spec`` or ``bundle``, as ``run`` took them)."""
+        """Probe the kernel on the case's own weights, and run its own activation rows one at a time (the inputs of
+        ``spec`` or ``bundle``, as ``run`` took them)."""
         req: dict = {"op": "localize", "declared": declared.to_json()}
         if bundle is not None:
             req["bundle"] = str(bundle)

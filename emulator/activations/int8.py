@@ -488,13 +488,15 @@ def _zero_point(xmin: np.ndarray, scale: np.ndarray, v: Int8ActVariant, rnd) -> 
             real = np.where(np.isnan(real), hi, real)
     if v.zero_row is ZeroRowRule.ZERO:
         real = np.where(scale == 0, float(shift), real)  # max == min: the canonical zero point is 0
-    rounded = round_to_integer(real, Rounding.RNE)  # nearbyint / torch.round / np.rint
+    # nearbyint / torch.round / np.rint; the int8-domain azp (uint8: zp - 128) is what is stored as int32, so the
+    # saturation applies after the shift (saturating zp first and subtracting 128 wrapped below int32's range)
+    rounded = round_to_integer(real, Rounding.RNE) - shift
     stored = _to_int32(rounded, dataclasses.replace(v, rounding=Rounding.RNE), "azp")
     if v.azp_overflow is AzpOverflow.INT_MIN:
         with np.errstate(invalid="ignore"):
             outside = ~((rounded >= -(2.0**31)) & (rounded <= _INT32_MAX))  # NaN too
         stored = np.where(outside, -(2**31), stored)
-    return rounded - shift, stored - shift
+    return rounded, stored
 
 
 def _quantize_asym(x32: np.ndarray, v: Int8ActVariant) -> Int8Activations:

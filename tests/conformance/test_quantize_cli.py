@@ -54,6 +54,23 @@ def _onnx_dql(x: np.ndarray):
     return y, np.float32(s), int(zp)
 
 
+def _onnx_dequantize(codes: np.ndarray, scale, zero_point) -> np.ndarray:
+    """ONNX DequantizeLinear (reference evaluator) of uint8 codes with a scalar float32 scale and uint8 zero point."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node("DequantizeLinear", ["y", "s", "zp"], ["x"])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("y", TensorProto.UINT8, list(codes.shape)),
+                                        helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                                        helper.make_tensor_value_info("zp", TensorProto.UINT8, [])],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(codes.shape))])
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        (x,) = ReferenceEvaluator(helper.make_model(g)).run(
+            None, {"y": np.asarray(codes, np.uint8), "s": np.float32(scale), "zp": np.uint8(zero_point)})
+    return np.asarray(x, np.float32)
+
+
 _TINY = 2.0 ** -149
 _ONNX_ROWS = [[_TINY, 0, 0, 0], [-_TINY, _TINY, 3 * _TINY, 0], [2.0 ** -140, -2.0 ** -141, 0, 0],
               [1.0, -0.5, 0.25, 3.0], [0, 0, 0, 0], [5.0, 5.0, 5.0, 5.0]]
@@ -73,9 +90,14 @@ def test_quantize_equals_onnx_dynamic_quantize_linear(capsys, tmp_path, how):
         assert rc == 0, text
         assert q["codes"].dtype == np.uint8 and np.array_equal(q["codes"], y), x
         assert (q["scale"] == s).all()
-        # the preset (per-token scheme, one scale per tensor) stores the int8-domain zero point zp - 128
-        zps = q["zero_point"].astype(np.int64) + (128 if how[0] != "--scheme" else 0)
-        assert (zps == zp).all(), (x, q["zero_point"], zp)
+        # the zero point in the stored codes' domain, as ONNX stores it: uint8, the same value (the preset's
+        # per-token layout repeats the one per-tensor value on every row)
+        assert q["zero_point"].dtype == np.uint8 and (q["zero_point"] == zp).all(), (x, q["zero_point"], zp)
+        # what a consumer does with the file: ONNX's own DequantizeLinear of the stored codes, scale and zero
+        # point gives ONNX's dequantization of its own outputs, bit for bit, and the file's `dequantized`
+        ours = _onnx_dequantize(q["codes"], q["scale"].reshape(-1)[0], q["zero_point"].reshape(-1)[0])
+        theirs = _onnx_dequantize(y, s, zp)
+        assert ours.tobytes() == theirs.tobytes() and q["dequantized"].tobytes() == theirs.tobytes(), x
         rc, c, _ = _quantize(capsys, tmp_path, x, "float32", "--scheme", "q-int8-token", "--variant",
                              "act_symmetric=false")
         canonical_differs += not (np.array_equal(c["codes"].astype(np.int64) + 128, y) and (c["scale"] == s).all())

@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from backends.base import Availability, Backend, Declared, Prepared, yes  # noqa: E402
-from backends.dispatch import MeasuredFastest  # noqa: E402
+from backends.dispatch import Dispatcher, MeasuredFastest  # noqa: E402
 from backends.registry import create  # noqa: E402
 from conformance.cli.main import main as qconform  # noqa: E402
 from emulator.checkpoint import Checkpoint  # noqa: E402
@@ -216,10 +216,12 @@ def test_a_failing_kernel_is_named_with_its_layer(extra, tmp_path, capsys):
 
 
 def test_logits_below_the_floor_are_never_the_answer(extra, tmp_path, capsys, monkeypatch):
-    """The noisy kernel, chosen by priority (timing off, so no per-layer gate sees it), takes every layer;
-    --check finds the logits below the floor and the run is redone on the fast path, whose logits are
-    written and within the rule."""
+    """The noisy kernel, chosen by priority (timing and the per-layer floor gate off: it stands for a kernel
+    that meets the floor on each layer's first input and not later), takes every layer; --check finds the
+    logits below the floor and the run is redone on the fast path, whose logits are written and within the
+    rule."""
     monkeypatch.setattr(MeasuredFastest, "timed", False)
+    monkeypatch.setattr(Dispatcher, "_floor_gate", lambda self, case, choice, *a: choice)
     ckpt = str(TOOLKIT / "llmcompressor-w4a16-g128-sym")
     o = tmp_path / "o.safetensors"
     rc = qconform(["model", ckpt, "--tokens", "1,2,3", "--check", "-o", str(o)])
