@@ -437,8 +437,82 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         bias_res = _analyze_rows(obs, exp, bad, hyps, out_dtype)
         loc["bias"] = bias_res
         loc["probes"].append("bias: all-zero activation rows with the case's bias")
+    # 5. the case's own output under other declarations of the epilogue / activation dtype, and a skipped product
+    whole = None
+    if x is not None and (weights is None or weights["ok"]) and not (own and own.get("hypothesis")) and (
+            acts is None or acts["ok"]) and (bias_res is None or bias_res["ok"]):
+        try:
+            whole = _own_output(case, declared, run, prober, x, bias, W_decl)
+        except Exception as e:  # noqa: BLE001 - the kernel raised on its own rows: the other findings stand
+            whole = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
+        if whole is not None:
+            loc["own_output"] = whole
+            loc["probes"].append("own output: the case's rows as the run gave them, judged under other declarations "
+                                 "(" + ", ".join(whole.get("tried", [])) + ")")
     loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
+    if whole and whole.get("hypothesis") and loc["stage"] == "accumulation or output rounding":
+        loc["stage"], loc["summary"] = whole["stage"], whole["summary"]
     return loc
+
+
+#: the output-side declarations tried on the case's own rows: (value key, title, stage)
+_OWN_OUTPUT_ALTERNATIVES = (("bias_stage", "after_output_rounding", "epilogue",
+                             "the bias added to the already rounded output, in the output dtype"),
+                            ("act_compute_dtype", "bfloat16", "activations",
+                             "the activations rounded to bfloat16 before the product"),
+                            ("act_compute_dtype", "float16", "activations",
+                             "the activations rounded to float16 before the product"))
+
+
+def _own_output(case: Case, declared: Declared, run: Run, prober: "_Prober", x: np.ndarray, bias, W: np.ndarray):
+    """The case's own rows run as the case runs them; when they fail, the declarations (bias_stage,
+    act_compute_dtype) under whose interval every element lies, and, for 16-bit activations, a product with a
+    zero weight skipped (NaN/Inf x 0 never formed). One kernel call plus at most four interval computations."""
+    X = np.asarray(x, np.float32)
+    y = np.asarray(run(X, bias), np.float64)
+    if y.shape != (len(X), case.N):
+        return None
+    _, bad = prober.judge(X, y, bias)
+    res: dict = {"ok": not bad.any(), "n_bad": int(bad.sum()), "n": int(bad.size), "findings": [], "tried": []}
+    if not bad.any():
+        return res
+    fits = []
+    for key, value, stage, what in _OWN_OUTPUT_ALTERNATIVES:
+        if key == "bias_stage" and (bias is None or declared.value("bias_stage") == value):
+            continue
+        if key == "act_compute_dtype" and (case.spec.activations != "a16" or case.act_dtype == value
+                                           or declared.act_compute_dtype == value
+                                           or (case.act_dtype == "bfloat16" and value == "float16")):
+            continue
+        d = (dataclasses.replace(declared, act_compute_dtype=value) if key == "act_compute_dtype" else
+             dataclasses.replace(declared, variants={**declared.variants, key: value}))
+        res["tried"].append(f"{key}={value}")
+        try:
+            _, bad_d = prober.judge(X, y, bias, d)
+        except (ValueError, TypeError):
+            continue
+        if not bad_d.any():
+            fits.append((stage, f"{key}={value} ({what}): every output of the case's own rows lies inside that "
+                                f"declaration's interval ({int(bad.sum())} outside the declared one)"))
+    if not fits and case.spec.activations == "a16":
+        res["tried"].append("products with a zero weight skipped")
+        x64 = X.astype(np.float64)
+        nonfin = ~np.isfinite(x64)
+        if nonfin.any():
+            ref_nf = nonfin.any(axis=1)[:, None] & np.ones((1, case.N), bool)  # NaN/Inf x w is NaN/Inf, 0 included
+            hyp_nf = (nonfin.astype(np.int64) @ (W != 0).T.astype(np.int64)) > 0  # only the non-zero weights' products
+            lost = ref_nf & ~hyp_nf
+            with np.errstate(invalid="ignore"):
+                if lost.any() and np.array_equal(bad, lost) and np.isfinite(y[lost]).all():
+                    fits.append(("product", "products with a zero weight skipped (a sparsity shortcut): an "
+                                 f"activation NaN/Inf that meets only zero weights leaves {int(lost.sum())} output(s) "
+                                 "finite where NaN/Inf x 0 makes them NaN; every other output is inside the interval"))
+    if fits:
+        res["stage"], why = fits[0]
+        res["hypothesis"] = why
+        res["summary"] = f"{fits[0][0]} wrong on the case's own rows: {why}"
+        res["findings"] = [{"where": "the case's own rows", "pattern": why, "n": int(bad.sum())}]
+    return res
 
 
 def _short(v: list, limit: int = 8) -> str:
