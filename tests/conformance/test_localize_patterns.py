@@ -1,0 +1,232 @@
+"""The failure localization names the pattern that explains a planted bug, not one that meets a few of its
+elements by coincidence (docs/conformance.md#failure-localization), through the real worker op ``localize``.
+
+``Patterned`` plants one bug, written from its one-line description in ``BUGS`` on top of the independent
+NumPy kernel of test_localize_kernels.py (which unpacks the checkpoints from docs/formats/*.md, not from the
+emulator). Each case runs in an isolated worker (QCONFORM_EXTRA_BACKENDS) on a bundle of its inputs, as
+``qconform run`` and ``replay`` localize a failure. Each test asserts the named place and pattern and that a
+competing wrong name (the one an earlier localization gave for the same bug) is not claimed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import test_localize_kernels as kernels
+from backends.base import Case
+from conformance.judge.localize_text import localization_lines
+
+HERE = Path(__file__).resolve().parent
+SPEC = "patterned=test_localize_patterns:Patterned"
+
+BUGS = {
+    "none": "no bug (control)",
+    "ct_zp_plus8": "compressed-tensors zero point read without removing its +8 packing offset",
+    "ct_codes_from_end": "K % 8 != 0: the K codes taken from the end of the padded packed row (channel-wise)",
+    "gptq_zero_group0": "every K group uses group 0's zero points (the zero row index never advanced)",
+    "int8_row0_scale": "the per-channel weight_scale [N, 1] read as one per-tensor value: row 0's",
+    "scale_ftz": "float16 subnormal weight scales flushed to zero",
+    "e2m1_code7_as_5": "the E2M1 table entry of code 7 typed as 5.0 instead of 6.0",
+    "act_bf16": "float32 activations converted to bfloat16 before the GEMM",
+    "skip_zero_w": "products with a zero weight skipped (sparsity shortcut)",
+    "bias_after_round": "bias added to the already rounded output, in the output dtype",
+    "w8a8_eps": "asymmetric activation range max - min clamped to at least 1e-10 (an eps guard)",
+}
+
+
+def _bf16(a):
+    return np.asarray(a, np.float64).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+class Patterned(kernels.Planted):
+    name = "patterned"
+    covers = "test kernel with one planted bug (tests/conformance/test_localize_patterns.py)"
+
+    def __init__(self, **params):
+        bug = params.get("bug", "none")
+        assert bug in BUGS, bug
+        super().__init__(bug="none")
+        self.bug = bug
+
+    def _weights(self, case: Case, t: dict) -> np.ndarray:
+        N, K, bug = case.N, case.K, self.bug
+        if bug in ("ct_zp_plus8", "ct_codes_from_end"):  # docs/formats/compressed-tensors.md: fields store q + 8
+            f = kernels._nibbles(t["weight_packed"]).astype(np.float64)  # [N, 8 * ceil(K / 8)]
+            q = (f[:, f.shape[1] - K:] if bug == "ct_codes_from_end" else f[:, :K]) - 8
+            s = t["weight_scale"].astype(np.float64)
+            zp = (kernels._nibbles(t["weight_zero_point"].T).T[:N].astype(np.float64) - (0 if bug == "ct_zp_plus8" else 8)
+                  if "weight_zero_point" in t else np.zeros_like(s))
+            g = np.minimum(np.arange(K) // case.group, s.shape[1] - 1)
+            return (q - zp[:, g]) * s[:, g]
+        if bug == "gptq_zero_group0":  # docs/formats/gptq.md: v1 qzeros store z - 1, packed along N
+            q = kernels._nibbles(t["qweight"].T).astype(np.float64)
+            z = kernels._nibbles(t["qzeros"]).astype(np.float64)[:, :N] + 1
+            z = np.broadcast_to(z[:1], z.shape)
+            s, g = t["scales"].astype(np.float64), t["g_idx"].astype(np.int64)
+            return (q - z[g].T) * s[g].T
+        if bug == "int8_row0_scale":
+            return t["weight"].astype(np.float64) * t["weight_scale"].astype(np.float64).reshape(-1)[0]
+        if bug == "scale_ftz":
+            s = t["weight_scale"].astype(np.float64).reshape(-1)
+            s = np.where(np.abs(s) < 2.0 ** -14, 0.0, s)  # below float16's smallest normal
+            return t["weight"].astype(np.float64) * s[:, None]
+        if bug == "e2m1_code7_as_5":
+            p = t["weight_packed"].astype(np.int64)
+            codes = np.stack([p & 0xF, p >> 4], axis=-1).reshape(N, K)
+            table = kernels.E2M1.copy()
+            table[7] = 5.0
+            b = t["weight_scale"].astype(np.int64)
+            sc = np.where(b == 0xFF, np.nan, np.ldexp(1.0, b - 127))
+            return table[codes] * np.repeat(sc, 32, axis=1)
+        return super()._weights(case, t)
+
+    def run(self, prepared, x, bias=None, **_):
+        case, W, bug = prepared.case, prepared.data["W"], self.bug
+        x = np.asarray(x, np.float64)
+        if bug == "act_bf16":
+            x = _bf16(x)
+        if bug == "skip_zero_w":
+            with np.errstate(invalid="ignore"):
+                y = np.where(W[None] == 0, 0.0, x[:, None, :] * W[None]).sum(-1)
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug == "bias_after_round":
+            y = kernels._round(x @ W.T, case.output_dtype).astype(np.float64)
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug == "w8a8_eps":  # docs/formats/activations.md asymmetric per-token int8, with the eps guard
+            f32 = np.float32
+            x32 = x.astype(f32)
+            lo, hi = x32.min(axis=1, keepdims=True), x32.max(axis=1, keepdims=True)
+            s = (np.maximum((hi - lo).astype(f32), f32(1e-10)) / f32(255)).astype(f32)
+            zp = np.rint((f32(-128) - (lo / s).astype(f32)).astype(np.float64))
+            q = np.clip(np.rint((x32 / s).astype(f32).astype(np.float64)) + zp, -128, 127)
+            y = ((q - zp) * s.astype(np.float64)) @ W.T
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        return super().run(prepared, x.astype(np.float32), bias=bias)
+
+
+def _inputs(bug: str, case: Case):
+    """The case's seeded inputs, with what makes the bug show: subnormal scales, NaN activations, a constant row."""
+    from conformance.cases.inputs import make_inputs
+
+    inp = make_inputs(case, 5)
+    t, x = dict(inp.tensors), np.array(inp.x)
+    if bug == "scale_ftz":
+        s = t["weight_scale"].copy()
+        s[[3, 10]] = np.float16(2.0 ** -17)  # two subnormal float16 scales
+        t["weight_scale"] = s
+    if bug == "skip_zero_w":
+        w = t["weight"].copy()
+        w[:, 5] = 0  # column 5's weights all zero: a NaN there meets only zeros
+        w[7, 9] = 0
+        t["weight"] = w
+        x[1, 5] = np.nan
+    if bug == "w8a8_eps":
+        x[2] = np.float32(0.375)  # a constant row: range 0
+    return dataclasses.replace(inp, tensors=t, x=x)
+
+
+def localize_in_worker(bug: str, case: Case, tmp_path: Path) -> dict:
+    """The worker op ``localize`` on a bundle of the case's inputs, with the backend's own declaration."""
+    from conformance.cases.bundle import save_bundle
+    from conformance.run.workerclient import WorkerClient
+    from conformance.run.workerproc import WorkerProcess
+
+    inp = _inputs(bug, case)
+    k = Patterned(bug=bug)
+    decl = k.declared(case)
+    path = save_bundle(tmp_path / f"{bug}.safetensors", inp, spec={"case": case.to_json()}, backend=SPEC,
+                       declared=decl.to_json(), verdict="fail", reason="planted")
+    env = {"QCONFORM_EXTRA_BACKENDS": SPEC,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
+    w = WorkerClient(WorkerProcess(f"patterned:bug={bug}", env=env), 300)
+    try:
+        rep = w.localize(decl, bundle=path)
+    finally:
+        w.close()
+    assert rep.failure is None, rep.failure
+    return rep.localization
+
+
+_W = dict(M=3, N=64)
+# (bug, case, stage, must name, must not claim)
+CASES = [
+    ("ct_zp_plus8", Case("w4a16", "ct-pack-quantized", K=128, group_size=32, sym=False, **_W), "weights",
+     ["every row, every K group: offset by exactly 8 scale steps down", "a zero point off by +8"],
+     ["sign flipped", "nibbles swapped"]),
+    ("ct_codes_from_end", Case("w4a16", "ct-pack-quantized", M=3, N=9, K=12, group_size=-1), "weights",
+     ["every row", "codes shifted along K by 4 column(s): column k reads the code of column k + 4",
+      "padding field(s)"],
+     ["nibbles in reverse order", "zero point off by one", "codes off by one"]),
+    ("gptq_zero_group0", Case("w4a16", "gptq", K=256, group_size=64, sym=False, **_W), "weights",
+     ["the zero point of K group 0 used for every group"], ["off by one", "read as zero"]),
+    ("int8_row0_scale", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, **_W), "weights",
+     ["row 0's scale used for every row"], ["every weight scaled by", "row 0 (of"]),
+    ("scale_ftz", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, scale_dtype="float16", **_W), "weights",
+     ["subnormal float16 scales flushed to zero"], ["weights wrong: rows 0, 3, 4, 10 (of 64): read as zero",
+                                                    "computed with the weights"]),
+    ("e2m1_code7_as_5", Case("w4a16-mxfp4", "ct-mxfp4", K=128, group_size=32, **_W), "weights",
+     ["FP4 code 0b0111 (6) read as 5"], ["every weight scaled by"]),
+    ("act_bf16", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float32", **_W), "activations",
+     ["act_compute_dtype=bfloat16"], ["the failure is in the product"]),
+    ("skip_zero_w", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float32", **_W), "product",
+     ["products with a zero weight skipped"], ["act_compute_dtype", "the failure is in the product, the accumulation"]),
+    ("bias_after_round", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, bias=True, **_W), "epilogue",
+     ["bias_stage=after_output_rounding"], ["truncated", "the failure is in the product"]),
+    ("w8a8_eps", Case("w8a8", "ct-int-quantized", M=4, N=64, K=96, group_size=-1, sym=False, scale_dtype="float32"),
+     # the eps value itself is not told apart here: any eps this small quantizes a constant row alike
+     "activation quantization", ["activation quantization wrong (zero-row guard)", "the kernel quantizes as zero_row=eps"],
+     ["the failure is in the product"]),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _extra_backends():
+    old = os.environ.get("QCONFORM_EXTRA_BACKENDS")
+    os.environ["QCONFORM_EXTRA_BACKENDS"] = SPEC
+    yield
+    if old is None:
+        os.environ.pop("QCONFORM_EXTRA_BACKENDS", None)
+    else:
+        os.environ["QCONFORM_EXTRA_BACKENDS"] = old
+
+
+@pytest.mark.parametrize("bug,case,stage,names,not_names", CASES, ids=[c[0] for c in CASES])
+def test_worker_localization_names_the_pattern(bug, case, stage, names, not_names, tmp_path):
+    loc = localize_in_worker(bug, case, tmp_path)
+    text = "\n".join(localization_lines(loc))
+    assert loc["stage"] == stage, text
+    for n in names:
+        assert n in text, f"{n!r} not in:\n{text}"
+    claims = "\n".join(line for line in text.splitlines() if not line.startswith("  probe:"))
+    for n in not_names:
+        assert n not in claims, f"{n!r} claimed in:\n{text}"
+    if bug == "scale_ftz":  # exactly the rows whose float16 scale is subnormal (seeded ones and the planted 3, 10),
+        # and a zero-scale row, whose weights read as zero under either rule (the place names it with them)
+        s = _inputs(bug, case).tensors["weight_scale"].astype(np.float64).reshape(-1)
+        rows = np.nonzero(np.abs(s) < 2.0 ** -14)[0]
+        assert {3, 10} <= set(rows.tolist())
+        where = ", ".join(map(str, rows))
+        assert f"weights wrong: rows {where} (of 64): subnormal float16 scales flushed to zero" in text, text
+
+
+@pytest.mark.parametrize("bug,case,stage,names,not_names", CASES, ids=[c[0] for c in CASES])
+def test_control_passes_and_the_bug_changes_the_output(bug, case, stage, names, not_names):
+    """The kernel without its bug passes the same inputs (so each name above comes from the bug), and the bug
+    changes the output."""
+    from conformance.judge.acceptance import declared_interval
+    from conformance.report.summary import PASSING
+    from conformance.run.runner import judge
+
+    inp = _inputs(bug, case)
+    ok, bad = Patterned(bug="none"), Patterned(bug=bug)
+    decl = ok.declared(case)
+    y = ok.run(ok.prepare(case, inp.tensors), inp.x, bias=inp.bias)
+    assert judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING
+    yb = bad.run(bad.prepare(case, inp.tensors), inp.x, bias=inp.bias)
+    assert judge(inp, declared_interval(inp, decl), yb, decl).verdict not in PASSING
