@@ -45,6 +45,7 @@ from backends.base import Case, Declared
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.localize_acts import QUANTIZER_CLASSES, analyze_own_rows
+from conformance.judge.localize_moe import localize_moe
 from conformance.judge.localize_weights import analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
@@ -324,9 +325,13 @@ def _analyze_rows(obs, exp, bad, hyps, dtype: str) -> dict:
 
 # -- the whole localization ------------------------------------------------------------------------------------
 def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.ndarray | None = None,
-             x: np.ndarray | None = None) -> dict:
+             x: np.ndarray | None = None, router_logits: np.ndarray | None = None) -> dict:
     """Probe the backend (``run``) on the case's own weights and say which stage is wrong, and how; ``x``: the
-    case's own activation rows (int8 and MXFP4 activations: run one at a time, conformance/judge/localize_acts.py)."""
+    case's own activation rows (int8 and MXFP4 activations: run one at a time, conformance/judge/localize_acts.py);
+    MoE (``router_logits`` given, ``run(x, bias, router_logits=...)``): conformance/judge/localize_moe.py."""
+    if case.spec.activations == "moe" and router_logits is not None and not case.spec.quantize_only:
+        return localize_moe(case, tensors, declared, lambda a, b, r: run(a, b, router_logits=r), x, router_logits,
+                            bias)
     if case.spec.quantize_only or case.spec.activations == "moe":
         return {"stage": "not localized", "summary": f"no localization for {case.scheme} yet", "probes": []}
     if case.N * case.K > MAX_WEIGHTS:
@@ -498,15 +503,19 @@ def _own_output(case: Case, declared: Declared, run: Run, prober: "_Prober", x: 
         res["tried"].append("products with a zero weight skipped")
         x64 = X.astype(np.float64)
         nonfin = ~np.isfinite(x64)
-        if nonfin.any():
-            ref_nf = nonfin.any(axis=1)[:, None] & np.ones((1, case.N), bool)  # NaN/Inf x w is NaN/Inf, 0 included
-            hyp_nf = (nonfin.astype(np.int64) @ (W != 0).T.astype(np.int64)) > 0  # only the non-zero weights' products
-            lost = ref_nf & ~hyp_nf
-            with np.errstate(invalid="ignore"):
-                if lost.any() and np.array_equal(bad, lost) and np.isfinite(y[lost]).all():
-                    fits.append(("product", "products with a zero weight skipped (a sparsity shortcut): an "
-                                 f"activation NaN/Inf that meets only zero weights leaves {int(lost.sum())} output(s) "
-                                 "finite where NaN/Inf x 0 makes them NaN; every other output is inside the interval"))
+        if nonfin.any() and case.M * case.N * case.K <= MAX_PROBE_MACS:
+            with np.errstate(invalid="ignore", over="ignore"):  # only the products of non-zero weights formed
+                yh = np.where(W[None] == 0, 0.0, x64[:, None, :] * W[None]).sum(-1)
+                if bias is not None:
+                    yh = yh + np.asarray(bias, np.float64)[None, :]
+                ref_nf = nonfin.any(axis=1)[:, None] & np.ones((1, case.N), bool)  # NaN/Inf x 0 is NaN
+                same_nf = (np.isnan(yh) & np.isnan(y)) | (np.isinf(yh) & (yh == y)) | (np.isfinite(yh) & np.isfinite(y))
+                differs = ref_nf & ~(np.isnan(yh) & np.isnan(y))
+            if bad.any() and (bad <= ref_nf).all() and same_nf[bad].all() and differs[bad].all():
+                fits.append(("product", "products with a zero weight skipped (a sparsity shortcut): NaN/Inf x 0 is "
+                             f"never formed, so {int(bad.sum())} output(s) whose row holds a NaN/Inf activation are "
+                             "what the non-zero weights' products alone give (a number or an Inf, not NaN); every "
+                             "other output is inside the interval"))
     if fits:
         res["stage"], why = fits[0]
         res["hypothesis"] = why

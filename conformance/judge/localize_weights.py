@@ -505,10 +505,15 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
             break
         name, n, hyp, _ = best
         m = todo & close(obs_w, hyp, dtype)
+        same = [c[0] for c in cand if c[0] != name and int((todo & close(obs_w, c[1], dtype)).sum()) == n
+                and close(obs_w, c[1], dtype)[m].all() and not _MIN_PRECISION > _place_precision(
+                    m, close(obs_w, c[1], dtype), mismatch(c[1], base) & avail)][:2]
+        if same:  # this readback cannot tell them apart: name each
+            name = f"{name} (equally consistent: {'; '.join(same)})"
         neutral = ~bad & close(obs_w, hyp, dtype) & (exp_w == 0)  # a zero weight hides most bugs
         findings.append({"where": where_text(m, st, ks, case, neutral), "pattern": name, "n": n})
         todo &= ~m
-        cand = [c for c in cand if c[0] != name]
+        cand = [c for c in cand if c[0] != best[0]]
     if todo.any():
         findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
                          "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})
