@@ -112,6 +112,9 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
                     break
             except (ValueError, TypeError, KeyError):
                 continue
+        if named is None and case.top_k > 1 and np.all(ye[np.isfinite(ye)] == 0):
+            named = (f"the top-{case.top_k} slots' outputs written, not added (a scatter that overwrites): with the "
+                     "expert at weight 1 and the other slots at weight 0, the output is 0, a weight-0 slot's")
         experts["findings"].append({"where": f"expert {e} alone (every token routed to it)", "n": int(bad_e.sum()),
                                     "pattern": named or "the expert's output differs (no named projection bug "
                                                         "explains it: the MLP, its activation or its weights)"})

@@ -231,3 +231,117 @@ def test_control_passes_and_the_bug_changes_the_output(bug, case, stage, names, 
     assert judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING
     yb = bad.run(bad.prepare(case, inp.tensors), inp.x, bias=inp.bias)
     assert judge(inp, declared_interval(inp, decl), yb, decl).verdict not in PASSING
+
+
+# -- MoE: a fused-MoE kernel from docs/formats/moe.md, one planted bug each ------------------------------------
+MOE_BUGS = {
+    "none": "no bug (control)",
+    "moe_w2_next_expert": "the down projection (w2) of expert (e + 1) % E used for expert e (stacked-tensor stride)",
+    "moe_gate_up_swapped": "the w13 halves read as up, gate (rows 0..I-1 taken as up)",
+    "moe_no_renorm": "the top-k routing weights not renormalized to sum 1",
+    "moe_scatter_overwrite": "the top-k experts' outputs written to the output (the last slot wins), not added",
+}
+
+
+def _experts(qweight, scales, group: int) -> np.ndarray:
+    """[E, rows/8, cols] int32 packed along the rows (LSB first), symmetric int4 (z = 8) -> [E, rows, cols]."""
+    E, _, cols = qweight.shape
+    q = np.stack([kernels._nibbles(qweight[e].T).T for e in range(E)]).astype(np.float64)  # [E, rows, cols]
+    s = scales.astype(np.float64)
+    rows = q.shape[1]
+    g = np.arange(rows) // (rows if group == -1 else group)
+    return (q - 8) * s[:, g, :]
+
+
+class PatternedMoe(Patterned):
+    name = "patterned-moe"
+
+    def __init__(self, **params):
+        bug = params.get("bug", "none")
+        assert bug in MOE_BUGS, bug
+        kernels.Planted.__init__(self, bug="none")
+        self.bug = bug
+
+    def declared(self, case):
+        from backends.base import Declared
+
+        return Declared(variants={}, accumulate="float64", output=case.output_dtype, notes=f"planted bug: {self.bug}")
+
+    def prepare(self, case, tensors):
+        from backends.base import Prepared
+
+        w13 = _experts(tensors["w13_qweight"], tensors["w13_scales"], case.group)  # [E, K, 2I]
+        w2 = _experts(tensors["w2_qweight"], tensors["w2_scales"], case.moe_w2_group_size)  # [E, I, K]
+        if self.bug == "moe_w2_next_expert":
+            w2 = np.roll(w2, -1, axis=0)
+        return Prepared(case, {"w13": w13, "w2": w2})
+
+    def run(self, prepared, x, bias=None, router_logits=None, **_):
+        case, bug = prepared.case, self.bug
+        w13, w2 = prepared.data["w13"], prepared.data["w2"]
+        I = w2.shape[1]
+        x = np.asarray(x, np.float64)
+        L = np.asarray(router_logits, np.float64)
+        p = np.exp(L - L.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        y = np.zeros((len(x), w2.shape[2]))
+        for m in range(len(x)):
+            ids = np.argsort(-p[m], kind="stable")[: case.top_k]  # ties: the lower index first
+            w = p[m, ids] / (1.0 if bug == "moe_no_renorm" else p[m, ids].sum())
+            for j, e in enumerate(ids):
+                h = x[m] @ w13[e]
+                gate, up = (h[I:], h[:I]) if bug == "moe_gate_up_swapped" else (h[:I], h[I:])
+                a = kernels._round(gate / (1 + np.exp(-gate)) * up, case.act_dtype).astype(np.float64)
+                o = w[j] * (a @ w2[e])
+                y[m] = o if bug == "moe_scatter_overwrite" else y[m] + o
+        return kernels._round(y, case.output_dtype)
+
+
+MOE_SPEC = "patterned-moe=test_localize_patterns:PatternedMoe"
+_MOE = Case("w4a16-moe", "gptq", M=6, N=32, K=64, group_size=32, E=4, top_k=2)
+MOE_CASES = [
+    ("moe_w2_next_expert", "experts", ["experts 0, 1, 2, 3 (of 4) fail alone",
+                                       "the down projection (w2) of expert (e + 1) mod E used for expert e"],
+     ["gate/up", "moe_gate_up"]),
+    ("moe_gate_up_swapped", "experts", ["fail alone: moe_gate_up=up_gate"], ["down projection", "routing"]),
+    ("moe_no_renorm", "routing", ["every expert alone is right", "moe_renormalize=false"],
+     ["experts wrong", "moe_tie_order"]),
+    ("moe_scatter_overwrite", "experts", ["written, not added (a scatter that overwrites)"],
+     ["moe_renormalize", "no named projection bug"]),
+]
+
+
+@pytest.mark.parametrize("bug,stage,names,not_names", MOE_CASES, ids=[c[0] for c in MOE_CASES])
+def test_worker_localization_names_the_moe_expert_or_routing(bug, stage, names, not_names, tmp_path):
+    from conformance.cases.bundle import save_bundle
+    from conformance.cases.inputs import make_inputs
+    from conformance.judge.acceptance import declared_interval
+    from conformance.report.summary import PASSING
+    from conformance.run.runner import judge
+    from conformance.run.workerclient import WorkerClient
+    from conformance.run.workerproc import WorkerProcess
+
+    inp = make_inputs(_MOE, 4)
+    ok, k = PatternedMoe(bug="none"), PatternedMoe(bug=bug)
+    decl = k.declared(_MOE)
+    for kern, passing in ((ok, True), (k, False)):  # the control passes, the bug fails this case
+        y = kern.run(kern.prepare(_MOE, inp.tensors), inp.x, router_logits=inp.router_logits)
+        assert (judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING) is passing, kern.bug
+    path = save_bundle(tmp_path / f"{bug}.safetensors", inp, spec={"case": _MOE.to_json()}, backend=MOE_SPEC,
+                       declared=decl.to_json(), verdict="fail", reason="planted")
+    env = {"QCONFORM_EXTRA_BACKENDS": MOE_SPEC,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
+    w = WorkerClient(WorkerProcess(f"patterned-moe:bug={bug}", env=env), 300)
+    try:
+        rep = w.localize(decl, bundle=path)
+    finally:
+        w.close()
+    assert rep.failure is None, rep.failure
+    loc = rep.localization
+    text = "\n".join(localization_lines(loc))
+    assert loc["stage"] == stage, text
+    for n in names:
+        assert n in text, f"{n!r} not in:\n{text}"
+    claims = "\n".join(line for line in text.splitlines() if not line.startswith("  probe:"))
+    for n in not_names:
+        assert n not in claims, f"{n!r} claimed in:\n{text}"
