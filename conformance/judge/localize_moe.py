@@ -30,6 +30,7 @@ __all__ = ["localize_moe", "MAX_EXPERTS"]
 
 #: experts probed alone at most (the first ones: a bug in expert indexing shows on any)
 MAX_EXPERTS = 16
+_SCATTER = "the top-"
 _W13 = ("w13_qweight", "w13_scales", "w13_qzeros", "w13_g_idx")
 _W2 = ("w2_qweight", "w2_scales", "w2_qzeros", "w2_g_idx")
 
@@ -113,7 +114,7 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
             except (ValueError, TypeError, KeyError):
                 continue
         if named is None and case.top_k > 1 and np.all(ye[np.isfinite(ye)] == 0):
-            named = (f"the top-{case.top_k} slots' outputs written, not added (a scatter that overwrites): with the "
+            named = (f"{_SCATTER}{case.top_k} slots' outputs written, not added (a scatter that overwrites): with the "
                      "expert at weight 1 and the other slots at weight 0, the output is 0, a weight-0 slot's")
         experts["findings"].append({"where": f"expert {e} alone (every token routed to it)", "n": int(bad_e.sum()),
                                     "pattern": named or "the expert's output differs (no named projection bug "
@@ -129,6 +130,9 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
             head += f" (expert{'s' if len(experts['passing']) > 1 else ''} {', '.join(map(str, experts['passing']))} pass)"
         loc["stage"] = "experts"
         loc["summary"] = head + ": " + "; ".join(sorted(pats))
+        if all(p.startswith(_SCATTER) for p in pats):  # the experts are right: their sum is not
+            loc["stage"] = "combination"
+            loc["summary"] = f"combination of the top-{case.top_k} outputs wrong: " + loc["summary"]
         return loc
     loc["probes"].append("routing: the case's own router logits judged under the other routing declarations")
     if bad.any():

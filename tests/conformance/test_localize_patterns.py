@@ -306,7 +306,7 @@ MOE_CASES = [
     ("moe_gate_up_swapped", "experts", ["fail alone: moe_gate_up=up_gate"], ["down projection", "routing"]),
     ("moe_no_renorm", "routing", ["every expert alone is right", "moe_renormalize=false"],
      ["experts wrong", "moe_tie_order"]),
-    ("moe_scatter_overwrite", "experts", ["written, not added (a scatter that overwrites)"],
+    ("moe_scatter_overwrite", "combination", ["combination of the top-2 outputs wrong", "written, not added (a scatter that overwrites)"],
      ["moe_renormalize", "no named projection bug"]),
 ]
 
