@@ -231,9 +231,14 @@ def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.
 
 
 # -- activation / epilogue hypotheses -------------------------------------------------------------------------
-def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None) -> list:
+AZP_CORRECTION = "azp correction wrong"
+
+
+def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None,
+                    wq: "tuple | None" = None) -> list:
     """(pattern, output) for activation-quantization and epilogue bugs on the exact rows X (``chunk``: the rows
-    of one kernel call, for the per-tensor hypothesis)."""
+    of one kernel call, for the per-tensor hypothesis; ``wq``: (integer weight codes [N, K], per-channel scales
+    [N]) where the weights are per-channel int, for the asymmetric zero-point correction term)."""
     out_dtype = declared.output or case.output_dtype
     x64 = X.astype(np.float64)
     exact = x64 @ W.T
@@ -258,6 +263,21 @@ def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray
                 v = dataclasses.replace(int8_variant(declared, case), granularity="per_tensor")
                 xt[a:a + chunk] = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(rows, v))
             H.append(("one activation scale for the whole tensor instead of one per token (per-tensor)", xt @ W.T))
+        if np.any(zp) and wq is not None:  # the term azp * sum_k qw[n, k] removed with wrong row sums
+            qw, sw = np.asarray(wq[0], np.float64), np.asarray(wq[1], np.float64).reshape(-1)
+            rs = qw.sum(axis=1)
+            alts = [("the weight row sums kept in int16 (wrapped)", (rs + 32768) % 65536 - 32768)]
+            K = qw.shape[1]
+            for T in (32, 16, 64, 8, 128):
+                if K % T:
+                    alts.append((f"the weight row sums skip the last K mod {T} = {K % T} columns"
+                                 + (" (all of them)" if K < T else ""), qw[:, : K - K % T].sum(axis=1)))
+            seen = []
+            for what, rs2 in alts:
+                if np.any(rs2 != rs) and not any(np.array_equal(rs2, r) for r in seen):
+                    seen.append(rs2)
+                    H.append((f"{AZP_CORRECTION} (the activation zero point times the weight row sums, "
+                              f"azp * sum_k qw[n, k]): {what}", exact + (-zp * s) * ((rs2 - rs) * sw)[None, :]))
         if np.any(zp):
             H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
             H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))
@@ -400,11 +420,13 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         obs, exp, bad = prober(Xa, None)
         acts_bad = bad
         step = prober.chunks(len(Xa))[0][2]
-        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step), out_dtype)
+        wq = ((st.q, st.scale[:, 0]) if st.kind == "int" and st.n_groups == 1 and not np.any(st.zero)
+              and case.spec.activations == "int8" else None)
+        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step, wq), out_dtype)
         if acts.get("hypothesis") and weights is not None and not weights["ok"]:
             # the same activation bug on the one-hot rows: does it explain the weight readback too? (of the
             # hypotheses that fit the exact rows, the first that does is the one named)
-            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2]))
+            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2], wq))
             fit = [(int(close(obs1, one_hot[n], out_dtype, 0).sum()), -i, n) for i, n in enumerate(acts["candidates"])
                    if close(obs1, one_hot[n], out_dtype, 2).all()]
             acts["explains_weight_readback"] = bool(fit)
@@ -587,7 +609,8 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
         return "epilogue", f"epilogue wrong: {OUTPUT_RTZ} (weights right: the one-hot readback is their truncation)"
     if named_act and (not weights_bad or acts.get("explains_weight_readback")):
         name = acts["hypothesis"]
-        stage = "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization"
+        stage = ("azp correction" if name.startswith(AZP_CORRECTION) else
+                 "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization")
         why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
                else f" ({_weights_read(case, weights)} read back exact)" if weights is not None else "")
         return stage, f"{stage} wrong on rows whose quantization is exact: {name}{why}"

@@ -37,6 +37,8 @@ BUGS = {
     "skip_zero_w": "products with a zero weight skipped (sparsity shortcut)",
     "bias_after_round": "bias added to the already rounded output, in the output dtype",
     "w8a8_eps": "asymmetric activation range max - min clamped to at least 1e-10 (an eps guard)",
+    "w8a8_rowsum_int16": "asymmetric W8A8: the weight row sums of the azp correction kept in int16 (wrap)",
+    "w8a8_rowsum_k_tail": "asymmetric W8A8: the weight row sums of the azp correction skip the last K % 32 columns",
 }
 
 
@@ -107,7 +109,28 @@ class Patterned(kernels.Planted):
             q = np.clip(np.rint((x32 / s).astype(f32).astype(np.float64)) + zp, -128, 127)
             y = ((q - zp) * s.astype(np.float64)) @ W.T
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug in ("w8a8_rowsum_int16", "w8a8_rowsum_k_tail"):  # asym int8: y = s sw (sum q qw - azp rowsum(qw))
+            f32 = np.float32
+            x32 = x.astype(f32)
+            lo, hi = x32.min(axis=1, keepdims=True), x32.max(axis=1, keepdims=True)
+            s = ((hi - lo).astype(f32) / f32(255)).astype(f32)
+            safe = np.where(s > 0, s, f32(1))
+            zp = np.where(s > 0, np.rint((f32(-128) - (lo / safe).astype(f32)).astype(np.float64)), 0.0)
+            q = np.where(s > 0, np.clip(np.rint((x32 / safe).astype(f32).astype(np.float64)) + zp, -128, 127), 0.0)
+            t = prepared.data["t"]
+            qw, sw = t["weight"].astype(np.float64), t["weight_scale"].astype(np.float64).reshape(-1)
+            K = qw.shape[1]
+            rs = qw[:, : K - K % 32].sum(axis=1) if bug == "w8a8_rowsum_k_tail" else \
+                (qw.sum(axis=1) + 32768) % 65536 - 32768
+            acc = q @ qw.T - zp * rs[None, :]
+            y = acc * s.astype(np.float64) * sw[None, :]
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
         return super().run(prepared, x.astype(np.float32), bias=bias)
+
+    def prepare(self, case, tensors):
+        p = super().prepare(case, tensors)
+        p.data["t"] = tensors
+        return p
 
 
 def _inputs(bug: str, case: Case):
@@ -128,6 +151,10 @@ def _inputs(bug: str, case: Case):
         x[1, 5] = np.nan
     if bug == "w8a8_eps":
         x[2] = np.float32(0.375)  # a constant row: range 0
+    if bug == "w8a8_rowsum_int16":
+        w = t["weight"].copy()
+        w[:2] = 127  # rows 0, 1: row sums 127 K, past int16
+        t["weight"] = w
     return dataclasses.replace(inp, tensors=t, x=x)
 
 
@@ -182,6 +209,14 @@ CASES = [
      # the eps value itself is not told apart here: any eps this small quantizes a constant row alike
      "activation quantization", ["activation quantization wrong (zero-row guard)", "the kernel quantizes as zero_row=eps"],
      ["the failure is in the product"]),
+    ("w8a8_rowsum_int16", Case("w8a8", "ct-int-quantized", M=3, N=64, K=384, group_size=-1, sym=False,
+                               scale_dtype="float32"), "azp correction",
+     ["azp correction wrong", "the weight row sums kept in int16 (wrapped)"],
+     ["weights or activation quantization", "scaled by"]),
+    ("w8a8_rowsum_k_tail", Case("w8a8", "ct-int-quantized", M=3, N=64, K=80, group_size=-1, sym=False,
+                                scale_dtype="float32"), "azp correction",
+     ["azp correction wrong", "the weight row sums skip the last K mod 32 = 16 columns"],
+     ["activation zero point ignored"]),
 ]
 
 
