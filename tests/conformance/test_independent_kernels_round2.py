@@ -71,9 +71,19 @@ def test_correct_kernel_with_honest_declaration_passes(tmp_path, backend, scheme
 
 
 # green everywhere in ci (README "Missed bugs"): a 0xFF block decoded as 2^128 (+-Inf weights that the random
-# codes of vc-nan-scale sum to NaN anyway), and router probabilities rounded to fp16 (the MoE interval admits
-# 3e6 fp32 ULP for a kernel declaring float64)
-HOLES = [("e8m0_ff_finite", "r2-mx16", "w4a16-mxfp4"), ("moe_softmax_fp16", "r2-moe", "w4a16-moe")]
+# codes of vc-nan-scale sum to NaN anyway)
+HOLES = [("e8m0_ff_finite", "r2-mx16", "w4a16-mxfp4")]
+#: holes of round 2 closed since (the three MoE bugs; measured with run_one.sh ci: 44, 1 and 57 of 75 cases fail): router
+#: probabilities rounded to fp16, an eps in the renormalization and an unrounded intermediate passed the MoE interval's blanket 2^-7
+#: allowance (3e6 fp32 ULP for a kernel declaring float64); the per-element MoE bound (docs/formats/moe.md) fails it
+CLOSED = [("moe_softmax_fp16", "r2-moe", "w4a16-moe"), ("moe_renorm_eps", "r2-moe", "w4a16-moe"),
+          ("moe_intermediate_no_round", "r2-moe", "w4a16-moe")]
+
+
+@pytest.mark.parametrize("bug,backend,scheme", CLOSED, ids=[b for b, _, _ in CLOSED])
+def test_closed_round2_hole_stays_caught_by_the_edge_tier(tmp_path, bug, backend, scheme):
+    rc, s, log = _run(tmp_path, f"{backend}:bug={bug}", scheme, "edge")
+    assert rc == 1 and s.get("n_bad", 0) > 0, f"{bug}: green again on the edge tier\n{log[-2000:]}"
 
 
 @pytest.mark.xfail(strict=True, reason="suite hole found by round 2 (examples/independent-kernels/round2/README.md)")
