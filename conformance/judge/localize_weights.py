@@ -275,6 +275,34 @@ def _word_perms(st: Structure, length: int) -> list:
     return out
 
 
+def _scale_and_shift_hypotheses(st: Structure, case: Case):
+    """Integer formats: row 0's scale on every row, subnormal scales flushed to zero, codes shifted along K."""
+    if np.unique(st.scale[np.isfinite(st.scale)]).size > 1:  # one row's scales on every row (read as per-tensor)
+        yield ("row 0's scale used for every row (per-channel scales read as one per tensor)",
+               st.build(scale=np.broadcast_to(st.scale[:1], st.scale.shape)))
+    if case.scale_dtype in _MIN_NORMAL:  # subnormal scales flushed to zero (FTZ/DAZ)
+        sub = (st.scale != 0) & (np.abs(st.scale) < _MIN_NORMAL[case.scale_dtype])
+        if sub.any():
+            yield (f"subnormal {case.scale_dtype} scales flushed to zero (FTZ/DAZ): the weights of those "
+                   "groups read as zero", st.build(scale=np.where(sub, 0.0, st.scale)))
+    if st.pack_axis == "K" and st.fields > 1:
+        pad = (-case.K) % st.fields
+        for sh in sorted({1, -1, pad, -pad} - {0}, key=lambda v: (-abs(v) if v in (pad, -pad) else 0, v)):
+            for fill in sorted({0.0, -2.0 ** (st.bits - 1)} if not st.unsigned else {0.0}):
+                yield (_shift_name(sh, pad, fill, st), st.build(q=_shift_k(st.q, sh, fill)))
+
+
+def _group0_hypotheses(st: Structure):
+    """One group's parameters on every group (the group index never advanced)."""
+    g0 = np.zeros_like(st.grp)
+    if np.any(st.zero[:, 1:] != st.zero[:, :1]):
+        yield ("the zero point of K group 0 used for every group (scale right: the zero row index not advanced)",
+               (st.q - st.zero[:, g0]) * st.scale[:, st.grp])
+        yield ("the scale and zero point of K group 0 used for every group", st.build(grp=g0))
+    yield ("the scale of K group 0 used for every group (group scales read as per-channel)",
+           (st.q - st.zero[:, st.grp]) * st.scale[:, g0])
+
+
 def hypotheses(st: Structure, case: Case, offsets=()):
     """(pattern, weights [N, K]) for each bug the decomposition can express, one at a time (memory).
     ``offsets``: zero-point offsets c (in scale steps) to try besides +-1, estimated from the readback."""
@@ -308,19 +336,7 @@ def hypotheses(st: Structure, case: Case, offsets=()):
             dst = ml_dtypes.bfloat16 if other == "bfloat16" else np.float16
             bits = st.scale.astype(src).view(np.uint16).view(dst).astype(np.float64)
             yield (f"{case.scale_dtype} scale bits read as {other}", st.build(scale=bits))
-        if np.unique(st.scale[np.isfinite(st.scale)]).size > 1:  # one row's scales on every row (read as per-tensor)
-            yield ("row 0's scale used for every row (per-channel scales read as one per tensor)",
-                   st.build(scale=np.broadcast_to(st.scale[:1], st.scale.shape)))
-        if case.scale_dtype in _MIN_NORMAL:  # subnormal scales flushed to zero (FTZ/DAZ)
-            sub = (st.scale != 0) & (np.abs(st.scale) < _MIN_NORMAL[case.scale_dtype])
-            if sub.any():
-                yield (f"subnormal {case.scale_dtype} scales flushed to zero (FTZ/DAZ): the weights of those "
-                       "groups read as zero", st.build(scale=np.where(sub, 0.0, st.scale)))
-        if st.pack_axis == "K" and st.fields > 1:
-            pad = (-case.K) % st.fields
-            for sh in sorted({1, -1, pad, -pad} - {0}, key=lambda v: (-abs(v) if v in (pad, -pad) else 0, v)):
-                for fill in sorted({0.0, -2.0 ** (st.bits - 1)} if not st.unsigned else {0.0}):
-                    yield (_shift_name(sh, pad, fill, st), st.build(q=_shift_k(st.q, sh, fill)))
+        yield from _scale_and_shift_hypotheses(st, case)
         if st.scale.shape[1] == 1 and case.K <= case.N:  # one scale per output channel
             sk = st.scale[: case.K, 0][None, :]
             yield ("the per-channel scale indexed by the input channel k instead of the output channel n "
@@ -330,14 +346,8 @@ def hypotheses(st: Structure, case: Case, offsets=()):
         yield ("E8M0 scale read one step low (/2): byte b read as b - 1", W / 2)
         yield ("E2M1 codes read without their sign bit", np.abs(W))
     G = st.n_groups
-    if G > 1 and st.kind == "int":  # one group's parameters on every group (the group index never advanced)
-        g0 = np.zeros_like(st.grp)
-        if np.any(st.zero[:, 1:] != st.zero[:, :1]):
-            yield ("the zero point of K group 0 used for every group (scale right: the zero row index not advanced)",
-                   (st.q - st.zero[:, g0]) * s_e)
-            yield ("the scale and zero point of K group 0 used for every group", st.build(grp=g0))
-        yield ("the scale of K group 0 used for every group (group scales read as per-channel)",
-               (st.q - st.zero[:, st.grp]) * st.scale[:, g0])
+    if G > 1 and st.kind == "int":
+        yield from _group0_hypotheses(st)
     if G > 1:
         what, g = ("E8M0 scale of block", "b") if st.kind == "mxfp4" else ("scale and zero point of group", "g")
         up = np.minimum(st.grp + 1, G - 1)
@@ -488,6 +498,20 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
     if st.kind == "mxfp4":
         cand += [(n, to_output(Wh[:, ks], ks)) for n, Wh in _code_table_hypotheses(
             st, _full(obs_w, ks, st.W.shape), _full(todo, ks, st.W.shape, False))]
+    claimed, todo = _claim_greedily(cand, base, obs_w, exp_w, bad, todo,
+                                    lambda m, neutral: where_text(m, st, ks, case, neutral), dtype)
+    findings += claimed
+    if todo.any():
+        findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
+                         "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})
+    res["findings"] = findings
+    return res
+
+
+def _claim_greedily(cand, base, obs_w, exp_w, bad, todo, where, dtype):
+    """Claim hypotheses one at a time (the one explaining most unexplained elements, among those that explain
+    their place); return (findings, what stays unexplained). ``where(mask, neutral)``: the place text."""
+    findings = []
     while todo.any():
         best = None
         avail = todo | ~bad  # not yet claimed by a finding
@@ -511,14 +535,10 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
         if same:  # this readback cannot tell them apart: name each
             name = f"{name} (equally consistent: {'; '.join(same)})"
         neutral = ~bad & close(obs_w, hyp, dtype) & (exp_w == 0)  # a zero weight hides most bugs
-        findings.append({"where": where_text(m, st, ks, case, neutral), "pattern": name, "n": n})
+        findings.append({"where": where(m, neutral), "pattern": name, "n": n})
         todo &= ~m
         cand = [c for c in cand if c[0] != best[0]]
-    if todo.any():
-        findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
-                         "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})
-    res["findings"] = findings
-    return res
+    return findings, todo
 
 
 def _place_precision(m: np.ndarray, ok: np.ndarray, region: np.ndarray) -> float:
