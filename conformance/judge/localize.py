@@ -231,7 +231,7 @@ def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.
 
 
 # -- activation / epilogue hypotheses -------------------------------------------------------------------------
-AZP_CORRECTION = "azp correction wrong"
+AZP_CORRECTION = "the zero-point correction term"
 
 
 def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None,
@@ -276,8 +276,8 @@ def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray
             for what, rs2 in alts:
                 if np.any(rs2 != rs) and not any(np.array_equal(rs2, r) for r in seen):
                     seen.append(rs2)
-                    H.append((f"{AZP_CORRECTION} (the activation zero point times the weight row sums, "
-                              f"azp * sum_k qw[n, k]): {what}", exact + (-zp * s) * ((rs2 - rs) * sw)[None, :]))
+                    H.append((f"{AZP_CORRECTION} (azp * sum_k qw[n, k], removed from the integer dot) uses wrong "
+                              f"weight row sums: {what}", exact + (-zp * s) * ((rs2 - rs) * sw)[None, :]))
         if np.any(zp):
             H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
             H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))
