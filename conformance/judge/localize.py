@@ -525,9 +525,12 @@ def _own_output(case: Case, declared: Declared, run: Run, prober: "_Prober", x: 
         res["tried"].append("products with a zero weight skipped")
         x64 = X.astype(np.float64)
         nonfin = ~np.isfinite(x64)
-        if nonfin.any() and case.M * case.N * case.K <= MAX_PROBE_MACS:
+        if nonfin.any():
             with np.errstate(invalid="ignore", over="ignore"):  # only the products of non-zero weights formed
-                yh = np.where(W[None] == 0, 0.0, x64[:, None, :] * W[None]).sum(-1)
+                yh = np.where(nonfin, 0.0, x64) @ W.T
+                for m in np.nonzero(nonfin.any(axis=1))[0]:  # the NaN/Inf activations, row by row
+                    kk = np.nonzero(nonfin[m])[0]
+                    yh[m] += np.where(W[:, kk] == 0, 0.0, x64[m, kk][None, :] * W[:, kk]).sum(axis=1)
                 if bias is not None:
                     yh = yh + np.asarray(bias, np.float64)[None, :]
                 ref_nf = nonfin.any(axis=1)[:, None] & np.ones((1, case.N), bool)  # NaN/Inf x 0 is NaN
