@@ -266,7 +266,7 @@ class ArkBackend(Backend):
         except Exception as e:  # ImportError, or the library's own import-time failure
             return Availability(False, f"auto_round_kernel (auto-round-lib) cannot be imported: "
                                        f"{type(e).__name__}: {e}")
-        version = self._version(ark)
+        version = self._library_version(ark)
         xpu = self._xpu_note(ark)
         if getattr(ark, "cpu_lib", None) is None:
             return Availability(False, f"auto_round_kernel imported but its CPU library did not load "
@@ -278,7 +278,7 @@ class ArkBackend(Backend):
         return Availability(True, f"CPU library loaded; {xpu}", version, dev)
 
     @staticmethod
-    def _version(ark) -> str | None:
+    def _library_version(ark) -> str | None:
         try:
             from importlib import metadata
 

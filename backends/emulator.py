@@ -85,7 +85,7 @@ class EmulatorBackend(Backend):
     def schemes(self) -> list[str]:
         return list(SCHEMES)
 
-    def _fast(self, case: Case) -> bool:
+    def uses_fast_path(self, case: Case) -> bool:
         """The fp32 BLAS path: A16 schemes whose named variants only change the weights (the path rounds
         neither activations nor outputs other than canonically, and accumulates in fp32)."""
         weights_only = all(axis(k).stage.value == "weights" for k in self._variants)
@@ -100,7 +100,7 @@ class EmulatorBackend(Backend):
         declares fp32 accumulation; the exact path accumulates exactly.
         """
         fields = dict(self._fields)
-        fields.setdefault("accumulate", "float32" if self._fast(case) else "exact")
+        fields.setdefault("accumulate", "float32" if self.uses_fast_path(case) else "exact")
         if fields.get("act_compute_dtype") == "none":
             fields["act_compute_dtype"] = None
         return Declared(variants=dict(self._variants), output=case.output_dtype, notes=f"emulator path={self.path}",
@@ -137,7 +137,7 @@ class EmulatorBackend(Backend):
         """Quantize-only cases: the reference of emulator/quantize_only.py under this instance's variants."""
         return quantize_reference(prepared.case, np.asarray(x), self.computed(prepared.case))
 
-    def _fast_w8a8(self, case: Case) -> bool:
+    def uses_fast_w8a8(self, case: Case) -> bool:
         # canonical symmetric int8 activations only: any named activation variant, and asymmetric (azp)
         # activations, take the exact path (this path quantizes symmetrically)
         return (self.path == "fast" and case.scheme == "w8a8" and case.weight_format == "ct-int-quantized"
@@ -147,7 +147,7 @@ class EmulatorBackend(Backend):
         case = prepared.case
         tensors = prepared.data["tensors"]
         bias = inputs.get("bias")
-        if self._fast(case):
+        if self.uses_fast_path(case):
             w = self._weight(prepared)  # float32, exact dequantized values
             # fp32 BLAS by row blocks, as declared; the same blocks and calls as the uncached path
             # (qconform_torch/blocked.py), so both give the same bits
@@ -155,7 +155,7 @@ class EmulatorBackend(Backend):
             if bias is not None:
                 y += np.asarray(bias, dtype=np.float32)
             return round_float32_array(y, case.output_dtype)
-        if self._fast_w8a8(case):
+        if self.uses_fast_w8a8(case):
             return self._run_w8a8(prepared, np.asarray(x, dtype=np.float32), bias)
         return declared_output(case, tensors, np.asarray(x, np.float32), bias, inputs.get("router_logits"),
                                self.computed(case)).astype(np.float32)

@@ -460,6 +460,7 @@ class VllmCpuBackend(Backend):
             return Declared(variants={"moe_renormalize": True, "moe_gate_up": "gate_up",
                                       "moe_intermediate_dtype": act, "moe_gate_up_dtype": act,
                                       "moe_act_quant": "int8", **aq, "moe_tie_order": "any",
+                                      "moe_expert_output_dtype": "activation", "moe_expert_output_weighted": True,
                                       "weight_scale_dtype": act},
                             weight_dtype="exact", accumulate="float32", output=act,
                             notes="fused_experts_cpu INT4_W4A8 (CPUExpertsInt4): a W4A8 MoE. The hidden states "
@@ -467,7 +468,9 @@ class VllmCpuBackend(Backend):
                                   "uint8 + 128 by quantize_row_int8 (as W4A8 linear: amax clamp 1e-7, "
                                   "x * fl32(127/amax), RNE for bf16 / std::round for fp16) before each int8 x int4 "
                                   "GEMM (moe_act_quant); the GEMM-1 output ic0 and the intermediate ic1 are "
-                                  "stored in the activation dtype (moe_gate_up_dtype, moe_intermediate_dtype); "
+                                  "stored in the activation dtype (moe_gate_up_dtype, moe_intermediate_dtype), and so is fp32 "
+                                  "C * topk_weight in ic2 (copy_mul_stub; moe_expert_output_weighted), which "
+                                  "sum_stub adds in fp32; "
                                   "scales loaded in params_dtype (weight_scale_dtype); routing: top-k logits, softmax over them in fp32 = renormalized softmax")
         raise BackendError(f"vllm-cpu declares nothing for scheme {case.scheme}")
 

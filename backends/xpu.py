@@ -466,11 +466,17 @@ class XpuBackend(Backend):
         if case.scheme == "w4a16-moe":
             # weight_formation=float32_then_round: what the MoE reference formed for weight_dtype before the axis
             # existed (the exact weights rounded once to act), kept unchanged
-            return Declared(variants={"moe_renormalize": True, "weight_formation": "float32_then_round"},
+            # fused_moe_interface.py: gemm1_output, act_output and gemm2_output have the hidden states' dtype;
+            # csrc/moe/moe_gather.cpp sums fp32 topk_weights * gemm2_output in fp32, stores the output dtype
+            # weight_scale_dtype: prepare_moe_host hands the kernel the scales in the activation dtype
+            return Declared(variants={"moe_renormalize": True, "weight_formation": "float32_then_round",
+                                      "weight_scale_dtype": act, "moe_gate_up_dtype": act,
+                                      "moe_expert_output_dtype": "activation"},
                             weight_dtype=act, act_compute_dtype=None,
                             accumulate="float32", output=act,
-                            notes="grouped GEMMs with int4 (uint4b8 -> s4) weights and %s scales; gate/up and "
-                                  "expert outputs in %s; routing softmax/top-k/renormalize in fp32" % (act, act))
+                            notes="grouped GEMMs with int4 (uint4b8 -> s4) weights and %s scales; gate/up "
+                                  "(gemm1_output), SiLU*up and expert outputs (gemm2_output) in %s, weighted "
+                                  "sum in fp32 (moe_gather); routing softmax/top-k/renormalize in fp32" % (act, act))
         raise ValueError(f"xpu: nothing declared for {case.scheme}")
 
     # -- prepare -----------------------------------------------------------------------------------

@@ -389,29 +389,38 @@ def run(quick: bool = False, suite: bool = True, fallback_only: bool = False) ->
     return results
 
 
-def run_model(hidden: int, layers: int, repeat: int) -> list[dict]:
-    """The model-level comparison (benchmarks/model_bench.py), each format in its own process."""
-    from .model_bench import FORMATS, print_model
+def run_model(hidden: int, layers: int, repeat: int, threads: int | None = None, formats=None) -> list[dict]:
+    """The model-level comparison (benchmarks/model_bench.py), each format in its own process. ``threads``: every
+    contender on that many threads (model_bench.limit_threads); with 1, timed by the process's CPU time."""
+    from .model_bench import FORMATS, print_model, thread_env
 
     results = []
-    for fmt in FORMATS:
-        results.append(_isolated("_model_bench", fmt, hidden, layers, repeat))
+    saved = dict(os.environ)
+    os.environ.update(thread_env(threads))  # the children's BLAS and OpenMP read these when they load
+    try:
+        for fmt in formats or FORMATS:
+            results.append(_isolated("_model_bench", fmt, hidden, layers, repeat, threads))
+            _print(results[-1]) if "error" in results[-1] else print_model(results[-1])
+        results.append(_isolated("_projection_bench", repeat, threads))
         _print(results[-1]) if "error" in results[-1] else print_model(results[-1])
-    results.append(_isolated("_projection_bench", repeat))
-    _print(results[-1]) if "error" in results[-1] else print_model(results[-1])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return results
 
 
-def _model_bench(fmt: str, hidden: int, layers: int, repeat: int) -> dict:
-    from .model_bench import bench_model
+def _model_bench(fmt: str, hidden: int, layers: int, repeat: int, threads: int | None = None) -> dict:
+    from .model_bench import bench_model, limit_threads
 
-    return bench_model(fmt, hidden, layers, repeat)
+    limit_threads(threads)
+    return {**bench_model(fmt, hidden, layers, repeat), "threads": threads}
 
 
-def _projection_bench(repeat: int) -> dict:
-    from .model_bench import bench_projection
+def _projection_bench(repeat: int, threads: int | None = None) -> dict:
+    from .model_bench import bench_projection, limit_threads
 
-    return bench_projection(repeat)
+    limit_threads(threads)
+    return {**bench_projection(repeat), "threads": threads}
 
 
 def _print(r: dict) -> None:
@@ -475,7 +484,8 @@ def _main(args) -> int:
     print(f"qconform bench  {info}")
     info["load_at_start"] = _load()
     if getattr(args, "model", False):
-        results = run_model(args.hidden, args.layers, args.repeat)
+        results = run_model(args.hidden, args.layers, args.repeat, args.threads,
+                            args.formats.split(",") if args.formats else None)
     else:
         results = run(quick=args.quick, suite=not args.no_suite, fallback_only=getattr(args, "fallback_only", False))
     info["load_at_end"] = _load()
@@ -516,6 +526,10 @@ def _model_args(p) -> None:
     p.add_argument("--hidden", type=int, default=1024, help="--model: hidden size (default 1024)")
     p.add_argument("--layers", type=int, default=4, help="--model: decoder layers (default 4)")
     p.add_argument("--repeat", type=int, default=3, help="--model: rounds, best of (default 3)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="--model: every contender on this many threads (torch, BLAS, the emulator's row workers); "
+                        "with 1, times are the process's CPU time: the work, whatever else a shared host runs")
+    p.add_argument("--formats", default=None, help="--model: a comma-separated subset of ct-w4a16,gptq,ct-w8a8")
 
 
 def register(sub, services=None) -> None:

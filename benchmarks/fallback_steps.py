@@ -6,7 +6,7 @@ runs). Every replaced way is checked to give the same bits first. Steps:
 
 - MXFP4: the old gather of each byte's two E2M1 values then a multiply by the scale broadcast over
   32-element groups, against the one gather from the (scale byte, packed byte) table of products
-  (``fast_dequant._scaled_pairs_u64``) with its index;
+  (``fast_dequant.scaled_pairs_u64``) with its index;
 - GPTQ: the two-copy word transpose of a block against using a column-major qweight's block in place
   (``fast_unpack.transposed_field_rows``), and the transpose a row-major (loaded) qweight still pays;
 - integer formats: the group scale step ``w *= s`` (s broadcast over 128-element groups) in NumPy against
@@ -73,9 +73,9 @@ def _steps(repeat: int, torch) -> None:
     p = rng.integers(0, 256, (R, K // 2), dtype=np.uint8)
     sb = rng.integers(110, 140, (R, K // 32), dtype=np.uint8)
     v = np.empty((R, K), np.float32)
-    pairs = fast_dequant._byte_pairs_f32().view(np.uint64).reshape(256)
-    table = fast_dequant._scaled_pairs_u64()
-    e8m0 = fast_dequant._E8M0_F32
+    pairs = fast_dequant.byte_pairs_f32().view(np.uint64).reshape(256)
+    table = fast_dequant.scaled_pairs_u64()
+    e8m0 = fast_dequant.E8M0_F32
 
     def mx_old():
         np.take(pairs, p, out=v.view(np.uint64), mode="wrap")
@@ -159,18 +159,18 @@ def _heights(repeat: int, m: int = 1, heights=(8, 16, 32, 64, 128)) -> None:
                           act_dtype="bfloat16"),
              "ct": Case("w4a16", "ct-pack-quantized", 1, n, k, group_size=128, sym=True, act_dtype="bfloat16"),
              "mxfp4": Case("w4a16-mxfp4", "ct-mxfp4", 1, n, k, group_size=32, act_dtype="bfloat16")}
-    default_rows, default_threads = fast_matmul.block_rows, par._threads
+    default_rows, default_threads = fast_matmul.block_rows, par.row_threads
 
     @contextlib.contextmanager
     def height(rows, one_thread=False):
         with single_threaded_blas():  # BLAS on one thread first (it is a no-op once one thread is set)
             fast_matmul.block_rows = lambda row_bytes, align=1: rows
             if one_thread:
-                par._threads = lambda: 1
+                par.row_threads = lambda: 1
             try:
                 yield
             finally:
-                fast_matmul.block_rows, par._threads = default_rows, default_threads
+                fast_matmul.block_rows, par.row_threads = default_rows, default_threads
 
     for fmt, case in cases.items():
         case = dataclasses.replace(case, M=m)

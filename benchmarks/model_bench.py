@@ -1,7 +1,9 @@
 """Model-level benchmark (issue 25): a whole forward pass of a small random Llama quantized three ways, on every
 path the fallback offers and the toolkits' own CPU paths, timed alternately, best of N.
 
-Run: ``qconform bench --model [--hidden 1024] [--layers 4] [--json FILE]`` (docs/performance.md#model-level).
+Run: ``qconform bench --model [--hidden 1024] [--layers 4] [--threads N] [--formats ...] [--json FILE]``
+(docs/performance.md#model-level). ``--threads 1`` runs every contender on one thread and times the process's
+CPU time: on a shared host that measures each contender's work, where wall times measure its share of the cores.
 
 The bench writes its own checkpoints (project-written: emulator/formats quantizers from seeded random
 fp32 weights): compressed-tensors W4A16 (pack-quantized, group 128, symmetric), GPTQ v1 (int4, group 128,
@@ -168,6 +170,32 @@ def _toolkit(folder: Path, fmt: str):
     return forward, name
 
 
+#: the clock of ``_timed``: wall time, or the process's CPU time where every contender runs on one thread
+_CLOCK = {"fn": time.perf_counter}
+
+
+def thread_env(threads: int | None) -> dict:
+    """Environment for a child whose BLAS and OpenMP pools must hold ``threads`` threads (read when they load)."""
+    if not threads:
+        return {}
+    n = str(int(threads))
+    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+
+
+def limit_threads(threads: int | None) -> None:
+    """Run this process's contenders on ``threads`` threads: torch's intra-op pool, and (through the CPU affinity
+    the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``_timed`` reads CPU time, which
+    on a shared host measures the work rather than the share of the cores the process got."""
+    if not threads:
+        return
+    import torch
+
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(threads)
+    _CLOCK["fn"] = time.process_time if threads == 1 else time.perf_counter
+
+
 def _timed(fns: dict, tokens, repeat: int) -> dict:
     """Best wall time of each contender over ``repeat`` rounds, contenders in turn within each round. The op
     has one cache per process: a qconform contender first sets its own budget (which empties the cache) and
@@ -181,9 +209,10 @@ def _timed(fns: dict, tokens, repeat: int) -> dict:
             if mb is not None:
                 op.set_cache_budget(mb)
             f(tokens)
-            t0 = time.perf_counter()
+            clock = _CLOCK["fn"]
+            t0 = clock()
             f(tokens)
-            best[k] = min(best[k], time.perf_counter() - t0)
+            best[k] = min(best[k], clock() - t0)
     return best
 
 
@@ -246,7 +275,7 @@ def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), co
                                               if ref is not None else {}),
                          "streamed_cache": stats,
                          "auto_choices": sorted({l for ls in op.selections().values() for l in ls})[:6]})
-    return {"bench": "model", "format": fmt, "hidden": hidden, "intermediate": inter, "layers": layers,
+    return {"bench": "model", "clock": _CLOCK["fn"].__name__, "format": fmt, "hidden": hidden, "intermediate": inter, "layers": layers,
             "toolkit": tk_name, **sizes, "rows": rows}
 
 
@@ -272,12 +301,13 @@ def bench_projection(repeat: int) -> dict:
         for T in (8, 128):
             x = rng.standard_normal((T, k)).astype(np.float32)
             best = [float("inf"), float("inf")]
+            clock = _CLOCK["fn"]
             for _ in range(repeat):
-                t0 = time.perf_counter()
+                t0 = clock()
                 exact_by_rows(ck, info, x, "float32", 256 << 20)
-                t1 = time.perf_counter()
+                t1 = clock()
                 _ = x @ w.T
-                t2 = time.perf_counter()
+                t2 = clock()
                 best = [min(best[0], t1 - t0), min(best[1], t2 - t1)]
             per_w = best[0] / (n * k)
             out["rows"].append({"T": T, "exact_seconds": best[0], "dense_seconds": best[1],
@@ -294,7 +324,7 @@ def print_model(r: dict) -> None:
                   f"x{x['exact_over_dense']:.1f} dense; projected exact forward: {proj}")
         return
     print(f"model     {r['format']:8s} hidden {r['hidden']}, {r['layers']} layers, fp32 {r['fp32_MiB']:.0f} MiB; "
-          f"toolkit: {r['toolkit']}")
+          f"toolkit: {r['toolkit']}; threads {r.get('threads') or 'all'}, clock {r.get('clock', 'perf_counter')}")
     for x in r["rows"]:
         s = x["seconds"]
         parts = [f"{k} {v * 1e3:.0f} ms" for k, v in s.items()]

@@ -130,7 +130,7 @@ class Declared:
             v = self.value(key)
             if key == "act_symmetric" and key not in self.variants:
                 v = case.act_symmetric  # silent: the checkpoint's own activation scheme
-            if key in _ASYM_ONLY and self._act_symmetric(case):
+            if key in _ASYM_ONLY and self.act_symmetric_for(case):
                 continue  # no zero point: the axis changes nothing
             if key == "azp_clamp_nan" and not self.value("azp_clamp"):
                 continue  # no clamp, nothing to do with NaN
@@ -146,7 +146,9 @@ class Declared:
                 out.append(Deviation(key, v, lvl))
         return out
 
-    def _act_symmetric(self, case: Case) -> bool:
+    def act_symmetric_for(self, case: Case) -> bool:
+        """Whether activations are quantized symmetrically for ``case``: the declared act_symmetric, else the
+        checkpoint's own scheme."""
         return bool(self.variants["act_symmetric"]) if "act_symmetric" in self.variants else case.act_symmetric
 
     def level(self, case: Case, tensors: dict | None = None) -> Level:
@@ -217,11 +219,16 @@ def moe_variant(declared: Declared, case: Case | None = None) -> emoe.MoeVariant
     v = declared.value
     inter = v("moe_intermediate_dtype")
     gate_up_dtype = v("moe_gate_up_dtype")
+    expert_out = v("moe_expert_output_dtype")
+    if expert_out == "activation" and case is not None:
+        expert_out = case.act_dtype  # the reference runs on float32 copies: the case names the dtype
     return emoe.MoeVariant(
         renormalize=v("moe_renormalize"), gate_up=v("moe_gate_up"),
         tie_lower_index_first=v("moe_tie_order") != "higher_index_first",
         intermediate_dtype=None if inter == "activation" else inter,
         gate_up_dtype=None if gate_up_dtype == "exact" else gate_up_dtype,
+        expert_output_dtype=None if expert_out == "exact" else expert_out,
+        expert_output_weighted=v("moe_expert_output_weighted"),
         act_quant=_moe_act_quant(declared, case) if v("moe_act_quant") == "int8" else None)
 
 

@@ -7,6 +7,7 @@ except dtypes and shapes from the safetensors headers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from typing import TYPE_CHECKING
@@ -493,91 +494,119 @@ def _detect_compressed_tensors(ckpt: Checkpoint, cfg: dict, budget: Budget) -> l
         scheme = _ct_scheme_for(cfg, prefix, budget, where)
         if scheme is None:
             raise FormatError("quantized tensors present but no config_groups entry targets this layer", layer=prefix)
-        wargs = scheme.get("weights") or {}
-        if not isinstance(wargs, dict):
-            raise UnsupportedFormatError(f"{prefix}: config_groups weights is not an object")
-        fmt = _str(scheme, "format", "", prefix) or top_format
-        num_bits = _cfg_int(wargs, "num_bits", 8, prefix)
-        wtype = _str(wargs, "type", "int", prefix)
-        strategy = _str(wargs, "strategy", "tensor", prefix)
-        gs = wargs.get("group_size")
-        group = _group(gs, prefix) if strategy in ("group", "tensor_group") else -1
-        if wtype not in ("int", "float"):
-            raise UnsupportedFormatError(f"{prefix}: compressed-tensors weights type {_short(wtype)} is not defined "
-                                         "(int, float)")
-        if strategy not in _CT_STRATEGIES:
-            raise UnsupportedFormatError(f"{prefix}: compressed-tensors weights strategy {_short(strategy)} is not "
-                                         f"defined ({', '.join(_CT_STRATEGIES)})")
-        if fmt not in _CT_FORMATS:
-            raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} is not defined "
-                                         f"({', '.join(f for f in _CT_FORMATS if f)})")
-        activation = _ct_activation(scheme.get("input_activations"), prefix)
-        actorder = _ct_actorder(wargs.get("actorder"), prefix)
-        sym = _bool(wargs, "symmetric", True, prefix)
-        tensors = {}
+        w = _ct_weight_args(scheme, prefix, top_format)
         if ckpt.has(prefix + ".weight_packed"):
-            pshape = _require_2d(ckpt, prefix, "weight_packed", "[N, K/pack]")
-            if not ckpt.has(prefix + ".weight_scale"):
-                raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
-            if wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
-                if "nvfp4" in fmt:
-                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} (NVFP4) is not defined")
-                if num_bits != 4 or group not in (-1, 32) or (gs is not None and group != 32):
-                    raise UnsupportedFormatError(f"{prefix}: compressed-tensors float weights with num_bits={num_bits} "
-                                                 f"group_size={_short(gs)} are not MXFP4 (num_bits 4, group_size 32)")
-                N, K = pshape[0], pshape[1] * 2
-                tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
-                layers.append(LayerInfo(
-                    name=prefix, format="ct-mxfp4", shape=(N, K), bits=4, group_size=32, sym=True, act_order=False,
-                    zero_convention=None, tensors=_bias(ckpt, prefix, tensors), activation=activation,
-                    scale_dtype="E8M0"))
-                continue
-            if num_bits not in (4, 8):
-                raise UnsupportedFormatError(f"{prefix}: pack-quantized num_bits={num_bits} is not defined (4, 8)")
-            N = pshape[0]
-            K = pshape[1] * (32 // num_bits)
-            if ckpt.has(prefix + ".weight_shape"):
-                wst = ckpt.tensor(prefix + ".weight_shape", layer=prefix)
-                ws = wst.data.reshape(-1)
-                if ws.size != 2 or wst.dtype not in ("I64", "I32"):
-                    raise FormatError(f"expected 2 integers (I64/I32), got {ws.size} of {wst.dtype}", layer=prefix,
-                                      tensor="weight_shape")
-                N, K = int(ws[0]), int(ws[1])
-                if N < 0 or K < 0:
-                    raise FormatError(f"negative dimension in [{N}, {K}]", layer=prefix, tensor="weight_shape")
-            tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
-            for opt in ("weight_zero_point", "weight_g_idx", "weight_shape"):
-                if ckpt.has(f"{prefix}.{opt}"):
-                    tensors[opt] = f"{prefix}.{opt}"
-            if actorder == "group" and "weight_g_idx" not in tensors:
-                raise FormatError("missing tensor (actorder 'group' stores the group of every input channel)",
-                                  layer=prefix, tensor="weight_g_idx")
-            layers.append(LayerInfo(
-                name=prefix, format="ct-pack-quantized", shape=(N, K), bits=num_bits, group_size=group, sym=sym,
-                act_order=actorder is not None or "weight_g_idx" in tensors,
-                zero_convention="offset", tensors=_bias(ckpt, prefix, tensors), activation=activation,
-                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix)))
+            layers.append(_ct_packed_layer(ckpt, prefix, w))
         elif ckpt.has(prefix + ".weight"):
-            dt, wshape = ckpt.tensor_info(prefix + ".weight")
-            if dt != "I8":
-                # fp weights with a scale (e.g. FP8) are not an integer format qconform defines yet
-                raise UnsupportedFormatError(
-                    f"{prefix}.weight: compressed-tensors weight of dtype {dt} with weight_scale "
-                    "is not a defined format")
-            if not ckpt.has(prefix + ".weight_scale"):
-                raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
-            tensors = {"weight": prefix + ".weight", "weight_scale": prefix + ".weight_scale"}
-            if ckpt.has(prefix + ".weight_zero_point"):
-                tensors["weight_zero_point"] = prefix + ".weight_zero_point"
-            layers.append(LayerInfo(
-                name=prefix, format="ct-int-quantized", shape=tuple(wshape), bits=8, group_size=group,
-                sym=sym, act_order=False, zero_convention=None,
-                tensors=_bias(ckpt, prefix, tensors), activation=activation,
-                scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix)))
+            layers.append(_ct_int8_layer(ckpt, prefix, w))
         else:
             raise FormatError("missing tensor: the layer has a weight_scale but neither weight_packed nor weight",
                               layer=prefix, tensor="weight_packed")
     return layers
+
+
+@dataclasses.dataclass(frozen=True)
+class _CtWeightArgs:
+    """One layer's compressed-tensors weight scheme, read and checked (config_groups' ``weights``)."""
+
+    fmt: str
+    num_bits: int
+    wtype: str  # "int" or "float"
+    group_size: "object"  # as written (None when absent)
+    group: int  # the group size in effect (-1: none)
+    actorder: "str | None"
+    sym: bool
+    activation: "object"  # the layer's activation scheme (_ct_activation)
+
+
+def _ct_weight_args(scheme: dict, prefix: str, top_format: str) -> _CtWeightArgs:
+    wargs = scheme.get("weights") or {}
+    if not isinstance(wargs, dict):
+        raise UnsupportedFormatError(f"{prefix}: config_groups weights is not an object")
+    fmt = _str(scheme, "format", "", prefix) or top_format
+    num_bits = _cfg_int(wargs, "num_bits", 8, prefix)
+    wtype = _str(wargs, "type", "int", prefix)
+    strategy = _str(wargs, "strategy", "tensor", prefix)
+    gs = wargs.get("group_size")
+    group = _group(gs, prefix) if strategy in ("group", "tensor_group") else -1
+    if wtype not in ("int", "float"):
+        raise UnsupportedFormatError(f"{prefix}: compressed-tensors weights type {_short(wtype)} is not defined "
+                                     "(int, float)")
+    if strategy not in _CT_STRATEGIES:
+        raise UnsupportedFormatError(f"{prefix}: compressed-tensors weights strategy {_short(strategy)} is not "
+                                     f"defined ({', '.join(_CT_STRATEGIES)})")
+    if fmt not in _CT_FORMATS:
+        raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} is not defined "
+                                     f"({', '.join(f for f in _CT_FORMATS if f)})")
+    activation = _ct_activation(scheme.get("input_activations"), prefix)
+    actorder = _ct_actorder(wargs.get("actorder"), prefix)
+    sym = _bool(wargs, "symmetric", True, prefix)
+    return _CtWeightArgs(fmt, num_bits, wtype, gs, group, actorder, sym, activation)
+
+
+def _ct_packed_layer(ckpt: Checkpoint, prefix: str, w: _CtWeightArgs) -> LayerInfo:
+    """A ``weight_packed`` layer: MXFP4 (float weights) or pack-quantized integers."""
+    fmt, num_bits, gs, group = w.fmt, w.num_bits, w.group_size, w.group
+    pshape = _require_2d(ckpt, prefix, "weight_packed", "[N, K/pack]")
+    if not ckpt.has(prefix + ".weight_scale"):
+        raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
+    if w.wtype == "float" or "mxfp4" in fmt or "nvfp4" in fmt:
+        if "nvfp4" in fmt:
+            raise UnsupportedFormatError(f"{prefix}: compressed-tensors format {_short(fmt)} (NVFP4) is not defined")
+        if num_bits != 4 or group not in (-1, 32) or (gs is not None and group != 32):
+            raise UnsupportedFormatError(f"{prefix}: compressed-tensors float weights with num_bits={num_bits} "
+                                         f"group_size={_short(gs)} are not MXFP4 (num_bits 4, group_size 32)")
+        N, K = pshape[0], pshape[1] * 2
+        tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
+        return LayerInfo(
+            name=prefix, format="ct-mxfp4", shape=(N, K), bits=4, group_size=32, sym=True, act_order=False,
+            zero_convention=None, tensors=_bias(ckpt, prefix, tensors), activation=w.activation,
+            scale_dtype="E8M0")
+    if num_bits not in (4, 8):
+        raise UnsupportedFormatError(f"{prefix}: pack-quantized num_bits={num_bits} is not defined (4, 8)")
+    N = pshape[0]
+    K = pshape[1] * (32 // num_bits)
+    if ckpt.has(prefix + ".weight_shape"):
+        wst = ckpt.tensor(prefix + ".weight_shape", layer=prefix)
+        ws = wst.data.reshape(-1)
+        if ws.size != 2 or wst.dtype not in ("I64", "I32"):
+            raise FormatError(f"expected 2 integers (I64/I32), got {ws.size} of {wst.dtype}", layer=prefix,
+                              tensor="weight_shape")
+        N, K = int(ws[0]), int(ws[1])
+        if N < 0 or K < 0:
+            raise FormatError(f"negative dimension in [{N}, {K}]", layer=prefix, tensor="weight_shape")
+    tensors = {"weight_packed": prefix + ".weight_packed", "weight_scale": prefix + ".weight_scale"}
+    for opt in ("weight_zero_point", "weight_g_idx", "weight_shape"):
+        if ckpt.has(f"{prefix}.{opt}"):
+            tensors[opt] = f"{prefix}.{opt}"
+    if w.actorder == "group" and "weight_g_idx" not in tensors:
+        raise FormatError("missing tensor (actorder 'group' stores the group of every input channel)",
+                          layer=prefix, tensor="weight_g_idx")
+    return LayerInfo(
+        name=prefix, format="ct-pack-quantized", shape=(N, K), bits=num_bits, group_size=group, sym=w.sym,
+        act_order=w.actorder is not None or "weight_g_idx" in tensors,
+        zero_convention="offset", tensors=_bias(ckpt, prefix, tensors), activation=w.activation,
+        scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix))
+
+
+def _ct_int8_layer(ckpt: Checkpoint, prefix: str, w: _CtWeightArgs) -> LayerInfo:
+    """An int8 ``weight`` with its ``weight_scale`` (int-quantized)."""
+    dt, wshape = ckpt.tensor_info(prefix + ".weight")
+    if dt != "I8":
+        # fp weights with a scale (e.g. FP8) are not an integer format qconform defines yet
+        raise UnsupportedFormatError(
+            f"{prefix}.weight: compressed-tensors weight of dtype {dt} with weight_scale "
+            "is not a defined format")
+    if not ckpt.has(prefix + ".weight_scale"):
+        raise FormatError("missing tensor", layer=prefix, tensor="weight_scale")
+    tensors = {"weight": prefix + ".weight", "weight_scale": prefix + ".weight_scale"}
+    if ckpt.has(prefix + ".weight_zero_point"):
+        tensors["weight_zero_point"] = prefix + ".weight_zero_point"
+    return LayerInfo(
+        name=prefix, format="ct-int-quantized", shape=tuple(wshape), bits=8, group_size=w.group,
+        sym=w.sym, act_order=False, zero_convention=None,
+        tensors=_bias(ckpt, prefix, tensors), activation=w.activation,
+        scale_dtype=_scale_dtype(ckpt, prefix + ".weight_scale", prefix))
 
 
 _ACTORDER = ("group", "weight", "static", "dynamic")

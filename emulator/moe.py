@@ -10,7 +10,7 @@ For each token m with router logits r[m, :E]:
 4. per chosen expert e: h = x @ W13[e]^T  (W13[e] is [2I, K]: gate rows 0..I-1,
    then up rows I..2I-1), a = silu(gate) * up, rounded to the intermediate
    dtype (the activation dtype: fused-MoE kernels store it in a buffer of that type),
-   o_e = a @ W2[e]^T  (W2[e] is [K, I]);
+   o_e = a @ W2[e]^T  (W2[e] is [K, I]), used exactly (``expert_output_dtype``: rounded first);
 5. y[m] = sum_j weights_j * o_{e_j}, rounded once to the output dtype.
 
 Weights are the exact dequantized expert matrices (any int4 format), so the
@@ -52,6 +52,14 @@ class MoeVariant:
     - ``gate_up_dtype``: the dtype the first GEMM's output h (gate and up) is rounded to (RNE) before
       SiLU * up; None (canonical): h is used exactly. vLLM's fused-MoE kernels store h in a buffer of
       the activation dtype (``intermediate_cache0`` / ``ic0``).
+    - ``expert_output_dtype``: the dtype each expert's output o_e = a @ W2[e]^T is rounded to (RNE) before
+      the weighted sum; None (canonical): o_e is used exactly; "activation": the activation dtype.
+      vllm-xpu-kernels stores o_e in ``gemm2_output`` (activation dtype) and ``moe_gather`` sums
+      w_j * o_e in fp32 (``fused_moe_interface.py``, ``csrc/moe/moe_gather.cpp``).
+    - ``expert_output_weighted``: with ``expert_output_dtype``, the routing weight multiplies o_e
+      first and the product w_j * o_e is what is rounded; the sum adds the rounded products. vLLM CPU
+      ``moe_int4.cpp``: ``copy_mul_stub`` stores fp32 C * weight in ``intermediate_cache2`` (activation
+      dtype), ``sum_stub`` adds the top-k rows.
     - ``act_quant``: an ``Int8ActVariant`` (or a dict of its fields): both GEMM inputs are quantized
       per token with it and used dequantized, ``x -> (q_x - zp_x) s_x`` before the first GEMM and
       ``a -> (q_a - zp_a) s_a`` (one scale per token and chosen expert) before the second; None
@@ -65,6 +73,8 @@ class MoeVariant:
     tie_lower_index_first: bool = True
     intermediate_dtype: str | None = None  # None: the activation dtype; "float64": no rounding
     gate_up_dtype: str | None = None
+    expert_output_dtype: str | None = None  # None: exact; "activation": the activation dtype
+    expert_output_weighted: bool = False
     act_quant: a8.Int8ActVariant | None = None
 
     def __post_init__(self):
@@ -76,6 +86,7 @@ class MoeVariant:
         return {"renormalize": self.renormalize, "gate_up": self.gate_up.value,
                 "tie_lower_index_first": self.tie_lower_index_first,
                 "intermediate_dtype": self.intermediate_dtype, "gate_up_dtype": self.gate_up_dtype,
+                "expert_output_dtype": self.expert_output_dtype, "expert_output_weighted": self.expert_output_weighted,
                 "act_quant": None if self.act_quant is None else self.act_quant.describe()}
 
 
@@ -102,7 +113,7 @@ def route(logits, top_k: int, variant: MoeVariant = CANONICAL) -> tuple[np.ndarr
     return ids.astype(np.int64), w
 
 
-def _split_gate_up(h: np.ndarray, variant: MoeVariant) -> tuple[np.ndarray, np.ndarray]:
+def split_gate_up(h: np.ndarray, variant: MoeVariant) -> tuple[np.ndarray, np.ndarray]:
     inter = h.shape[-1] // 2
     if variant.gate_up is GateUpOrder.GATE_UP:
         return h[..., :inter], h[..., inter:]
@@ -127,9 +138,10 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
 
     ``parts`` holds the routing (``topk_ids``, ``topk_weights``) and, per token and chosen slot j,
     the GEMM-1 output ``h`` [M, top_k, 2I] (after ``gate_up_dtype``), the intermediate ``a``
-    [M, top_k, I] (after ``intermediate_dtype``) and the GEMM-2 input ``a_in`` (``a``, or its
-    quantize-dequantize under ``act_quant``, whose scales are ``a_scale`` [M, top_k]); with
-    ``act_quant`` also ``x_in``, the dequantized quantized x.
+    [M, top_k, I] (after ``intermediate_dtype``), the GEMM-2 input ``a_in`` (``a``, or its
+    quantize-dequantize under ``act_quant``, whose scales are ``a_scale`` [M, top_k]) and the expert
+    outputs ``o`` [M, top_k, K] (before ``expert_output_dtype``); with ``act_quant`` also ``x_in``, the
+    dequantized quantized x.
     """
     out_dtype = out_dtype or dtype_name(x)
     x64 = as_float64(x)
@@ -146,6 +158,7 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
     ids, wts = route(router_logits, top_k, variant)
     require(ids.shape[0] == x64.shape[0], "router_logits and x disagree on M", tensor="router_logits")
     inter_dtype = variant.intermediate_dtype or dtype_name(x)
+    out_e_dtype = dtype_name(x) if variant.expert_output_dtype == "activation" else variant.expert_output_dtype
     M = x64.shape[0]
     parts: dict = {"topk_ids": ids, "topk_weights": wts}
     x_in = x64
@@ -156,6 +169,7 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
     a_all = np.zeros((M, top_k, inter))
     a_in_all = np.zeros((M, top_k, inter))
     a_scale = np.zeros((M, top_k))
+    o_all = np.zeros((M, top_k, K))
     y = np.zeros((M, K), dtype=np.float64)
     mag = np.zeros((M, K), dtype=np.float64)
     for j in range(top_k):
@@ -164,7 +178,7 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
             h = x_in[rows] @ w13[e].T
             if variant.gate_up_dtype:
                 h = round_to_dtype(h, variant.gate_up_dtype)
-            gate, up = _split_gate_up(h, variant)
+            gate, up = split_gate_up(h, variant)
             a = _silu(gate) * up
             if inter_dtype != "float64":
                 a = round_to_dtype(a, inter_dtype)
@@ -174,9 +188,16 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
                 a_scale[rows, j] = aa.scale[:, 0]
             h_all[rows, j], a_all[rows, j], a_in_all[rows, j] = h, a, a_in
             o = a_in @ w2[e].T
-            y[rows] += wts[rows, j:j + 1] * o
+            o_all[rows, j] = o
+            w = wts[rows, j:j + 1]
+            if out_e_dtype and variant.expert_output_weighted:
+                y[rows] += round_to_dtype(w * o, out_e_dtype)
+            elif out_e_dtype:
+                y[rows] += w * round_to_dtype(o, out_e_dtype)
+            else:
+                y[rows] += w * o
             mag[rows] += np.abs(wts[rows, j:j + 1]) * (np.abs(a_in) @ np.abs(w2[e]).T)
-    parts.update(h=h_all, a=a_all, a_in=a_in_all)
+    parts.update(h=h_all, a=a_all, a_in=a_in_all, o=o_all)
     if variant.act_quant is not None:
         parts["a_scale"] = a_scale
     # float64 evaluation error only (the reference itself is defined in float64 after routing).

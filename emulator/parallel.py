@@ -32,7 +32,9 @@ _POOL: ThreadPoolExecutor | None = None
 _IN_WORKER = threading.local()  # a block that itself calls for_row_chunks runs that call serially
 
 
-def _threads() -> int:
+def row_threads() -> int:
+    """Threads ``for_row_chunks`` spreads row blocks over: the CPUs this process may run on (tests and
+    benchmarks replace it to force a count)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
@@ -42,7 +44,7 @@ def _threads() -> int:
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="qconform-rows")
+        _POOL = ThreadPoolExecutor(max_workers=row_threads(), thread_name_prefix="qconform-rows")
     return _POOL
 
 
@@ -63,7 +65,7 @@ def for_row_chunks(n_rows: int, n_elements: int, fn, *, row_bytes: int | None = 
     """
     if step is None:
         step = block_rows(row_bytes, align) if row_bytes else max(align, ROWS_PER_CHUNK // align * align)
-    threads = _threads()
+    threads = row_threads()
     if n_elements < MIN_ELEMENTS or threads == 1 or n_rows <= step or getattr(_IN_WORKER, "on", False):
         for r0 in range(0, n_rows, step):
             fn(r0, min(n_rows, r0 + step))
@@ -122,7 +124,7 @@ def _blas_thread_fns():
 def single_threaded_blas():
     """Within the block: NumPy's OpenBLAS runs each call on the calling thread (no-op where unknown)."""
     global _BLAS_DEPTH, _BLAS_SAVED
-    fns = _blas_thread_fns() if _threads() > 1 else None
+    fns = _blas_thread_fns() if row_threads() > 1 else None
     if fns is None:
         yield
         return

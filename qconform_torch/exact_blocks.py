@@ -31,6 +31,7 @@ import dataclasses
 import numpy as np
 
 from emulator import linear as lin
+from emulator.activations.int8 import CANONICAL_SYM
 from emulator.checkpoint import LayerInfo
 from emulator.errors import FormatError, UnsupportedFormatError
 from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
@@ -133,22 +134,35 @@ def row_slicer(info: LayerInfo, tensors: dict[str, Tensor]):
     return mult, take
 
 
-def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None) -> lin.LinearResult:
+def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None, weights=None) -> lin.LinearResult:
     """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert.
 
     A16 layers bound their float64 error from a float32 magnitude GEMM (``linear_w16(fp32_magnitudes=True)``):
     the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py), one float64 GEMM fewer.
-    ``int_engine``: the W8A8 exact accumulator's engine (emulator/fast_linear.py; speed only)."""
+    ``int_engine``: the W8A8 exact accumulator's engine (emulator/fast_linear.py; speed only).
+    ``weights`` (speed only; qconform_torch/op.py): a cache of this layer's validated inputs, ``weights(what,
+    make)`` -> make() or the value it kept for ``what``; with it, an A16 layer's dequantized weight is formed
+    once, and a W8A8 compressed-tensors layer, once validated by ``linear_layer`` (which dequantizes the whole
+    layer to check every tensor), runs ``linear_layer``'s own W8A8 call without that check."""
     if len(info.shape) == 3:
-        w = dequantize_layer(src, info)[0]
+        w = dequantize_layer(src, info)[0] if weights is None else weights("w", lambda: dequantize_layer(src, info)[0])
         return lin.linear_w16(x32, w, None, out_dtype=dtype, fp32_magnitudes=True)
     try:
-        a16 = declared_activation(info) == "a16"
+        act = declared_activation(info)
     except UnsupportedFormatError:
-        a16 = False  # linear_layer says why
-    if a16:
-        w = dequantize_layer(src, info)  # validates every tensor and the bias, as linear_layer does
+        act = None  # linear_layer says why
+    if act == "a16":
+        # dequantize_layer validates every tensor and the bias, as linear_layer does
+        w = dequantize_layer(src, info) if weights is None else weights("w", lambda: dequantize_layer(src, info))
         return lin.linear_w16(x32, w, layer_bias(src, info), out_dtype=dtype, fp32_magnitudes=True)
+    if act == "int8" and info.format == "ct-int-quantized" and weights is not None:
+        if weights("validated", lambda: None) is not None:  # linear_layer ran on these tensors and accepted them
+            t = src.layer_tensors(info)
+            return lin.linear_w8a8(x32, t["weight"].data, t["weight_scale"].data.reshape(-1), layer_bias(src, info),
+                                   act=CANONICAL_SYM, out_dtype=dtype, int_engine=int_engine)
+        res = linear_layer(src, info, x32, out_dtype=dtype, int_engine=int_engine)
+        weights("validated", lambda: True)
+        return res
     return linear_layer(src, info, x32, out_dtype=dtype, int_engine=int_engine)
 
 
@@ -161,7 +175,7 @@ def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
 
 
 def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_bytes: int,
-                  int_engine=None) -> tuple[np.ndarray, dict]:
+                  int_engine=None, weights=None) -> tuple[np.ndarray, dict]:
     """(y as float32 holding values of ``dtype``, stats) of the canonical reference, computed by row blocks
     whose working set stays within max(``budget_bytes``, MIN_BLOCK_BYTES) where the layout allows.
 
@@ -174,7 +188,7 @@ def exact_by_rows(src, info: LayerInfo, x32: np.ndarray, dtype: str, budget_byte
     sl = row_slicer(info, tensors)
     rows = N if sl is None else block_rows(N, K, M, budget_bytes, sl[0])
     if rows >= N:
-        res = reference(src, info, x32, dtype, int_engine)
+        res = reference(src, info, x32, dtype, int_engine, weights)
         at = [(int(m), int(n)) for m, n in np.argwhere(res.y_ambiguous)]
         return np.asarray(res.y, np.float32), {"blocks": 1, "rows": N, "ambiguous": len(at), "ambiguous_at": at}
     take = sl[1]

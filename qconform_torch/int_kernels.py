@@ -37,7 +37,7 @@ import torch
 
 from emulator.fast_linear import ExactIntMatmul
 
-__all__ = ["TorchInt8Matmul", "torch_int8_engine", "fastest_int_engine", "MeasuredIntMatmul", "engine_choices",
+__all__ = ["TorchInt8Matmul", "torch_int8_engine", "b_operand", "m_class", "fastest_int_engine", "MeasuredIntMatmul", "engine_choices",
            "self_check", "MAX_K"]
 
 log = logging.getLogger("qconform.fallback")
@@ -75,6 +75,11 @@ def _b_operand(w8: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w8)).t()
 
 
+def b_operand(w8: np.ndarray) -> torch.Tensor:
+    """``_b_operand``: the [K, N] int8 operand of torch._int_mm for w [N, K] (what other engines of the op use)."""
+    return _b_operand(w8)
+
+
 def _int8_product(a8: np.ndarray, b: torch.Tensor) -> np.ndarray:
     """a8 [M, K] int8 (C-contiguous) @ b [K, N] -> int64 [M, N]."""
     return torch._int_mm(torch.from_numpy(np.ascontiguousarray(a8)), b).numpy().astype(np.int64)
@@ -86,9 +91,15 @@ class TorchInt8Matmul:
 
     def __init__(self, w8: np.ndarray, fallback):
         self.shape = w8.shape
+        self._w8 = w8
         self._b = _b_operand(w8)
-        self._rowsum = w8.astype(np.int64).sum(axis=1)  # sum_k w[n, k], for the row shifts
+        self._rowsum = None  # sum_k w[n, k], for the row shifts: formed at the first shifted row (a pass over w)
         self._fallback = fallback
+
+    def _rowsums(self) -> np.ndarray:
+        if self._rowsum is None:
+            self._rowsum = self._w8.sum(axis=1, dtype=np.int64)
+        return self._rowsum
 
     def __call__(self, a) -> np.ndarray:
         a = np.asarray(a)
@@ -114,7 +125,7 @@ class TorchInt8Matmul:
         a8 = (a.astype(np.int64) - c[:, None]).astype(np.int8) if np.any(c) else a.astype(np.int8)
         acc = _int8_product(a8, self._b)
         if np.any(c):
-            acc += c[:, None] * self._rowsum[None, :]
+            acc += c[:, None] * self._rowsums()[None, :]
         return acc.astype(np.float64)  # |acc| < 2**53: exact
 
 
@@ -171,7 +182,7 @@ _CHOICE_LOCK = threading.Lock()
 _TORCH, _NUMPY = "torch int8 GEMM", "float32 sgemm over K-chunks"
 
 
-def _m_class(m: int) -> int:
+def m_class(m: int) -> int:
     """1, 8, 32, 128, 512, ...: the power-of-4 step above m (one timing per step)."""
     c = 1
     while c < m:
@@ -201,14 +212,21 @@ class MeasuredIntMatmul:
     Measured, not assumed: on the hosts of docs/performance.md torch's int8 GEMM was 4-10x faster than a
     float64 dgemm on one (AMX) and several times slower than float32 BLAS on another (AVX2)."""
 
-    def __init__(self, torch_mm: TorchInt8Matmul, numpy_mm: ExactIntMatmul):
-        self.shape = numpy_mm.shape
-        self._torch, self._numpy = torch_mm, numpy_mm
+    def __init__(self, torch_mm: TorchInt8Matmul, numpy_mm):
+        """``numpy_mm``: an ExactIntMatmul, or a callable building one when first needed (its float32 chunks are a
+        copy of the weight: not formed where every shape class seen was already measured for torch)."""
+        self.shape = torch_mm.shape
+        self._torch, self._numpy_mm = torch_mm, numpy_mm
+
+    def _numpy(self, a) -> np.ndarray:
+        if not isinstance(self._numpy_mm, ExactIntMatmul):
+            self._numpy_mm = self._numpy_mm()
+        return self._numpy_mm(a)
 
     def __call__(self, a) -> np.ndarray:
         a = np.asarray(a)
         N, K = self.shape
-        key = (N, K, _m_class(a.shape[0] if a.ndim == 2 else 1))
+        key = (N, K, m_class(a.shape[0] if a.ndim == 2 else 1))
         choice = _CHOICE.get(key)
         if choice is None:
             y_np = self._numpy(a)
@@ -235,4 +253,4 @@ def fastest_int_engine(w, a_max: int, w_max: int | None = None):
     t = torch_int8_engine(w, a_max, w_max)
     if t is None:
         return None
-    return MeasuredIntMatmul(t, ExactIntMatmul(np.asarray(w), a_max, w_max))
+    return MeasuredIntMatmul(t, lambda: ExactIntMatmul(np.asarray(w), a_max, w_max))

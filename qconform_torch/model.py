@@ -29,7 +29,7 @@ from emulator.checkpoint import Checkpoint, LayerInfo
 from emulator.errors import FormatError, UnsupportedFormatError
 from emulator.layers import dequantize_layer
 
-from .module import QuantExperts, QuantGptOssExperts, QuantLinear, _to_torch, open_ckpt
+from .module import QuantExperts, QuantGptOssExperts, QuantLinear, checkpoint_tensor_to_torch, open_ckpt
 
 __all__ = ["load_quantized_model", "dense_reference_model", "forward_logits", "expert_groups", "stacked_groups"]
 
@@ -215,7 +215,7 @@ def _load_plain(model, ck: Checkpoint, used: set[str], dtype: torch.dtype, fille
             if tied and key == "lm_head.weight":
                 continue
             raise FormatError(f"{ck.folder}: the model needs tensor {key!r}; the checkpoint does not hold it")
-        value = _to_torch(ck.tensor(src))
+        value = checkpoint_tensor_to_torch(ck.tensor(src))
         if tuple(value.shape) != tuple(t.shape):
             raise FormatError(f"{src}: shape {list(value.shape)}; the model expects {list(t.shape)}")
         _assign(model, key, value.to(t.dtype if t.is_floating_point() else value.dtype))
@@ -277,7 +277,7 @@ def dense_reference_model(folder, *, dtype: torch.dtype = torch.float64):
             lin.weight.copy_(torch.from_numpy(dequantize_layer(ck, info).astype(np.float64)))
             filled.add(_alias(info.name) + ".weight")
             if "bias" in info.tensors:
-                lin.bias.copy_(_to_torch(ck.tensor(info.tensors["bias"])).to(dtype))
+                lin.bias.copy_(checkpoint_tensor_to_torch(ck.tensor(info.tensors["bias"])).to(dtype))
                 filled.add(_alias(info.name) + ".bias")
         for prefix, experts in groups.items():
             mod = _experts_module(model, prefix, experts, prefix)

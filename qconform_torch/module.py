@@ -36,7 +36,7 @@ def open_ckpt(ckpt) -> Checkpoint:
     return ckpt if isinstance(ckpt, Checkpoint) else Checkpoint(ckpt)
 
 
-def _to_torch(t) -> torch.Tensor:
+def checkpoint_tensor_to_torch(t) -> torch.Tensor:
     if t.dtype == "BF16":
         return torch.from_numpy(np.ascontiguousarray(t.data, np.float32)).to(torch.bfloat16)
     if t.dtype not in _TORCH:
@@ -74,7 +74,7 @@ class QuantLinear(nn.Module):
         if (expert is None) != (len(info.shape) == 2):
             raise ValueError(f"{info.name}: shape {list(info.shape)}: "
                              + ("stacked experts need expert=e" if expert is None else "a 2-D layer takes no expert"))
-        tensors = {role: _to_torch(t) for role, t in ck.layer_tensors(info).items()}
+        tensors = {role: checkpoint_tensor_to_torch(t) for role, t in ck.layer_tensors(info).items()}
         return cls(info, tensors, backend=backend, expert=expert)
 
     @classmethod
@@ -86,7 +86,7 @@ class QuantLinear(nn.Module):
         if len(info.shape) != 3:
             raise ValueError(f"{info.name}: shape {list(info.shape)} is not a stacked [E, N, K] layer")
         dequantize_layer(ck, info)
-        tensors = {role: _to_torch(t) for role, t in ck.layer_tensors(info).items()}
+        tensors = {role: checkpoint_tensor_to_torch(t) for role, t in ck.layer_tensors(info).items()}
         return nn.ModuleList(cls(info, tensors, backend=backend, expert=e) for e in range(info.shape[0]))
 
     @property
@@ -95,7 +95,8 @@ class QuantLinear(nn.Module):
         return self._spec
 
     def weights(self) -> list[torch.Tensor]:
-        return [getattr(self, "q_" + r) for r in self._roles]
+        b = self._buffers  # the buffers as registered (nn.Module.__getattr__ per role costs more than the dict)
+        return [b["q_" + r] for r in self._roles]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

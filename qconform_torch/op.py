@@ -32,6 +32,7 @@ model is ever held.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -43,6 +44,7 @@ from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, Measur
 from backends.registry import create
 from backends.registry import dispatcher as new_dispatcher
 from emulator.checkpoint import LayerInfo
+from emulator.declaration import declared_weight
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
@@ -50,12 +52,14 @@ from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
-from .int_kernels import fastest_int_engine
+from .int_kernels import fastest_int_engine, m_class
 from .prepared_cache import PreparedCache
+from .torch_fast import TorchFastLinear, TorchW8A8Linear, ieee_fp32_matmul_refusal
 
 __all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
            "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
-           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only"]
+           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only", "w8a8_path_choices",
+           "set_w8a8_path_choices"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -76,6 +80,12 @@ def layer_spec(info: LayerInfo, expert: int | None = None) -> str:
 
 
 def parse_spec(spec: str) -> tuple[LayerInfo, int | None]:
+    """(the layer's LayerInfo, its expert index or None) from a ``layer_spec`` string (parsed once per string)."""
+    return _parse_spec(spec)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_spec(spec: str) -> tuple[LayerInfo, int | None]:
     try:
         d = json.loads(spec)
         info = LayerInfo(**{**d["info"], "shape": tuple(d["info"]["shape"])})
@@ -101,13 +111,17 @@ class _LayerTensors:
         if len(weights) != len(r):
             raise ValueError(f"quant_linear: {info.name}: expected {len(r)} weight tensors ({', '.join(r)}), "
                              f"got {len(weights)}")
-        self._by_name = {info.tensors[role]: to_numpy_tensor(w) for role, w in zip(r, weights)}
+        self._torch = {info.tensors[role]: w for role, w in zip(r, weights)}
+        self._by_name: dict[str, Tensor] = {}  # converted when first read (a layer served from the cache reads few)
 
     def tensor(self, name: str, *, layer: str | None = None) -> Tensor:
-        return self._by_name[name]
+        t = self._by_name.get(name)
+        if t is None:
+            t = self._by_name[name] = to_numpy_tensor(self._torch[name])
+        return t
 
     def layer_tensors(self, info: LayerInfo) -> dict[str, Tensor]:
-        return {role: self._by_name[name] for role, name in info.tensors.items()}
+        return {role: self.tensor(name) for role, name in info.tensors.items()}
 
 
 def _expert_slice(info: LayerInfo, weights: list[torch.Tensor], expert: int) -> tuple[LayerInfo, list[torch.Tensor]]:
@@ -130,6 +144,7 @@ def set_cache_budget(mb: float) -> None:
     if mb < 0:
         raise ValueError(f"cache budget must be >= 0 MiB, got {mb}")
     _CACHE.reset(int(mb * (1 << 20)))
+    _LANES.clear()
 
 
 def cache_stats() -> dict:
@@ -209,6 +224,7 @@ def use_floor(db: float | None) -> None:
 def clear_selections() -> None:
     """Forget every dispatch choice and its log lines (a new run: ``qconform model``)."""
     _DISPATCH.clear()
+    _LANES.clear()
 
 
 def selections() -> dict[str, list[str]]:
@@ -254,15 +270,44 @@ def _validate_once(spec: str, info: LayerInfo, src, weights: list[torch.Tensor])
         seen.add(key)
 
 
-def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str) -> np.ndarray:
+def _reference_store(spec: str, weights: list[torch.Tensor]):
+    """``store(what, make)``: the value the cache keeps for this layer's tensors (and versions) under ``what``, or
+    ``make()`` (kept where the cache admits it; None is never kept). What the reference forms from a layer's
+    tensors alone (its dequantized weight, its exact integer GEMM's prepared operands, that ``linear_layer``
+    accepted them) is then formed once per layer, not per call (qconform_torch/exact_blocks.py ``reference``)."""
+    ident = _identity(weights)
+    packed = _nbytes(weights)
+
+    def store(what, make):
+        key = (spec, "reference", what, ident)
+        got = _CACHE.get(key)
+        if got is not None:
+            return got[0]
+        value = make()
+        if value is not None:
+            nbytes = int(value.nbytes) if isinstance(value, np.ndarray) else 0
+            if isinstance(what, tuple) and what[0] == "int engine":  # its int8 operand and, at most, fp32 chunks
+                nbytes = 5 * int(np.prod(what[2]))
+            _CACHE.put(key, (value, list(weights)), nbytes + packed)
+        return value
+    return store
+
+
+def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str, layer=None) -> np.ndarray:
     """The canonical reference (``qconform linear``; a [1, N, K] layer is one stacked expert), by row blocks
     whose working set stays within max(cache budget, 1 MiB) (qconform_torch/exact_blocks.py); W8A8's exact
-    accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
-    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=fastest_int_engine)
-    with _CACHE._lock:
-        _CACHE.exact_calls += 1
-        _CACHE.exact_blocked += st["blocks"] > 1
-        _CACHE.exact_ambiguous += st["ambiguous"]
+    accumulator on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py). ``layer``:
+    (spec, weights), whose tensors-only work the cache may keep (``_reference_store``)."""
+    engine, store = fastest_int_engine, None
+    if layer is not None:
+        store = _reference_store(*layer)
+
+        def engine(w, a_max, w_max=None):  # one prepared engine per weight array (and bound), not per call
+            w = np.asarray(w)
+            what = ("int engine", w.__array_interface__["data"][0], w.shape, w.strides, str(w.dtype), a_max, w_max)
+            return store(what, lambda: fastest_int_engine(w, a_max, w_max))
+    y, st = exact_by_rows(src, info, x, dtype, _CACHE.budget, int_engine=engine, weights=store)
+    _CACHE.count_exact(st["blocks"] > 1, st["ambiguous"])
     return y
 
 
@@ -287,9 +332,14 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         info, weights = _expert_slice(info, weights, int(expert))
     elif len(info.shape) != 2:
         raise ValueError(f"quant_linear: {info.name}: stacked experts {list(info.shape)} need an expert index")
+    lane_key = (spec, backend, dtype) if expert is None and backend not in ("emulator", "auto") else None
+    if lane_key is not None:
+        y = _lane(lane_key, weights, x32)
+        if y is not None:
+            return y
     src = _LayerTensors(info, weights)
     if backend == "emulator":
-        return _reference(src, info, x32, dtype)
+        return _reference(src, info, x32, dtype, (spec, weights_in))
     _validate_once(spec, info, src, weights)
     try:
         case = layer_case(info, int(x.shape[0]), dtype, declared_activation(info))
@@ -297,13 +347,13 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         if backend != "auto":
             raise RuntimeError(f"backend {backend} cannot run {info.name}: {e}") from None
         _log_choice(spec, info.name, f"{info.format} -> emulator reference (no backend can take it: {e})")
-        return _reference(src, info, x32, dtype)
+        return _reference(src, info, x32, dtype, (spec, weights_in))
     bias = layer_bias(src, info)
     if backend != "auto":
         try:
             b = _DISPATCH.named(backend, case)
             _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {b.label} (named)")
-            return _compute(b, case, src, info, weights, spec, x32, bias)
+            return _compute(b, case, src, info, weights, spec, x32, bias, lane_key)
         except Exception as e:  # noqa: BLE001 - one line naming the layer (a kernel's error may name none)
             raise RuntimeError(f"{info.name}: {' '.join(str(e).split())[:400]}" if str(e).startswith("backend ")
                                else f"{info.name}: backend {backend} failed ({type(e).__name__}: "
@@ -322,7 +372,8 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         return best, y
 
     choice = _DISPATCH.choose(case, tensors=lambda: case_tensors(src, info, case), layer=(spec, _identity(weights)),
-                              timer=timer, reference=lambda: _reference(src, info, x32, dtype), activations=x32)
+                              timer=timer, reference=lambda: _reference(src, info, x32, dtype, (spec, weights_in)),
+                              activations=x32)
     b = choice.backend
     try:
         y = choice.output if choice.output is not None else _compute(b, case, src, info, weights, spec, x32, bias)
@@ -331,7 +382,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         if choice.fallback:  # not even the fast path takes it: the reference answers (and says why)
             _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> emulator reference (the emulator "
                                          f"backend's fast path failed: {why}) (skipped: {choice.skipped_text()})")
-            return _reference(src, info, x32, dtype)
+            return _reference(src, info, x32, dtype, (spec, weights_in))
         _DISPATCH.fail(case, b.label, why)
         log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, b.label, why)
         return _run_layer(x, weights_in, spec, backend)
@@ -339,20 +390,135 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
     return y
 
 
-def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias) -> np.ndarray:
+#: (spec, named backend, activation dtype) -> (weights' identity, cache key, bias, output dtype, (N, K) or None):
+#: a named backend's layer the torch fast path served, checked, validated and logged before (``_lane``)
+_LANES: dict[tuple, tuple] = {}
+
+
+def _lane(lane_key, weights, x32: np.ndarray):
+    """y for a layer already served by a torch fast path entry, with the same tensors (and versions): validated,
+    dispatched and logged on an earlier call, its cache entry asked for as every call asks (the cache's request
+    counts stay exact); None where anything differs (the full path then runs)."""
+    lane = _LANES.get(lane_key)
+    if lane is None or lane[0] != _identity(weights):
+        return None
+    _, key, bias, out_dtype, w8a8_shape = lane
+    if w8a8_shape is not None and not _W8A8_CHOICE.get((*w8a8_shape, m_class(x32.shape[0]))):
+        return None
+    if w8a8_shape is None and ieee_fp32_matmul_refusal() is not None:
+        return None
+    entry = _CACHE.peek(key)
+    if entry is None:
+        return None
+    _CACHE.get(key)
+    return entry[0](x32, bias, out_dtype)
+
+
+def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias, lane_key=None) -> np.ndarray:
     """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
     its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
     (qconform_torch/prepared_cache.py)."""
-    if b.name == "emulator" and set(b.params) <= {"path"} and b._fast(case):
-        key = _prepared_key(spec, b, case, weights)
-        if not _CACHE.admits(key, _prepared_bytes_estimate(case, weights)):
+    if b.name == "emulator" and set(b.params) <= {"path"} and b.uses_fast_path(case):
+        # one entry per layer whatever M is (the fp32 weight depends on the layer's tensors only)
+        key = (spec, b.label, "fp32 weight", _identity(weights))
+        nbytes = _prepared_bytes_estimate(case, weights)
+        if not _CACHE.admits(key, nbytes):
             # not kept (over the budget, or the cache holds layers requested as often): dequantize row blocks
             # (max(budget, 16 MiB)) straight into the sgemm
             y = blocked_fast_linear(b, case, case_tensors(src, info, case), x32, bias, _CACHE.budget)
             if y is not None:
                 _CACHE.count_streamed(key)
                 return y
+        elif ieee_fp32_matmul_refusal() is None:
+            # kept: torch's fp32 GEMM on the kept weight (qconform_torch/torch_fast.py), where torch computes
+            # float32 products in float32 (else NumPy's row blocks below)
+            entry = _CACHE.get(key)
+            if entry is None:
+                w = declared_weight(case, case_tensors(src, info, case), b.computed(case))
+                entry = (TorchFastLinear(w), list(weights))
+                _CACHE.put(key, entry, nbytes)
+            if lane_key is not None:
+                _LANES[lane_key] = (_identity(weights), key, bias, case.output_dtype, None)
+            return entry[0](x32, bias, case.output_dtype)
+    elif b.name == "emulator" and set(b.params) <= {"path"} and b.uses_fast_w8a8(case):
+        y = _torch_w8a8(b, case, src, info, weights, spec, x32, bias)
+        if y is not None:
+            if lane_key is not None:
+                _LANES[lane_key] = (_identity(weights), (spec, b.label, "torch w8a8", _identity(weights)), bias,
+                                    case.output_dtype, (case.N, case.K))
+            return y
     return _run_prepared(b, case, src, info, weights, spec, x32, bias)
+
+
+#: (N, K, M class) -> True where the torch W8A8 path measured faster than the backend's own (first call of each)
+_W8A8_CHOICE: dict[tuple, bool] = {}
+
+
+def w8a8_path_choices() -> dict[tuple, bool]:
+    """(N, K, M class) -> True where the torch W8A8 path was kept, False where the backend's (measured so far)."""
+    return dict(_W8A8_CHOICE)
+
+
+def set_w8a8_path_choices(torch_ops: bool | None) -> None:
+    """None: forget every measured choice (the next call of each class measures again); True / False: every
+    class measured so far takes the torch ops / the backend's path (tests force each path this way)."""
+    if torch_ops is None:
+        _W8A8_CHOICE.clear()
+    else:
+        _W8A8_CHOICE.update({k: bool(torch_ops) for k in _W8A8_CHOICE})
+
+
+def _torch_w8a8(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias):
+    """The emulator backend's canonical W8A8 fast path in torch ops (qconform_torch/torch_fast.py), one cache
+    entry per layer whatever M is; None where it cannot take the layer or the backend's own path (NumPy steps,
+    its exact integer GEMM on the faster engine) measured faster for this shape class. The first call of each
+    (N, K, M class) runs both, checks they agree bit for bit (both are the canonical result) and times them."""
+    key = (spec, b.label, "torch w8a8", _identity(weights))
+    entry = _CACHE.get(key)
+    if entry is None:
+        t = case_tensors(src, info, case)
+        mm = TorchW8A8Linear(t["weight"], t["weight_scale"])
+        if not mm.usable:
+            return None
+        entry = (mm, list(weights))
+        _CACHE.put(key, entry, mm.nbytes + _nbytes(weights))
+    mm = entry[0]
+    shape = (case.N, case.K, m_class(case.M))
+    use = _W8A8_CHOICE.get(shape)
+    if use is None:
+        y_t = mm(x32, bias, case.output_dtype)
+        # the backend's own path, prepared for this measurement only (not cached: it would take the budget of
+        # the layers the cache keeps)
+        kb = create(b.label)
+        kb.int_engine = fastest_int_engine
+        prep = kb.prepare(case, case_tensors(src, info, case))
+        extra = {} if bias is None else {"bias": np.asarray(bias, np.float32)}
+
+        def backend_path():
+            return np.asarray(kb.run(prep, x32, **extra), dtype=np.float32)
+        y_b = backend_path()
+        if not np.array_equal(y_t, y_b, equal_nan=True):
+            log.warning("%s: the torch W8A8 path disagreed with the emulator backend's at M = %d: the backend's "
+                        "is used for %dx%d", info.name, case.M, case.N, case.K)
+            _W8A8_CHOICE[shape] = False
+            return y_b
+        t_t = _best_of(lambda: mm(x32, bias, case.output_dtype))
+        t_b = _best_of(backend_path)
+        del kb, prep
+        _W8A8_CHOICE[shape] = use = t_t <= t_b
+        log.info("W8A8 fast path %dx%d, M <= %d: %s (torch ops %.2f ms, backend %.2f ms)", case.N, case.K, shape[2],
+                 "torch ops" if use else "the backend's", t_t * 1e3, t_b * 1e3)
+        return y_t
+    return mm(x32, bias, case.output_dtype) if use else None
+
+
+def _best_of(fn, n: int = 2) -> float:
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _prepared_key(spec: str, b, case, weights) -> tuple:

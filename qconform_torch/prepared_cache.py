@@ -60,6 +60,20 @@ class PreparedCache:
             self.misses += 1
             return None
 
+    def peek(self, key):
+        """The cached value, or None; not counted as a request (``get`` counts it)."""
+        with self._lock:
+            v = self._d.get(key)
+            return None if v is None else v[0]
+
+    def count_exact(self, blocked: bool, ambiguous: int) -> None:
+        """One exact reference call (op._reference): whether it ran in more than one row block, and how many
+        of its rows were ambiguous."""
+        with self._lock:
+            self.exact_calls += 1
+            self.exact_blocked += blocked
+            self.exact_ambiguous += ambiguous
+
     def count_streamed(self, key) -> None:
         """A request the caller served without the cache (``admits`` said no): a miss, uncached."""
         with self._lock:

@@ -203,7 +203,7 @@ def run_campaign(seed: int, count: int, work: Path, cli_main, *, timeout: float 
             rec[command] = {"outcome": outcome, "rc": run.rc, "err": run.err.strip()[:500],
                             "seconds": round(run.seconds, 3), "peak_mib": round(run.peak_mib, 1),
                             "rss_mib": round(run.rss_mib, 1)}
-        why = _false_green(rec)
+        why = false_green(rec)
         if why:
             false_greens.append({**rec, "why": why})
         records.append(rec)
@@ -219,7 +219,7 @@ def run_campaign(seed: int, count: int, work: Path, cli_main, *, timeout: float 
             "per_kind": {m: kinds[m] for m in sorted(kinds)}}
 
 
-def _false_green(rec: dict) -> "str | None":
+def false_green(rec: dict) -> "str | None":
     """An exit 0 that the campaign's ground truth contradicts."""
     zero = [c for c in COMMANDS if rec[c]["outcome"] == "exit0"]
     if rec["must_reject"] and zero:

@@ -18,8 +18,9 @@ Modules, along the seams of the work:
 
 Python API (docs/certification.md#python-api):
 
-    from conformance.certify import certify, verify_bundle, add_files
-    res = certify(["mykernel"], "bundle-dir", profile="smoke", schemes=["w8a8"])
+    from conformance.certify import CertifyOptions, certify, verify_bundle, add_files
+    res = certify(["mykernel"], "bundle-dir", CertifyOptions(profile="smoke", schemes=["w8a8"]))
+    res = certify(["mykernel"], "bundle-dir", profile="smoke", schemes=["w8a8"])  # the same: options as keywords
     res.ok, res.manifest_sha256, res.path
     v = verify_bundle("bundle-dir"); v.ok, v.problems
     add_files("bundle-dir", {"fingerprint.json": b"..."})   # extra/<name>, then re-seals MANIFEST.json
@@ -32,9 +33,9 @@ from conformance.certify.dispatch import CertificationError, CertificationStore
 from conformance.certify.codec import pack_pair, unpack_pair, decode_case, encode_case, load_outputs
 from conformance.certify.identity import BUNDLE_FORMAT, MANIFEST, describe_suite, suite_code_sha256, suite_identity, version_mismatch
 from conformance.certify.verify import VerifyResult, offline_verdict, verify_bundle
-from conformance.certify.write import CertifyResult, add_files, certify
+from conformance.certify.write import CertifyOptions, CertifyResult, add_files, certify
 
-__all__ = ["CertificationError", "CertificationStore", "BUNDLE_FORMAT", "MANIFEST", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
+__all__ = ["CertificationError", "CertificationStore", "BUNDLE_FORMAT", "MANIFEST", "CertifyOptions", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
            "encode_case", "decode_case", "load_outputs", "offline_verdict", "register", "cmd_certify",
            "cmd_verify_bundle", "suite_code_sha256", "suite_identity", "describe_suite", "version_mismatch",
            "pack_pair", "unpack_pair"]

@@ -11,7 +11,7 @@ import sys
 from conformance.run.placement import add_options as add_placement_options
 from conformance.run.placement import open_placement
 from conformance.certify.verify import verify_bundle
-from conformance.certify.write import certify
+from conformance.certify.write import CertifyOptions, certify
 
 __all__ = ["cmd_certify", "cmd_verify_bundle", "register"]
 
@@ -38,13 +38,13 @@ def cmd_certify(args) -> int:
                                                  if reference_only else ""))
     elif args.dtype != "float32":
         raise ValueError("--dtype goes with --for-model (the activation dtype the model will run at)")
-    res = certify(args.backend, args.out, profile=profile, schemes=args.scheme, tiers=args.tier,
-                  shard=args.shard, waivers=args.waivers, jobs=args.jobs, timeout=args.timeout,
-                  host_label=args.host_label, progress=not args.no_progress and sys.stderr.isatty(),
-                  memory_limit=args.memory_limit, families=families,
-                  search=False if args.no_search else (True if args.search else None),
-                  search_seed=args.search_seed, search_examples=args.search_examples,
-                  placement=open_placement(args))
+    options = CertifyOptions(profile=profile, schemes=args.scheme, tiers=args.tier, shard=args.shard,
+                             waivers=args.waivers, jobs=args.jobs, timeout=args.timeout, host_label=args.host_label,
+                             memory_limit=args.memory_limit, families=families,
+                             search=False if args.no_search else (True if args.search else None),
+                             search_seed=args.search_seed, search_examples=args.search_examples,
+                             placement=open_placement(args))
+    res = certify(args.backend, args.out, options, progress=not args.no_progress and sys.stderr.isatty())
     counts = ", ".join(f"{n} {v}" for v, n in sorted(res.counts.items()))
     print(f"bundle: {res.path} ({counts})")
     for label, verdicts in _per_backend(res.path).items():  # which backend failed, not only how many cases

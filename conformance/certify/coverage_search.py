@@ -13,6 +13,7 @@ profile, the search budget) and what it concluded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from conformance.judge.verdict import BAD, Verdict
 
-__all__ = ["SEARCH_DIR", "search_profile", "run_search", "search_record", "search_ok", "check_search",
+__all__ = ["SEARCH_DIR", "SearchSpec", "search_profile", "run_search", "search_record", "search_ok", "check_search",
            "replay_search", "certificate_text", "CERTIFICATE"]
 
 SEARCH_DIR = "search"
@@ -42,13 +43,25 @@ def search_schemes(schemes, families) -> "list | None":
     return list(schemes) if schemes else None
 
 
-def run_search(work: Path, backends: list, *, profile: str, schemes=None, seed: int = 0,
-               examples: "int | None" = None, timeout: float = 120.0, waivers=None, log=print) -> None:
+@dataclasses.dataclass(frozen=True)
+class SearchSpec:
+    """One bounded search: the case profile it is drawn for (``search_profile``), the schemes (None: all), the
+    seed and the examples per family (None: the profile's budget); bundle.json ``search`` records them."""
+
+    profile: str
+    schemes: "list | None" = None
+    seed: int = 0
+    examples: "int | None" = None
+
+
+def run_search(work: Path, backends: list, search: SearchSpec, *, timeout: float = 120.0, waivers=None,
+               log=print) -> None:
     """Run the property search of every backend into ``work/search`` (replaced if a resumed certify left one)."""
     from conformance.cases.property import families
     from conformance.run.property_search import run_property
     from conformance.run.runner import Runner
 
+    profile, schemes, seed, examples = search.profile, search.schemes, search.seed, search.examples
     folder = Path(work) / SEARCH_DIR
     shutil.rmtree(folder, ignore_errors=True)
     prof = search_profile(profile)
@@ -232,8 +245,9 @@ def replay_search(folder: Path, meta: dict, problems: list, notes: list, timeout
         probe.close()
         if not run:
             return 0
-        run_search(Path(tmp), [s for _, s, _ in run], profile=meta.get("profile", ""),
-                   schemes=_search_schemes(meta), seed=rec.get("seed", 0), examples=rec.get("examples_per_family"),
+        run_search(Path(tmp), [s for _, s, _ in run],
+                   SearchSpec(profile=meta.get("profile", ""), schemes=_search_schemes(meta), seed=rec.get("seed", 0),
+                              examples=rec.get("examples_per_family")),
                    timeout=timeout, log=lambda *_: None)
         raw = (Path(tmp) / SEARCH_DIR / "results.jsonl").read_bytes()
         again = search_record(raw, profile=meta.get("profile", ""), schemes=_search_schemes(meta),

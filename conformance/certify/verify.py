@@ -239,21 +239,59 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
     recompute = res.version_mismatch is None or any_version
     if res.version_mismatch:
         (notes if any_version else problems).append(res.version_mismatch)
+    ids = _check_case_list(files, meta, problems)
+    if ids is None:
+        return res
+    _check_golden(files, meta, deep, problems, notes)
+    backends = meta.get("backends") if isinstance(meta.get("backends"), dict) else {}
+    lines = _read_results(files, listed, results_bound(len(ids), len(backends)), problems)
+    if lines is None:
+        return res
+    headers, latest, blines, labels = _check_records(meta, ids, backends, lines, problems)
+    if recompute:  # (the derived files come from the judging and report code of the suite that wrote them)
+        _check_derived(files, meta, lines, latest, blines, headers, labels, problems)
+        from conformance.certify.coverage_search import check_search
+
+        check_search(files, meta, problems, notes, deep=deep)  # the search, coverage and certificate records
+    waivers, dates = _bundle_waivers(files, problems)
+    # 3. evidence of every verdict that has no output; every other verdict recomputed from its output
+    timeout = next((h.get("timeout") for h in headers if h.get("timeout") is not None), None)
+    _check_support(latest, problems)
+    if not recompute:
+        checked["results"] = sum(1 for (b, _) in latest if b in backends)
+        return res
+    ctx = _Recheck(files, blines, timeout, waivers, dates, deep, problems, checked)
+    stored_all = _check_outputs(backends, latest, ctx)
+    if deep:
+        _deep_case_list(meta, ids, problems, notes)
+    if rerun:
+        from conformance.certify.audit import rerun_cases
+
+        res.rerun_seed = rerun_cases(folder, meta, latest, stored_all, rerun, rerun_seed, timeout, res)
+        from conformance.certify.coverage_search import replay_search
+
+        checked["search_replayed"] = replay_search(folder, meta, problems, notes, timeout or 120.0)
+    return res
+
+
+def _check_case_list(files: _Files, meta: dict, problems: list) -> "list | None":
+    """The case ids of the bundle's case list, checked against bundle.json's hash and count; None: unreadable."""
     cases_rel = meta.get("cases_file", "cases.txt")
     cases_raw = files.get(cases_rel, "bundle.json cases_file")
     if cases_raw is None:
-        return res
+        return None
     ids = cases_raw.decode("utf-8", "replace").splitlines()
     case_hash = hashlib.sha256(cases_raw).hexdigest()
     if case_hash != meta.get("case_list_sha256"):
         problems.append(f"{cases_rel}: sha256 {case_hash[:16]}... is not bundle.json's case_list_sha256")
     if len(ids) != meta.get("case_count"):
         problems.append(f"{cases_rel}: {len(ids)} case(s), bundle.json says {meta.get('case_count')}")
-    _check_golden(files, meta, deep, problems, notes)
-    backends = meta.get("backends") if isinstance(meta.get("backends"), dict) else {}
-    lines = _read_results(files, listed, results_bound(len(ids), len(backends)), problems)
-    if lines is None:
-        return res
+    return ids
+
+
+def _check_records(meta: dict, ids: list, backends: dict, lines: list, problems: list) -> tuple:
+    """(run headers, latest result per (backend, case), backend lines, labels), each checked against bundle.json and
+    the case list: the run headers' case list and seed, the backends they ask for, a result for every pair."""
     headers = run_headers(lines)
     if not headers:
         problems.append("results.jsonl: no run header")
@@ -280,11 +318,11 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
         missing = [cid for cid in ids if (b, cid) not in latest]
         if missing:
             problems.append(f"{b}: {len(missing)} case(s) of cases.txt have no result (first: {missing[0]})")
-    if recompute:  # (the derived files come from the judging and report code of the suite that wrote them)
-        _check_derived(files, meta, lines, latest, blines, headers, labels, problems)
-        from conformance.certify.coverage_search import check_search
+    return headers, latest, blines, labels
 
-        check_search(files, meta, problems, notes, deep=deep)  # the search, coverage and certificate records
+
+def _bundle_waivers(files: _Files, problems: list) -> tuple:
+    """(the waivers the run was given, the dates they were judged at) from waivers.json."""
     wj = _json(files, "waivers.json", "waivers") or {}
     from conformance.run.runner import Waiver
 
@@ -296,12 +334,28 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
     except (KeyError, TypeError, AttributeError) as e:
         problems.append(f"waivers.json: malformed ({e})")
         waivers, dates = [], []
-    # 3. evidence of every verdict that has no output; every other verdict recomputed from its output
-    timeout = next((h.get("timeout") for h in headers if h.get("timeout") is not None), None)
-    _check_support(latest, problems)
-    if not recompute:
-        checked["results"] = sum(1 for (b, _) in latest if b in backends)
-        return res
+    return waivers, dates
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recheck:
+    """What the re-check of every result reads (the bundle's files, its backend lines, the run's timeout, the
+    waivers and their dates, --deep) and where it reports (the result's problems and checked counts)."""
+
+    files: _Files
+    blines: dict
+    timeout: "float | None"
+    waivers: list
+    dates: list
+    deep: bool
+    problems: list
+    checked: Counter
+
+
+def _check_outputs(backends: dict, latest: dict, ctx: _Recheck) -> dict:
+    """Each backend's stored outputs ({backend: {case: entry}}), checked against bundle.json and the result lines;
+    every result re-checked (``_check_one``)."""
+    files, problems, checked = ctx.files, ctx.problems, ctx.checked
     stored_all = {}
     for b, info in backends.items():
         stored: dict = {}
@@ -328,17 +382,8 @@ def verify_bundle(bundle: "str | Path", *, deep: bool = False, any_version: bool
             if rb != b:
                 continue
             checked["results"] += 1
-            _check_one(rec, stored.get(cid), files, blines, timeout, waivers, dates, problems, checked, deep)
-    if deep:
-        _deep_case_list(meta, ids, problems, notes)
-    if rerun:
-        from conformance.certify.audit import rerun_cases
-
-        res.rerun_seed = rerun_cases(folder, meta, latest, stored_all, rerun, rerun_seed, timeout, res)
-        from conformance.certify.coverage_search import replay_search
-
-        checked["search_replayed"] = replay_search(folder, meta, problems, notes, timeout or 120.0)
-    return res
+            _check_one(rec, stored.get(cid), ctx)
+    return stored_all
 
 
 def _check_golden(files: _Files, meta: dict, deep: bool, problems: list, notes: list) -> None:
@@ -505,8 +550,10 @@ def _num_equal(a, b) -> bool:
     return fa == fb or (np.isnan(fa) and np.isnan(fb))
 
 
-def _check_one(rec: dict, entry, files: _Files, blines, timeout, waivers, dates, problems: list, checked: Counter,
-               deep: bool) -> None:
+def _check_one(rec: dict, entry, ctx: _Recheck) -> None:
+    """One result against its stored output (recomputed) or, without one, its evidence."""
+    files, blines, timeout, waivers, dates = ctx.files, ctx.blines, ctx.timeout, ctx.waivers, ctx.dates
+    problems, checked, deep = ctx.problems, ctx.checked, ctx.deep
     who = f"{rec['backend']} {rec['case_id']}"
     v = rec.get("verdict")
     raw_recorded = rec.get("waived_verdict") or v

@@ -22,7 +22,7 @@ from conformance.certify.derive import (backend_lines, declared_table, environme
 from conformance.certify.files import hash_file, scan
 from conformance.certify.identity import BUNDLE_FORMAT, MANIFEST, suite_code_sha256
 
-__all__ = ["CertifyResult", "certify", "add_files", "seal", "STAGING", "search_by_default", "SHAPE_PROFILES"]
+__all__ = ["CertifyOptions", "CertifyResult", "certify", "add_files", "seal", "STAGING", "search_by_default", "SHAPE_PROFILES"]
 
 STAGING = ".staging"  # <parent>/.<out>.staging: each judged output, encoded, until the bundle is sealed
 PARTIAL = ".partial"
@@ -115,130 +115,202 @@ def search_by_default(profile: str) -> bool:
     return profile not in SHAPE_PROFILES
 
 
-def certify(backends: list[str], out: "str | Path" = "qconform-certification", *, profile: str = "certification",
-            schemes=None, tiers=None, shard: str | None = None, waivers: "str | Path | None" = None, jobs: int = 1,
-            timeout: float = 120.0, host_label: str | None = None, extra_files: dict | None = None,
-            progress: bool = False, log=print, memory_limit=None, families: "list[dict] | None" = None,
-            search: "bool | None" = None, search_seed: int = 0, search_examples: "int | None" = None,
-            placement=None) -> CertifyResult:
+@dataclasses.dataclass(frozen=True)
+class CertifyOptions:
+    """What ``certify`` runs and how: the case selection, the run's limits, the property search and where the
+    cases run. ``qconform certify``'s options build one (conformance/certify/cli.py); a caller of ``certify``
+    passes one, or its fields as keywords (docs/certification.md)."""
+
+    profile: str = "certification"
+    schemes: "list[str] | None" = None  # None: every scheme of the profile
+    tiers: "list[str] | None" = None  # None: every tier
+    shard: "str | None" = None  # "i/n"
+    waivers: "str | Path | None" = None
+    jobs: int = 1
+    timeout: float = 120.0  # seconds a case may take
+    host_label: "str | None" = None  # the host's name in the bundle (default: the environment's)
+    memory_limit: object = None  # the runner's per-worker limit
+    #: the case families to certify (profile ``families``), recorded in bundle.json (docs/certification.md#families)
+    families: "list[dict] | None" = None
+    #: the property tier's bounded search after the case list (None: ``search_by_default(profile)``), with seed
+    #: ``search_seed`` and ``search_examples`` examples per family (None: the profile's budget); recorded in
+    #: bundle.json ``search`` and under search/ (docs/certification.md#coverage-and-search)
+    search: "bool | None" = None
+    search_seed: int = 0
+    search_examples: "int | None" = None
+    placement: object = None  # devices and executor (conformance/run/placement.py), or None: this host
+
+
+def certify(backends: list[str], out: "str | Path" = "qconform-certification", options: "CertifyOptions | None" = None,
+            *, extra_files: dict | None = None, progress: bool = False, log=print, **fields) -> CertifyResult:
     """Run the suite on ``backends`` and write a certification bundle into ``out``.
 
-    The run happens in ``<out>.partial`` (an interrupted certify of the same case list resumes there);
-    the sealed bundle is renamed to ``out``, which must not exist or be an empty folder. The lock
-    ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
-    ``extra_files`` ({name: bytes | str | Path}) are stored under extra/. ``families`` (profile
-    ``families``): the case families to certify, recorded in bundle.json (docs/certification.md#families).
-    ``search`` (default: ``search_by_default(profile)``: on, except for the profiles of given shapes): after
-    the case list, the property tier's bounded search with seed ``search_seed`` and ``search_examples``
-    examples per family (default: the profile's budget), recorded in bundle.json ``search`` and under search/
-    (docs/certification.md#coverage-and-search).
+    ``options`` (a CertifyOptions; its fields may also be given as keywords, which replace the options'):
+    what runs and how. The run happens in ``<out>.partial`` (an interrupted certify of the same case list
+    resumes there); the sealed bundle is renamed to ``out``, which must not exist or be an empty folder. The
+    lock ``.<out>.qconform-lock`` (next to ``out``) keeps a second certify out while this one writes.
+    ``extra_files`` ({name: bytes | str | Path}) are stored under extra/.
     """
-    from conformance.run.runner import Runner, load_waivers
-    from conformance.cases.suite import PROFILES, TIERS, case_list, list_hash, parse_shard
-    from conformance.cases.suite import shard as do_shard
-
+    opts = _checked_options(backends, dataclasses.replace(options or CertifyOptions(), **fields))
     folder = Path(out)
+    _check_target(folder)
+    lock = OutLock.beside(folder).acquire()
+    try:
+        _check_target(folder)
+        work, staging = _work_folder(folder), _staging_folder(folder)
+        base_seed, specs = _selected_cases(work, opts)
+        ids = [s.case_id for s in specs]
+        _claim_work(work, ids)
+        from conformance.run.runner import load_waivers
+
+        wv = load_waivers(opts.waivers)
+        header = _run_header(backends, opts, base_seed, specs, wv)
+        host = header["host_label"]
+        search_args = {"seed": int(opts.search_seed), "examples": opts.search_examples} if opts.search else None
+        _run_cases(folder, backends, specs, header, wv, opts, progress, log)
+        if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
+            from conformance.certify.coverage_search import SearchSpec, run_search, search_schemes
+
+            spec = SearchSpec(profile=opts.profile, schemes=search_schemes(opts.schemes, opts.families),
+                              seed=search_args["seed"], examples=opts.search_examples)
+            run_search(work, list(backends), spec, timeout=opts.timeout, waivers=wv, log=log)
+        return _seal_into(folder, work, staging, ids, dict(header, host_label=host, search=search_args), extra_files)
+    finally:
+        lock.release()
+
+
+def _work_folder(folder: Path) -> Path:
+    """Where the run happens until the sealed bundle is renamed to ``folder``."""
+    return folder.with_name(folder.name + PARTIAL)
+
+
+def _staging_folder(folder: Path) -> Path:
+    """Where the encoded outputs wait outside the bundle until it is in place: an interruption anywhere before
+    the rename leaves them for the resumed run (which skips the cases they belong to)."""
+    return folder.with_name(f".{folder.name}{STAGING}")
+
+
+def _checked_options(backends: list[str], opts: CertifyOptions) -> CertifyOptions:
+    """The options with tiers and search resolved, or ValueError before any case runs or any file is written."""
+    from conformance.cases.suite import PROFILES, TIERS
+
     if not backends:
         raise ValueError("certify: give at least one --backend")
     from conformance.cases.selection import check_backends
 
     check_backends(backends)  # an unknown name or parameter: exit 2 before any case runs or any file is written
-    tiers = tuple(tiers) if tiers else TIERS
+    tiers = tuple(opts.tiers) if opts.tiers else TIERS
     for t in tiers:
         if t not in TIERS:
             raise ValueError(f"unknown tier {t!r}; known: {', '.join(TIERS)}")
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
-    if search is None:
-        search = search_by_default(profile)
+    if opts.profile not in PROFILES:
+        raise ValueError(f"unknown profile {opts.profile!r}; known: {', '.join(PROFILES)}")
+    search = search_by_default(opts.profile) if opts.search is None else opts.search
     if search:  # the search needs Hypothesis: say so before any case runs
         try:
             import hypothesis  # noqa: F401
         except ModuleNotFoundError:
             raise ValueError("certify runs the property search, which needs Hypothesis: pip install hypothesis "
                              "(or --no-search: the certificate then says no search was run)") from None
-        if search_examples is not None and int(search_examples) < 1:
-            raise ValueError(f"--search-examples expects a number >= 1, got {search_examples}")
-    _check_target(folder)
-    lock = OutLock.beside(folder).acquire()
+        if opts.search_examples is not None and int(opts.search_examples) < 1:
+            raise ValueError(f"--search-examples expects a number >= 1, got {opts.search_examples}")
+    return dataclasses.replace(opts, tiers=tiers, search=search)
+
+
+def _selected_cases(work: Path, opts: CertifyOptions) -> tuple:
+    """(base seed, the case specs): the profile's case list (fresh-seed profiles keep a resumed run's seed), sharded."""
+    from conformance.cases.suite import PROFILES, case_list, parse_shard
+    from conformance.cases.suite import shard as do_shard
+
+    base_seed = None
+    if PROFILES[opts.profile].get("fresh_seeds"):
+        base_seed = _recorded_seed(work)
+        if base_seed is None:
+            base_seed = int(time.time())
+    specs = case_list(schemes=opts.schemes or None, tiers=opts.tiers, profile=opts.profile, base_seed=base_seed,
+                      families=opts.families)
+    sh = parse_shard(opts.shard)
+    if sh:
+        specs = do_shard(specs, *sh)
+    if not specs:
+        raise ValueError("certify: the selection has no cases")
+    return base_seed, specs
+
+
+def _claim_work(work: Path, ids: list) -> None:
+    """Create the work folder with its cases.txt, refusing one that holds another case list's interrupted run."""
+    work.mkdir(parents=True, exist_ok=True)
+    cases_txt = "".join(i + "\n" for i in ids)
+    if (work / "cases.txt").exists() and (work / "cases.txt").read_text(encoding="utf-8") != cases_txt:
+        raise QconformError(f"{work}: holds an interrupted certification of another case list; remove it "
+                            "or choose another --out")
+    (work / "cases.txt").write_text(cases_txt, encoding="utf-8")
+
+
+def _run_header(backends: list[str], opts: CertifyOptions, base_seed, specs, wv) -> dict:
+    """The run's header record (results.jsonl), which bundle.json is derived from."""
+    from conformance.cases.suite import list_hash
+    from conformance.run.provenance import environment
+
+    env = environment()
+    host = opts.host_label or env.get("host") or "host"
+    header = {"suite": "qconform", "emulator_version": emulator_version, "profile": opts.profile,
+              "tiers": list(opts.tiers), "schemes": list(opts.schemes) if opts.schemes else "all",
+              "backends": list(backends), "shard": opts.shard, "base_seed": base_seed, "case_count": len(specs),
+              "case_list_sha256": list_hash(specs), "environment": env, "timeout": opts.timeout,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "waivers": [w.__dict__ for w in wv],
+              "certify": True, "host_label": host, "waiver_date": time.strftime("%Y-%m-%d")}
+    if opts.families is not None:
+        header["families"] = opts.families
+    return header
+
+
+def _run_cases(folder: Path, backends, specs, header: dict, wv, opts: CertifyOptions, progress: bool, log) -> None:
+    """Run (or resume) the case list in ``folder``'s work folder, its outputs staged beside it; QconformError
+    unless every (backend, case) has its result."""
+    from conformance.run.runner import Runner
+
+    work, staging = _work_folder(folder), _staging_folder(folder)
+
+    placement = opts.placement
+    runner = Runner(work, timeout=opts.timeout, jobs=opts.jobs, waivers=wv, progress=progress,
+                    on_output=Stager(staging), memory_limit=opts.memory_limit, lock=True,
+                    devices=placement.devices if placement else None,
+                    executor=placement.executor if placement else None)
+    log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
+        f"profile {opts.profile} -> {folder}")
+    import warnings
+
     try:
-        _check_target(folder)
-        work = folder.with_name(folder.name + PARTIAL)
-        # the encoded outputs wait outside the bundle until it is in place: an interruption anywhere before
-        # the rename leaves them for the resumed run (which skips the cases they belong to)
-        staging = folder.with_name(f".{folder.name}{STAGING}")
-        base_seed = None
-        if PROFILES[profile].get("fresh_seeds"):
-            base_seed = _recorded_seed(work)
-            if base_seed is None:
-                base_seed = int(time.time())
-        specs = case_list(schemes=schemes or None, tiers=tiers, profile=profile, base_seed=base_seed, families=families)
-        sh = parse_shard(shard)
-        if sh:
-            specs = do_shard(specs, *sh)
-        if not specs:
-            raise ValueError("certify: the selection has no cases")
-        work.mkdir(parents=True, exist_ok=True)
-        ids = [s.case_id for s in specs]
-        cases_txt = "".join(i + "\n" for i in ids)
-        if (work / "cases.txt").exists() and (work / "cases.txt").read_text(encoding="utf-8") != cases_txt:
-            raise QconformError(f"{work}: holds an interrupted certification of another case list; remove it "
-                                "or choose another --out")
-        (work / "cases.txt").write_text(cases_txt, encoding="utf-8")
-        from conformance.run.provenance import environment
-
-        wv = load_waivers(waivers)
-        env = environment()
-        host = host_label or env.get("host") or "host"
-        header = {"suite": "qconform", "emulator_version": emulator_version, "profile": profile,
-                  "tiers": list(tiers), "schemes": list(schemes) if schemes else "all", "backends": list(backends),
-                  "shard": shard, "base_seed": base_seed, "case_count": len(specs),
-                  "case_list_sha256": list_hash(specs), "environment": env, "timeout": timeout,
-                  "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "waivers": [w.__dict__ for w in wv],
-                  "certify": True, "host_label": host, "waiver_date": time.strftime("%Y-%m-%d")}
-        if families is not None:
-            header["families"] = families
-        search_args = {"seed": int(search_seed), "examples": search_examples} if search else None
-        runner = Runner(work, timeout=timeout, jobs=jobs, waivers=wv, progress=progress,
-                        on_output=Stager(staging), memory_limit=memory_limit, lock=True,
-                        devices=placement.devices if placement else None,
-                        executor=placement.executor if placement else None)
-        log(f"qconform certify: {len(specs)} case(s) x {len(backends)} backend(s) [{', '.join(backends)}], "
-            f"profile {profile} -> {folder}")
-        import warnings
-
-        try:
-            with warnings.catch_warnings():
-                # NumPy's invalid-value warnings on the suite's deliberate NaN/Inf inputs are not findings
-                warnings.simplefilter("ignore", RuntimeWarning)
-                runner.run(list(backends), specs, resume=True, header=header)
-        finally:
-            runner.close()
-        from conformance.run.completeness import missing_pairs
-        from conformance.run.runner import read_results
-
-        missing = missing_pairs(read_results(work / "results.jsonl"), runner.labels, list(backends), ids)
-        if missing:  # the invariant (conformance/run/completeness.py): nothing is sealed without every result
-            raise QconformError(f"certify: {sum(missing.values())} result(s) missing after the run ("
-                                + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
-                                + f"); nothing sealed; rerun the same command to resume in {work}")
-        if search_args is not None:  # the bounded, seeded search, in its own runner folder search/
-            from conformance.certify.coverage_search import run_search, search_schemes
-
-            run_search(work, list(backends), profile=profile, schemes=search_schemes(schemes, families),
-                       seed=search_args["seed"], examples=search_examples, timeout=timeout, waivers=wv, log=log)
-        (work / LOCK_NAME).unlink(missing_ok=True)
-        shutil.rmtree(work / ".work", ignore_errors=True)  # the runner's scratch space, if a kill left it
-        res = _assemble(work, staging, ids, dict(header, host_label=host, search=search_args), extra_files)
-        sha = seal(work)
-        if folder.exists():
-            folder.rmdir()  # empty (checked above, under the lock)
-        os.rename(work, folder)
-        shutil.rmtree(staging, ignore_errors=True)
-        res.path, res.manifest_sha256 = folder, sha
-        return res
+        with warnings.catch_warnings():
+            # NumPy's invalid-value warnings on the suite's deliberate NaN/Inf inputs are not findings
+            warnings.simplefilter("ignore", RuntimeWarning)
+            runner.run(list(backends), specs, resume=True, header=header)
     finally:
-        lock.release()
+        runner.close()
+    from conformance.run.completeness import missing_pairs
+    from conformance.run.runner import read_results
+
+    ids = [s.case_id for s in specs]
+    missing = missing_pairs(read_results(work / "results.jsonl"), runner.labels, list(backends), ids)
+    if missing:  # the invariant (conformance/run/completeness.py): nothing is sealed without every result
+        raise QconformError(f"certify: {sum(missing.values())} result(s) missing after the run ("
+                            + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
+                            + f"); nothing sealed; rerun the same command to resume in {work}")
+
+
+def _seal_into(folder: Path, work: Path, staging: Path, ids: list, header: dict, extra_files) -> CertifyResult:
+    """Derive every file from the run, seal the manifest and rename the work folder to ``folder``."""
+    (work / LOCK_NAME).unlink(missing_ok=True)
+    shutil.rmtree(work / ".work", ignore_errors=True)  # the runner's scratch space, if a kill left it
+    res = _assemble(work, staging, ids, header, extra_files)
+    sha = seal(work)
+    if folder.exists():
+        folder.rmdir()  # empty (checked above, under the lock)
+    os.rename(work, folder)
+    shutil.rmtree(staging, ignore_errors=True)
+    res.path, res.manifest_sha256 = folder, sha
+    return res
 
 
 def _recorded_seed(work: Path) -> "int | None":

@@ -6,6 +6,7 @@ Semantics: docs/conformance.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -134,7 +135,7 @@ def _silence(fds) -> None:
     os.close(devnull)
 
 
-def _selection(args):
+def run_selection(args):
     """(backend specs, tiers, specs) of a run, every name checked before anything runs."""
     from conformance.cases.selection import check_backends, check_selection
 
@@ -174,7 +175,7 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     header: backends of the target that could not start here."""
     from conformance.cases.specs import PROPERTY_TIER
 
-    backends, tiers, specs = _selection(args)
+    backends, tiers, specs = run_selection(args)
     prop_families = []
     if PROPERTY_TIER in tiers:  # Hypothesis is needed only here (a plain `pip install .` runs without it)
         try:
@@ -196,80 +197,132 @@ def cmd_run(args, *, unavailable: dict | None = None) -> int:
     runner = Runner(args.out, timeout=timeout, jobs=args.jobs, waivers=waivers, progress=False, lock=True,
                     memory_limit=getattr(args, "memory_limit", None), devices=placement.devices,
                     executor=placement.executor)
+    plan = RunPlan(out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable)
     try:
-        return _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable)
+        return _run_locked(args, runner, plan)
     finally:
         runner.close()
 
 
-def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_hash, waivers, unavailable) -> int:
-    from conformance.report import console
-    from conformance.run.completeness import enforce, missing_pairs
-    from conformance.report.write import load_source, summarize_sources, write_reports
-    from conformance.run.resultfile import is_output_error, unwritable
-    from conformance.cases.specs import PROPERTY_TIER
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What one ``qconform run`` runs, chosen (cmd_run) before its output folder is touched."""
 
-    prepare_out(out, resume=args.resume, case_hash=case_hash, backends=backends)
-    n_todo = (len(specs) + len(prop_families)) * len(backends)
-    if args.resume:
-        ids = {s.case_id for s in specs}
-        n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(out / "results.jsonl")
-                       if r.get("kind") == "result" and r.get("case_id") in ids})
-    runner.progress = console.make_progress(max(n_todo, 0), enabled=not args.no_progress) or False
-    header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
-              "tiers": list(tiers), "schemes": args.scheme or "all", "backends": backends, "shard": args.shard,
-              "case_count": len(specs), "case_list_sha256": case_hash, "environment": environment(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "waivers": [w.__dict__ for w in waivers]}
-    if prop_families:
-        header["property_seed"] = getattr(args, "seed", None)
-        header["property_searches"] = len(prop_families)  # result lines per backend (completeness.header_shortfall)
-    if unavailable:
-        header["unavailable"] = dict(unavailable)
-    if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
-        header["default_selection"] = list(backends)
-    print(f"qconform run: {len(specs)} case(s)"
+    out: Path
+    backends: list
+    tiers: tuple
+    specs: list  # the case list (CaseSpec)
+    prop_families: list  # the property tier's families (empty: no property tier)
+    case_hash: str  # list_hash(specs)
+    waivers: list
+    unavailable: "dict | None"  # `qconform target`'s backends that cannot start here: {backend: reason}
+
+    @property
+    def expected(self) -> int:
+        """Result lines the run owes: one per (backend, case) and per (backend, property search)."""
+        return (len(self.specs) + len(self.prop_families)) * len(self.backends)
+
+
+def _run_locked(args, runner, plan: RunPlan) -> int:
+    """The run in its locked folder: prepare, run, judge completeness, print, write the reports, exit status."""
+    from conformance.report import console
+
+    prepare_out(plan.out, resume=args.resume, case_hash=plan.case_hash, backends=plan.backends)
+    runner.progress = console.make_progress(max(_todo(args, plan), 0), enabled=not args.no_progress) or False
+    header = _run_header(args, plan)
+    prop_families = plan.prop_families
+    print(f"qconform run: {len(plan.specs)} case(s)"
           + (f" + {len(prop_families)} property search(es)" if prop_families else "")
-          + f" x {len(backends)} backend(s) [{', '.join(backends)}], "
+          + f" x {len(plan.backends)} backend(s) [{', '.join(plan.backends)}], "
           f"profile {args.profile}, results -> {runner.results_path}" + (" (resumed)" if args.resume else ""))
     sys.stdout.flush()
     t0 = time.perf_counter()
-    results: list = []
-    interrupted = None
-    try:
-        with runner.interruptible():  # Ctrl-C, SIGTERM, a closed pipe: stop, then report what finished
-            results = runner.run(backends, specs, resume=args.resume, header=header)
-            if prop_families:
-                from conformance.run.property_search import run_property
-
-                results += run_property(runner, backends, profile=args.profile, seed=getattr(args, "seed", None),
-                                        schemes=args.scheme or None)
-                if runner.stopped_by is not None:
-                    raise RunInterrupted(runner.stopped_by)
-    except RunInterrupted as e:
-        interrupted = runner.stopped_by or e.signum
-        results = results or list(e.results)
+    results, interrupted = _execute(args, runner, plan, header)
     if interrupted == signal.SIGPIPE:  # the reader went away: write the files, print nothing more
         _silence(closed_outputs())
     if runner.repaired:
         print(f"qconform run: removed a torn last line ({runner.repaired} bytes) that an interrupted run left in "
               f"{runner.results_path}")
     wall = time.perf_counter() - t0
-    src = load_source(out)
-    ids = {s.case_id for s in specs} | {r["case_id"] for r in results if r.get("tier") == PROPERTY_TIER}
-    src["results"] = [r for r in src["results"] if r["case_id"] in ids]  # this invocation's cases only
-    summary = summarize_sources([src], base=out)
-    # the invariant, in one place before any verdict is printed or an exit status chosen: a result for every
-    # (backend, case) this run was asked for, or INCOMPLETE / INTERRUPTED (conformance/run/completeness.py)
-    missing = missing_pairs(src["results"], runner.labels, backends, [s.case_id for s in specs])
-    n_prop = sum(1 for r in results if r.get("tier") == PROPERTY_TIER)
-    if prop_families and n_prop < len(prop_families) * len(backends):
-        missing["property searches"] = len(prop_families) * len(backends) - n_prop
-    enforce(summary, missing=missing, expected=(len(specs) + len(prop_families)) * len(backends),
-            interrupted=describe_stop(interrupted) if interrupted is not None else None)
+    summary = _complete_summary(runner, plan, results, interrupted)
     print()
     console.print_table(summary)
     console.print_failures(summary)
+    _print_speed(runner, results, wall)
+    unwritten = _write_run_reports(args, plan.out, summary)
+    console.print_verdict(summary)
+    return _run_exit_status(args, runner, summary, interrupted, unwritten, plan.unavailable)
+
+
+def _todo(args, plan: RunPlan) -> int:
+    """Results still to come (the progress bar's total): on --resume, less the (backend, case) pairs written."""
+    n_todo = plan.expected
+    if args.resume:
+        ids = {s.case_id for s in plan.specs}
+        n_todo -= len({(r["backend"], r["case_id"]) for r in read_results(plan.out / "results.jsonl")
+                       if r.get("kind") == "result" and r.get("case_id") in ids})
+    return n_todo
+
+
+def _run_header(args, plan: RunPlan) -> dict:
+    """The run's header record in results.jsonl."""
+    header = {"suite": "qconform", "emulator_version": emulator_version, "profile": args.profile,
+              "tiers": list(plan.tiers), "schemes": args.scheme or "all", "backends": plan.backends,
+              "shard": args.shard, "case_count": len(plan.specs), "case_list_sha256": plan.case_hash,
+              "environment": environment(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "waivers": [w.__dict__ for w in plan.waivers]}
+    if plan.prop_families:
+        header["property_seed"] = getattr(args, "seed", None)
+        header["property_searches"] = len(plan.prop_families)  # result lines per backend (completeness.header_shortfall)
+    if plan.unavailable:
+        header["unavailable"] = dict(plan.unavailable)
+    if not args.backend:  # chosen by availability: a backend with no case for this selection is not a failure
+        header["default_selection"] = list(plan.backends)
+    return header
+
+
+def _execute(args, runner, plan: RunPlan, header: dict) -> tuple:
+    """(results, the signal that stopped the run or None): the case list, then the property searches."""
+    results: list = []
+    interrupted = None
+    try:
+        with runner.interruptible():  # Ctrl-C, SIGTERM, a closed pipe: stop, then report what finished
+            results = runner.run(plan.backends, plan.specs, resume=args.resume, header=header)
+            if plan.prop_families:
+                from conformance.run.property_search import run_property
+
+                results += run_property(runner, plan.backends, profile=args.profile, seed=getattr(args, "seed", None),
+                                        schemes=args.scheme or None)
+                if runner.stopped_by is not None:
+                    raise RunInterrupted(runner.stopped_by)
+    except RunInterrupted as e:
+        interrupted = runner.stopped_by or e.signum
+        results = results or list(e.results)
+    return results, interrupted
+
+
+def _complete_summary(runner, plan: RunPlan, results: list, interrupted) -> dict:
+    """The summary of this invocation's cases, with the completeness invariant enforced on it."""
+    from conformance.cases.specs import PROPERTY_TIER
+    from conformance.report.write import load_source, summarize_sources
+    from conformance.run.completeness import enforce, missing_pairs
+
+    src = load_source(plan.out)
+    ids = {s.case_id for s in plan.specs} | {r["case_id"] for r in results if r.get("tier") == PROPERTY_TIER}
+    src["results"] = [r for r in src["results"] if r["case_id"] in ids]  # this invocation's cases only
+    summary = summarize_sources([src], base=plan.out)
+    # the invariant, in one place before any verdict is printed or an exit status chosen: a result for every
+    # (backend, case) this run was asked for, or INCOMPLETE / INTERRUPTED (conformance/run/completeness.py)
+    missing = missing_pairs(src["results"], runner.labels, plan.backends, [s.case_id for s in plan.specs])
+    n_prop = sum(1 for r in results if r.get("tier") == PROPERTY_TIER)
+    if plan.prop_families and n_prop < len(plan.prop_families) * len(plan.backends):
+        missing["property searches"] = len(plan.prop_families) * len(plan.backends) - n_prop
+    enforce(summary, missing=missing, expected=plan.expected,
+            interrupted=describe_stop(interrupted) if interrupted is not None else None)
+    return summary
+
+
+def _print_speed(runner, results: list, wall: float) -> None:
     per_backend = Counter(r["backend"] for r in results)
     for b, n in per_backend.items():
         secs = sum(r.get("seconds", 0) or 0 for r in results if r["backend"] == b)
@@ -280,18 +333,28 @@ def _run_locked(args, runner, out, backends, tiers, specs, prop_families, case_h
         print(f"shared references: inputs drawn {st['inputs_drawn']}, reused {st['inputs_reused']}; intervals computed "
               f"{st['intervals_computed']}, reused {st['intervals_reused']}")
     print(f"wall time {wall:.1f} s")
-    unwritten = None
-    try:  # the reports (docs/certification.md#reports); a report problem never changes the run's verdict
+
+
+def _write_run_reports(args, out: Path, summary: dict):
+    """Write the reports (docs/certification.md#reports); a problem never changes the run's verdict. Returns the
+    error to raise after the verdict (a full or read-only folder), or None."""
+    from conformance.report.write import write_reports
+    from conformance.run.resultfile import is_output_error, unwritable
+
+    try:
         written = write_reports(out, summary)
         print("reports: " + ", ".join(str(p) for p in written))
     except Exception as e:  # noqa: BLE001
         if is_output_error(e):  # a full or read-only folder: exit 2 naming it, after the verdict
-            unwritten = unwritable(e, out, hint=f"the results are complete; write the reports with: qconform report "
-                                                f"{args.out}")
-        else:
-            print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
-                  f"retry with: qconform report {args.out}", file=sys.stderr)
-    console.print_verdict(summary)
+            return unwritable(e, out, hint=f"the results are complete; write the reports with: qconform report "
+                                           f"{args.out}")
+        print(f"qconform run: writing the reports failed ({type(e).__name__}: {e}); "
+              f"retry with: qconform report {args.out}", file=sys.stderr)
+    return None
+
+
+def _run_exit_status(args, runner, summary: dict, interrupted, unwritten, unavailable) -> int:
+    """The exit status (docs/conformance.md#exit-status); an unwritable report folder raises here, after the verdict."""
     if interrupted is not None:
         resume = _resume_command(args)
         print(f"qconform run: {describe_stop(interrupted)}: stopped; the {summary['n_results']} result(s) that "
@@ -355,17 +418,15 @@ def cmd_replay(args) -> int:
         if reply.failure is not None:
             print(f"replay on {want}: {reply.failure.kind}: {reply.failure.error}")
             return 1
-        return _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in,
-                             lambda: w.localize(declared, bundle=bundle))
+        rec = _replayed_record(inp, iv, declared, out)
+        return _report_replay(rec, inp, want, args.backend or recorded, stand_in,
+                              lambda: w.localize(declared, bundle=bundle))
     finally:
         w.close()
 
 
-def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, localize) -> int:
-    """The replayed output's verdict; a failure names its failing element and its localization
-    (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights)."""
-    from conformance.judge.localize_text import localization_lines
-    from conformance.report.summary import describe_worst
+def _replayed_record(inp, iv, declared, out: Path) -> dict:
+    """The replayed output's result record, judged as the runner judges (a quantize-only case: its tensors)."""
     from conformance.judge.verdict import judge
     from emulator.tensorfile import load_tensors
 
@@ -375,9 +436,18 @@ def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, locali
         rec, _ = judge_quantized(inp.case, inp.x, declared, load_observed(out))
         if rec.get("first_mismatch"):
             rec["worst_element"] = rec["first_mismatch"]
-    else:
-        y = load_tensors(out)["y"].data
-        rec = judge(inp, iv, y, declared).record()
+        return rec
+    y = load_tensors(out)["y"].data
+    return judge(inp, iv, y, declared).record()
+
+
+def _report_replay(rec: dict, inp, want: str, asked: str, stand_in: bool, localize) -> int:
+    """Print the replay's verdict and return the exit status; a failure names its failing element and its
+    localization (docs/conformance.md#failure-localization: probes on the same worker, the case's own weights).
+    ``want``: the backend that ran; ``asked``: the one asked for (another when ``stand_in``)."""
+    from conformance.judge.localize_text import localization_lines
+    from conformance.report.summary import describe_worst
+
     print(f"replay on {want}: {rec['verdict']}" + (f": {rec['reason']}" if rec.get("reason") else ""))
     if rec["verdict"] in BAD:
         print(f"worst element {describe_worst(rec.get('worst_element'))}")
@@ -388,7 +458,7 @@ def _judge_replay(args, inp, iv, declared, out, want, recorded, stand_in, locali
                 print(line)
         return 1
     if stand_in:
-        print(f"replay: NOT REPLAYED on {args.backend or recorded} (unavailable here); the emulator's verdict above "
+        print(f"replay: NOT REPLAYED on {asked} (unavailable here); the emulator's verdict above "
               "says nothing about it")
         return EXIT_NOT_CERTIFIED
     return 0

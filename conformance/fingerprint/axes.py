@@ -241,6 +241,13 @@ TUNING: dict[str, dict] = {
                                                        "with float32 activations where the backend takes them"),
     "moe_gate_up_dtype": dict(act="float32", note="a 16-bit output hides most intermediate roundings: probed "
                                                   "with float32 activations where the backend takes them"),
+    "moe_expert_output_dtype": dict(act="bfloat16", note="probed with bfloat16 activations where the backend takes "
+                                                         "them: a bf16 store shows on a bf16 output, an fp32 store "
+                                                         "on an fp32 output hardly ever"),
+    "moe_expert_output_weighted": dict(act="bfloat16", context={"moe_expert_output_dtype": "bfloat16"},
+                                       requires=("moe_expert_output_dtype", ("activation", "float16", "bfloat16"),
+                                                 "acts only where the expert outputs are stored in a 16-bit dtype "
+                                                 "(moe_expert_output_dtype)")),
 }
 
 #: (key, scheme) where a vocabulary axis applies on paper but the scheme's cases cannot exercise it
@@ -352,6 +359,8 @@ def coinciding_values(axis: Axis, case: Case, declared=None) -> dict:
         elif ov.get("act_arith_dtype") == case.act_dtype:
             out[name] = ("input", f"the activations are {case.act_dtype}")
         elif ov.get("moe_intermediate_dtype") == case.act_dtype:
+            out[name] = ("activation", f"the activation dtype is {case.act_dtype}")
+        elif axis.name == "moe_expert_output_dtype" and ov.get("moe_expert_output_dtype") == case.act_dtype:
             out[name] = ("activation", f"the activation dtype is {case.act_dtype}")
     return out
 

@@ -34,6 +34,9 @@ SAME_NUMBERS: dict[tuple, tuple] = {
     ("mx_zero_block", "eps_fp32"): ("min", "an all-zero block adds 0 whatever its scale byte"),
     ("mx_zero_block", "eps_1e10"): ("min", "an all-zero block adds 0 whatever its scale byte"),
     ("mx_zero_block", "eps_1e10_floor"): ("min", "an all-zero block adds 0 whatever its scale byte"),
+    ("moe_expert_output_dtype", "float32"): ("exact", "an fp32 store moves y by at most 2^-24 of the weighted "
+                                                      "expert outputs' magnitude, inside the fp32 accumulation "
+                                                      "bound the probes judge with"),
     ("moe_tie_order", "any"): ("lower_index_first", "'any' accepts every order on ties: an output consistent "
                                                     "with one order is consistent with 'any' too"),
     ("azp_epilogue", "compensation"): ("exact", "compensation widens the accepted interval around the same "

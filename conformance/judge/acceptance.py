@@ -31,7 +31,8 @@ docs/formats/activations.md#declared-stages-and-their-acceptance-bounds, docs/fo
 - ``azp_epilogue="compensation"``: asymmetric W8A8 whose epilogue subtracts
   the zero-point term in floating point (``_w8a8_interval``);
 - MoE ``act_quant``: int8-quantized GEMM inputs, with the intermediate's
-  quantization perturbed by the first GEMM's rounding (``_moe_act_quant_deviation``).
+  quantization perturbed by the first GEMM's rounding (``_moe_act_quant_range``), and every MoE
+  declaration: the kernel's own intermediate and expert outputs, element by element (``_moe_deviation``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from emulator import linear as lin
 from emulator import moe as emoe
 from emulator.activations import int8 as a8
 from emulator.declaration import Declared, declared_reference, declared_weight, int8_variant, moe_variant, mx_variant
-from emulator.schemes import Case
 from emulator.numerics.floats import decode, encode, format_of, round_float64_array, round_to_dtype
 from emulator.numerics.rounding import Rounding
 
@@ -345,19 +345,20 @@ def _w8a8_interval(inp: CaseInputs, ref, declared: Declared) -> Interval:
 # -- MoE ------------------------------------------------------------------------------------------
 def _moe_interval(inp: CaseInputs, ref, declared: Declared) -> Interval:
     """Two GEMMs + routing in the declared precision: each stage's accumulation and the fp32 routing
-    weights (relative u each), propagated through |w2| |a|; with ``act_quant``, plus the deviation of
-    the kernel's quantized intermediate from the reference's (``_moe_act_quant_deviation``)."""
+    weights (relative u each), propagated through |w2| |a|, plus the deviation the kernel's own
+    intermediate and expert outputs can have from the reference's (``_moe_deviation``), element by
+    element (docs/formats/moe.md#acceptance-bound)."""
     case = inp.case
     op, out_dtype = ref.operands, ref.out_dtype
-    x, w13, w2, mv, r = op["x"], op["w13"], op["w2"], op["variant"], op["result"]
+    w13, w2, mv, r = op["w13"], op["w2"], op["variant"], op["result"]
     u = UNIT_ROUNDOFF[declared.accumulate]
     ia = case.N
     inter_mag = r.y_bound / max(lin.gamma(ia + case.top_k + 8), 1e-300)
-    extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u) + 2.0 ** -7) * inter_mag
+    dev = _moe_deviation(r, np.asarray(op["x"], np.float64), w13, w2, mv, u, out_dtype)
+    extra = (_gamma(case.K, u) * 4 + _gamma(ia + case.top_k + 4, u)) * inter_mag + dev * (
+        1 + _gamma(ia + case.top_k + 4, u))
     parts = {"topk_ids": r.parts["topk_ids"]}
     if mv.act_quant is not None:
-        dev = _moe_act_quant_deviation(r, x, w13, w2, mv, case, u, out_dtype)
-        extra = extra + dev * (1 + _gamma(ia + case.top_k + 4, u))
         parts["act_quant_deviation"] = dev
     iv = _finish(r.y_exact, r.y_bound, inter_mag, ia, declared, out_dtype, parts=parts, extra=extra)
     if declared.value("moe_tie_order") == "any":
@@ -394,59 +395,123 @@ def _silu_range(lo, hi):
     return mn, np.maximum(a, b)
 
 
-def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: float, out_dtype: str) -> np.ndarray:
-    """Bound on |y_kernel - y_ref| caused by the int8 quantization of a perturbed intermediate.
+def _moe_intermediate_box(r, x_in, w13, mv: emoe.MoeVariant, u: float, out_dtype: str):
+    """(alo, ahi) [M, top_k, I]: per token m, slot j and element i, the range of the kernel's intermediate a'
+    (docs/formats/moe.md#acceptance-bound), by interval arithmetic with monotone steps:
+
+    1. h' in [h - e_h, h + e_h], h = x_in W13[e]^T exact, e_h = (gamma_{K+2}(u) + gamma_K(2^-53)) |x_in| |W13[e]|^T
+       (under act_quant the per-block integer dot is exact; block scaling and the block sum are fp32),
+       then rounded to ``gate_up_dtype`` when declared (RNE, monotone: [RNE(lo), RNE(hi)]);
+    2. silu(g) * up over the box (silu's exact range on an interval; the product's four corners),
+       widened by SILU_REL_ERR for the kernel's fp32 evaluation, rounded to the intermediate dtype.
+    """
+    ids = r.parts["topk_ids"]
+    inter_dtype = mv.intermediate_dtype or out_dtype
+    M, top_k = ids.shape
+    K = x_in.shape[1]
+    alo = np.zeros((M, top_k, w13.shape[1] // 2))
+    ahi = np.zeros_like(alo)
+    for j in range(top_k):
+        for e in np.unique(ids[:, j]):
+            rows = np.nonzero(ids[:, j] == e)[0]
+            with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs: NaN boxes, as the reference
+                alo[rows, j], ahi[rows, j] = _moe_box_rows(x_in[rows], w13[e], mv, u, K, inter_dtype)
+    return alo, ahi
+
+
+def _moe_box_rows(x_rows, w13_e, mv: emoe.MoeVariant, u: float, K: int, inter_dtype: str):
+    """Steps 1-2 of ``_moe_intermediate_box`` for the rows routed to one expert."""
+    h = x_rows @ w13_e.T
+    eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_rows) @ np.abs(w13_e).T)
+    hlo, hhi = h - eh, h + eh
+    if mv.gate_up_dtype:
+        hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
+    glo, ulo = emoe.split_gate_up(hlo, mv)
+    ghi, uhi = emoe.split_gate_up(hhi, mv)
+    slo, shi = _silu_range(glo, ghi)
+    corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
+    plo, phi = corners.min(axis=0), corners.max(axis=0)
+    widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
+    plo, phi = plo - widen, phi + widen
+    if inter_dtype != "float64":
+        plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
+    return plo, phi
+
+
+def _moe_deviation(r, x, w13, w2, mv: emoe.MoeVariant, u: float, out_dtype: str) -> np.ndarray:
+    """Bound [M, K] on |y_kernel - y_ref| from the kernel's own intermediate and expert outputs.
+
+    Per token m, slot j (expert e) and element i, the kernel's GEMM-2 input a'_in lies in a box around the
+    reference's a_in: ``_moe_intermediate_box`` (no act_quant) or ``_moe_act_quant_range``; D_i = the larger
+    distance from a_in,i to it (0 where the box is the one value a_in,i). Then the expert output
+    o' = a'_in W2[e]^T lies within e_o = D |W2[e]|^T + gamma_{I+2}(u) |a'_in| |W2[e]|^T of the reference's o.
+    Without ``expert_output_dtype`` that is |y' - y| <= sum_j |w_j| D |W2[e]|^T (the GEMM-2 accumulation is in
+    the caller's own term). With it, the stored value v' = RNE(o') (or RNE(w_j' o') when weighted, w_j' the
+    kernel's fp32 weight) lies between the roundings of the ends of [v - e_v, v + e_v] (RNE is monotone), so
+    |v' - v| <= max(|RNE(v + e_v) - v|, |RNE(v - e_v) - v|) with v the reference's stored value.
+    """
+    ids, wts = r.parts["topk_ids"], r.parts["topk_weights"]
+    a_in = r.parts["a_in"]
+    if mv.act_quant is not None:
+        vlo, vhi = _moe_act_quant_range(r, w13, mv, u, out_dtype)
+    else:
+        vlo, vhi = _moe_intermediate_box(r, x, w13, mv, u, out_dtype)
+    with np.errstate(invalid="ignore"):
+        dev_el = np.maximum(np.maximum(vhi - a_in, a_in - vlo), 0.0)
+    amag = np.maximum(np.abs(vlo), np.abs(vhi))
+    M, top_k = ids.shape
+    dev = np.zeros((M, w2.shape[1]))
+    for j in range(top_k):
+        for e in np.unique(ids[:, j]):
+            rows = np.nonzero(ids[:, j] == e)[0]
+            with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs: NaN, as the reference
+                dev[rows] += _moe_expert_deviation(r.parts["o"][rows, j], wts[rows, j:j + 1], dev_el[rows, j],
+                                                   amag[rows, j], w2[e], mv, u, top_k)
+    return dev
+
+
+def _moe_expert_deviation(o, wt, dev_el, amag, w2_e, mv: emoe.MoeVariant, u: float, top_k: int) -> np.ndarray:
+    """One expert's share of ``_moe_deviation`` for the rows routed to it (o: the reference's expert outputs
+    before ``expert_output_dtype``, wt: their routing weights)."""
+    w = np.abs(wt)
+    d_o = dev_el @ np.abs(w2_e).T
+    od = mv.expert_output_dtype
+    if not od:
+        return w * d_o
+    e_o = d_o + _gamma(dev_el.shape[1] + 2, u) * (amag @ np.abs(w2_e).T)
+    if mv.expert_output_weighted:
+        # the kernel's fp32 routing weight w' is within gamma_{I+top_k+4}(u) of w (the caller's routing term),
+        # and the product w' o' rounds once in fp32 before the store
+        v = wt * o
+        e_v = w * e_o + _gamma(dev_el.shape[1] + top_k + 6, u) * w * (np.abs(o) + e_o)
+        rv = round_to_dtype(v, od)
+        return np.maximum(np.abs(round_to_dtype(v + e_v, od) - rv), np.abs(round_to_dtype(v - e_v, od) - rv))
+    ro = round_to_dtype(o, od)
+    return w * np.maximum(np.abs(round_to_dtype(o + e_o, od) - ro), np.abs(round_to_dtype(o - e_o, od) - ro))
+
+
+def _moe_act_quant_range(r, w13, mv: emoe.MoeVariant, u: float, out_dtype: str):
+    """(vlo, vhi) [M, top_k, I]: the range of the kernel's dequantized int8 intermediate under ``act_quant``.
 
     x's quantization is emulated exactly (it sees the exact input). The intermediate a is not: the
     kernel quantizes *its* a', which differs from the reference a by the first GEMM's rounding. Per
     token m, slot j (expert e) and element i, interval arithmetic with monotone steps:
 
-    1. h' in [h - e_h, h + e_h], h = x_in W13[e]^T exact, e_h = gamma_{K+2}(u) |x_in| |W13[e]|^T (the
-       per-block integer dot is exact; block scaling and the block sum are fp32), then rounded to
-       ``gate_up_dtype`` when declared (RNE, monotone: [RNE(lo), RNE(hi)]);
-    2. silu(g) * up over the box (silu's exact range on an interval; the product's four corners),
-       widened by SILU_REL_ERR for the kernel's fp32 evaluation, rounded to the intermediate dtype;
+    1-2. a' lies in the box of ``_moe_intermediate_box`` (on the dequantized x);
     3. the row's amax' lies in [max_i mig(a'_i), max_i mag(a'_i)]; the code of a'_i under the declared
        (symmetric) ``act_quant`` is monotone in a'_i and in amax', so it lies between the codes of the
        four corners, each computed by the emulator's own quantizer on the row [amax', a'_i]; the
        scale s(amax') is monotone in amax', so it lies between the scales of the two ends; the
        kernel's dequantized value c' s' lies in the product of those two ranges (the product itself
-       is not monotone in amax', so the corners of the product are not enough);
-    4. D_i = the larger distance from the reference's dequantized a_in,i to that range, and
-       |y' - y| <= sum_j w_j (D @ |W2[e]|^T).
+       is not monotone in amax', so the corners of the product are not enough).
 
-    Elements whose box stays inside one code contribute only the scale change |s' - s| |c|, so the
+    Elements whose box stays inside one code move only by the scale change |s' - s| |c|, so the
     bound is tight where the first GEMM's error cannot move a code.
     """
     aq = mv.act_quant
     if not aq.symmetric or aq.scheme is not a8.Int8Scheme.MINMAX or aq.granularity is not a8.Granularity.PER_TOKEN:
         raise ValueError("the MoE act_quant bound is defined for symmetric per-token MINMAX int8 schemes")
-    ids, wts = r.parts["topk_ids"], r.parts["topk_weights"]
-    x_in, a_in = r.parts["x_in"], r.parts["a_in"]
-    inter_dtype = mv.intermediate_dtype or out_dtype
-    M, top_k = ids.shape
-    K = x_in.shape[1]
-    # 1-2: per (m, j) the kernel's intermediate box [alo, ahi]
-    alo = np.zeros_like(a_in)
-    ahi = np.zeros_like(a_in)
-    for j in range(top_k):
-        for e in np.unique(ids[:, j]):
-            rows = np.nonzero(ids[:, j] == e)[0]
-            h = x_in[rows] @ w13[e].T
-            eh = (_gamma(K + 2, u) + lin.gamma(K)) * (np.abs(x_in[rows]) @ np.abs(w13[e]).T)
-            hlo, hhi = h - eh, h + eh
-            if mv.gate_up_dtype:
-                hlo, hhi = round_to_dtype(hlo, mv.gate_up_dtype), round_to_dtype(hhi, mv.gate_up_dtype)
-            glo, ulo = emoe._split_gate_up(hlo, mv)
-            ghi, uhi = emoe._split_gate_up(hhi, mv)
-            slo, shi = _silu_range(glo, ghi)
-            corners = np.stack([slo * ulo, slo * uhi, shi * ulo, shi * uhi])
-            plo, phi = corners.min(axis=0), corners.max(axis=0)
-            widen = SILU_REL_ERR * np.maximum(np.abs(plo), np.abs(phi)) + 2.0 ** -140
-            plo, phi = plo - widen, phi + widen
-            if inter_dtype != "float64":
-                plo, phi = round_to_dtype(plo, inter_dtype), round_to_dtype(phi, inter_dtype)
-            alo[rows, j], ahi[rows, j] = plo, phi
+    alo, ahi = _moe_intermediate_box(r, r.parts["x_in"], w13, mv, u, out_dtype)
     # 3: amax' range per row, codes and scales at the corners
     mig = np.where((alo <= 0) & (ahi >= 0), 0.0, np.minimum(np.abs(alo), np.abs(ahi)))
     mag = np.maximum(np.abs(alo), np.abs(ahi))
@@ -467,15 +532,7 @@ def _moe_act_quant_deviation(r, x, w13, w2, mv: emoe.MoeVariant, case: Case, u: 
     slo, shi = scale(amin_row), scale(amax_row)
     # the kernel's dequantized value c' s' with c' in [clo, chi], s' in [slo, shi]: the interval product
     prods = np.stack([clo * slo, clo * shi, chi * slo, chi * shi])
-    vlo, vhi = prods.min(axis=0), prods.max(axis=0)
-    dev_el = np.maximum(np.maximum(vhi - a_in, a_in - vlo), 0.0)
-    # 4: through the second GEMM and the routing weights
-    dev = np.zeros((M, w2.shape[1]))
-    for j in range(top_k):
-        for e in np.unique(ids[:, j]):
-            rows = np.nonzero(ids[:, j] == e)[0]
-            dev[rows] += np.abs(wts[rows, j:j + 1]) * (dev_el[rows, j] @ np.abs(w2[e]).T)
-    return dev
+    return prods.min(axis=0), prods.max(axis=0)
 
 
 # -- comparison -----------------------------------------------------------------------------------

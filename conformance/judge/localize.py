@@ -203,7 +203,7 @@ def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.
     rows = []
     if case.spec.activations == "int8":
         for j in (0, -3, 2, -1, 4, 1, -5, 3):
-            if declared._act_symmetric(case):
+            if declared.act_symmetric_for(case):
                 t = rng.integers(-127, 128, K).astype(np.float64)
                 t[rng.integers(K)] = 127 * rng.choice((-1, 1))
             else:

@@ -123,41 +123,58 @@ def realized(cls: str, inp: CaseInputs) -> tuple[bool, str]:
         ok = bool(np.all(lg[:, k - 1] == lg[:, k]))
         return ok, f"k-th and (k+1)-th logits equal in every row: {ok}"
     if cls in AMAX or cls.startswith("act-"):
-        unit = activation_units(case) if cls != "act-saturation" else "block"
-        units = units_of(x, unit if unit != "none" else "row")
-        if cls in AMAX:
-            m = MANTISSA_BITS[case.act_dtype]
-            seen = []
-            for u in units:
-                a = float(np.max(np.abs(u)))
-                e = int(np.floor(np.log2(a)))
-                forms = {"amax=2^k": [2.0 ** e], "amax=2^k-ulp": [2.0 ** (e + 1) - 2.0 ** (e - m)],
-                         "amax=2^k+ulp": [2.0 ** e + 2.0 ** (e - m)],
-                         "amax=1.5*2^k-ulp": [1.5 * 2.0 ** e - 2.0 ** (e - m)],
-                         "amax=1.5*2^k+ulp": [1.5 * 2.0 ** e + 2.0 ** (e - m)], "amax=1.75*2^k": [1.75 * 2.0 ** e]}
-                seen.append(a in forms[cls])
-            return all(seen), f"{sum(seen)} of {len(seen)} {unit}s with {cls}"
-        if cls == "act-one-signed":
-            n = sum(bool(((u >= 0).all() and (u > 0).any()) or ((u <= 0).all() and (u < 0).any())) for u in units)
-            return n > 0, f"{n} one-signed {unit}(s)"
-        if cls == "act-constant-rows":
-            n = sum(bool((r == r[0]).all() and r[0] != 0) for r in x)
-            return n > 0, f"{n} constant non-zero row(s)"
-        if cls == "act-saturation":
-            n = 0
-            for u in units:
-                a = float(np.max(np.abs(u)))
-                n += bool(a > 0 and a / 2.0 ** (np.floor(np.log2(a)) - 2) > 6)
-            return n > 0, f"{n} block(s) whose amax scales above 6"
+        seen = _realized_in_units(cls, case, x)
+        if seen is not None:
+            return seen
     if cls in ("nan-act", "inf-act"):
-        finite_rows = int(np.isfinite(x).all(axis=1).sum())
-        has = np.isnan(x).any() if cls == "nan-act" else (np.isinf(x).any() and not np.isnan(x).any())
-        if not has or not finite_rows:
-            return False, f"{cls}: activations hold it: {bool(has)}; {finite_rows} finite row(s)"
-        if case.spec.quantize_only:
-            return True, f"{finite_rows} finite row(s)"
-        return _finite_and_not(_reference(inp), "nan" if cls == "nan-act" else "non-finite")
-    # weight classes
+        return _realized_non_finite_acts(cls, inp, case, x)
+    return _realized_weights(cls, inp, case, x)
+
+
+def _realized_in_units(cls: str, case, x: np.ndarray) -> "tuple[bool, str] | None":
+    """Activation classes seen per quantization unit (row, group or block); None: not one of them."""
+    unit = activation_units(case) if cls != "act-saturation" else "block"
+    units = units_of(x, unit if unit != "none" else "row")
+    if cls in AMAX:
+        m = MANTISSA_BITS[case.act_dtype]
+        seen = []
+        for u in units:
+            a = float(np.max(np.abs(u)))
+            e = int(np.floor(np.log2(a)))
+            forms = {"amax=2^k": [2.0 ** e], "amax=2^k-ulp": [2.0 ** (e + 1) - 2.0 ** (e - m)],
+                     "amax=2^k+ulp": [2.0 ** e + 2.0 ** (e - m)],
+                     "amax=1.5*2^k-ulp": [1.5 * 2.0 ** e - 2.0 ** (e - m)],
+                     "amax=1.5*2^k+ulp": [1.5 * 2.0 ** e + 2.0 ** (e - m)], "amax=1.75*2^k": [1.75 * 2.0 ** e]}
+            seen.append(a in forms[cls])
+        return all(seen), f"{sum(seen)} of {len(seen)} {unit}s with {cls}"
+    if cls == "act-one-signed":
+        n = sum(bool(((u >= 0).all() and (u > 0).any()) or ((u <= 0).all() and (u < 0).any())) for u in units)
+        return n > 0, f"{n} one-signed {unit}(s)"
+    if cls == "act-constant-rows":
+        n = sum(bool((r == r[0]).all() and r[0] != 0) for r in x)
+        return n > 0, f"{n} constant non-zero row(s)"
+    if cls == "act-saturation":
+        n = 0
+        for u in units:
+            a = float(np.max(np.abs(u)))
+            n += bool(a > 0 and a / 2.0 ** (np.floor(np.log2(a)) - 2) > 6)
+        return n > 0, f"{n} block(s) whose amax scales above 6"
+    return None
+
+
+def _realized_non_finite_acts(cls: str, inp: CaseInputs, case, x: np.ndarray) -> tuple[bool, str]:
+    """NaN or Inf activations, with finite rows whose reference output shows them."""
+    finite_rows = int(np.isfinite(x).all(axis=1).sum())
+    has = np.isnan(x).any() if cls == "nan-act" else (np.isinf(x).any() and not np.isnan(x).any())
+    if not has or not finite_rows:
+        return False, f"{cls}: activations hold it: {bool(has)}; {finite_rows} finite row(s)"
+    if case.spec.quantize_only:
+        return True, f"{finite_rows} finite row(s)"
+    return _finite_and_not(_reference(inp), "nan" if cls == "nan-act" else "non-finite")
+
+
+def _realized_weights(cls: str, inp: CaseInputs, case, x: np.ndarray) -> tuple[bool, str]:
+    """Weight and scale classes, seen in the independently dequantized weight and its scales."""
     from conformance.judge.oracles import independent_weight
 
     t = inp.tensors

@@ -118,8 +118,14 @@ def _unsupported_html(c: dict) -> str:
 
 
 def render_html(summary: dict, *, title: str = "qconform conformance report") -> str:
+    out = (_html_status(summary, title) + _html_matrix(summary) + _html_failures(summary) + _html_waivers(summary)
+           + _html_environment(summary) + ["</body></html>"])
+    return "\n".join(out)
+
+
+def _html_status(summary: dict, title: str) -> list[str]:
+    """The page head, the status banner, what a pass means, the notes, the levels and the legend."""
     esc = html.escape
-    idx = cell_index(summary)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{esc(title)}</h1>"]
     ok = summary["ok"]
@@ -141,7 +147,14 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
     out.append('<div class="legend">' + "".join(
         f'<span style="background:{COLOURS[v][0]};color:{COLOURS[v][1]}">{esc(v)}</span>' for v in VERDICT_ORDER)
         + "</div>")
+    return out
 
+
+def _html_matrix(summary: dict) -> list[str]:
+    """The support matrix: schemes by backends, each cell coloured by its worst verdict."""
+    esc = html.escape
+    idx = cell_index(summary)
+    out = []
     out.append('<h2 id="matrix-title">Support matrix</h2>')
     out.append("<p>Rows: schemes; columns: backends. A cell takes the colour of its worst verdict. The plot is "
                "the histogram of each case's largest error/bound ratio (0: correctly rounded everywhere; up to "
@@ -175,7 +188,13 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
                        f'{plot}<div class="metrics">{esc(metrics)}</div>{_unsupported_html(c)}</td>')
         out.append("</tr>")
     out.append("</tbody></table>")
+    return out
 
+
+def _html_failures(summary: dict) -> list[str]:
+    """The failing cases, grouped by signature, with an example and replay commands."""
+    esc = html.escape
+    out = []
     out.append(f'<h2 id="failures-title">Failing cases ({len(summary["failures"])})</h2>')
     if summary["failures"]:
         out.append("<p>Grouped by signature (backend, scheme, format, declared variants, verdict, reason). Replay "
@@ -212,7 +231,13 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
         out.append("</div>")
     else:
         out.append('<p id="failures">None.</p>')
+    return out
 
+
+def _html_waivers(summary: dict) -> list[str]:
+    """The waivers given, applied, expired and stale."""
+    esc = html.escape
+    out = []
     w = summary["waivers"]
     out.append('<h2 id="waivers-title">Waivers</h2>')
     if not (w["declared"] or w["applied"] or w["expired"] or w["stale"]):
@@ -232,7 +257,13 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
                 out.append(f"<li>{esc(r['column'])}: <code>{esc(r['case_id'])}</code> — "
                            f"{esc(str((r.get('waiver') or {}).get('issue', '')))}</li>")
             out.append("</ul>")
+    return out
 
+
+def _html_environment(summary: dict) -> list[str]:
+    """Each host's environment, then the runs."""
+    esc = html.escape
+    out = []
     out.append('<h2 id="environment-title">Environment</h2>')
     for host, env in summary["environment"].items():
         out.append(f"<h3>{esc(str(host))}</h3><table class=\"env\"><tbody>")
@@ -260,6 +291,5 @@ def render_html(summary: dict, *, title: str = "qconform conformance report") ->
                        f"<td>{esc(str(r.get('shard') or '-'))}</td><td><code>{esc(str(r.get('case_list_sha256')))}"
                        f"</code></td><td>{esc(str(r.get('time')))}</td></tr>")
         out.append("</tbody></table>")
-    out.append("</body></html>")
-    return "\n".join(out)
+    return out
 

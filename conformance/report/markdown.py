@@ -19,7 +19,12 @@ def _md(text: str) -> str:
 
 
 def render_markdown(summary: dict, *, title: str = "qconform conformance report") -> str:
-    idx = cell_index(summary)
+    L = _md_status(summary, title) + _md_matrix(summary) + _md_failures(summary) + _md_waivers_and_environment(summary)
+    return "\n".join(L) + "\n"
+
+
+def _md_status(summary: dict, title: str) -> list[str]:
+    """The title, the status line, what a pass means, the notes and the levels."""
     L = [f"# {title}", "", f"**{summary['headline']}**: {summary['n_results']} result(s), {summary['n_judged']} "
          f"judged, {summary['n_bad']} failing (fail, crash, timeout).", "", PASS_MEANING, ""]
     for nc in summary.get("not_certified", []):
@@ -32,6 +37,13 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
     L += ["## Conformance levels", "", f"Run level: **{summary.get('level') or '-'}**. {LEVELS_MEANING}", ""]
     L += [f"- {_md(line)}" for line in deviation_lines(summary)] or ["- every judged declaration is canonical"]
     L += [""]
+    return L
+
+
+def _md_matrix(summary: dict) -> list[str]:
+    """The support matrix and why cases were unsupported."""
+    idx = cell_index(summary)
+    L: list = []
     L += ["## Support matrix", "",
           "Cell: worst verdict, counts, then the worst error/bound ratio, ULP distance, lowest SQNR and tie flips; "
           "`hist` is the per-case max error/bound histogram (bins " + ", ".join(RATIO_BINS) + ").", ""]
@@ -56,6 +68,12 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
             L.append(f"- {c['column']} · {c['scheme']}:")
             for r, n in c["unsupported_reasons"].items():
                 L.append(f"  - {n} × {_md(r)}")
+    return L
+
+
+def _md_failures(summary: dict) -> list[str]:
+    """The failing cases, grouped by signature, at most MAX_LISTED listed."""
+    L: list = []
     L += ["", f"## Failing cases ({len(summary['failures'])})", ""]
     if not summary["failures"]:
         L.append("None.")
@@ -85,6 +103,12 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
         L.append("")
     if listed < len(summary["failures"]):
         L.append(f"... {len(summary['failures']) - listed} more failing case(s) in summary.json")
+    return L
+
+
+def _md_waivers_and_environment(summary: dict) -> list[str]:
+    """The waivers, each host's environment and the runs."""
+    L: list = []
     w = summary["waivers"]
     L += ["", "## Waivers", ""]
     if not (w["declared"] or w["applied"] or w["expired"] or w["stale"]):
@@ -116,4 +140,4 @@ def render_markdown(summary: dict, *, title: str = "qconform conformance report"
         for r in summary["runs"]:
             L.append(f"| {r.get('host')} | {r.get('profile')} | {r.get('case_count')} | {r.get('shard') or '-'} | "
                      f"`{r.get('case_list_sha256')}` | {r.get('time')} |")
-    return "\n".join(L) + "\n"
+    return L

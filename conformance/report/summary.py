@@ -12,6 +12,7 @@ scheme, format, declared variants, reason with its numbers masked).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -246,74 +247,137 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
     ``base`` is the folder the reports are written into: replay commands name bundles relative to
     it (default: each source's own folder).
     """
-    base = Path(base) if base is not None else None
-    columns: dict[str, dict] = {}
-    cells: dict[tuple, dict] = {}
-    failures, waived, expired, stale = [], [], [], []
-    declared_waivers = []
-    unavailable: dict[str, str] = {}
-    # backends a default run chose itself (no --backend): one with no applicable case is reported, not failed
-    optional: set = set()
-    schemes_seen = set()
-    semantic = []  # judged records whose declaration is an unwaived semantic deviation
+    t = _tally(sources, by_host, Path(base) if base is not None else None)
+    out_cells, totals = _finished_cells(t.cells)
+    runs, envs = _runs_and_environments(sources)
+    n_bad = sum(n for v, n in totals.items() if _bad(v))
+    n_results = sum(totals.values())
+    n_judged = n_results - totals.get(Verdict.UNSUPPORTED.value, 0)
+    not_certified, no_applicable = _column_statuses(t)
+    if n_bad or t.semantic:
+        status = "not-conformant"
+    elif not n_judged and t.unavailable:
+        status = "unavailable"
+    elif not_certified or not n_judged:
+        status = "not-certified"
+    elif totals.get(Verdict.PASS_SQNR.value):
+        status = "accurate"
+    else:
+        status = "conformant"
+    notes = _summary_notes(t, runs, n_results, not_certified, no_applicable)
+    summary = {"qconform_summary": 2, "ok": status == "conformant", "status": status,
+               # the run's conformance level: the farthest level of every judged declaration
+               "level": run_level(lvl for c in out_cells for lvl in c["levels"]),
+               "semantic_deviations": t.semantic,
+               "n_results": n_results, "n_judged": n_judged, "n_bad": n_bad,
+               "totals": dict(totals), "columns": list(t.columns.values()), "schemes": t.schemes(), "cells": out_cells,
+               "not_certified": not_certified, "no_applicable_case": no_applicable, "unavailable": t.unavailable,
+               "failures": t.failures, "failure_groups": _group_failures(t.failures),
+               "waivers": {"declared": t.declared_waivers, "applied": t.waived, "expired": t.expired,
+                           "stale": t.stale},
+               "runs": runs, "environment": envs, "notes": notes,
+               "bundles": [src["bundle"] for src in sources if src.get("bundle")]}
+    summary["headline"] = headline(summary)
+    short: dict = {}  # the invariant: never CONFORMANT with fewer results than a run's cases
+    for src in sources:
+        for b, n in (header_shortfall(src) or {}).items():
+            key = _column_key(src, b, by_host)
+            short[key] = short.get(key, 0) + n
+    return enforce(summary, missing=short)
 
-    def column(key: str, b: str, src: dict) -> dict:
-        if key not in columns:
+
+def _column_key(src: dict, backend: str, by_host: bool) -> str:
+    return f"{src['host'] or '?'} / {backend}" if by_host else backend
+
+
+@dataclasses.dataclass
+class _Tally:
+    """The records of every source, counted per column (backend, or host / backend) and per (column, scheme) cell."""
+
+    columns: dict = dataclasses.field(default_factory=dict)
+    cells: dict = dataclasses.field(default_factory=dict)
+    failures: list = dataclasses.field(default_factory=list)
+    waived: list = dataclasses.field(default_factory=list)
+    expired: list = dataclasses.field(default_factory=list)
+    stale: list = dataclasses.field(default_factory=list)
+    declared_waivers: list = dataclasses.field(default_factory=list)
+    unavailable: dict = dataclasses.field(default_factory=dict)
+    #: backends a default run chose itself (no --backend): one with no applicable case is reported, not failed
+    optional: set = dataclasses.field(default_factory=set)
+    schemes_seen: set = dataclasses.field(default_factory=set)
+    semantic: list = dataclasses.field(default_factory=list)  # judged records of an unwaived semantic deviation
+
+    def column(self, key: str, b: str, src: dict) -> dict:
+        if key not in self.columns:
             bl = src["backends"].get(b, {})
-            columns[key] = {"key": key, "backend": b, "host": src["host"], "version": bl.get("version"),
-                            "device": bl.get("device"), "available": bl.get("available"),
-                            "reason": bl.get("reason") or "", "source": src["path"], "verified": src.get("verified"),
-                            "n": 0, "judged": 0, "n_bad": 0, "n_semantic": 0, "n_sqnr": 0}
-        return columns[key]
+            self.columns[key] = {"key": key, "backend": b, "host": src["host"], "version": bl.get("version"),
+                                 "device": bl.get("device"), "available": bl.get("available"),
+                                 "reason": bl.get("reason") or "", "source": src["path"],
+                                 "verified": src.get("verified"),
+                                 "n": 0, "judged": 0, "n_bad": 0, "n_semantic": 0, "n_sqnr": 0}
+        return self.columns[key]
 
+    def schemes(self) -> list:
+        seen = self.schemes_seen
+        return [s for s in SCHEME_ORDER if s in seen] + sorted(seen - set(SCHEME_ORDER))
+
+    def add(self, rec: dict, src: dict, key: str, base) -> None:
+        """One result record of ``src`` in column ``key``."""
+        b = rec["backend"]
+        col = self.column(key, b, src)
+        scheme = rec.get("scheme") or "?"
+        self.schemes_seen.add(scheme)
+        c = self.cells.setdefault((key, scheme), _new_cell())
+        c["n"] += 1
+        v = rec.get("verdict", "?")
+        c["counts"][v] += 1
+        col["n"] += 1
+        col["judged"] += v != Verdict.UNSUPPORTED
+        col["n_bad"] += _bad(v)
+        col["n_sqnr"] += v == Verdict.PASS_SQNR
+        if v == Verdict.UNSUPPORTED:
+            c["unsupported"][rec.get("reason") or "(no reason given)"] += 1
+        _add_metrics(c, rec)
+        _add_level(c, rec)
+        if rec.get("level") == "semantic" and v != Verdict.UNSUPPORTED and not rec.get("deviation_waiver"):
+            col["n_semantic"] += 1
+            self.semantic.append({"column": key, "scheme": scheme, "case_id": rec["case_id"],
+                                  "variants": [d["variant"] for d in rec.get("deviations") or []
+                                               if d["level"] == "semantic"]})
+        if _bad(v):
+            self.failures.append(_failure_entry(rec, key, src, base))
+        entry = {"column": key, "backend": b, "host": src["host"], "scheme": scheme, "case_id": rec["case_id"],
+                 "verdict": v, "reason": rec.get("reason", "")}
+        if v == Verdict.WAIVED:
+            self.waived.append(dict(entry, waived_verdict=rec.get("waived_verdict"), waiver=rec.get("waiver")))
+        if rec.get("waiver_expired"):
+            self.expired.append(dict(entry, waiver=rec["waiver_expired"]))
+        if rec.get("unexpected_pass_of_waived_case"):
+            self.stale.append(dict(entry, waiver=rec["unexpected_pass_of_waived_case"]))
+
+
+def _tally(sources: list[dict], by_host: bool, base) -> _Tally:
+    t = _Tally()
     for src in sources:
         for rec in src["results"]:
-            b = rec["backend"]
-            key = f"{src['host'] or '?'} / {b}" if by_host else b
-            col = column(key, b, src)
-            scheme = rec.get("scheme") or "?"
-            schemes_seen.add(scheme)
-            c = cells.setdefault((key, scheme), _new_cell())
-            c["n"] += 1
-            v = rec.get("verdict", "?")
-            c["counts"][v] += 1
-            col["n"] += 1
-            col["judged"] += v != Verdict.UNSUPPORTED
-            col["n_bad"] += _bad(v)
-            col["n_sqnr"] += v == Verdict.PASS_SQNR
-            if v == Verdict.UNSUPPORTED:
-                c["unsupported"][rec.get("reason") or "(no reason given)"] += 1
-            _add_metrics(c, rec)
-            _add_level(c, rec)
-            if rec.get("level") == "semantic" and v != Verdict.UNSUPPORTED and not rec.get("deviation_waiver"):
-                col["n_semantic"] += 1
-                semantic.append({"column": key, "scheme": scheme, "case_id": rec["case_id"],
-                                 "variants": [d["variant"] for d in rec.get("deviations") or []
-                                              if d["level"] == "semantic"]})
-            if _bad(v):
-                failures.append(_failure_entry(rec, key, src, base))
-            entry = {"column": key, "backend": b, "host": src["host"], "scheme": scheme, "case_id": rec["case_id"],
-                     "verdict": v, "reason": rec.get("reason", "")}
-            if v == Verdict.WAIVED:
-                waived.append(dict(entry, waived_verdict=rec.get("waived_verdict"), waiver=rec.get("waiver")))
-            if rec.get("waiver_expired"):
-                expired.append(dict(entry, waiver=rec["waiver_expired"]))
-            if rec.get("unexpected_pass_of_waived_case"):
-                stale.append(dict(entry, waiver=rec["unexpected_pass_of_waived_case"]))
+            t.add(rec, src, _column_key(src, rec["backend"], by_host), base)
         for b, bl in src["backends"].items():
             if bl.get("available") is False:
-                key = f"{src['host'] or '?'} / {b}" if by_host else b
-                unavailable[key] = bl.get("reason") or "unavailable"
+                t.unavailable[_column_key(src, b, by_host)] = bl.get("reason") or "unavailable"
         for h in src["headers"]:
             for w in h.get("waivers") or []:
-                if w not in declared_waivers:
-                    declared_waivers.append(w)
+                if w not in t.declared_waivers:
+                    t.declared_waivers.append(w)
             for b in h.get("default_selection") or []:
-                optional.add(f"{src['host'] or '?'} / {b}" if by_host else b)
+                t.optional.add(_column_key(src, b, by_host))
             # backends a `qconform target` could not start at all (no result lines)
             for b, why in (h.get("unavailable") or {}).items():
-                unavailable.setdefault(f"{src['host'] or '?'} / {b}" if by_host else b, why)
-    schemes = [s for s in SCHEME_ORDER if s in schemes_seen] + sorted(schemes_seen - set(SCHEME_ORDER))
+                t.unavailable.setdefault(_column_key(src, b, by_host), why)
+    return t
+
+
+def _finished_cells(cells: dict) -> tuple:
+    """(the summary's cells, the verdict totals over them)."""
     out_cells = []
     totals = Counter()
     for (key, scheme), c in cells.items():
@@ -332,6 +396,10 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                           # conformance level of the cell: the farthest level of its judged declarations
                           "level": run_level(c["levels"]), "levels": dict(c["levels"]),
                           "deviations": sorted(c["deviations"].values(), key=lambda d: d["variant"])})
+    return out_cells, totals
+
+
+def _runs_and_environments(sources: list[dict]) -> tuple:
     runs = []
     envs = {}
     for src in sources:
@@ -340,39 +408,35 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
                                                "case_list_sha256", "time", "emulator_version")}
                         | {"host": src["host"], "source": src["path"]})
         envs[src["host"] or src["path"]] = dict(src["environment"], backends=list(src["backends"].values()))
-    n_bad = sum(n for v, n in totals.items() if _bad(v))
-    n_results = sum(totals.values())
-    n_judged = n_results - totals.get(Verdict.UNSUPPORTED.value, 0)
-    # what was not certified, and why: every unavailable backend, every column with no judged case
-    not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in unavailable.items()]
+    return runs, envs
+
+
+def _column_statuses(t: _Tally) -> tuple:
+    """Set each column's status; (what was not certified and why, default-selected columns with no applicable
+    case): every unavailable backend, every column with no judged case."""
+    not_certified = [{"column": k, "why": f"unavailable: {why}"} for k, why in t.unavailable.items()]
     no_applicable = []  # default-selected backends with no case they implement: reported, not a failed run
-    for col in columns.values():
-        col["status"] = ("unavailable" if col["key"] in unavailable else "not-certified" if not col["judged"]
+    for col in t.columns.values():
+        col["status"] = ("unavailable" if col["key"] in t.unavailable else "not-certified" if not col["judged"]
                          else "not-conformant" if col["n_bad"] or col["n_semantic"]
                          else "accurate" if col["n_sqnr"] else "conformant")
-        if not col["judged"] and col["key"] not in unavailable:
-            if col["key"] in optional:
+        if not col["judged"] and col["key"] not in t.unavailable:
+            if col["key"] in t.optional:
                 col["status"] = "no-applicable-case"
                 no_applicable.append({"column": col["key"], "why": f"no applicable case: all {col['n']} case(s) "
                                                                    "unsupported (chosen by the default selection)"})
                 continue
             not_certified.append({"column": col["key"], "why": f"no case judged: all {col['n']} case(s) unsupported"})
-    if n_bad or semantic:
-        status = "not-conformant"
-    elif not n_judged and unavailable:
-        status = "unavailable"
-    elif not_certified or not n_judged:
-        status = "not-certified"
-    elif totals.get(Verdict.PASS_SQNR.value):
-        status = "accurate"
-    else:
-        status = "conformant"
+    return not_certified, no_applicable
+
+
+def _summary_notes(t: _Tally, runs: list, n_results: int, not_certified: list, no_applicable: list) -> list:
     hashes = {r["case_list_sha256"] for r in runs if r.get("case_list_sha256")}
     notes = []
     if not runs:
         notes.append("no run header (kind: run) in the results: pytest-xdist workers write none, so the "
                      "environment is unknown")
-    if not n_results and not unavailable:
+    if not n_results and not t.unavailable:
         notes.append("no results: nothing was judged")
     if len(hashes) > 1:
         notes.append(f"the sources ran {len(hashes)} different case lists (profiles, schemes or shards differ)")
@@ -380,31 +444,14 @@ def summarize_sources(sources: list[dict], *, by_host: bool = False, base: "str 
         notes.append(f"not certified: {nc['column']}: {nc['why']}")
     for na in no_applicable:
         notes.append(f"not judged: {na['column']}: {na['why']}")
-    sem_groups = Counter((s["column"], s["scheme"], ",".join(s["variants"])) for s in semantic)
+    sem_groups = Counter((s["column"], s["scheme"], ",".join(s["variants"])) for s in t.semantic)
     for (col, sch, var), n in sorted(sem_groups.items()):
         notes.append(f"semantic deviation (NOT CONFORMANT unless waived): {col} {sch}: {var} declared on {n} "
                      "judged case(s)")
-    unverified = [c["key"] for c in columns.values() if c.get("verified") is False]
+    unverified = [c["key"] for c in t.columns.values() if c.get("verified") is False]
     if unverified:
         notes.append("not verified (no certification bundle): " + ", ".join(unverified))
-    summary = {"qconform_summary": 2, "ok": status == "conformant", "status": status,
-               # the run's conformance level: the farthest level of every judged declaration
-               "level": run_level(lvl for c in out_cells for lvl in c["levels"]),
-               "semantic_deviations": semantic,
-               "n_results": n_results, "n_judged": n_judged, "n_bad": n_bad,
-               "totals": dict(totals), "columns": list(columns.values()), "schemes": schemes, "cells": out_cells,
-               "not_certified": not_certified, "no_applicable_case": no_applicable, "unavailable": unavailable,
-               "failures": failures, "failure_groups": _group_failures(failures),
-               "waivers": {"declared": declared_waivers, "applied": waived, "expired": expired, "stale": stale},
-               "runs": runs, "environment": envs, "notes": notes,
-               "bundles": [src["bundle"] for src in sources if src.get("bundle")]}
-    summary["headline"] = headline(summary)
-    short: dict = {}  # the invariant: never CONFORMANT with fewer results than a run's cases
-    for src in sources:
-        for b, n in (header_shortfall(src) or {}).items():
-            key = f"{src['host'] or '?'} / {b}" if by_host else b
-            short[key] = short.get(key, 0) + n
-    return enforce(summary, missing=short)
+    return notes
 
 
 def deviation_lines(summary: dict) -> list[str]:

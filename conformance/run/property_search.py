@@ -85,6 +85,24 @@ def _failure_type(signature: str) -> type:
 
 
 # -- the search ------------------------------------------------------------------------------------
+def _search_outcome(test, st_: dict) -> str:
+    """Run the Hypothesis test: "passed", "failed" (failure signatures in ``st_["found"]``), "unsatisfiable" or
+    "flaky (...)" (an error after a failure was found; raised when none was)."""
+    try:
+        test()
+    except (_Failure, _EXCEPTION_GROUP) as e:
+        if isinstance(e, _EXCEPTION_GROUP) and not all(isinstance(x, _Failure) for x in e.exceptions):
+            raise
+        return "failed"
+    except Unsatisfiable:
+        return "unsatisfiable"
+    except Exception as e:  # noqa: BLE001 - Hypothesis's Flaky (a failure that did not repeat) and the like
+        if not st_["found"]:
+            raise
+        return f"flaky ({type(e).__name__})"
+    return "passed"
+
+
 @dataclasses.dataclass
 class PropertySearch:
     """One backend's property searches, run through ``runner`` (conformance.run.runner.Runner) in one worker."""
@@ -113,11 +131,28 @@ class PropertySearch:
     def run_family(self, worker, scheme: str, fmt: str, tmpdir: Path, today: str) -> list[dict]:
         """The family's result lines: one per failure signature found (its shrunk example), else one
         line for the whole search (pass-kind, or unsupported when no example was judged)."""
-        runner, label = self.runner, self.label
-        lim = self.limits
         st_ = {"calls": 0, "judged": 0, "unsupported": 0, "waived": 0, "verdicts": Counter(), "found": {},
                "refusals": Counter(), "levels": [], "deviations": {}, "semantic_unwaived": 0,
                "deviation_waiver": None}
+        test = self._hypothesis_test(self._example_judge(worker, scheme, fmt, tmpdir, today, st_), scheme, fmt)
+        t0 = time.perf_counter()
+        outcome = _search_outcome(test, st_)
+        seconds = time.perf_counter() - t0
+        info = {"family": f"{scheme}/{fmt}", "seed": self.seed, "profile": self.profile,
+                "max_examples": self.limits["examples"], "calls": st_["calls"], "judged": st_["judged"],
+                "unsupported": st_["unsupported"], "waived": st_["waived"], "verdicts": dict(st_["verdicts"]),
+                "database": str(Path(self.runner.out_dir) / "hypothesis"), "search_s": round(seconds, 2),
+                "outcome": outcome}
+        if st_["found"]:
+            return [self._minimal_record(worker, tmpdir, today, found, dict(info, signature=sig))
+                    for sig, found in st_["found"].items()]
+        return [self._search_record(scheme, fmt, info, seconds, st_)]
+
+    def _example_judge(self, worker, scheme: str, fmt: str, tmpdir: Path, today: str, st_: dict):
+        """The Hypothesis test body: draw a case and its inputs, run and judge them on ``worker``, count the outcome
+        into ``st_``; a failure raises its signature's exception (Hypothesis then shrinks it)."""
+        runner, label = self.runner, self.label
+        lim = self.limits
 
         def judge_example(data) -> None:
             st_["calls"] += 1
@@ -156,45 +191,31 @@ class PropertySearch:
             if not Verdict.parse(rec["verdict"]).neutral and rec["verdict"] != Verdict.WAIVED:
                 st_["judged"] += 1
 
+        return judge_example
+
+    def _hypothesis_test(self, judge_example, scheme: str, fmt: str):
+        """``judge_example`` as a seeded Hypothesis test over the family's example budget and database."""
         test = given(st.data())(judge_example)
-        test = hyp_settings(max_examples=lim["examples"], database=self.database(), deadline=None,
+        test = hyp_settings(max_examples=self.limits["examples"], database=self.database(), deadline=None,
                             derandomize=False, report_multiple_bugs=True, print_blob=False,
                             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
                             suppress_health_check=list(HealthCheck))(test)
         # what hypothesis.seed() does, less its side effect of switching the example database off: the
         # database in OUT/hypothesis is what makes a rerun start from the known failures
         test._hypothesis_internal_use_seed = self.seed
-        test._hypothesis_internal_database_key = f"qconform-property/{label}/{scheme}/{fmt}".encode()
-        t0 = time.perf_counter()
-        outcome = "passed"
-        try:
-            test()
-        except (_Failure, _EXCEPTION_GROUP) as e:
-            outcome = "failed"
-            if isinstance(e, _EXCEPTION_GROUP) and not all(isinstance(x, _Failure) for x in e.exceptions):
-                raise
-        except Unsatisfiable:
-            outcome = "unsatisfiable"
-        except Exception as e:  # noqa: BLE001 - Hypothesis's Flaky (a failure that did not repeat) and the like
-            if not st_["found"]:
-                raise
-            outcome = f"flaky ({type(e).__name__})"
-        seconds = time.perf_counter() - t0
-        info = {"family": f"{scheme}/{fmt}", "seed": self.seed, "profile": self.profile,
-                "max_examples": lim["examples"], "calls": st_["calls"], "judged": st_["judged"],
-                "unsupported": st_["unsupported"], "waived": st_["waived"], "verdicts": dict(st_["verdicts"]),
-                "database": str(Path(runner.out_dir) / "hypothesis"), "search_s": round(seconds, 2),
-                "outcome": outcome}
-        if st_["found"]:
-            return [self._minimal_record(worker, tmpdir, today, found, dict(info, signature=sig))
-                    for sig, found in st_["found"].items()]
+        test._hypothesis_internal_database_key = f"qconform-property/{self.label}/{scheme}/{fmt}".encode()
+        return test
+
+    def _search_record(self, scheme: str, fmt: str, info: dict, seconds: float, st_: dict) -> dict:
+        """The one line of a search that found no failure: unsupported when no example was judged, else the
+        weakest passing verdict of its judged examples (waived when a known defect was hit)."""
         family_spec = f"{PROPERTY_TIER}/{scheme}/{fmt}/search/seed{self.seed}"
         if st_["judged"] == 0:
             why = (f"no example of {scheme}/{fmt} was judged ({st_['unsupported']} refused, "
                    f"{st_['waived']} waived, verdicts {dict(st_['verdicts'])})")
             if st_["refusals"]:
                 why += "; refusal: " + st_["refusals"].most_common(1)[0][0]
-            return [self._family_record(family_spec, scheme, fmt, Verdict.UNSUPPORTED, why, info, seconds)]
+            return self._family_record(family_spec, scheme, fmt, Verdict.UNSUPPORTED, why, info, seconds)
         # the family's verdict: the weakest of its judged examples' (none failed; mistrusted ones say nothing)
         worst = Verdict.worst(v for v, n in st_["verdicts"].items()
                               if n and (Verdict.parse(v).passing or v == Verdict.PASS_SQNR)) or Verdict.PASS
@@ -206,7 +227,7 @@ class PropertySearch:
                        waiver=st_["waived_rec"].get("waiver"),
                        reason=f"{st_['waived']} example(s) failed and were waived "
                               f"({st_['waived_rec'].get('waiver', {}).get('issue')}); {reason}")
-        return [rec]
+        return rec
 
     def _family_record(self, case_id, scheme, fmt, verdict, reason, info, seconds, st_=None) -> dict:
         rec = ResultRecord(self.label, case_id, PROPERTY_TIER, scheme, fmt, GENERATOR, verdict, reason,

@@ -43,7 +43,7 @@ from conformance.run.workerclient import WorkerClient, WorkerFailure
 from conformance.run.workerproc import DEFAULT_MEMORY_LIMIT, WorkerProcess, parse_size, signal_name
 
 __all__ = ["VERDICTS", "BAD", "WorkerProcess", "judge", "rounded_interval", "reference_declaration", "Runner",
-           "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size", "signal_name"]
+           "RunInterrupted", "read_results", "DEFAULT_MEMORY_LIMIT", "parse_size", "signal_name", "RunnerOptions"]
 
 #: every verdict a result line can hold (docs/conformance.md#verdicts)
 VERDICTS = tuple(Verdict)
@@ -127,6 +127,28 @@ def read_results(path: "str | Path") -> list[dict]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RunnerOptions:
+    """How a ``Runner`` runs: its limits, what it does with each judged output, and where workers run."""
+
+    timeout: float = 120.0  # seconds a case may take
+    jobs: int = 1  # workers at once
+    waivers: "list | None" = None  # Waiver objects (load_waivers)
+    progress: object = True  # a progress callable, True (the default bar) or False
+    worker_env: "dict | None" = None  # the workers' environment (None: this process's)
+    #: optional callback(label, spec, inp, declared, interval, y, rec, judgement), called (from worker threads)
+    #: for every judged output before waivers and before its result line is written (a quantize-only case:
+    #: y the observed tensors, judgement the expected ones); conformance/certify keeps the observed outputs
+    #: and the judged intervals with it
+    on_output: object = None
+    memory_limit: "int | str | None" = None  # per worker (None: DEFAULT_MEMORY_LIMIT)
+    lock: bool = False  # hold the output folder's lock from construction until close()
+    #: accelerators the worker slots are placed on (conformance/run/placement.py; docs/scaling.md)
+    devices: "list | None" = None
+    #: where worker processes run: None = this host; a conformance.run.remote.DaskExecutor = a cluster's nodes
+    executor: object = None
+
+
 class Runner:
     """Runs cases on backends, one worker per job, and appends a result line per (backend, case) to
     ``OUT/results.jsonl``. With ``lock=True`` (``qconform run`` and ``certify``) it holds the folder's lock
@@ -143,22 +165,17 @@ class Runner:
     #: failing cases localized per (backend, scheme, format); 0: none (docs/conformance.md#failure-localization)
     localize_per_group = 2
 
-    def __init__(self, out_dir: "str | Path", *, timeout: float = 120.0, jobs: int = 1, waivers=None,
-                 progress: bool = True, worker_env: dict | None = None, on_output=None,
-                 memory_limit: "int | str | None" = None, lock: bool = False, devices: "list | None" = None,
-                 executor=None):
+    def __init__(self, out_dir: "str | Path", options: "RunnerOptions | None" = None, **fields):
+        """``options`` (RunnerOptions; its fields may also be given as keywords, which replace the options')."""
+        opts = dataclasses.replace(options or RunnerOptions(), **fields)
         self.out_dir = Path(out_dir)
         # scratch files workers read and write: absolute, because a worker process runs in its own
         # directory and a path relative to ours (`qconform run --out qconform-out`) names nothing there
         self.work_dir = self.out_dir.resolve() / ".work"
-        #: optional callback(label, spec, inp, declared, interval, y, rec, judgement), called (from worker threads)
-        #: for every judged output before waivers and before its result line is written (a quantize-only case:
-        #: y the observed tensors, judgement the expected ones); conformance/certify keeps the observed outputs
-        #: and the judged intervals with it
-        self.on_output = on_output
-        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else parse_size(memory_limit)
+        self.on_output = opts.on_output  # RunnerOptions.on_output
+        self.memory_limit = DEFAULT_MEMORY_LIMIT if opts.memory_limit is None else parse_size(opts.memory_limit)
         self.lock = OutLock.for_folder(self.out_dir)
-        if lock:
+        if opts.lock:
             self.lock.acquire()  # (creates the folder) before anything in it is read, removed or written
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,15 +185,13 @@ class Runner:
             raise
         self.results_path = self.out_dir / "results.jsonl"
         self.log_dir = self.out_dir / "logs"
-        self.timeout = timeout
-        self.jobs = max(1, int(jobs))
-        self.waivers = waivers or []
-        self.progress = progress
-        self.worker_env = worker_env
-        #: accelerators the worker slots are placed on (conformance/run/placement.py; docs/scaling.md); [] = no placement
-        self.devices = list(devices or [])
-        #: where worker processes run: None = this host; a conformance.run.remote.DaskExecutor = a cluster's nodes
-        self.executor = executor
+        self.timeout = opts.timeout
+        self.jobs = max(1, int(opts.jobs))
+        self.waivers = opts.waivers or []
+        self.progress = opts.progress
+        self.worker_env = opts.worker_env
+        self.devices = list(opts.devices or [])  # [] = no placement
+        self.executor = opts.executor
         self._lock = threading.Lock()
         #: failing cases localized so far per (backend, scheme, format) (docs/conformance.md#failure-localization)
         self._localized: dict = {}

@@ -27,6 +27,7 @@ run`` runs a backend. Neither puts a mutant in the default registry.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -41,7 +42,7 @@ from backends.base import Declared
 from conformance.cases.suite import PROFILES, TIERS, CaseSpec, case_list
 from conformance.judge.verdict import Verdict
 
-__all__ = ["DETERMINISTIC", "KILLING", "run_selftest", "mutant_specs", "format_table", "format_markdown",
+__all__ = ["DETERMINISTIC", "KILLING", "SelftestOptions", "run_selftest", "mutant_specs", "format_table", "format_markdown",
            "register"]
 
 DETERMINISTIC = ("exact", "edge", "golden")
@@ -261,13 +262,30 @@ def _task(args) -> dict:
 
 
 # -- the whole run ----------------------------------------------------------------------------------
-def run_selftest(*, profile: str = "ci", tiers=None, mutants=None, fast: bool = False, jobs: int = 1,
-                 isolate: bool = False, timeout: float = 120.0, control: bool = False, progress=None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SelftestOptions:
+    """Which mutants the self-test runs, on which cases, and how (docs/selftest.md); ``qconform selftest``'s
+    options build one."""
+
+    profile: str = "ci"
+    tiers: "list | None" = None  # None: every tier (``fast``: the deterministic ones, exact, edge, golden)
+    mutants: "list | None" = None  # names or globs; None: every mutant
+    fast: bool = False
+    jobs: int = 1
+    isolate: bool = False  # each mutant in worker processes, as the runner runs a backend
+    timeout: float = 120.0
+    control: bool = False  # also run the bug-free control, which must not be killed
+
+
+def run_selftest(options: "SelftestOptions | None" = None, *, progress=None, **fields) -> dict:
     """Run the selected mutants (all by default) and return the report (see docs/selftest.md).
 
-    ``tiers`` defaults to every tier (``fast``: the deterministic ones, exact, edge, golden);
-    ``control`` also runs the bug-free control, which must not be killed.
+    ``options`` (SelftestOptions; its fields may also be given as keywords, which replace the options');
+    ``progress(row, done, total)`` is called after each mutant.
     """
+    opts = dataclasses.replace(options or SelftestOptions(), **fields)
+    profile, tiers, mutants, fast = opts.profile, opts.tiers, opts.mutants, opts.fast
+    jobs, isolate, timeout, control = opts.jobs, opts.isolate, opts.timeout, opts.control
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     tiers = tuple(tiers) if tiers else (("exact", "edge", "golden") if fast else TIERS)
@@ -430,9 +448,9 @@ def cmd_selftest(args) -> int:
             sys.stderr.flush()
 
     control = (not args.fast) if args.control is None else args.control
-    report = run_selftest(profile=args.profile, tiers=args.tier, mutants=args.mutant, fast=args.fast,
-                          jobs=args.jobs, isolate=args.isolate, timeout=args.timeout, control=control,
-                          progress=progress)
+    options = SelftestOptions(profile=args.profile, tiers=args.tier, mutants=args.mutant, fast=args.fast,
+                              jobs=args.jobs, isolate=args.isolate, timeout=args.timeout, control=control)
+    report = run_selftest(options, progress=progress)
     if tty:
         sys.stderr.write("\n")
     print(format_table(report))

@@ -326,7 +326,7 @@ def _difference_int8(qa: np.ndarray, za: np.ndarray, code_range) -> np.ndarray |
 # --- MXFP4 -------------------------------------------------------------------------------
 
 
-def _byte_pairs_f32() -> np.ndarray:
+def byte_pairs_f32() -> np.ndarray:
     """[256, 2] float32: the two E2M1 values of each packed byte (low nibble first)."""
     b = np.arange(256)
     e2m1 = decode_e2m1(np.arange(16, dtype=np.uint8)).astype(np.float32)
@@ -334,21 +334,21 @@ def _byte_pairs_f32() -> np.ndarray:
 
 
 #: E8M0 byte -> float32 scale (byte 0 = 2**-127 is an exact fp32 subnormal; 0xFF -> NaN)
-_E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
+E8M0_F32 = decode_e8m0(np.arange(256, dtype=np.uint8)).astype(np.float32)
 MX_BLOCK = 32
 #: a byte times this is the byte in the high half of each of a uint64's four uint16 lanes (either endianness)
 _HIGH_BYTE_LANES = np.uint64(0x0100_0100_0100_0100)
 
 
 @functools.cache
-def _scaled_pairs_u64() -> np.ndarray:
+def scaled_pairs_u64() -> np.ndarray:
     """[65536] uint64: entry ``scale_byte << 8 | packed_byte`` holds the byte's two E2M1 values (low nibble
     first) each times the E8M0 scale, as the two float32 products of one IEEE multiply (512 KiB, built
     once). A product of an E2M1 value (<= 6, 2 significant bits) and a power of two is exact in float32
     unless it overflows (6 * 2**127 -> Inf, as RNE of the exact value gives); byte 0's 2**-127 gives exact
     subnormals, 0xFF NaN, code 8 -0.0 (tests/emulator/test_fast_paths.py checks all 65536 entries)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        t = _byte_pairs_f32()[None, :, :] * _E8M0_F32[:, None, None]
+        t = byte_pairs_f32()[None, :, :] * E8M0_F32[:, None, None]
     return np.ascontiguousarray(t, dtype=np.float32).view(np.uint64).reshape(256 * 256)
 
 
@@ -357,7 +357,7 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out:
 
     Equal to ``mxfp4.dequantize_mxfp4(unpack_e2m1(packed), scale_bytes, dtype=np.float32)``: each
     packed byte becomes its two values times its block's scale by one lookup in a table indexed by
-    (scale byte, packed byte) (``_scaled_pairs_u64``, the products the rule gives), so a row block is
+    (scale byte, packed byte) (``scaled_pairs_u64``, the products the rule gives), so a row block is
     one index pass and one gather. ``out``: a float32 C-contiguous array of the result's shape to
     write into instead of a new one.
     """
@@ -376,7 +376,7 @@ def dequantize_mxfp4_packed(packed: np.ndarray, scale_bytes: np.ndarray, *, out:
         out2 = np.empty(shape2, dtype=np.float32)
     else:
         out2 = check_out(out, lead + (p.shape[-1] * 2,)).reshape(shape2)
-    table = _scaled_pairs_u64()
+    table = scaled_pairs_u64()
     per_scale = MX_BLOCK // 2  # packed bytes per scale byte
 
     def rows(r0, r1):  # cache-sized row blocks on all cores (emulator/parallel.py); elementwise

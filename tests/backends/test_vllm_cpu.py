@@ -430,6 +430,26 @@ def test_moe_int8_activations_and_channelwise_group_bug(kernel):
     assert not c.ok and c.sqnr_db < 5
 
 
+def test_moe_weighted_expert_output_store_is_observed(kernel):
+    """moe_int4.cpp stores fp32 C * topk_weight in ic2 (activation dtype) before sum_stub: declared with
+    moe_expert_output_dtype=activation, moe_expert_output_weighted=true. The real kernel is inside that
+    declaration and, on some bf16 case, outside the one without those keys (the MoE interval has no
+    allowance for an undeclared store)."""
+    be = create("vllm-cpu:gate=kernel")
+    outside = {}
+    for act in ("bfloat16", "float16"):
+        for M, I, K, g in ((1, 64, 128, 32), (3, 128, 256, 64), (16, 128, 128, 32), (8, 128, 256, 64)):
+            for seed in range(3):
+                case = Case("w4a16-moe", "gptq", M, I, K, group_size=g, E=4, top_k=2, act_dtype=act)
+                inp, y, c = _run(be, case, seed)
+                assert c.ok and c.sqnr_db > 48, (case, c)
+                d = be.declared(case)
+                v = {k: x for k, x in d.variants.items() if not k.startswith("moe_expert_output")}
+                outside[(act, M, I, K, g, seed)] = compare(
+                    y, declared_interval(inp, dataclasses.replace(d, variants=v))).n_out
+    assert any(outside.values()), outside
+
+
 def test_dispatcher_picks_vllm_cpu_or_explains(kernel):
     sel = select(Case("w4a16", "gptq", 3, 64, 128), ["vllm-cpu", "emulator"])
     assert sel.backend.name == "vllm-cpu"

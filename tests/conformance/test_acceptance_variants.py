@@ -202,6 +202,7 @@ def test_moe_act_quant_interval_contains_simulated_kernel(act, seed):
     inp = make_inputs(case, seed)
     y = _w4a8_moe_kernel(inp, act)
     moe = {"moe_intermediate_dtype": act, "moe_gate_up_dtype": act, "moe_act_quant": "int8",
+           "moe_expert_output_dtype": "activation", "moe_expert_output_weighted": True,
            "act_rounding": "rne", "reciprocal": "recip_amax", "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True}
     d = Declared(variants=moe, accumulate="float32", output=act)
     iv = declared_interval(inp, d)
@@ -210,6 +211,21 @@ def test_moe_act_quant_interval_contains_simulated_kernel(act, seed):
     assert c.ok, c
     w16 = declared_interval(inp, Declared(variants={"moe_intermediate_dtype": act}, accumulate="float32", output=act))
     assert compare(y, w16).sqnr_db < c.sqnr_db - 5  # the A8 reference describes the kernel, the W16 one less so
+
+
+def test_moe_weighted_expert_output_store_is_observable():
+    """The simulated W4A8 kernel's weighted expert-output store (ic2) is a named rounding with no allowance
+    when undeclared: some case falls outside the declaration without moe_expert_output_*."""
+    moe = {"moe_intermediate_dtype": "bfloat16", "moe_gate_up_dtype": "bfloat16", "moe_act_quant": "int8",
+           "act_rounding": "rne", "reciprocal": "recip_amax", "zero_row": "eps", "eps": 1e-7, "uint8_zp128": True}
+    outside = []
+    for seed in range(3):
+        inp = make_inputs(Case("w4a16-moe", "gptq", 6, 64, 128, group_size=32, E=4, top_k=2, act_dtype="bfloat16"),
+                          seed)
+        c = compare(_w4a8_moe_kernel(inp, "bfloat16"),
+                    declared_interval(inp, Declared(variants=moe, accumulate="float32", output="bfloat16")))
+        outside.append(c.n_out)
+    assert any(outside), outside
 
 
 def test_moe_act_quant_needs_a_symmetric_scheme():

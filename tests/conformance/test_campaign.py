@@ -75,11 +75,11 @@ def test_false_green_rules():
     ok = {"outcome": "named"}
     zero = {"outcome": "exit0"}
     base = {"must_reject": False, "mutation": "m"}
-    assert campaign._false_green({**base, "inspect": zero, "dequant": ok, "linear": ok})  # dequant rejects
-    assert campaign._false_green({**base, "inspect": ok, "dequant": ok, "linear": zero})
-    assert campaign._false_green({**base, "must_reject": True, "inspect": ok, "dequant": zero, "linear": ok})
-    assert campaign._false_green({**base, "inspect": zero, "dequant": zero, "linear": zero}) is None
-    assert campaign._false_green({**base, "inspect": ok, "dequant": ok, "linear": ok}) is None
+    assert campaign.false_green({**base, "inspect": zero, "dequant": ok, "linear": ok})  # dequant rejects
+    assert campaign.false_green({**base, "inspect": ok, "dequant": ok, "linear": zero})
+    assert campaign.false_green({**base, "must_reject": True, "inspect": ok, "dequant": zero, "linear": ok})
+    assert campaign.false_green({**base, "inspect": zero, "dequant": zero, "linear": zero}) is None
+    assert campaign.false_green({**base, "inspect": ok, "dequant": ok, "linear": ok}) is None
 
 
 def test_mutation_kinds_cover_every_part():

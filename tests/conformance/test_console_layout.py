@@ -55,7 +55,7 @@ def test_unavailable_backends_are_one_line(monkeypatch, capsys):
     monkeypatch.setattr(commands, "available_backends", fake)
     args = types.SimpleNamespace(tier=["exact"], scheme=["w4a16"], profile="smoke", seed=None, backend=None,
                                  shard=None)
-    backends, _, specs = commands._selection(args)
+    backends, _, specs = commands.run_selection(args)
     out = capsys.readouterr().out.splitlines()
     assert backends == ["emulator"] and specs
     assert out == ["not run (unavailable here): " + ", ".join(f"b{i}" for i in range(11))

@@ -117,7 +117,8 @@ def test_each_value_reaches_the_emulator_field_it_names(key, value):
     # the vocabulary's value name is the emulator enum's value, or maps onto the field's meaning
     special = {("moe_tie_order", "higher_index_first"): False, ("moe_tie_order", "lower_index_first"): True,
                ("moe_tie_order", "any"): True, ("moe_intermediate_dtype", "activation"): None,
-               ("moe_gate_up_dtype", "exact"): None, ("act_dequant_scale_dtype", "same"): None,
+               ("moe_gate_up_dtype", "exact"): None, ("moe_expert_output_dtype", "exact"): None,
+               ("act_dequant_scale_dtype", "same"): None,
                ("moe_act_quant", "none"): None}
     expected = special.get((key, value), value)
     if (key, value) == ("moe_act_quant", "int8"):

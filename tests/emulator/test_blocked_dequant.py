@@ -40,7 +40,7 @@ VARIANTS = st.one_of(st.just({}), st.fixed_dictionaries({
 def tiny_blocks(monkeypatch):
     monkeypatch.setattr(par, "BLOCK_BYTES", 200)  # one row per block (8 for AWQ's alignment)
     monkeypatch.setattr(par, "MIN_ELEMENTS", 0)  # always threaded
-    monkeypatch.setattr(par, "_threads", lambda: 3)  # three uneven spans
+    monkeypatch.setattr(par, "row_threads", lambda: 3)  # three uneven spans
 
 
 def _field(words: np.ndarray, slot, bits: int) -> np.ndarray:
@@ -176,7 +176,7 @@ def test_transposed_unpack_equals_unpack_then_transpose(seed, bits, a, b, axis, 
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
 @pytest.mark.parametrize("n_rows,align", [(1, 1), (7, 1), (64, 8), (61, 8), (1000, 1)])
 def test_row_blocks_cover_every_row_once_on_aligned_boundaries(monkeypatch, threads, n_rows, align):
-    monkeypatch.setattr(par, "_threads", lambda: threads)
+    monkeypatch.setattr(par, "row_threads", lambda: threads)
     seen = []
     par.for_row_chunks(n_rows, n_rows * 50, lambda r0, r1: seen.append((r0, r1)), row_bytes=64, align=align)
     covered = np.zeros(n_rows, np.int64)

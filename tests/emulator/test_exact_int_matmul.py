@@ -123,7 +123,7 @@ def test_fallback_backend_w8a8_equals_the_reference_above_one_chunk():
     emu = create("emulator")
     y = emu.run(emu.prepare(case, t), x)
     ref = linear_w8a8(x, w, t["weight_scale"], out_dtype="float32")
-    assert emu._fast_w8a8(case)
+    assert emu.uses_fast_w8a8(case)
     assert ref.acc[1, 4] == 127 * (2175 * 127 + 126) and ref.acc[1, 4] % 2 == 1
     np.testing.assert_array_equal(y, ref.y)
 

@@ -28,7 +28,7 @@ def test_route_renormalize():
     np.testing.assert_allclose(np.sort(w2, axis=1)[:, ::-1], np.sort(p, axis=1)[:, ::-1][:, :3], rtol=1e-14)
 
 
-def torch_moe(x, logits, w13, w2, top_k, renormalize=True, inter_dtype=None):
+def torch_moe(x, logits, w13, w2, top_k, renormalize=True, inter_dtype=None, expert_dtype=None, weighted=False):
     torch = pytest.importorskip("torch")
     xt = torch.from_numpy(x.astype(np.float64))
     p = torch.softmax(torch.from_numpy(logits.astype(np.float64)), dim=-1)
@@ -44,7 +44,13 @@ def torch_moe(x, logits, w13, w2, top_k, renormalize=True, inter_dtype=None):
             a = torch.nn.functional.silu(h[:I]) * h[I:]
             if inter_dtype is not None:
                 a = a.to(inter_dtype).to(torch.float64)
-            out[m] += vals[m, j] * (a @ torch.from_numpy(w2[e].astype(np.float64)).T)
+            o = a @ torch.from_numpy(w2[e].astype(np.float64)).T
+            if expert_dtype is not None and weighted:
+                out[m] += (vals[m, j] * o).to(expert_dtype).to(torch.float64)
+            elif expert_dtype is not None:
+                out[m] += vals[m, j] * o.to(expert_dtype).to(torch.float64)
+            else:
+                out[m] += vals[m, j] * o
     return out.numpy()
 
 
@@ -66,6 +72,24 @@ def test_moe_matches_torch_reference():
     r64 = moe_w16(x, logits, w13, w2, 2, variant=MoeVariant(intermediate_dtype="float64"))
     np.testing.assert_allclose(r64.y_exact, torch_moe(x, logits, w13, w2, 2), rtol=1e-9, atol=1e-12)
     assert not np.array_equal(r.y_exact, r64.y_exact)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_expert_output_dtype_matches_torch_reference(dtype):
+    """expert_output_dtype rounds each o_e before the weighted sum; weighted rounds w_j o_e (docs/formats/moe.md
+    #expert-outputs): against torch casts of the float64 expert outputs."""
+    torch = pytest.importorskip("torch")
+    x, logits, w13, w2 = _experts(2)
+    td = getattr(torch, dtype)
+    base = moe_w16(x, logits, w13, w2, 2).y_exact
+    for weighted in (False, True):
+        r = moe_w16(x, logits, w13, w2, 2, variant=MoeVariant(expert_output_dtype=dtype, expert_output_weighted=weighted))
+        ref = torch_moe(x, logits, w13, w2, 2, inter_dtype=torch.float16, expert_dtype=td, weighted=weighted)
+        np.testing.assert_allclose(r.y_exact, ref, rtol=1e-12, atol=1e-15)
+        assert not np.array_equal(r.y_exact, base)
+    act = moe_w16(x, logits, w13, w2, 2, variant=MoeVariant(expert_output_dtype="activation")).y_exact
+    np.testing.assert_allclose(act, torch_moe(x, logits, w13, w2, 2, inter_dtype=torch.float16,
+                                              expert_dtype=torch.float16), rtol=1e-12, atol=1e-15)
 
 
 def test_every_moe_variant_differs():

@@ -52,7 +52,7 @@ VARIANTS = st.one_of(st.just({}), st.fixed_dictionaries({
 def tiny_blocks(monkeypatch):
     monkeypatch.setattr(par, "BLOCK_BYTES", 200)  # one row per block (8 for AWQ's alignment)
     monkeypatch.setattr(par, "MIN_ELEMENTS", 0)  # always threaded
-    monkeypatch.setattr(par, "_threads", lambda: 3)  # three uneven spans
+    monkeypatch.setattr(par, "row_threads", lambda: 3)  # three uneven spans
 
 
 def _words(rng, shape) -> np.ndarray:

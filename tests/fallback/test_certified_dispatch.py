@@ -131,7 +131,7 @@ def test_the_op_runs_a_certified_kernel_and_logs_why(bundle, w8a8_layer, caplog)
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     with caplog.at_level(logging.INFO, logger="qconform.fallback"):
         y = m(x)
-    line = " ".join(op.selection_lines(m._spec))
+    line = " ".join(op.selection_lines(m.spec))
     assert "[certified on this host]" in line or "[fastest certified on this host" in line, line
     chosen = line.split("-> ", 1)[1].split(" ", 1)[0]
     # the certified kernels are timed against the emulator's fast path: the fastest of them runs
@@ -155,7 +155,7 @@ def test_an_uncertified_family_runs_the_emulator(bundle, w8a8_layer):
     x = np.random.default_rng(1).standard_normal((3, 128)).astype(np.float32)
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     y = m(torch.from_numpy(x)).numpy()
-    line = " ".join(op.selection_lines(m._spec))
+    line = " ".join(op.selection_lines(m.spec))
     # the emulator backend's W8A8 fast path accumulates int8 products exactly (its declaration says so)
     assert "-> emulator fast path (exact accumulation; --backend emulator is the reference) " \
            "[no backend certified for this case on this host]" in line, line
@@ -173,7 +173,7 @@ def test_the_fastest_of_several_certified_kernels_is_timed_and_logged(bundle, w8
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((4, 128)).astype(np.float32)).to(torch.bfloat16)
     m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
     m(x)
-    line = " ".join(op.selection_lines(m._spec))
+    line = " ".join(op.selection_lines(m.spec))
     assert "fastest certified on this host or the fast path for M in 3..4, timed at M = 4: " in line, line
     assert "torch-cpu" in line and "zentorch" in line and " ms" in line
 

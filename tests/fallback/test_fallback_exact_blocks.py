@@ -184,7 +184,7 @@ def test_opcheck_on_the_blocked_exact_path(scheme, synthetic, tiny_blocks):
     m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator", expert=1 if len(info.shape) == 3 else None)
     x = torch.from_numpy(np.random.default_rng(1).standard_normal((6, info.shape[-1])).astype(np.float32))
     before = op.cache_stats()["exact_blocked"]
-    res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m._spec, "emulator"))
+    res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m.spec, "emulator"))
     assert res and all(v == "SUCCESS" for v in res.values()), res
     assert op.cache_stats()["exact_blocked"] > before
 

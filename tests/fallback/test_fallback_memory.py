@@ -54,15 +54,16 @@ def _peak_rss(ckpt: Path, out: Path, backend: str) -> int:
 
 
 def test_exact_path_cache_mb_1_has_no_per_layer_term(tmp_path):
-    """--backend emulator --cache-mb 1: growth <= packed + max(1 MiB, budget) + constant, a bound that a
-    whole-layer working set of the largest layer would break."""
+    """--backend emulator --cache-mb 1: growth <= packed + budget (what the cache keeps of layers the reference
+    takes whole) + max(1 MiB, budget) + constant, a bound that a whole-layer working set of the largest layer
+    would break."""
     big, base = tmp_path / "big", tmp_path / "base"
     memory_model.write(big)
     memory_model.write(base, layers=1, hidden=128, intermediate=128)
     packed = sum(f.stat().st_size for f in big.iterdir())
     grown = _peak_rss(big, tmp_path / "o1.safetensors", "emulator") - _peak_rss(base, tmp_path / "o2.safetensors",
                                                                                   "emulator")
-    bound = packed + max(1 * MiB, EXACT_BLOCK_MIN) + CONSTANT
+    bound = packed + 1 * MiB + max(1 * MiB, EXACT_BLOCK_MIN) + CONSTANT
     whole_layer = WHOLE_LAYER_BYTES_PER_ELEM * memory_model.largest_layer_elems()
     assert bound < packed + whole_layer  # a whole-layer working set would not fit: the test can fail
     assert grown <= bound, f"peak RSS grew {grown / MiB:.0f} MiB; bound {bound / MiB:.0f} MiB (a whole layer's " \

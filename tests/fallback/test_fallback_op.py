@@ -111,7 +111,7 @@ def test_opcheck_quark_layers(name, backend):
     for info in {(l.format, l.group_size): l for l in ck.layers()}.values():
         m = QuantLinear.from_checkpoint(ck, info.name, backend=backend)
         x = _x(4, info.shape[-1], torch.float32, seed=2)
-        res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m._spec, backend))
+        res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m.spec, backend))
         assert res and all(v == "SUCCESS" for v in res.values()), (name, info.name, res)
 
 
@@ -122,7 +122,7 @@ def test_opcheck_every_scheme(scheme, backend, synthetic):
     info = ck.layers()[0]
     m = QuantLinear.from_checkpoint(ck, info.name, backend=backend, expert=1 if len(info.shape) == 3 else None)
     x = _x(6, info.shape[-1], torch.float32, seed=1)
-    res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m._spec, backend))
+    res = torch.library.opcheck(torch.ops.qconform.quant_linear.default, (x, m.weights(), m.spec, backend))
     assert res and all(v == "SUCCESS" for v in res.values()), res
 
 
@@ -138,7 +138,7 @@ def test_dispatcher_choice_logged_once_per_layer(synthetic, caplog):
         m(x)
         m(_x(2, info.shape[-1], torch.float32, seed=5))
     assert not [r for r in caplog.records if r.name == "qconform.fallback"]  # logged once, at the first call
-    lines = selection_lines(m._spec)
+    lines = selection_lines(m.spec)
     assert len(lines) == 1 and "-> emulator" in lines[0]
     # act order: every CPU kernel declines it; the line names each and why
     assert "torch-cpu: cannot implement" in lines[0] and "act order" in lines[0]
@@ -158,7 +158,7 @@ def test_bad_x_is_one_clear_error(synthetic):
     info = ck.layers()[0]
     m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")
     with pytest.raises(ValueError, match=r"x must be \[M, K=128\]"):
-        torch.ops.qconform.quant_linear(torch.zeros(2, 64), m.weights(), m._spec, "emulator")
+        torch.ops.qconform.quant_linear(torch.zeros(2, 64), m.weights(), m.spec, "emulator")
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         m(torch.zeros(2, 128, dtype=torch.float64))
 
@@ -229,7 +229,7 @@ def test_same_layer_description_other_weights_never_share_a_cache_entry(syntheti
     a = QuantLinear.from_checkpoint(Checkpoint(synthetic / "gptq-w4g32-sym-v1"), "model.layers.0.mlp.down_proj",
                                     backend="auto")
     b = QuantLinear.from_checkpoint(Checkpoint(tmp_path / "other"), "model.layers.0.mlp.down_proj", backend="auto")
-    assert a._spec == b._spec
+    assert a.spec == b.spec
     x = _x(2, 128, torch.float32)
     ya, yb = a(x), b(x)
     ra = QuantLinear.from_checkpoint(Checkpoint(synthetic / "gptq-w4g32-sym-v1"), "model.layers.0.mlp.down_proj",

@@ -43,7 +43,7 @@ def _inputs(name, m):
 @pytest.mark.parametrize("step,threads", [(8, 3), (16, 1), (None, 2)])
 def test_fused_equals_cached_bit_for_bit(name, m, step, threads, monkeypatch):
     case, inp = _inputs(name, m)
-    monkeypatch.setattr(parallel, "_threads", lambda: threads)
+    monkeypatch.setattr(parallel, "row_threads", lambda: threads)
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)  # blocks on worker threads even for small layers
     if step is not None:
         monkeypatch.setattr(fast_matmul, "block_rows", lambda row_bytes, align=1: step)
