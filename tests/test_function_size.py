@@ -27,7 +27,6 @@ MAX_PARAMS = 8
 KNOWN_LONG: set = {
     "conformance/fingerprint/decide.py::_run_axis",  # 151
     "conformance/fingerprint/decide.py::fingerprint",  # 81
-    "conformance/judge/acceptance.py::_moe_act_quant_deviation",  # 82
     "conformance/judge/localize.py::localize",  # 81
     "conformance/judge/localize_acts.py::analyze_own_rows",  # 106
     "conformance/run/worker.py::main",  # 107
