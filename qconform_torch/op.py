@@ -36,6 +36,7 @@ import functools
 import json
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -349,11 +350,12 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         _log_choice(spec, info.name, f"{info.format} -> emulator reference (no backend can take it: {e})")
         return _reference(src, info, x32, dtype, (spec, weights_in))
     bias = layer_bias(src, info)
+    call = LayerCall(case, src, info, weights, spec)
     if backend != "auto":
         try:
             b = _DISPATCH.named(backend, case)
             _log_choice(spec, info.name, f"{case.scheme} {case.weight_format} -> {b.label} (named)")
-            return _compute(b, case, src, info, weights, spec, x32, bias, lane_key)
+            return _compute(b, call, x32, bias, lane_key)
         except Exception as e:  # noqa: BLE001 - one line naming the layer (a kernel's error may name none)
             raise RuntimeError(f"{info.name}: {' '.join(str(e).split())[:400]}" if str(e).startswith("backend ")
                                else f"{info.name}: backend {backend} failed ({type(e).__name__}: "
@@ -361,11 +363,11 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
 
     def timer(b, bound):  # one warm-up (prepare, first touch), then the best of three runs on this input;
         # a run already 3x slower than the best contender so far is not repeated (it cannot win)
-        y = _compute(b, case, src, info, weights, spec, x32, bias)
+        y = _compute(b, call, x32, bias)
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            y = _compute(b, case, src, info, weights, spec, x32, bias)
+            y = _compute(b, call, x32, bias)
             best = min(best, time.perf_counter() - t0)
             if best > 3 * bound:
                 break
@@ -376,7 +378,7 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
                               activations=x32)
     b = choice.backend
     try:
-        y = choice.output if choice.output is not None else _compute(b, case, src, info, weights, spec, x32, bias)
+        y = choice.output if choice.output is not None else _compute(b, call, x32, bias)
     except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
         why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         if choice.fallback:  # not even the fast path takes it: the reference answers (and says why)
@@ -414,10 +416,21 @@ def _lane(lane_key, weights, x32: np.ndarray):
     return entry[0](x32, bias, out_dtype)
 
 
-def _compute(b, case, src, info: LayerInfo, weights, spec: str, x32: np.ndarray, bias, lane_key=None) -> np.ndarray:
-    """``case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
+class LayerCall(NamedTuple):
+    """One layer as a call sees it: its case, tensors (as given and as the checkpoint's layer), spec string."""
+
+    case: object
+    src: object
+    info: LayerInfo
+    weights: list
+    spec: str
+
+
+def _compute(b, call: LayerCall, x32: np.ndarray, bias, lane_key=None) -> np.ndarray:
+    """``call.case`` on backend ``b``: the emulator backend's fast path by row blocks where the cache does not keep
     its fp32 weight (qconform_torch/blocked.py), else through the scan-resistant cache of prepared kernels
     (qconform_torch/prepared_cache.py)."""
+    case, src, info, weights, spec = call
     if b.name == "emulator" and set(b.params) <= {"path"} and b.uses_fast_path(case):
         # one entry per layer whatever M is (the fp32 weight depends on the layer's tensors only)
         key = (spec, b.label, "fp32 weight", _identity(weights))

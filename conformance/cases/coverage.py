@@ -24,7 +24,7 @@ import random
 
 from backends.base import Case
 
-__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "VALUE_MIN_K", "W8A8_ASYM", "CONSTRAINTS", "design",
+__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "VALUE_MIN_K", "W8A8_ASYM", "NAN_SCALE", "CONSTRAINTS", "design",
            "design_specs", "realize", "case_classes", "profile_coverage", "pick_n", "pick_k", "m_class", "n_class", "k_class"]
 
 #: which factors are format features, shape classes and value classes (the docs group them so)
@@ -46,10 +46,12 @@ GROUPS = ("1", "2", "many")
 AMAX = ("amax=2^k", "amax=2^k-ulp", "amax=2^k+ulp", "amax=1.5*2^k-ulp", "amax=1.5*2^k+ulp", "amax=1.75*2^k")
 #: value classes of integer weights (codes, zero points, float scales)
 W_INT = ("ordinary", "w-one-signed", "w-constant-rows", "code-eq-zero", "w-saturation", "scale-subnormal",
-         "scale-extreme")
+         "scale-extreme", "scale-negative")
 #: value classes of MXFP4 weights (E2M1 codes, E8M0 scale bytes)
 W_MX = ("ordinary", "w-one-signed", "w-constant-rows", "w-saturation", "scale-subnormal", "scale-extreme",
-        "nan-scale")
+        "nan-scale", "nan-scale-zero-codes", "nan-scale-one-signed")
+#: the E8M0 0xFF classes: each one NaN output column next to finite ones
+NAN_SCALE = ("nan-scale", "nan-scale-zero-codes", "nan-scale-one-signed")
 #: NaN/Inf activations, each alone, with rows whose outputs stay finite
 NONFINITE_ACT = ("nan-act", "inf-act")
 INT8_ACT = AMAX + ("act-one-signed", "act-constant-rows")
@@ -85,6 +87,14 @@ VALUE_CLASS_DOCS = {
     "scale-extreme": "the largest weight scales that keep outputs finite (fp16 2^14; bf16/fp32 2^60; E8M0 "
                      "0xFE with codes +-0.5), activations scaled down to match",
     "nan-scale": "one E8M0 byte 0xFF (NaN) block, every other input finite: one NaN output column, the rest finite",
+    "nan-scale-zero-codes": "one E8M0 byte 0xFF (NaN) block whose 32 codes are all +-0 (NaN * 0 is NaN; a 0xFF "
+                            "decoded as 2^128 gives 0): one NaN output column, the rest finite",
+    "nan-scale-one-signed": "one E8M0 byte 0xFF (NaN) block whose non-zero codes share one sign, under activations "
+                            "of one sign over that block in every row (a 0xFF decoded as 2^128 gives +-Inf, not "
+                            "NaN): one NaN output column, the rest finite",
+    "scale-negative": "weight scales of both signs: every other group (channel-wise: every other output channel) "
+                      "negated, as auto-round's symmetric writer stores them (docs/formats/gptq.md#errors); one "
+                      "scale in all: negative",
     "router-ties": "router logits tied across the top-k boundary in every row",
     "w-rowsum-beyond-int16": "asymmetric activations; K >= 512 and weight rows 0 (all positive) and 1 (all negative) "
                              "of near-saturated codes: |sum_k q[n, k]| > 32767, so an azp compensation "
@@ -274,7 +284,7 @@ def _value_ok(scheme: str, r: dict) -> bool:
     if v == "w-saturation" and r.get("K") == "K-min" and (r.get("grouping") == "channel"
                                                            or r.get("format") == "ct-int-quantized"):
         return False  # channel-wise K-min is one column: it cannot hold both ends of the range
-    if r.get("N") == "N-min" and (v == "nan-scale" or v == "scale-extreme" and r.get("format") == "ct-mxfp4"):
+    if r.get("N") == "N-min" and (v in NAN_SCALE or v == "scale-extreme" and r.get("format") == "ct-mxfp4"):
         return False  # one output column, NaN (or 2^127 past fp16): nothing left to stay finite
     if v == "router-ties" and r.get("routing") == "all":  # no expert left out: no top-k boundary to tie at
         return False

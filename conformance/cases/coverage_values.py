@@ -19,7 +19,7 @@ from emulator.formats import mxfp4
 from emulator.numerics.floats import round_to_dtype
 
 from conformance.cases.inputs import CaseInputs, make_inputs
-from conformance.cases.coverage import AMAX, TABLES, W_INT, W_MX
+from conformance.cases.coverage import AMAX, NAN_SCALE, TABLES, W_INT, W_MX
 from conformance.cases.generators import gen_router_ties, int_weight_tensors, scales_array, uint8_domain_row
 
 __all__ = ["VALUE_GENERATORS", "generate_value", "activation_units", "units_of", "MANTISSA_BITS", "INT16_MAX"]
@@ -164,6 +164,18 @@ def _small_scales(shape, dtype: str, rng) -> np.ndarray:
     return round_to_dtype(rng.integers(1, steps, shape) * 2.0 ** lo, dtype)
 
 
+def _negate_every_other(s: np.ndarray) -> np.ndarray:
+    """Scales [G, N] with every other group negated (one group: every other output channel; one scale: it)."""
+    s = s.copy()
+    if s.shape[0] > 1:
+        s[1::2] = -s[1::2]
+    elif s.shape[1] > 1:
+        s[:, 1::2] = -s[:, 1::2]
+    else:
+        s = -s
+    return s
+
+
 def _int_weights(case: Case, cls: str, rng) -> dict:
     q, z, s, g_idx, g = _int_parts(case, rng)
     maxq = (1 << case.bits) - 1
@@ -198,6 +210,8 @@ def _int_weights(case: Case, cls: str, rng) -> dict:
             s[:, ::2] = _small_scales(s[:, ::2].shape, case.scale_dtype, rng)
     elif cls == "scale-extreme":
         s = round_to_dtype(rng.uniform(1.0, 1.9, s.shape) * 2.0 ** _huge_exponent(case), case.scale_dtype)
+    elif cls == "scale-negative":
+        s = _negate_every_other(s)
     return int_weight_tensors(case, q, z, s, g_idx)
 
 
@@ -228,6 +242,8 @@ def _int8_weights(case: Case, cls: str, rng) -> dict:
         ws[::2] = _small_scales(ws[::2].shape, case.scale_dtype, rng)
     elif cls == "scale-extreme":
         ws = round_to_dtype(rng.uniform(1.0, 1.9, ws.shape) * 2.0 ** _huge_exponent(case), case.scale_dtype)
+    elif cls == "scale-negative":
+        ws = _negate_every_other(ws.T).T
     return {"weight": wq.astype(np.int8), "weight_scale": scales_array(ws, case.scale_dtype)}
 
 
@@ -255,8 +271,13 @@ def _mx_weights(case: Case, cls: str, rng) -> dict:
         r = 1 if N > 1 else 0
         sb[r, 0] = 0xFE
         codes[r, :32] = rng.choice([0, 1, 8, 9], 32)  # 0, +-0.5: 2^127 * 0.5 * tiny activations stay finite
-    elif cls == "nan-scale":
-        sb[N // 2, int(rng.integers(0, nb))] = 0xFF
+    elif cls in NAN_SCALE:
+        n, b = N // 2, int(rng.integers(0, nb))
+        sb[n, b] = 0xFF
+        if cls == "nan-scale-zero-codes":  # +0 and -0 codes
+            codes[n, 32 * b:32 * b + 32] = rng.choice([0, 8], 32)
+        elif cls == "nan-scale-one-signed":  # magnitudes 0.5..6, one sign bit
+            codes[n, 32 * b:32 * b + 32] = rng.integers(1, 8, 32) | (8 if rng.random() < 0.5 else 0)
     return mxfp4.pack_mxfp4_ct(codes.astype(np.uint8), sb.astype(np.uint8))
 
 
@@ -286,6 +307,12 @@ def generate_value(case: Case, cls: str, seed: int) -> CaseInputs:
             e = 100 if fmt == "ct-mxfp4" and case.act_dtype != "float16" else (
                 12 if fmt == "ct-mxfp4" else _huge_exponent(case))
             inp.x = _round(rng.standard_normal((case.M, case.K)) * 2.0 ** -e, case.act_dtype)
+        if cls == "nan-scale-one-signed":  # activations of one sign over the 0xFF block, in every row
+            b = int(np.argwhere(np.asarray(inp.tensors["weight_scale"]) == 0xFF)[0][1])
+            x = np.asarray(inp.x, np.float64).copy()
+            x[:, 32 * b:32 * b + 32] = (rng.choice([-1.0, 1.0]) * 2.0 ** int(rng.integers(-2, 3))
+                                        * rng.uniform(0.5, 1.0, (case.M, 32)))
+            inp.x = _round(x, case.act_dtype)
         if cls in _WEIGHT_CLASSES:
             return inp
     inp.x = _acts(case, cls, rng, inp.x)

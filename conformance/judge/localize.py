@@ -46,6 +46,7 @@ from backends.base import Case, Declared
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.localize_acts import QUANTIZER_CLASSES, analyze_own_rows
+from conformance.judge.localize_moe import localize_moe
 from conformance.judge.localize_weights import analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
@@ -230,9 +231,14 @@ def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.
 
 
 # -- activation / epilogue hypotheses -------------------------------------------------------------------------
-def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None) -> list:
+AZP_CORRECTION = "the zero-point correction term"
+
+
+def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None,
+                    wq: "tuple | None" = None) -> list:
     """(pattern, output) for activation-quantization and epilogue bugs on the exact rows X (``chunk``: the rows
-    of one kernel call, for the per-tensor hypothesis)."""
+    of one kernel call, for the per-tensor hypothesis; ``wq``: (integer weight codes [N, K], per-channel scales
+    [N]) where the weights are per-channel int, for the asymmetric zero-point correction term)."""
     out_dtype = declared.output or case.output_dtype
     x64 = X.astype(np.float64)
     exact = x64 @ W.T
@@ -257,6 +263,21 @@ def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray
                 v = dataclasses.replace(int8_variant(declared, case), granularity="per_tensor")
                 xt[a:a + chunk] = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(rows, v))
             H.append(("one activation scale for the whole tensor instead of one per token (per-tensor)", xt @ W.T))
+        if np.any(zp) and wq is not None:  # the term azp * sum_k qw[n, k] removed with wrong row sums
+            qw, sw = np.asarray(wq[0], np.float64), np.asarray(wq[1], np.float64).reshape(-1)
+            rs = qw.sum(axis=1)
+            alts = [("the weight row sums kept in int16 (wrapped)", (rs + 32768) % 65536 - 32768)]
+            K = qw.shape[1]
+            for T in (32, 16, 64, 8, 128):
+                if K % T:
+                    alts.append((f"the weight row sums skip the last K mod {T} = {K % T} columns"
+                                 + (" (all of them)" if K < T else ""), qw[:, : K - K % T].sum(axis=1)))
+            seen = []
+            for what, rs2 in alts:
+                if np.any(rs2 != rs) and not any(np.array_equal(rs2, r) for r in seen):
+                    seen.append(rs2)
+                    H.append((f"{AZP_CORRECTION} (azp * sum_k qw[n, k], removed from the integer dot) uses wrong "
+                              f"weight row sums: {what}", exact + (-zp * s) * ((rs2 - rs) * sw)[None, :]))
         if np.any(zp):
             H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
             H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))
@@ -324,9 +345,13 @@ def _analyze_rows(obs, exp, bad, hyps, dtype: str) -> dict:
 
 # -- the whole localization ------------------------------------------------------------------------------------
 def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.ndarray | None = None,
-             x: np.ndarray | None = None) -> dict:
+             x: np.ndarray | None = None, router_logits: np.ndarray | None = None) -> dict:
     """Probe the backend (``run``) on the case's own weights and say which stage is wrong, and how; ``x``: the
-    case's own activation rows (int8 and MXFP4 activations: run one at a time, conformance/judge/localize_acts.py)."""
+    case's own activation rows (int8 and MXFP4 activations: run one at a time, conformance/judge/localize_acts.py);
+    MoE (``router_logits`` given, ``run(x, bias, router_logits=...)``): conformance/judge/localize_moe.py."""
+    if case.spec.activations == "moe" and router_logits is not None and not case.spec.quantize_only:
+        return localize_moe(case, tensors, declared, lambda a, b, r: run(a, b, router_logits=r), x, router_logits,
+                            bias)
     if case.spec.quantize_only or case.spec.activations == "moe":
         return {"stage": "not localized", "summary": f"no localization for {case.scheme} yet", "probes": []}
     if case.N * case.K > MAX_WEIGHTS:
@@ -395,11 +420,13 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         obs, exp, bad = prober(Xa, None)
         acts_bad = bad
         step = prober.chunks(len(Xa))[0][2]
-        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step), out_dtype)
+        wq = ((st.q, st.scale[:, 0]) if st.kind == "int" and st.n_groups == 1 and not np.any(st.zero)
+              and case.spec.activations == "int8" else None)
+        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step, wq), out_dtype)
         if acts.get("hypothesis") and weights is not None and not weights["ok"]:
             # the same activation bug on the one-hot rows: does it explain the weight readback too? (of the
             # hypotheses that fit the exact rows, the first that does is the one named)
-            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2]))
+            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2], wq))
             fit = [(int(close(obs1, one_hot[n], out_dtype, 0).sum()), -i, n) for i, n in enumerate(acts["candidates"])
                    if close(obs1, one_hot[n], out_dtype, 2).all()]
             acts["explains_weight_readback"] = bool(fit)
@@ -437,8 +464,89 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         bias_res = _analyze_rows(obs, exp, bad, hyps, out_dtype)
         loc["bias"] = bias_res
         loc["probes"].append("bias: all-zero activation rows with the case's bias")
+    # 5. the case's own output under other declarations of the epilogue / activation dtype, and a skipped product
+    whole = None
+    if x is not None and (weights is None or weights["ok"]) and not (own and own.get("hypothesis")) and (
+            acts is None or acts["ok"]) and (bias_res is None or bias_res["ok"]):
+        try:
+            whole = _own_output(case, declared, run, prober, x, bias, W_decl)
+        except Exception as e:  # noqa: BLE001 - the kernel raised on its own rows: the other findings stand
+            whole = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
+        if whole is not None:
+            loc["own_output"] = whole
+            loc["probes"].append("own output: the case's rows as the run gave them, judged under other declarations "
+                                 "(" + ", ".join(whole.get("tried", [])) + ")")
     loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
+    if whole and whole.get("hypothesis") and loc["stage"] == "accumulation or output rounding":
+        loc["stage"], loc["summary"] = whole["stage"], whole["summary"]
     return loc
+
+
+#: the output-side declarations tried on the case's own rows: (value key, title, stage)
+_OWN_OUTPUT_ALTERNATIVES = (("bias_stage", "after_output_rounding", "epilogue",
+                             "the bias added to the already rounded output, in the output dtype"),
+                            ("act_compute_dtype", "bfloat16", "activations",
+                             "the activations rounded to bfloat16 before the product"),
+                            ("act_compute_dtype", "float16", "activations",
+                             "the activations rounded to float16 before the product"))
+
+
+def _own_output(case: Case, declared: Declared, run: Run, prober: "_Prober", x: np.ndarray, bias, W: np.ndarray):
+    """The case's own rows run as the case runs them; when they fail, the declarations (bias_stage,
+    act_compute_dtype) under whose interval every element lies, and, for 16-bit activations, a product with a
+    zero weight skipped (NaN/Inf x 0 never formed). One kernel call plus at most four interval computations."""
+    X = np.asarray(x, np.float32)
+    y = np.asarray(run(X, bias), np.float64)
+    if y.shape != (len(X), case.N):
+        return None
+    _, bad = prober.judge(X, y, bias)
+    res: dict = {"ok": not bad.any(), "n_bad": int(bad.sum()), "n": int(bad.size), "findings": [], "tried": []}
+    if not bad.any():
+        return res
+    fits = []
+    for key, value, stage, what in _OWN_OUTPUT_ALTERNATIVES:
+        if key == "bias_stage" and (bias is None or declared.value("bias_stage") == value):
+            continue
+        if key == "act_compute_dtype" and (case.spec.activations != "a16" or case.act_dtype == value
+                                           or declared.act_compute_dtype == value
+                                           or (case.act_dtype == "bfloat16" and value == "float16")):
+            continue
+        d = (dataclasses.replace(declared, act_compute_dtype=value) if key == "act_compute_dtype" else
+             dataclasses.replace(declared, variants={**declared.variants, key: value}))
+        res["tried"].append(f"{key}={value}")
+        try:
+            _, bad_d = prober.judge(X, y, bias, d)
+        except (ValueError, TypeError):
+            continue
+        if not bad_d.any():
+            fits.append((stage, f"{key}={value} ({what}): every output of the case's own rows lies inside that "
+                                f"declaration's interval ({int(bad.sum())} outside the declared one)"))
+    if not fits and case.spec.activations == "a16":
+        res["tried"].append("products with a zero weight skipped")
+        x64 = X.astype(np.float64)
+        nonfin = ~np.isfinite(x64)
+        if nonfin.any():
+            with np.errstate(invalid="ignore", over="ignore"):  # only the products of non-zero weights formed
+                yh = np.where(nonfin, 0.0, x64) @ W.T
+                for m in np.nonzero(nonfin.any(axis=1))[0]:  # the NaN/Inf activations, row by row
+                    kk = np.nonzero(nonfin[m])[0]
+                    yh[m] += np.where(W[:, kk] == 0, 0.0, x64[m, kk][None, :] * W[:, kk]).sum(axis=1)
+                if bias is not None:
+                    yh = yh + np.asarray(bias, np.float64)[None, :]
+                ref_nf = nonfin.any(axis=1)[:, None] & np.ones((1, case.N), bool)  # NaN/Inf x 0 is NaN
+                same_nf = (np.isnan(yh) & np.isnan(y)) | (np.isinf(yh) & (yh == y)) | (np.isfinite(yh) & np.isfinite(y))
+                differs = ref_nf & ~(np.isnan(yh) & np.isnan(y))
+            if bad.any() and (bad <= ref_nf).all() and same_nf[bad].all() and differs[bad].all():
+                fits.append(("product", "products with a zero weight skipped (a sparsity shortcut): NaN/Inf x 0 is "
+                             f"never formed, so {int(bad.sum())} output(s) whose row holds a NaN/Inf activation are "
+                             "what the non-zero weights' products alone give (a number or an Inf, not NaN); every "
+                             "other output is inside the interval"))
+    if fits:
+        res["stage"], why = fits[0]
+        res["hypothesis"] = why
+        res["summary"] = f"{fits[0][0]} wrong on the case's own rows: {why}"
+        res["findings"] = [{"where": "the case's own rows", "pattern": why, "n": int(bad.sum())}]
+    return res
 
 
 def _short(v: list, limit: int = 8) -> str:
@@ -504,7 +612,8 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
         return "epilogue", f"epilogue wrong: {OUTPUT_RTZ} (weights right: the one-hot readback is their truncation)"
     if named_act and (not weights_bad or acts.get("explains_weight_readback")):
         name = acts["hypothesis"]
-        stage = "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization"
+        stage = ("azp correction" if name.startswith(AZP_CORRECTION) else
+                 "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization")
         why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
                else f" ({_weights_read(case, weights)} read back exact)" if weights is not None else "")
         return stage, f"{stage} wrong on rows whose quantization is exact: {name}{why}"

@@ -56,6 +56,8 @@ PARTS = {"act_rounding": "rounding", "e2m1_rounding": "rounding", "mx_quotient_d
          "int32_saturation": "zero point", "azp_fused": "zero point", "azp_overflow": "zero point",
          "act_granularity": "granularity", "e2m1_zero_sign": "sign of zero", "uint8_zp128": "code storage",
          "act_scheme": "scheme"}
+#: eps values of zero_row=eps tried (the sources of emulator/variants.py's zero_row axis: Triton, SGL CPU, XPU)
+_EPS_VALUES = (1e-10, 1e-7, 1e-5, 1e-8, 1e-6, 1e-12)
 #: values whose reference raises or that need another value to mean anything
 _SKIP = {("nan_to_int", "raise"), ("e2m1_nan", "raise"), ("azp_fused", True), ("act_scheme", "kai_qa8dx")}
 #: row classes that only the activation quantizer sees (a failure confined to them is the quantizer's);
@@ -163,6 +165,12 @@ def hypotheses(case: Case, declared: Declared) -> list[tuple[str, str, Declared]
             values = tuple(v for v in ax.values if v != now)
         for v in values:
             if (ax.key, v) in _SKIP or v == now:
+                continue
+            if (ax.key, v) == ("zero_row", "eps"):  # the guard needs its eps: the engines' values
+                for e in _EPS_VALUES:
+                    de = dataclasses.replace(declared, variants={**declared.variants, "zero_row": "eps", "eps": e})
+                    out.append((f"zero_row=eps, eps={e:g} ({ax.title}: the range clamped to at least {e:g} "
+                                f"instead of {_fmt(now)})", PARTS.get(ax.key, "quantizer"), de))
                 continue
             d = dataclasses.replace(declared, variants={**declared.variants, ax.key: v})
             try:

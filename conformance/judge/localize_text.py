@@ -9,7 +9,7 @@ __all__ = ["localization_lines", "summary_line", "PARTS"]
 
 #: (record key, title) of each probed stage, in the order they are shown
 PARTS = (("weights", "weights"), ("activations", "activation quantization"), ("own_rows", "own rows"),
-         ("bias", "bias"))
+         ("bias", "bias"), ("own_output", "own output"), ("experts", "experts"))
 
 
 def summary_line(loc: dict | None) -> str:

@@ -35,8 +35,11 @@ __all__ = ["Structure", "structure", "mismatch", "close", "analyze_weights", "wh
 #: significand bits (without the hidden one) of the output dtypes
 _MANT = {"float32": 23, "float16": 10, "bfloat16": 7}
 _MIN_EXP = {"float32": -126, "float16": -14, "bfloat16": -126}
+_MIN_NORMAL = {k: 2.0 ** v for k, v in _MIN_EXP.items()}
 #: a hypothesis is reported only if it explains at least this share of what is still unexplained
 _MIN_SHARE = 0.02
+#: ... and only if the readback matches it on at least this share of the elements it changes in its place
+_MIN_PRECISION = 0.9
 
 
 @dataclasses.dataclass
@@ -272,8 +275,37 @@ def _word_perms(st: Structure, length: int) -> list:
     return out
 
 
-def hypotheses(st: Structure, case: Case):
-    """(pattern, weights [N, K]) for each bug the decomposition can express, one at a time (memory)."""
+def _scale_and_shift_hypotheses(st: Structure, case: Case):
+    """Integer formats: row 0's scale on every row, subnormal scales flushed to zero, codes shifted along K."""
+    if np.unique(st.scale[np.isfinite(st.scale)]).size > 1:  # one row's scales on every row (read as per-tensor)
+        yield ("row 0's scale used for every row (per-channel scales read as one per tensor)",
+               st.build(scale=np.broadcast_to(st.scale[:1], st.scale.shape)))
+    if case.scale_dtype in _MIN_NORMAL:  # subnormal scales flushed to zero (FTZ/DAZ)
+        sub = (st.scale != 0) & (np.abs(st.scale) < _MIN_NORMAL[case.scale_dtype])
+        if sub.any():
+            yield (f"subnormal {case.scale_dtype} scales flushed to zero (FTZ/DAZ): the weights of those "
+                   "groups read as zero", st.build(scale=np.where(sub, 0.0, st.scale)))
+    if st.pack_axis == "K" and st.fields > 1:
+        pad = (-case.K) % st.fields
+        for sh in sorted({1, -1, pad, -pad} - {0}, key=lambda v: (-abs(v) if v in (pad, -pad) else 0, v)):
+            for fill in sorted({0.0, -2.0 ** (st.bits - 1)} if not st.unsigned else {0.0}):
+                yield (_shift_name(sh, pad, fill, st), st.build(q=_shift_k(st.q, sh, fill)))
+
+
+def _group0_hypotheses(st: Structure):
+    """One group's parameters on every group (the group index never advanced)."""
+    g0 = np.zeros_like(st.grp)
+    if np.any(st.zero[:, 1:] != st.zero[:, :1]):
+        yield ("the zero point of K group 0 used for every group (scale right: the zero row index not advanced)",
+               (st.q - st.zero[:, g0]) * st.scale[:, st.grp])
+        yield ("the scale and zero point of K group 0 used for every group", st.build(grp=g0))
+    yield ("the scale of K group 0 used for every group (group scales read as per-channel)",
+           (st.q - st.zero[:, st.grp]) * st.scale[:, g0])
+
+
+def hypotheses(st: Structure, case: Case, offsets=()):
+    """(pattern, weights [N, K]) for each bug the decomposition can express, one at a time (memory).
+    ``offsets``: zero-point offsets c (in scale steps) to try besides +-1, estimated from the readback."""
     s_e = st.scale[:, st.grp]
     W = st.W
     if st.kind == "int":
@@ -281,6 +313,9 @@ def hypotheses(st: Structure, case: Case):
         what = "a zero point off by one" if has_zero else "codes off by one"
         yield (f"offset by exactly one scale step down (q - (z + 1)): {what}", W - s_e)
         yield (f"offset by exactly one scale step up (q - (z - 1)): {what}", W + s_e)
+        for c in offsets:  # the offsets the read-back elements show most often (estimated by the caller)
+            if c not in (0, 1, -1):
+                yield (_offset_name(c, st.bits, has_zero), W - c * s_e)
         if np.any(st.zero):
             yield ("no zero point subtracted (q * s): the zero point ignored", st.q * s_e)
         if st.unsigned:
@@ -301,6 +336,7 @@ def hypotheses(st: Structure, case: Case):
             dst = ml_dtypes.bfloat16 if other == "bfloat16" else np.float16
             bits = st.scale.astype(src).view(np.uint16).view(dst).astype(np.float64)
             yield (f"{case.scale_dtype} scale bits read as {other}", st.build(scale=bits))
+        yield from _scale_and_shift_hypotheses(st, case)
         if st.scale.shape[1] == 1 and case.K <= case.N:  # one scale per output channel
             sk = st.scale[: case.K, 0][None, :]
             yield ("the per-channel scale indexed by the input channel k instead of the output channel n "
@@ -310,6 +346,8 @@ def hypotheses(st: Structure, case: Case):
         yield ("E8M0 scale read one step low (/2): byte b read as b - 1", W / 2)
         yield ("E2M1 codes read without their sign bit", np.abs(W))
     G = st.n_groups
+    if G > 1 and st.kind == "int":
+        yield from _group0_hypotheses(st)
     if G > 1:
         what, g = ("E8M0 scale of block", "b") if st.kind == "mxfp4" else ("scale and zero point of group", "g")
         up = np.minimum(st.grp + 1, G - 1)
@@ -318,10 +356,6 @@ def hypotheses(st: Structure, case: Case):
         yield (f"the {what} {g}-1 used for {what.split()[-1]} {g}", st.build(grp=down))
         if st.kind == "int" and np.any(st.zero):
             yield ("the scale of group g+1 used for group g (zero point right)", (st.q - st.zero[:, st.grp]) * st.scale[:, up])
-        if st.kind == "int":  # group scales read as one per output channel: group 0's everywhere
-            g0 = np.zeros_like(st.grp)
-            yield ("the scale of K group 0 used for every group (group scales read as per-channel)",
-                   (st.q - st.zero[:, st.grp]) * st.scale[:, g0])
     if st.default_grp is not None:
         yield ("g_idx ignored: column k read with group k // G instead of g_idx[k]", st.build(grp=st.default_grp))
     length = case.K if st.pack_axis == "K" else case.N
@@ -345,6 +379,44 @@ def hypotheses(st: Structure, case: Case):
                 yield (f"output channel n computed with the weights of channel n {'-' if sgn > 0 else '+'} {d}", Wd)
     yield ("read as zero", np.zeros_like(W))
     yield ("sign flipped", -W)
+
+
+def _offset_name(c: int, bits: int, has_zero: bool) -> str:
+    what = f"a zero point off by {c:+d}" if has_zero else f"codes off by {c:+d}"
+    if abs(c) == 2 ** (bits - 1):
+        what += f" (the {2 ** (bits - 1)} of the unsigned packing offset kept or applied twice)"
+    return f"offset by exactly {abs(c)} scale steps {'down' if c > 0 else 'up'} (q - (z {'+' if c > 0 else '-'} {abs(c)})): {what}"
+
+
+def _shift_k(q: np.ndarray, sh: int, fill: float) -> np.ndarray:
+    """Codes shifted along K: column k reads the code of column k + sh (``fill`` beyond the row's ends)."""
+    K = q.shape[1]
+    src = np.arange(K) + sh
+    ok = (src >= 0) & (src < K)
+    out = np.full_like(q, fill)
+    out[:, ok] = q[:, src[ok]]
+    return out
+
+
+def _shift_name(sh: int, pad: int, fill: float, st: Structure) -> str:
+    why = (f" (the row's {pad} padding field(s) of the last packed word taken as its {'start' if sh > 0 else 'end'}: "
+           "the K codes read from the wrong end of the padded row)" if abs(sh) == pad else "")
+    beyond = "" if st.unsigned else f"; beyond the row's end, code {fill:g}"
+    return f"codes shifted along K by {abs(sh)} column(s): column k reads the code of column k {'+' if sh > 0 else '-'} {abs(sh)}{why}{beyond}"
+
+
+def _offset_candidates(st: Structure, obs_w, exp_w, todo, ks, limit: int = 2) -> list:
+    """The most frequent whole offsets (in scale steps) between the expected and the read-back weights."""
+    s = st.scale[:, st.grp[ks]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = np.median((exp_w / st.W[:, ks])[todo & (st.W[:, ks] != 0) & np.isfinite(exp_w)]) if todo.any() else np.nan
+        steps = (exp_w - obs_w)[todo] / (v * s[todo])
+    steps = steps[np.isfinite(steps)]
+    steps = steps[np.abs(steps - np.rint(steps)) < 0.05]
+    if not steps.size:
+        return []
+    u, n = np.unique(np.rint(steps).astype(np.int64), return_counts=True)
+    return [int(c) for c in u[np.argsort(-n)][:limit]]
 
 
 def _code_table_hypotheses(st: Structure, obs_w: np.ndarray, todo: np.ndarray) -> list:
@@ -412,7 +484,9 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
         findings.append({"where": where_text(nan_observed, st, ks, case), "n": int(nan_observed.sum()),
                          "pattern": "finite weights read back as NaN/Inf"})
         todo &= ~nan_observed
-    cand = [(name, to_output(Wh[:, ks], ks)) for name, Wh in hypotheses(st, case)]
+    offsets = _offset_candidates(st, obs_w, exp_w, todo, ks) if st.kind == "int" else []
+    cand = [(name, to_output(Wh[:, ks], ks)) for name, Wh in hypotheses(st, case, offsets)]
+    base = to_output(st.W[:, ks], ks)
     fin = todo & np.isfinite(exp_w) & (exp_w != 0)
     if fin.any():
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -424,25 +498,56 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
     if st.kind == "mxfp4":
         cand += [(n, to_output(Wh[:, ks], ks)) for n, Wh in _code_table_hypotheses(
             st, _full(obs_w, ks, st.W.shape), _full(todo, ks, st.W.shape, False))]
-    while todo.any():
-        best = None
-        for name, hyp in cand:
-            n = int((todo & close(obs_w, hyp, dtype)).sum())
-            if n and (best is None or n > best[1]):
-                best = (name, n, hyp)
-        if best is None or best[1] < max(1, _MIN_SHARE * todo.sum()):
-            break
-        name, n, hyp = best
-        m = todo & close(obs_w, hyp, dtype)
-        neutral = ~bad & close(obs_w, hyp, dtype) & (exp_w == 0)  # a zero weight hides most bugs
-        findings.append({"where": where_text(m, st, ks, case, neutral), "pattern": name, "n": n})
-        todo &= ~m
-        cand = [c for c in cand if c[0] != name]
+    claimed, todo = _claim_greedily(cand, base, obs_w, exp_w, bad, todo,
+                                    lambda m, neutral: where_text(m, st, ks, case, neutral), dtype)
+    findings += claimed
     if todo.any():
         findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
                          "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})
     res["findings"] = findings
     return res
+
+
+def _claim_greedily(cand, base, obs_w, exp_w, bad, todo, where, dtype):
+    """Claim hypotheses one at a time (the one explaining most unexplained elements, among those that explain
+    their place); return (findings, what stays unexplained). ``where(mask, neutral)``: the place text."""
+    findings = []
+    while todo.any():
+        best = None
+        avail = todo | ~bad  # not yet claimed by a finding
+        for name, hyp in cand:
+            ok = close(obs_w, hyp, dtype)
+            m = todo & ok
+            n = int(m.sum())
+            if not n or (best is not None and n < best[1]):
+                continue
+            prec = _place_precision(m, ok, mismatch(hyp, base) & avail)
+            if prec >= _MIN_PRECISION and (n >= 2 or n == todo.sum()) and (
+                    best is None or (n, prec) > (best[1], best[3])):
+                best = (name, n, hyp, prec)
+        if best is None or best[1] < max(1, _MIN_SHARE * todo.sum()):
+            break
+        name, n, hyp, _ = best
+        m = todo & close(obs_w, hyp, dtype)
+        same = [c[0] for c in cand if c[0] != name and int((todo & close(obs_w, c[1], dtype)).sum()) == n
+                and close(obs_w, c[1], dtype)[m].all() and not _MIN_PRECISION > _place_precision(
+                    m, close(obs_w, c[1], dtype), mismatch(c[1], base) & avail)][:2]
+        if same:  # this readback cannot tell them apart: name each
+            name = f"{name} (equally consistent: {'; '.join(same)})"
+        neutral = ~bad & close(obs_w, hyp, dtype) & (exp_w == 0)  # a zero weight hides most bugs
+        findings.append({"where": where(m, neutral), "pattern": name, "n": n})
+        todo &= ~m
+        cand = [c for c in cand if c[0] != best[0]]
+    return findings, todo
+
+
+def _place_precision(m: np.ndarray, ok: np.ndarray, region: np.ndarray) -> float:
+    """Of the elements a hypothesis changes (``region``) in the rows and columns where it explains a mismatch
+    (``m``), the share the readback matches (``ok``): a pattern is claimed only where it explains its place,
+    not where it meets a few elements by coincidence."""
+    place = m.any(axis=1)[:, None] & m.any(axis=0)[None, :] & region
+    total = int(place.sum())
+    return 1.0 if not total else float((place & ok).sum()) / total
 
 
 def _full(a: np.ndarray, ks: np.ndarray, shape, fill=np.nan) -> np.ndarray:

@@ -43,6 +43,27 @@ def _element_scales(case: Case, t: dict):
     return np.repeat(s, 32, axis=1), np.arange(K) // 32
 
 
+def _ff_blocks(cls: str, case: Case, t: dict, x: np.ndarray) -> tuple[bool, str]:
+    """Whether a 0xFF block has the codes (and activations) of ``cls``: its E2M1 codes read from the packed
+    nibbles (low nibble: even element; bit 3: the sign; bits 0-2 zero: +-0), docs/formats/mxfp4.md."""
+    p = np.asarray(t["weight_packed"]).astype(np.int64)
+    codes = np.stack([p & 0xF, p >> 4], axis=-1).reshape(p.shape[0], -1)
+    seen = 0
+    for n, b in np.argwhere(np.asarray(t["weight_scale"]) == 0xFF):
+        c = codes[n, 32 * b:32 * b + 32]
+        mag, neg = c & 7, c >> 3
+        if cls == "nan-scale-zero-codes":
+            seen += bool((mag == 0).all())
+            continue
+        xb = x[:, 32 * b:32 * b + 32]
+        w_one = bool(mag.any()) and len(set(neg[mag != 0].tolist())) == 1
+        x_one = bool(((xb > 0).all(axis=1) | (xb < 0).all(axis=1)).all())
+        if activation_units(case) == "block":  # every element quantizes to a non-zero E2M1 code
+            x_one &= bool((np.abs(xb) > np.abs(xb).max(axis=1, keepdims=True) / 16).all())
+        seen += w_one and x_one
+    return seen > 0, f"{seen} 0xFF block(s) with {cls[10:]}"
+
+
 def _reference(inp: CaseInputs) -> np.ndarray:
     from emulator.declaration import canonical_declaration
 
@@ -199,9 +220,21 @@ def _realized_weights(cls: str, inp: CaseInputs, case, x: np.ndarray) -> tuple[b
             big = bool(np.nanmax(np.abs(S)) >= 2.0 ** 14)
         y = _reference(inp)
         return big and bool(np.isfinite(y).any()), f"huge scale present: {big}; {int(np.isfinite(y).sum())} finite output(s)"
-    if cls == "nan-scale":
-        has = bool((np.asarray(t["weight_scale"]) == 0xFF).any()) and bool(np.isfinite(x).all())
+    if cls == "scale-negative":
+        key = {"gptq": "scales", "awq": "scales"}.get(case.weight_format, "weight_scale")
+        s = _f64(t[key])
+        neg, pos = int((s < 0).sum()), int((s > 0).sum())
+        live = bool((W[S < 0] != 0).any())  # a negative scale some non-zero weight is dequantized with
+        ok = neg > 0 and (pos > 0 or s.size == 1) and live
+        return ok, f"{neg} negative and {pos} positive scale(s); non-zero weights under a negative scale: {live}"
+    if cls in ("nan-scale", "nan-scale-zero-codes", "nan-scale-one-signed"):
+        sb = np.asarray(t["weight_scale"])
+        has = bool((sb == 0xFF).any()) and bool(np.isfinite(x).all())
         if not has:
             return False, "no 0xFF byte with finite activations"
+        if cls != "nan-scale":
+            ok, why = _ff_blocks(cls, case, t, x)
+            if not ok:
+                return False, why
         return _finite_and_not(_reference(inp), "nan")
     raise ValueError(f"unknown value class {cls!r}")

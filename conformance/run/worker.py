@@ -208,13 +208,14 @@ def main(argv=None) -> int:
                 inp = load_bundle_inputs(req["bundle"])[0] if "bundle" in req else CaseSpec.from_json(req["spec"]).inputs()
                 prepared = backend.prepare(inp.case, inp.tensors)
 
-                def probe(x, bias, _p=prepared):
-                    y, problem = output_problem(backend.run(_p, x, bias=bias, router_logits=None))
+                def probe(x, bias, _p=prepared, router_logits=None):
+                    y, problem = output_problem(backend.run(_p, x, bias=bias, router_logits=router_logits))
                     if problem:
                         raise ValueError(problem)
                     return y
 
-                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias, x=inp.x)
+                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias, x=inp.x,
+                               router_logits=inp.router_logits)
                 reply({"ok": True, "localization": to_json(loc)})
             elif op == "exit":
                 reply({"ok": True})

@@ -298,3 +298,84 @@ def test_code_saturation_rows_reach_code_128_before_saturation(dtype):
         assert int(canon.q[m][x[m] == x[m].max()].max()) == 127
     assert realized("act-code-saturation", inp)[0]
     assert not realized("act-code-saturation", _class_inputs("ordinary"))[0]
+
+
+# -- the round-2 classes (examples/independent-kernels/round2/README.md, "Missed bugs"): a kernel that drops the
+#    sign of negative weight scales, and one that decodes E8M0 0xFF as 2^128, were green in ci for want of these
+_INT_FORMATS = {"w4a16": {"gptq", "awq", "ct-pack-quantized"}, "w8a16": {"gptq", "ct-int-quantized"},
+                "w8a8": {"ct-int-quantized"}, "w4a8": {"gptq", "ct-pack-quantized"}}
+
+
+@pytest.mark.parametrize("profile", ["ci", "certification"])
+def test_round2_classes_reach_every_format_they_apply_to(profile):
+    """Counted from the profile's case list: scale-negative in every integer weight format of every scheme
+    whose scales may be negative (docs/formats/gptq.md#errors, awq.md, compressed-tensors.md), never in MXFP4
+    (E8M0 has no sign); the two 0xFF classes in both MXFP4 weight schemes, never with one output column."""
+    specs = _coverage_specs(profile)
+    neg = {}
+    for s in specs:
+        if s.generator == "vc-scale-negative":
+            neg.setdefault(s.case.scheme, set()).add(s.case.weight_format)
+    assert neg == _INT_FORMATS
+    for cls in ("nan-scale-zero-codes", "nan-scale-one-signed"):
+        got = [s.case for s in specs if s.generator == f"vc-{cls}"]
+        assert {c.scheme for c in got} == {"w4a16-mxfp4", "w4a4-mxfp4"}, cls
+        assert all(c.N > 1 for c in got), cls
+
+
+@pytest.mark.parametrize("case", [
+    Case("w4a16", "gptq", 3, 16, 64, group_size=32, sym=True, zero_convention="v1", act_dtype="float16"),
+    Case("w4a16", "awq", 3, 16, 64, group_size=32, sym=False, act_dtype="float16"),
+    Case("w4a8", "ct-pack-quantized", 3, 8, 64, group_size=-1, sym=True, act_dtype="bfloat16", scale_dtype="float32"),
+    Case("w8a8", "ct-int-quantized", 3, 8, 64, group_size=-1, sym=True, act_dtype="bfloat16"),
+], ids=["gptq-g32", "awq-g32", "ct-pack-channel", "ct-int8"])
+def test_negative_scales_flip_the_weights_that_a_sign_dropping_kernel_keeps(case):
+    """Both signs stored (checked on the raw scale tensor in NumPy), and a decoder that takes |scale| (round 2's
+    scale_abs) reads different weights: the suite's weight oracle on the tensors with the scales replaced by their
+    absolute values differs exactly on the non-zero weights of the negative-scale groups/channels."""
+    from conformance.judge.oracles import independent_weight
+
+    inp = generate_value(case, "scale-negative", 5)
+    key = "scales" if case.weight_format in ("gptq", "awq") else "weight_scale"
+    s = np.asarray(inp.tensors[key]).astype(np.float64)
+    assert (s < 0).any() and (s > 0).any()
+    flipped = dict(inp.tensors, **{key: np.abs(np.asarray(inp.tensors[key]))})
+    w, w_abs = independent_weight(case, inp.tensors), independent_weight(case, flipped)
+    differ = w != w_abs
+    assert differ.any() and np.array_equal(w[differ], -w_abs[differ]) and (w[differ] != 0).all()
+    assert realized("scale-negative", inp)[0]
+    assert not realized("scale-negative", type(inp)(case, inp.seed, flipped, inp.x, inp.bias))[0]
+
+
+def _ldexp_decoding(inp) -> np.ndarray:
+    """y = x W^T with W decoded as transformers' ldexp path does (``ldexp(value, byte - 127)`` of each E2M1 value
+    from ml_dtypes, in fp32: at 0xFF, 0 stays 0 and the others overflow to +-Inf), accumulated in float64."""
+    p = np.asarray(inp.tensors["weight_packed"], np.uint8)
+    codes = np.stack([p & 0xF, p >> 4], axis=-1).reshape(p.shape[0], -1)
+    vals = codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    sb = np.asarray(inp.tensors["weight_scale"]).astype(np.int32)
+    with np.errstate(all="ignore"):
+        w = np.ldexp(vals, np.repeat(sb - 127, 32, axis=1)).astype(np.float64)
+        return np.asarray(inp.x, np.float64) @ w.T
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-mxfp4", "w4a4-mxfp4"])
+def test_ff_classes_part_nan_from_an_ldexp_decoding(scheme):
+    """The reference (0xFF is NaN: ml_dtypes' float8_e8m0fnu agrees) has one NaN column and finite outputs
+    elsewhere; an ldexp decoding gives 0-based finite values there (zero codes) or +-Inf (one-signed codes and
+    activations), so it cannot match by the accident of +Inf + -Inf = NaN that hid it under vc-nan-scale."""
+    from emulator.declaration import canonical_declaration
+
+    from conformance.judge.acceptance import declared_interval
+
+    warnings.simplefilter("ignore", RuntimeWarning)
+    assert np.isnan(np.array([0xFF], np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)).all()
+    case = Case(scheme, "ct-mxfp4", 3, 16, 96, group_size=32, act_dtype="bfloat16")
+    for cls, kernel_col in (("nan-scale-zero-codes", np.isfinite), ("nan-scale-one-signed", np.isinf)):
+        inp = generate_value(case, cls, 2)
+        y = np.asarray(declared_interval(inp, canonical_declaration(case)).y_ref)
+        n_bad = int(np.flatnonzero((np.asarray(inp.tensors["weight_scale"]) == 0xFF).any(axis=1))[0])
+        assert np.isnan(y[:, n_bad]).all() and np.isfinite(np.delete(y, n_bad, axis=1)).all(), cls
+        if scheme == "w4a16-mxfp4":  # 16-bit activations enter unquantized: the ldexp kernel's output itself
+            assert kernel_col(_ldexp_decoding(inp)[:, n_bad]).all(), cls
+        assert realized(cls, inp)[0] and not realized(cls, generate_value(case, "nan-scale", 2))[0], cls
