@@ -521,6 +521,8 @@ AXES: dict[str, Axis] = {a.key: a for a in [
     Axis("moe_expert_output_weighted", "the routing weight multiplies each expert's output before that store",
          Stage.MOE, canonical=False, kind="bool", schemes=_MOE_SCHEMES, target="MoeVariant.expert_output_weighted",
          doc=_DOC_MOE + "#expert-outputs",
+         # only a store the outputs are rounded at can be weighted first: exact outputs make it a no-op
+         acts_when=(ActsWhen("moe_expert_output_dtype", ("activation",) + _DTYPES),),
          source="vLLM csrc/cpu/sgl-kernels/moe_int4.cpp copy_mul_stub (fp32 w * o stored in ic2), sum_stub"),
     Axis("moe_act_quant", "GEMM inputs quantized to int8 (with the act_* axes)", Stage.MOE, ("none", "int8"),
          "none", Level.SEMANTIC, schemes=_MOE_SCHEMES, target="MoeVariant.act_quant", doc=_DOC_MOE,

@@ -38,6 +38,13 @@ def _devs(case, variants=None, **fields) -> dict:
     ({"act_rounding": "rhaz"}, MOE, "act_rounding", False),  # 16-bit GEMM inputs: no int8 rounding
     ({"act_rounding": "rhaz", "moe_act_quant": "int8"}, MOE, "act_rounding", True),
     ({"act_rounding": "rhaz"}, W4A16, "act_rounding", False),  # not an int8-activation scheme
+    # docs/formats/moe.md#expert-outputs: the weight multiplies the output before *that store*; exact outputs
+    # have no store, so weighting them first changes nothing
+    ({"moe_expert_output_weighted": True}, MOE, "moe_expert_output_weighted", False),
+    ({"moe_expert_output_weighted": True, "moe_expert_output_dtype": "activation"}, MOE,
+     "moe_expert_output_weighted", True),
+    ({"moe_expert_output_weighted": True, "moe_expert_output_dtype": "bfloat16"}, MOE,
+     "moe_expert_output_weighted", True),
 ])
 def test_an_axis_deviates_only_where_it_acts(variants, case, key, acting):
     assert (key in _devs(case, variants)) is acting
