@@ -392,11 +392,7 @@ class Dispatcher:
             return admitted, skipped
         kept, skipped = [], list(skipped)
         for b in admitted:
-            key = (b.label, repr(case))
-            declared = self._declared.get(key)
-            if declared is None:
-                declared = self._declared[key] = b.declared(case)
-            why = activation_refusal(declared, case, activations)
+            why = self._activation_why(case, b, activations)
             if why:
                 skipped.append((b.label, why))
             else:
@@ -445,8 +441,11 @@ class Dispatcher:
             got = self._admissible(case, tensors() if callable(tensors) else tensors)
             if akey is not None:
                 self._admitted[akey] = got
-        admitted, skipped = self._on_activations(case, got[0], list(got[1]), activations)
         fb = self.fallback()
+        quick = self._known_choice(case, got, fb, activations, timer)
+        if quick is not None:
+            return self._floor_gate(case, quick, layer, timer, reference)
+        admitted, skipped = self._on_activations(case, got[0], list(got[1]), activations)
         if not admitted:
             return self._logged(case, Choice(fb, skipped, self.policy.none_admitted, fallback=True))
         if not self.policy.timed or timer is None:
@@ -457,6 +456,43 @@ class Dispatcher:
             return choice if timer is None else self._floor_gate(case, choice, layer, timer, reference)
         return self._floor_gate(case, self._measured(case, admitted + [fb], skipped, timer, reference),
                                 layer, timer, reference)
+
+    def _known_choice(self, case: Case, got, fb: Backend, activations, timer) -> "Choice | None":
+        """The choice without judging every contender's activation quantizer on this call, where that cannot
+        change it: the first admitted contender by priority that passes on ``activations`` (judged in turn), or,
+        for a timed policy, the class's measured choice among all admitted contenders when it passes on
+        ``activations`` (one judgement instead of one per contender: each runs two int8 quantizers over [M, K]).
+        None: no such shortcut (then every contender is judged, as before)."""
+        if activations is None or not got[0]:
+            return None
+        admitted, skipped = got[0], list(got[1])
+        if not self.policy.timed or timer is None:
+            for i, b in enumerate(admitted):
+                why = self._activation_why(case, b, activations)
+                if why:
+                    skipped.append((b.label, why))
+                    continue
+                return self._logged(case, Choice(b, skipped + [(o.label, f"lower priority than {b.label}")
+                                                              for o in admitted[i + 1:]],
+                                                 ByPriority.chosen_how if timer is None and self.policy.timed
+                                                 else self.policy.chosen_how))
+            return None
+        by_label = {b.label: b for b in admitted + [fb]}
+        hit = self._timed.get((_class_key(case), tuple(by_label)))
+        if hit is None:
+            return None
+        label, times, how, gated = hit
+        chosen = by_label[label]
+        if chosen is not fb and self._activation_why(case, chosen, activations):
+            return None  # the measured choice is refused on this input: judge all and measure what is left
+        return Choice(chosen, skipped + gated, how, dict(times), fallback=chosen is fb)
+
+    def _activation_why(self, case: Case, b: Backend, activations) -> "str | None":
+        key = (b.label, repr(case))
+        declared = self._declared.get(key)
+        if declared is None:
+            declared = self._declared[key] = b.declared(case)
+        return activation_refusal(declared, case, activations)
 
     def _floor_gate(self, case: Case, choice: Choice, layer, timer, reference) -> Choice:
         """With ``floor_db``: ``choice`` only where its kernel met the floor on this layer's own input.

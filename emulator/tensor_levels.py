@@ -104,6 +104,9 @@ def weight_deviation(declared: Declared, case: Case, tensors: dict) -> str | Non
 
     if SCHEMES[case.scheme].activations == "moe" or case.spec.quantize_only:
         return None
+    why = _float_zero_deviation(declared, case, tensors)
+    if why:
+        return why
     scale_dtype = declared.value("weight_scale_dtype")
     dtypes = {d for d in (None if scale_dtype == "checkpoint" else scale_dtype, declared.weight_dtype,
                           arithmetic_dtype(declared, case)) if d in ("float16", "bfloat16")}
@@ -130,3 +133,23 @@ def weight_deviation(declared: Declared, case: Case, tensors: dict) -> str | Non
                         f"overflowed: e.g. {val:.6g} becomes {float(r.reshape(-1)[k]):.6g}, not within its unit "
                         f"roundoff 2^-{format_of(dtype).man_bits + 1})")
     return None
+
+
+def _float_zero_deviation(declared: Declared, case: Case, tensors: dict) -> str | None:
+    """Why a 16-bit ``zero_dtype`` under ``dequant_order=float_zero`` does not hold this layer's float zero points
+    ((m - z) * s, docs/formats/gptq.md): where one overflows the dtype, weights the canonical dequantization gives
+    finite become +-Inf or NaN (an extreme but legal scale times a zero-point distance of up to 2^bits)."""
+    zero_dtype = declared.value("zero_dtype")
+    if declared.value("dequant_order") != "float_zero" or zero_dtype not in ("float16", "bfloat16"):
+        return None
+    with np.errstate(all="ignore"):
+        canon = np.asarray(declared_weight(case, tensors, canonical_declaration(case)), np.float64)
+        got = np.asarray(declared_weight(case, tensors, declared), np.float64)
+    bad = np.isfinite(canon) & ~np.isfinite(got)
+    n = int(bad.sum())
+    if not n:
+        return None
+    k = int(np.flatnonzero(bad)[0])
+    return (f"{zero_dtype} float zero points overflow on this layer: {n} of {bad.size} weights the canonical "
+            f"dequantization gives finite become non-finite (e.g. {float(canon.reshape(-1)[k]):.6g} -> "
+            f"{float(got.reshape(-1)[k]):.6g})")

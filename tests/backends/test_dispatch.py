@@ -58,11 +58,15 @@ def fakes(monkeypatch):
     mod.Bf16Scale = _fake("bf16-scale", 60, Declared(variants={"weight_scale_dtype": "bfloat16"}, output="float32"))
     # zentorch's activation quantizer (backends/zentorch.py ACT_AMAX_EPS): amax clamped to 127e-10 first
     mod.EpsClamp = _fake("eps-clamp", 60, Declared(variants={"zero_row": "eps", "eps": EPS}, output="bfloat16"))
+    # torch-cpu's W4A16 (backends/torch_cpu.py, tinygemm): a float zero point (m - z) * s kept in float16
+    mod.Fp16Zero = _fake("fp16-zero", 60, Declared(variants={"dequant_order": "float_zero", "zero_dtype": "float16"},
+                                                   output="float16"))
     monkeypatch.setitem(sys.modules, "qconform_dispatch_fakes", mod)
     monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", ",".join(
         f"{n}=qconform_dispatch_fakes:{c}" for n, c in (("per-tensor", "PerTensor"), ("defect", "Defect"),
                                                           ("literal", "Literal"), ("rounding", "Rounding"),
-                                                          ("eps-clamp", "EpsClamp"), ("bf16-scale", "Bf16Scale"))))
+                                                          ("eps-clamp", "EpsClamp"), ("bf16-scale", "Bf16Scale"),
+                                                          ("fp16-zero", "Fp16Zero"))))
     return mod
 
 
@@ -117,6 +121,25 @@ def test_a_bfloat16_weight_scale_is_judged_on_the_layer_scales(fakes):
     assert "weight_scale_dtype=bfloat16" in why and "bfloat16 does not hold" in why and "scales" in why, why
     # without the tensors the general level (rounding) stands: only tensors can show the flush
     assert select(case, ["bf16-scale", "emulator"]).backend.name == "bf16-scale"
+
+
+def test_a_float16_float_zero_point_is_judged_on_the_layer_scales(fakes):
+    """dequant_order=float_zero keeps (m - z) * s in zero_dtype (docs/formats/gptq.md): rounding level where
+    float16 holds it, and more where it overflows: with a scale of 2^13 and a zero point 8 away from the midpoint
+    m = 8 (z = 0), (m - z) * s = 2^16 > 65504, float16's largest finite value, so the weight becomes -Inf where
+    the canonical (q - z) * s is finite. (The coverage design's extreme-scale AWQ case reached exactly this through
+    torch-cpu, judged mistrusted before.)"""
+    case = Case("w4a16", "gptq", 2, 8, 64, group_size=32, sym=False, act_dtype="float16", scale_dtype="float16",
+                zero_convention="v2")
+    tensors = make_inputs(case, 0).tensors
+    zero = np.zeros_like(tensors["qzeros"])  # every packed zero point field 0: z = 0, 8 from the midpoint
+    for s, held in ((np.float16(1.0), True), (np.float16(2.0 ** 13), False)):
+        ts = dict(tensors, qzeros=zero, scales=np.full_like(tensors["scales"], s))
+        sel = select(case, ["fp16-zero", "emulator"], tensors=ts)
+        assert (sel.backend.name == "fp16-zero") is held, sel.skipped
+    why = dict(select(case, ["fp16-zero", "emulator"], tensors=dict(
+        tensors, qzeros=zero, scales=np.full_like(tensors["scales"], np.float16(2.0 ** 13)))).skipped)["fp16-zero"]
+    assert "float16 float zero points overflow" in why and "non-finite" in why, why
 
 
 def test_auto_plans_on_the_case_activations_and_refuses_others(fakes):
