@@ -443,8 +443,8 @@ class Dispatcher:
                 self._admitted[akey] = got
         fb = self.fallback()
         quick = self._known_choice(case, got, fb, activations, timer)
-        if quick is not None:
-            return self._floor_gate(case, quick, layer, timer, reference)
+        if quick is not None:  # (the floor gate runs the kernel: only where a timer is given, as below)
+            return quick if timer is None else self._floor_gate(case, quick, layer, timer, reference)
         admitted, skipped = self._on_activations(case, got[0], list(got[1]), activations)
         if not admitted:
             return self._logged(case, Choice(fb, skipped, self.policy.none_admitted, fallback=True))

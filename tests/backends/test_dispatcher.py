@@ -169,6 +169,32 @@ def test_the_floor_gate_refuses_a_contender_far_from_the_reference():
     assert d.choose(W8A8, timer=timer, reference=lambda: ref).backend.name == "rounding"
 
 
+def test_activations_are_judged_lazily_and_the_measured_choice_is_kept(monkeypatch):
+    """With activations, ``choose`` judges the class's measured choice only (not every contender on every call), and
+    where that choice is refused on this input, judges all and measures what is left; untimed, with a floor and a
+    reference but no timer, nothing is run (the floor gate needs a timer)."""
+    import backends.dispatch as dispatch
+
+    judged = []
+
+    def refusal(declared, case, x):
+        judged.append(declared.variants.get("act_rounding", "canonical"))
+        return "moves codes" if float(np.max(np.abs(x))) < 1e-30 else None
+
+    monkeypatch.setattr(dispatch, "activation_refusal", refusal)
+    d = dispatcher(MeasuredFastest(None), candidates=["rounding", "rounding2", "emulator"])
+    x = np.ones((W8A8.M, W8A8.K), np.float32)
+    t = Timer(rounding=1e-4, rounding2=5e-4, emulator=1e-3)
+    assert d.choose(W8A8, timer=t, activations=x).backend.name == "rounding"  # first call: measured
+    judged.clear()
+    assert d.choose(W8A8, timer=t, activations=x).backend.name == "rounding"
+    assert judged == ["rhaz"]  # the measured choice only (every contender was judged on each call before)
+    c = d.choose(W8A8, timer=t, activations=x * 1e-35)  # refused on this input: judged all, the rest measured
+    assert c.backend.name == "emulator" and dict(c.skipped)["rounding"] == "moves codes"
+    untimed = dispatcher(candidates=["rounding", "emulator"], floor_db=40.0)
+    assert untimed.choose(W8A8, reference=lambda: None, activations=x).backend.name == "rounding"
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_a_contender_with_nan_or_inf_outputs_is_below_every_floor(bad):
     """Its SQNR is -inf (emulator/numerics/sqnr.py); the former private SQNR gave NaN here, and ``NaN < floor``
