@@ -443,32 +443,25 @@ class Dispatcher:
                 self._admitted[akey] = got
         fb = self.fallback()
         quick = self._known_choice(case, got, fb, activations, timer)
-        if quick is not None:  # (the floor gate runs the kernel: only where a timer is given, as below)
+        if quick is not None:  # (the floor gate runs the kernel: only where a timer is given)
             return quick if timer is None else self._floor_gate(case, quick, layer, timer, reference)
+        # a timed policy whose class choice is not known (or is refused on these activations): measure
         admitted, skipped = self._on_activations(case, got[0], list(got[1]), activations)
         if not admitted:
             return self._logged(case, Choice(fb, skipped, self.policy.none_admitted, fallback=True))
-        if not self.policy.timed or timer is None:
-            choice = self._logged(case, Choice(admitted[0], skipped + [(b.label, f"lower priority than "
-                                                                        f"{admitted[0].label}") for b in admitted[1:]],
-                                               ByPriority.chosen_how if timer is None and self.policy.timed
-                                               else self.policy.chosen_how))
-            return choice if timer is None else self._floor_gate(case, choice, layer, timer, reference)
         return self._floor_gate(case, self._measured(case, admitted + [fb], skipped, timer, reference),
                                 layer, timer, reference)
 
     def _known_choice(self, case: Case, got, fb: Backend, activations, timer) -> "Choice | None":
-        """The choice without judging every contender's activation quantizer on this call, where that cannot
-        change it: the first admitted contender by priority that passes on ``activations`` (judged in turn), or,
-        for a timed policy, the class's measured choice among all admitted contenders when it passes on
+        """The choice where judging every contender's activation quantizer on this call cannot change it: untimed,
+        the first admitted contender by priority that passes on ``activations`` (judged in turn; the fast path when
+        none does); timed, the class's measured choice among all admitted contenders when it passes on
         ``activations`` (one judgement instead of one per contender: each runs two int8 quantizers over [M, K]).
-        None: no such shortcut (then every contender is judged, as before)."""
-        if activations is None or not got[0]:
-            return None
+        None: measure (every contender judged first)."""
         admitted, skipped = got[0], list(got[1])
         if not self.policy.timed or timer is None:
             for i, b in enumerate(admitted):
-                why = self._activation_why(case, b, activations)
+                why = activations is not None and self._activation_why(case, b, activations)
                 if why:
                     skipped.append((b.label, why))
                     continue
@@ -476,6 +469,8 @@ class Dispatcher:
                                                               for o in admitted[i + 1:]],
                                                  ByPriority.chosen_how if timer is None and self.policy.timed
                                                  else self.policy.chosen_how))
+            return self._logged(case, Choice(fb, skipped, self.policy.none_admitted, fallback=True))
+        if activations is None or not admitted:
             return None
         by_label = {b.label: b for b in admitted + [fb]}
         hit = self._timed.get((_class_key(case), tuple(by_label)))
