@@ -100,7 +100,28 @@ def test_rtz_weights_are_truncated_fp32_weights(seed):
     s = round_to_dtype(rng.random(256) * 0.1, "bfloat16")  # vLLM holds the scales in bf16 already
     w32 = dequantize_affine(q, z, s)  # exact in fp32 for 16-bit scales
     trunc = (w32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-    assert np.array_equal(dequantize_affine(q, z, s, variant=DequantVariant(compute_dtype="bfloat16", compute_rounding="rtz")), trunc)
+    rtz = DequantVariant(compute_dtype="bfloat16", compute_rounding="rtz")
+    assert np.array_equal(dequantize_affine(q, z, s, variant=rtz), trunc)
+
+
+def test_a_variant_is_typed_and_refuses_unknown_names():
+    """DequantVariant stores the enums whatever spelling it is given (so two spellings of one variant are one
+    variant), its defaults are the canonical arithmetic, and a misspelt value fails when built, naming it."""
+    from emulator.formats.int_common import CANONICAL_DEQUANT, ComputeDtype
+
+    v = DequantVariant(order="float_zero", scale_dtype="bfloat16", compute_dtype="float16", compute_rounding="RTZ",
+                       zero_dtype="float32")
+    assert (v.order, v.scale_dtype, v.compute_dtype, v.compute_rounding, v.zero_dtype) == (
+        DequantOrder.FLOAT_ZERO, ComputeDtype.BFLOAT16, ComputeDtype.FLOAT16, Rounding.RTZ, ComputeDtype.FLOAT32)
+    assert type(v.order) is DequantOrder and type(v.compute_rounding) is Rounding
+    assert v == DequantVariant(DequantOrder.FLOAT_ZERO, ComputeDtype.BFLOAT16, ComputeDtype.FLOAT16, Rounding.RTZ,
+                               ComputeDtype.FLOAT32)
+    assert CANONICAL_DEQUANT == DequantVariant(order="sub_then_mul", compute_dtype="float32", compute_rounding="rne")
+    assert CANONICAL_DEQUANT.scale_dtype is None and CANONICAL_DEQUANT.zero_dtype is None
+    for bad in (dict(order="mul_before_sub"), dict(compute_dtype="fp16"), dict(compute_rounding="nearest"),
+                dict(scale_dtype="float8")):
+        with pytest.raises(ValueError, match=repr(next(iter(bad.values())))):
+            DequantVariant(**bad)
 
 
 # -- 5. int8 activation axes ----------------------------------------------------------------------------
