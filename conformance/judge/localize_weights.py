@@ -432,7 +432,8 @@ def _offset_candidates(st: Structure, obs_w, exp_w, todo, ks, limit: int = 2) ->
     if not steps.size:
         return []
     u, n = np.unique(np.rint(steps).astype(np.int64), return_counts=True)
-    return [int(c) for c in u[np.argsort(-n)][:limit]]
+    # a code or zero point cannot be off by more than its 2^bits codes: a larger whole offset is another term
+    return [int(c) for c in u[np.argsort(-n)] if abs(c) <= 2 ** st.bits][:limit]
 
 
 def _code_table_hypotheses(st: Structure, obs_w: np.ndarray, todo: np.ndarray) -> list:
@@ -517,11 +518,37 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
     claimed, todo = _claim_greedily(cand, base, obs_w, exp_w, bad, todo,
                                     lambda m, neutral: where_text(m, st, ks, case, neutral), dtype)
     findings += claimed
+    term = _per_channel_term(obs_w, base, todo, dtype) if todo.any() else None
+    if term is not None:  # what no weight bug explains: one amount added per output channel, whatever the column
+        claimed, todo = _claim_greedily([term], base, obs_w, exp_w, bad, todo,  # (a zero weight hides no term)
+                                        lambda m, neutral: where_text(m, st, ks, case), dtype)
+        findings += claimed
     if todo.any():
         findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
                          "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})
     res["findings"] = findings
     return res
+
+
+def _per_channel_term(obs_w, base, todo, dtype: str):
+    """(pattern, outputs): every one-hot output of row n offset by the same c_n (the median over its unexplained
+    elements), or None: a term the kernel adds per output channel, not a weight."""
+    with np.errstate(invalid="ignore"):
+        d = np.where(todo & np.isfinite(obs_w) & np.isfinite(base), obs_w - base, np.nan)
+    rows = np.nonzero(np.isfinite(d).sum(axis=1) >= 2)[0]
+    if not rows.size:
+        return None
+    c = np.zeros(base.shape[0])
+    c[rows] = np.nanmedian(d[rows], axis=1)
+    if not np.any(c):
+        return None
+    vals = np.unique(c[c != 0])
+    shown = ", ".join(f"{v:+.6g}" for v in vals[:4]) + (", ..." if vals.size > 4 else "")
+    with np.errstate(invalid="ignore", over="ignore"):
+        hyp = np.asarray(round_to_dtype(base + c[:, None], dtype), np.float64)
+    return (f"the same amount ({shown}) added to every one-hot output of the row, whatever the input column: "
+            "a term added per output channel, not a weight (a bias, or a zero-point correction azp * sum_k qw[n, k] "
+            "with wrong weight row sums)", hyp)
 
 
 def _claim_greedily(cand, base, obs_w, exp_w, bad, todo, where, dtype):

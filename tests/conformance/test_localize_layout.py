@@ -23,6 +23,8 @@ BUGS = {
     "ct_scale_reshape": "compressed-tensors weight_scale [N, G] reshaped (not transposed) to [G, N]",
     "gptq8_stride4": "GPTQ 8-bit codes extracted with a 4-bit field stride (field i = (word >> 4 i) & 0xFF)",
     "gptq_g32_hardcoded": "the scale (and zero point) group of column k is k // 32: a kernel written for G = 32",
+    "channel_term": "channels 5 and 9 get 1000 times their weight scale added to every output (a per-channel term "
+                    "from a wrong buffer), whatever the input",
     "moe_sigmoid": "the MoE MLP computes sigmoid(gate) * up instead of silu(gate) * up",
     "moe_gelu": "the MoE MLP computes gelu(gate) * up (erf form) instead of silu(gate) * up",
     "moe_w2_groups_from_k": "w2's scale group size computed from the hidden size K (K // n_groups) instead of I",
@@ -64,6 +66,20 @@ class Layout(kernels.Planted):
             return (q - z[g].T) * s[g].T
         return super()._weights(case, t)
 
+    def run(self, prepared, x, bias=None, **kw):
+        y = super().run(prepared, x, bias=bias, **kw)
+        if self.bug != "channel_term":
+            return y
+        s = prepared.data["t"]["weight_scale"].astype(np.float64).reshape(-1)
+        y = y.astype(np.float64)
+        y[:, [5, 9]] += 1000 * s[[5, 9]]
+        return kernels._round(y, prepared.case.output_dtype)
+
+    def prepare(self, case, tensors):
+        p = super().prepare(case, tensors)
+        p.data["t"] = tensors
+        return p
+
 
 def _localize(bug: str, case: Case, seed: int = 3) -> dict:
     from conformance.cases.inputs import make_inputs
@@ -90,6 +106,10 @@ WEIGHT_CASES = [
      ["columns 32..127: group size 32 (hard-coded) instead of 128: column k read with the scale and "
       "zero point of group min(k // 32, 1)"],
      ["group g+1 used for group g", "equally consistent", "no named pattern"]),
+    ("channel_term", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, scale_dtype="float32", **_W),
+     ["rows 5, 9 (of 64): the same amount", "added to every one-hot output of the row, whatever the input column: a "
+      "term added per output channel, not a weight"],
+     ["no named pattern", "whole number of scale steps", "offset by exactly"]),
 ]
 
 
