@@ -171,14 +171,14 @@ def _list(v, limit: int = 6) -> str:
 
 
 def _runs(r) -> str:
-    """A set of residues as '{1, 2, 3}', its runs of 4 or more as 'a..b': '{32..127}', '{0, 4..11}'."""
+    """A set of residues as '{1, 2, 3}', its runs of 8 or more as 'a..b': '{32..127}', '{0, 4..11}'."""
     r = sorted(int(i) for i in r)
     parts, i = [], 0
     while i < len(r):
         j = i
         while j + 1 < len(r) and r[j + 1] == r[j] + 1:
             j += 1
-        parts += [f"{r[i]}..{r[j]}"] if j - i >= 3 else [str(v) for v in r[i:j + 1]]
+        parts += [f"{r[i]}..{r[j]}"] if j - i >= 7 else [str(v) for v in r[i:j + 1]]
         i = j + 1
     return "{" + ", ".join(parts) + "}"
 
