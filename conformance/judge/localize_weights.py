@@ -522,7 +522,7 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
     if term is not None:  # what no weight bug explains: one amount added per output channel, whatever the column
         claimed, todo = _claim_greedily([term], base, obs_w, exp_w, bad, todo,  # (a zero weight hides no term)
                                         lambda m, neutral: where_text(m, st, ks, case), dtype)
-        findings += claimed
+        findings += [dict(f, not_weights=True) for f in claimed]  # for the stage: a term outside the weights
     if todo.any():
         findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
                          "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})

@@ -124,6 +124,8 @@ def test_weight_layout_bug_named_by_its_class(bug, case, names, not_names):
     for n in not_names:  # (an activation probe over wrong weights differs too: that part says so, unnamed)
         assert n not in claims, f"{n!r} claimed in:\n{text}"
     assert len(loc["weights"]["findings"]) == 1, text  # one bug: one finding, nothing left unexplained
+    # a per-channel term is marked as outside the weights (for the stage); a weight bug is not
+    assert bool(loc["weights"]["findings"][0].get("not_weights")) == (bug == "channel_term"), text
 
 
 @pytest.mark.parametrize("bug,case,names,not_names", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES])
