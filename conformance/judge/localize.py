@@ -12,7 +12,8 @@ one declared rounding, computed by the emulator):
    the kernel's effective weights, diffed per row, group, zero point, scale block and field position
    (conformance/judge/localize_weights.py);
 2. activation quantization (int8 and MXFP4 activations): rows whose quantization is exact (integer
-   multiples of 2^j with amax 127 * 2^j; E2M1 values times 2^e with block amax 6 * 2^e); a mismatch there
+   multiples of 2^j with amax 127 * 2^j; E2M1 values times 2^e with block amax 6 * 2^e: the rows and the
+   hypotheses below are conformance/judge/localize_exact.py's); a mismatch there
    with weights read back exact is in the activation quantization or the epilogue, and named where a
    hypothesis (scale amax/128, zero point sign flipped or ignored, a per-token or per-channel factor)
    explains it;
