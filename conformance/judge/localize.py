@@ -330,7 +330,8 @@ def _own_rows_step(p: _Probing, x, weights: "dict | None", exact_rows: "tuple | 
         return None
     try:
         W_own = st.build() if st.kind == "int" else p.W  # (q - z) * s in float64: the integer dots' weights
-        rows = RowProbe(case, declared, p.prober.run, p.prober.judge, W_own, p.bias, p.prober.parts)
+        rows = RowProbe(case, declared, run=p.prober.run, judge=p.prober.judge, W=W_own,
+                        reference_parts=p.prober.parts, bias=p.bias)
         own = analyze_own_rows(rows, x, exact_rows)
     except Exception as e:  # noqa: BLE001 - the kernel raised on a row alone: the other findings stand
         own = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}

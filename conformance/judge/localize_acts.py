@@ -244,16 +244,16 @@ class RowProbe:
 
     ``run(x, bias)``: the backend's ``run`` on the prepared case; ``judge(X, Y, bias, decl)`` -> (reference
     outputs, outside-the-interval mask) of rows X with outputs Y under ``decl``; ``W``: the declared weights
-    [N, K] (exact); ``bias``: the case's bias; ``reference_parts(X, bias)``: the declared reference's
-    intermediates (``x_tie``, ``x_scale``, ``x_zero_point``) for rows X."""
+    [N, K] (exact); ``reference_parts(X, bias)``: the declared reference's intermediates (``x_tie``,
+    ``x_scale``, ``x_zero_point``) for rows X; ``bias``: the case's bias."""
 
     case: Case
     declared: Declared
     run: Run
     judge: Judge
     W: np.ndarray
+    reference_parts: "Callable[[np.ndarray, np.ndarray | None], dict]"
     bias: "np.ndarray | None" = None
-    reference_parts: "Callable[[np.ndarray, np.ndarray | None], dict] | None" = None
 
     @property
     def out_dtype(self) -> str:
