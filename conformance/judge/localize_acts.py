@@ -36,6 +36,7 @@ from emulator.variants import AXES, Stage
 
 from backends.base import Case, Declared
 
+from conformance.judge.localize_amax import amax_hypotheses
 from conformance.judge.localize_weights import close
 
 __all__ = ["analyze_own_rows", "RowProbe", "row_classes", "hypotheses", "PARTS", "MAX_OWN_ROWS"]
@@ -234,6 +235,7 @@ def _custom(case: Case, declared: Declared, X: np.ndarray) -> list[tuple[str, st
                         quant(e_floor, big_to_zero=True)))
             out.append(("activation block exponent floor(log2(amax)) computed in float32 (rounds up just below 2^k)",
                         "scale", quant(e_f32)))
+    out += amax_hypotheses(case, declared, x)  # amax rounded before the scale (bf16/fp16, up to 2^k)
     return out
 
 

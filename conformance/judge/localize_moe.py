@@ -25,7 +25,7 @@ from backends.base import Case, Declared
 
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.acceptance import declared_interval
-from conformance.judge.localize_moe_mlp import name_expert_bug
+from conformance.judge.localize_moe_mlp import ExpertObservation, name_expert_bug
 
 __all__ = ["localize_moe", "MAX_EXPERTS"]
 
@@ -123,8 +123,8 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
             from conformance.judge.verdict import reference_declaration
 
             try:
-                named = name_expert_bug(case, tensors, reference_declaration(case, declared), X, Le, e, ye, bad_e,
-                                        iv_e.lo, iv_e.hi, bias)
+                seen = ExpertObservation(e, X, Le, ye, bad_e, iv_e.lo, iv_e.hi)
+                named = name_expert_bug(case, tensors, reference_declaration(case, declared), seen, bias)
             except (ValueError, TypeError, KeyError):
                 named = None
         if named is None and case.top_k > 1 and np.all(ye[np.isfinite(ye)] == 0):

@@ -31,12 +31,44 @@ from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
 
-__all__ = ["name_expert_bug", "activation_functions", "MIN_SHARE"]
+__all__ = ["ExpertObservation", "name_expert_bug", "activation_functions", "MIN_SHARE"]
 
 #: a hypothesis must explain this share of the failing elements, and match this share of those it moves
 MIN_SHARE = 0.9
 _MANT = {"float32": 23, "float16": 10, "bfloat16": 7}
 _ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertObservation:
+    """Expert ``e`` run alone: rows ``X`` routed to it by ``logits``, the kernel's outputs ``y``, which of them
+    fail (``bad``) and the declared interval [``lo``, ``hi``]."""
+
+    e: int
+    X: np.ndarray
+    logits: np.ndarray
+    y: np.ndarray
+    bad: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExpertForward:
+    """What the declared forward of one expert needs: its input rows, its weights, the MoE variant, the
+    intermediate and output dtypes and the bias."""
+
+    x: np.ndarray
+    w13: np.ndarray
+    w2: np.ndarray
+    mv: object
+    inter: str
+    bias: object
+    out_dtype: str
+
+    def run(self, act, w13=None, w2=None) -> np.ndarray:
+        return _forward(self.x, self.w13 if w13 is None else w13, self.w2 if w2 is None else w2, self.mv, act,
+                        self.inter, self.bias, self.out_dtype)
 
 
 def activation_functions() -> list:
@@ -99,9 +131,9 @@ def _group_candidates(case: Case, D: int, n: int, G: int, other: int) -> list:
     return [(g, how) for g, how in out.items() if g >= 1 and g != G]
 
 
-def _hypotheses(case: Case, tensors: dict, declared: Declared, e: int, x, w13, w2, mv, inter, bias, out_dtype):
+def _hypotheses(case: Case, tensors: dict, declared: Declared, e: int, fwd: _ExpertForward):
     for name, act in activation_functions():
-        yield f"the MLP activation is {name}", lambda act=act: _forward(x, w13, w2, mv, act, inter, bias, out_dtype)
+        yield f"the MLP activation is {name}", lambda act=act: fwd.run(act)
     if case.channelwise:
         return
     K, I = case.K, case.N
@@ -121,15 +153,14 @@ def _hypotheses(case: Case, tensors: dict, declared: Declared, e: int, x, w13, w
 
             def out(proj=proj, G=G, grp=grp):
                 wp = _regrouped(tensors, proj, e, G, grp, declared)
-                return _forward(x, wp if proj == "w13" else w13, wp if proj == "w2" else w2, mv, _silu_up, inter,
-                                bias, out_dtype)
+                return fwd.run(_silu_up, **{proj: wp})
             yield name, out
 
 
-def name_expert_bug(case: Case, tensors: dict, declared: Declared, X: np.ndarray, logits: np.ndarray, e: int,
-                    y: np.ndarray, bad: np.ndarray, lo: np.ndarray, hi: np.ndarray, bias=None) -> "str | None":
-    """The pattern that explains expert e's failing outputs ``y`` (rows X routed to e alone by ``logits``;
-    ``bad``: outside the declared interval [lo, hi]), or None."""
+def name_expert_bug(case: Case, tensors: dict, declared: Declared, seen: ExpertObservation, bias=None) -> "str | None":
+    """The pattern that explains expert ``seen.e``'s failing outputs (``seen.bad``: outside the declared
+    interval), or None."""
+    e, X, logits, y, bad, lo, hi = seen.e, seen.X, seen.logits, seen.y, seen.bad, seen.lo, seen.hi
     if not bad.any():
         return None
     mcase = dataclasses.replace(case, M=len(X))
@@ -147,7 +178,8 @@ def name_expert_bug(case: Case, tensors: dict, declared: Declared, X: np.ndarray
         width = np.where(np.isfinite(hi - lo), hi - lo, 0.0)
     n_bad = int(bad.sum())
     best = None
-    for name, make in _hypotheses(case, tensors, declared, e, x, w13, w2, mv, inter, bias, out_dtype):
+    fwd = _ExpertForward(x, w13, w2, mv, inter, bias, out_dtype)
+    for name, make in _hypotheses(case, tensors, declared, e, fwd):
         try:
             yh = make()
         except (ValueError, TypeError, KeyError):
