@@ -437,3 +437,24 @@ def test_literal_kernel_passes_its_declaration_and_fails_a_wrong_one(key, value)
         got = [_verdict(inp, y, d) for inp, y in zip(inputs, ys)]
         who = "the kernel" if kernel is None else kernel.__name__
         assert "fail" in got, f"{key}={value}: {who} declaring {d} is not failed on any input ({got})"
+
+
+def test_each_zero_read_kernel_fails_every_other_reading():
+    """The checkpoint holds every qzeros field 0..15, so the five readings give five different zero points
+    (docs/formats/gptq.md#reading-v1-zero-points-gptqzeroread, worked example): each reading's kernel fails the
+    declaration of each other reading. A registry entry pointing at another reading's kernel cannot pass."""
+    inp = gptq_v1_inputs(out="float32")
+    values = AXES["zero_read"].values
+    for mine in values:
+        y = KERNELS["zero_read"][mine].kernel(inp)
+        got = {other: _verdict(inp, y, _v(zero_read=other)) for other in values if other != mine}
+        assert all(v == "fail" for v in got.values()), (mine, got)
+
+
+def test_opaque_floor_is_what_separates_the_per_block_kernel():
+    """The per-block int8 kernel's SQNR sits between the entry's floor and its mis-declared one: the floor, not
+    the kernel's failure to run, decides its two verdicts (docs/conformance.md#opaque-arithmetic)."""
+    inp = _gptq_f32()[0]
+    decl = _declared(OPAQUE)
+    j = judge(inp, judged_against(inp, decl), per_block_int8_kernel(inp), decl)
+    assert OPAQUE["sqnr_floor_db"] <= j.metrics["sqnr_db"] < 80.0, j.metrics["sqnr_db"]
