@@ -18,7 +18,7 @@ import torch
 
 from backends.base import Case
 from conformance.cases.inputs import CaseInputs
-from test_declarations_weight_formation import _unpack
+from test_declarations_weight_formation import unpack_fields
 
 M, N, K, G = 4, 16, 128, 32
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -61,8 +61,8 @@ def gptq_v1_inputs(act="bfloat16", out=None, bias=False, seed=0) -> CaseInputs:
 def gptq_v1_fields(inp):
     """(q [N, K], qzeros fields [K/G, N], scales [K/G, N] float32) read from the packed tensors (docs/formats/gptq.md)."""
     t = inp.tensors
-    q = _unpack(torch.from_numpy(np.asarray(t["qweight"]).astype(np.int64)), 4, 0).T.numpy()
-    fields = _unpack(torch.from_numpy(np.asarray(t["qzeros"]).astype(np.int64)), 4, 1).numpy()
+    q = unpack_fields(torch.from_numpy(np.asarray(t["qweight"]).astype(np.int64)), 4, 0).T.numpy()
+    fields = unpack_fields(torch.from_numpy(np.asarray(t["qzeros"]).astype(np.int64)), 4, 1).numpy()
     return q, fields, np.asarray(t["scales"]).astype(np.float32)
 
 

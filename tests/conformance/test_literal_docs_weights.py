@@ -40,8 +40,8 @@ from test_declarations_literal import (G, TORCH, accumulate_16bit_kernel, act_co
                                        float_zero_kernel, gptq_v1_fields, gptq_v1_inputs, output_dtype_kernel,
                                        output_rtz_kernel, scale_bf16_kernel, zero_read_kernel)
 from test_declarations_w4a8_product import KERNELS as W4A8_KERNELS
-from test_declarations_w4a8_product import _inputs as w4a8_inputs
-from test_declarations_weight_formation import (_ct_dequantize, _ct_int_qs, _gptq_qzs, _run, float32_then_round,
+from test_declarations_w4a8_product import w4a8_inputs
+from test_declarations_weight_formation import (ct_dequantize, ct_int_qs, gptq_qzs, run_float32, float32_then_round,
                                                 in_weight_dtype)
 from test_literal_docs_int8 import DEFAULTS as INT8_DEFAULTS
 from test_literal_docs_int8 import int8_kernel, w8a8_compensation_kernel, w8a8_kernel
@@ -136,14 +136,14 @@ def float_zero_in_bf16_kernel(zdt: str):
     return kernel
 
 
-def formation_kernel(formation: str, T: str, qzs=_ct_int_qs, **kw):
+def formation_kernel(formation: str, T: str, qzs=ct_int_qs, **kw):
     """One row of docs/formats/gptq.md#weight-formation (test_declarations_weight_formation.py's kernels), then
     float32 products and sums rounded once to the output dtype."""
     def kernel(inp):
         if formation == "in_scale_dtype":  # compressed-tensors' own dequantize (the library the value is named after)
-            return _run(inp, _ct_dequantize(inp.tensors, TORCH[T]))
+            return run_float32(inp, ct_dequantize(inp.tensors, TORCH[T]))
         form = in_weight_dtype if formation == "in_weight_dtype" else float32_then_round
-        return _run(inp, form(*qzs(inp), T, **kw))
+        return run_float32(inp, form(*qzs(inp), T, **kw))
     kernel.__name__ = f"{formation}_{T}"
     return kernel
 
@@ -151,7 +151,7 @@ def formation_kernel(formation: str, T: str, qzs=_ct_int_qs, **kw):
 def scale_dtype_kernel(sdt: str):
     """'scales are first rounded (RNE) to this dtype', then (q - z) * s in float32 (float32 checkpoint scales)."""
     def kernel(inp):
-        return _run(inp, float32_then_round(*_ct_int_qs(inp), "float32", scale_dtype=sdt))
+        return run_float32(inp, float32_then_round(*ct_int_qs(inp), "float32", scale_dtype=sdt))
     kernel.__name__ = f"weight_scale_{sdt}"
     return kernel
 
@@ -216,7 +216,7 @@ def per_block_int8_kernel(inp):
 
 # -- the registry -------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Literal:
+class LiteralKernel:
     """A kernel, the inputs it runs on, its honest declaration (``Declared`` keyword arguments; ``output``
     defaults to the case's dtype) and the verdict that declaration must get on every input. ``wrong``: pairs
     (kernel, declaration) that must fail at least one input (kernel None: this one); empty means this kernel
@@ -261,119 +261,119 @@ OPAQUE = dict(arithmetic="opaque", sqnr_floor_db=30.0)
 KERNELS: dict = {
     # -- weights ----------------------------------------------------------------------------------------------
     "zero_read": dict(
-        {v: Literal(zero_read_kernel(v), _gptq_f32, _v(zero_read=v)) for v in
+        {v: LiteralKernel(zero_read_kernel(v), _gptq_f32, _v(zero_read=v)) for v in
          ("v1_packed_add", "v1_wrap", "ignore_qzeros", "v1_literal")},
-        canonical=Literal(zero_read_kernel("canonical"), _gptq_f32, _v(),
+        canonical=LiteralKernel(zero_read_kernel("canonical"), _gptq_f32, _v(),
                           wrong=((None, _v(zero_read="v1_literal")), (None, _v(zero_read="v1_wrap"))))),
     "dequant_order": {
-        "sub_then_mul": Literal(formation_kernel("in_weight_dtype", "bfloat16", _gptq_qzs), _gptq_v2,
+        "sub_then_mul": LiteralKernel(formation_kernel("in_weight_dtype", "bfloat16", gptq_qzs), _gptq_v2,
                                 _formation("bfloat16", "in_weight_dtype"),
                                 wrong=((None, _formation("bfloat16", "in_weight_dtype", dequant_order="mul_then_sub")),)),
-        "mul_then_sub": Literal(formation_kernel("in_weight_dtype", "bfloat16", _gptq_qzs, order="mul_then_sub"),
+        "mul_then_sub": LiteralKernel(formation_kernel("in_weight_dtype", "bfloat16", gptq_qzs, order="mul_then_sub"),
                                 _gptq_v2, _formation("bfloat16", "in_weight_dtype", dequant_order="mul_then_sub")),
         # a bf16 zero point (Z) with float32 weights (C): torch's CPU int4pack path
-        "float_zero": Literal(float_zero_kernel("bfloat16"), _gptq_f32,
+        "float_zero": LiteralKernel(float_zero_kernel("bfloat16"), _gptq_f32,
                               dict(weight_dtype="float32", variants={"dequant_order": "float_zero",
                                                                      "zero_dtype": "bfloat16"}),
                               wrong=((None, dict(weight_dtype="float32", variants={"zero_dtype": "bfloat16"})),)),
     },
     "weight_scale_dtype": {
-        "checkpoint": Literal(canonical_kernel, _gptq_f32, _v(), wrong=((None, _v(weight_scale_dtype="bfloat16")),)),
-        "float32": Literal(scale_dtype_kernel("float32"), _ct_fp32, dict(_v(weight_scale_dtype="float32"), **F32),
+        "checkpoint": LiteralKernel(canonical_kernel, _gptq_f32, _v(), wrong=((None, _v(weight_scale_dtype="bfloat16")),)),
+        "float32": LiteralKernel(scale_dtype_kernel("float32"), _ct_fp32, dict(_v(weight_scale_dtype="float32"), **F32),
                            wrong=((None, dict(_v(weight_scale_dtype="float16"), **F32)),), also=(F32,)),
-        "float16": Literal(scale_dtype_kernel("float16"), _ct_fp32, dict(_v(weight_scale_dtype="float16"), **F32)),
-        "bfloat16": Literal(scale_bf16_kernel, _gptq_f32, _v(weight_scale_dtype="bfloat16")),
+        "float16": LiteralKernel(scale_dtype_kernel("float16"), _ct_fp32, dict(_v(weight_scale_dtype="float16"), **F32)),
+        "bfloat16": LiteralKernel(scale_bf16_kernel, _gptq_f32, _v(weight_scale_dtype="bfloat16")),
     },
     "zero_dtype": {
-        "weight": Literal(float_zero_in_bf16_kernel("bfloat16"), _gptq_f32, _fz("weight"),
+        "weight": LiteralKernel(float_zero_in_bf16_kernel("bfloat16"), _gptq_f32, _fz("weight"),
                           wrong=((None, _fz("float32")),)),
-        "float32": Literal(float_zero_in_bf16_kernel("float32"), _gptq_f32, _fz("float32")),
-        "float16": Literal(float_zero_kernel("float16"), _gptq_f32,
+        "float32": LiteralKernel(float_zero_in_bf16_kernel("float32"), _gptq_f32, _fz("float32")),
+        "float16": LiteralKernel(float_zero_kernel("float16"), _gptq_f32,
                            dict(weight_dtype="float32", variants={"dequant_order": "float_zero", "zero_dtype": "float16"})),
-        "bfloat16": Literal(float_zero_kernel("bfloat16"), _gptq_f32,
+        "bfloat16": LiteralKernel(float_zero_kernel("bfloat16"), _gptq_f32,
                             dict(weight_dtype="float32", variants={"dequant_order": "float_zero", "zero_dtype": "bfloat16"})),
     },
     "weight_rounding": {
-        "rne": Literal(formation_kernel("float32_then_round", "bfloat16"), _ct_fp16,
+        "rne": LiteralKernel(formation_kernel("float32_then_round", "bfloat16"), _ct_fp16,
                        _formation("bfloat16", "float32_then_round"),
                        wrong=((None, _formation("bfloat16", "float32_then_round", weight_rounding="rtz")),)),
         # vLLM _C_AVX512 without AVX512-BF16 truncates fp32 -> bf16
-        "rtz": Literal(formation_kernel("float32_then_round", "bfloat16", truncate=True), _ct_fp16,
+        "rtz": LiteralKernel(formation_kernel("float32_then_round", "bfloat16", truncate=True), _ct_fp16,
                        _formation("bfloat16", "float32_then_round", weight_rounding="rtz")),
     },
     "weight_dtype": {
-        "exact": Literal(formation_kernel("float32_then_round", "float32"), _ct_fp16, _ww("exact"),
+        "exact": LiteralKernel(formation_kernel("float32_then_round", "float32"), _ct_fp16, _ww("exact"),
                          wrong=((None, _ww("bfloat16")), (None, _ww("float16")))),
-        "float32": Literal(formation_kernel("float32_then_round", "float32"), _ct_fp16, _ww("float32"),
+        "float32": LiteralKernel(formation_kernel("float32_then_round", "float32"), _ct_fp16, _ww("float32"),
                            wrong=((None, _ww("bfloat16")),), also=(_ww("exact"),)),
-        "float16": Literal(formation_kernel("in_weight_dtype", "float16"), _ct_fp16, _ww("float16")),
-        "bfloat16": Literal(formation_kernel("in_weight_dtype", "bfloat16"), _ct_fp16, _ww("bfloat16")),
+        "float16": LiteralKernel(formation_kernel("in_weight_dtype", "float16"), _ct_fp16, _ww("float16")),
+        "bfloat16": LiteralKernel(formation_kernel("in_weight_dtype", "bfloat16"), _ct_fp16, _ww("bfloat16")),
     },
     "weight_formation": {
-        "in_weight_dtype": Literal(formation_kernel("in_weight_dtype", "bfloat16"), _ct_fp16,
+        "in_weight_dtype": LiteralKernel(formation_kernel("in_weight_dtype", "bfloat16"), _ct_fp16,
                                    _formation("bfloat16", "in_weight_dtype"),
                                    wrong=((None, _formation("bfloat16", "float32_then_round")),
                                           (None, _formation("bfloat16", "in_scale_dtype")))),
-        "float32_then_round": Literal(formation_kernel("float32_then_round", "bfloat16"), _ct_fp16,
+        "float32_then_round": LiteralKernel(formation_kernel("float32_then_round", "bfloat16"), _ct_fp16,
                                       _formation("bfloat16", "float32_then_round")),
-        "in_scale_dtype": Literal(formation_kernel("in_scale_dtype", "bfloat16"), _ct_fp16,
+        "in_scale_dtype": LiteralKernel(formation_kernel("in_scale_dtype", "bfloat16"), _ct_fp16,
                                   _formation("bfloat16", "in_scale_dtype")),
     },
     # -- GEMM -------------------------------------------------------------------------------------------------
     "w4a8_product": {
-        "group_int": Literal(W4A8_KERNELS["group_int"], _w4a8_inputs, _w4a8("group_int"),
+        "group_int": LiteralKernel(W4A8_KERNELS["group_int"], _w4a8_inputs, _w4a8("group_int"),
                              wrong=((None, _w4a8("float32_weights")),)),
-        "float32_weights": Literal(W4A8_KERNELS["float32_weights"], _w4a8_inputs, _w4a8("float32_weights")),
+        "float32_weights": LiteralKernel(W4A8_KERNELS["float32_weights"], _w4a8_inputs, _w4a8("float32_weights")),
     },
     "act_compute_dtype": {
-        "none": Literal(canonical_kernel, _gptq_f32_acts, {}, wrong=((None, {"act_compute_dtype": "bfloat16"}),)),
+        "none": LiteralKernel(canonical_kernel, _gptq_f32_acts, {}, wrong=((None, {"act_compute_dtype": "bfloat16"}),)),
         # float32 holds every 16- and 32-bit activation: canonical everywhere
-        "float32": Literal(act_compute_kernel("float32"), _gptq_f32_acts, {"act_compute_dtype": "float32"},
+        "float32": LiteralKernel(act_compute_kernel("float32"), _gptq_f32_acts, {"act_compute_dtype": "float32"},
                            wrong=((None, {"act_compute_dtype": "float16"}),), also=({},)),
-        "float16": Literal(act_compute_kernel("float16"), _gptq_f32_acts, {"act_compute_dtype": "float16"}),
-        "bfloat16": Literal(act_compute_kernel("bfloat16"), _gptq_f32_acts, {"act_compute_dtype": "bfloat16"}),
+        "float16": LiteralKernel(act_compute_kernel("float16"), _gptq_f32_acts, {"act_compute_dtype": "float16"}),
+        "bfloat16": LiteralKernel(act_compute_kernel("bfloat16"), _gptq_f32_acts, {"act_compute_dtype": "bfloat16"}),
     },
     "accumulate": {
-        "float32": Literal(canonical_kernel, _gptq_f32, {}, wrong=((None, {"accumulate": "exact"}),
+        "float32": LiteralKernel(canonical_kernel, _gptq_f32, {}, wrong=((None, {"accumulate": "exact"}),
                                                                     (None, {"accumulate": "float64"}))),
         # the exact sums are inside the float32 bound: canonical, and a float32 sum fails under them
-        "exact": Literal(exact_sum_kernel, _gptq_f32, {"accumulate": "exact"},
+        "exact": LiteralKernel(exact_sum_kernel, _gptq_f32, {"accumulate": "exact"},
                          wrong=((canonical_kernel, {"accumulate": "exact"}),), also=({},)),
-        "float64": Literal(float64_sum_kernel, _gptq_f32, {"accumulate": "float64"},
+        "float64": LiteralKernel(float64_sum_kernel, _gptq_f32, {"accumulate": "float64"},
                            wrong=((canonical_kernel, {"accumulate": "float64"}),), also=({},)),
-        "int32": Literal(w8a8_int32_kernel, _w8a8_sym, dict(accumulate="int32", **F32),
+        "int32": LiteralKernel(w8a8_int32_kernel, _w8a8_sym, dict(accumulate="int32", **F32),
                          wrong=((None, dict(accumulate="exact", **F32)),), also=(F32,)),
-        "tf32": Literal(tf32_sum_kernel, _gptq_f32, {"accumulate": "tf32"}),
-        "float16": Literal(accumulate_16bit_kernel("float16"), _gptq_f32, {"accumulate": "float16"}),
-        "bfloat16": Literal(accumulate_16bit_kernel("bfloat16"), _gptq_f32, {"accumulate": "bfloat16"}),
+        "tf32": LiteralKernel(tf32_sum_kernel, _gptq_f32, {"accumulate": "tf32"}),
+        "float16": LiteralKernel(accumulate_16bit_kernel("float16"), _gptq_f32, {"accumulate": "float16"}),
+        "bfloat16": LiteralKernel(accumulate_16bit_kernel("bfloat16"), _gptq_f32, {"accumulate": "bfloat16"}),
     },
     "arithmetic": {
-        "declared": Literal(canonical_kernel, _gptq_f32, {}, wrong=((per_block_int8_kernel, {}),)),
-        "opaque": Literal(per_block_int8_kernel, _gptq_f32, OPAQUE, verdict="pass-sqnr",
+        "declared": LiteralKernel(canonical_kernel, _gptq_f32, {}, wrong=((per_block_int8_kernel, {}),)),
+        "opaque": LiteralKernel(per_block_int8_kernel, _gptq_f32, OPAQUE, verdict="pass-sqnr",
                           wrong=((None, dict(OPAQUE, sqnr_floor_db=80.0)),)),
     },
     # -- epilogue ---------------------------------------------------------------------------------------------
     "output_rounding": {
-        "rne": Literal(canonical_kernel, _gptq_bf16, {}, wrong=((None, {"output_rounding": "rtz"}),)),
-        "rtz": Literal(output_rtz_kernel, _gptq_bf16, {"output_rounding": "rtz"}),
+        "rne": LiteralKernel(canonical_kernel, _gptq_bf16, {}, wrong=((None, {"output_rounding": "rtz"}),)),
+        "rtz": LiteralKernel(output_rtz_kernel, _gptq_bf16, {"output_rounding": "rtz"}),
     },
     "output": {
-        "case": Literal(canonical_kernel, _gptq_bf16, {}, wrong=((None, {"output": "float32"}),
+        "case": LiteralKernel(canonical_kernel, _gptq_bf16, {}, wrong=((None, {"output": "float32"}),
                                                                  (None, {"output": "float16"}))),
-        "float32": Literal(output_dtype_kernel("float32"), _gptq_bf16, {"output": "float32"}),
-        "float16": Literal(output_dtype_kernel("float16"), _gptq_bf16, {"output": "float16"}),
-        "bfloat16": Literal(output_dtype_kernel("bfloat16"), _gptq_f32_acts, {"output": "bfloat16"}),
+        "float32": LiteralKernel(output_dtype_kernel("float32"), _gptq_bf16, {"output": "float32"}),
+        "float16": LiteralKernel(output_dtype_kernel("float16"), _gptq_bf16, {"output": "float16"}),
+        "bfloat16": LiteralKernel(output_dtype_kernel("bfloat16"), _gptq_f32_acts, {"output": "bfloat16"}),
     },
     "bias_stage": {
-        "accumulator": Literal(canonical_kernel, _gptq_bias, {},
+        "accumulator": LiteralKernel(canonical_kernel, _gptq_bias, {},
                                wrong=((None, _v(bias_stage="after_output_rounding")),)),
-        "after_output_rounding": Literal(bias_after_output_rounding_kernel, _gptq_bias,
+        "after_output_rounding": LiteralKernel(bias_after_output_rounding_kernel, _gptq_bias,
                                          _v(bias_stage="after_output_rounding")),
     },
     "azp_epilogue": {
-        "exact": Literal(lambda inp: w8a8_kernel(inp, "same"), _w8a8_asym, F32,
+        "exact": LiteralKernel(lambda inp: w8a8_kernel(inp, "same"), _w8a8_asym, F32,
                          wrong=((w8a8_compensation_kernel, F32),), also=(dict(_v(azp_epilogue="compensation"), **F32),)),
-        "compensation": Literal(w8a8_compensation_kernel, _w8a8_asym, dict(_v(azp_epilogue="compensation"), **F32)),
+        "compensation": LiteralKernel(w8a8_compensation_kernel, _w8a8_asym, dict(_v(azp_epilogue="compensation"), **F32)),
     },
 }
 
@@ -416,7 +416,7 @@ def test_registry_names_only_axes_of_its_stages():
 
 @pytest.mark.parametrize("key, value", PARAMS, ids=[f"{k}={v}" for k, v in PARAMS])
 def test_literal_kernel_passes_its_declaration_and_fails_a_wrong_one(key, value):
-    e: Literal = KERNELS[key][value]
+    e: LiteralKernel = KERNELS[key][value]
     declared = _declared(e.declared)
     got = declared.value(key)
     assert (got if got is not None else "case") == value, f"the entry for {key}={value} declares {key}={got}"
