@@ -41,7 +41,7 @@ from test_declarations_literal import (G, TORCH, accumulate_16bit_kernel, act_co
                                        output_rtz_kernel, scale_bf16_kernel, zero_read_kernel)
 from test_declarations_w4a8_product import KERNELS as W4A8_KERNELS
 from test_declarations_w4a8_product import w4a8_inputs
-from test_declarations_weight_formation import (ct_dequantize, ct_int_qs, gptq_qzs, run_float32, float32_then_round,
+from test_declarations_weight_formation import (ct_int_qs, gptq_qzs, run_float32, float32_then_round,
                                                 in_weight_dtype)
 from test_literal_docs_int8 import DEFAULTS as INT8_DEFAULTS
 from test_literal_docs_int8 import int8_kernel, w8a8_compensation_kernel, w8a8_kernel
@@ -140,12 +140,23 @@ def formation_kernel(formation: str, T: str, qzs=ct_int_qs, **kw):
     """One row of docs/formats/gptq.md#weight-formation (test_declarations_weight_formation.py's kernels), then
     float32 products and sums rounded once to the output dtype."""
     def kernel(inp):
-        if formation == "in_scale_dtype":  # compressed-tensors' own dequantize (the library the value is named after)
-            return run_float32(inp, ct_dequantize(inp.tensors, TORCH[T]))
+        if formation == "in_scale_dtype":
+            return run_float32(inp, in_scale_dtype(inp, T))
         form = in_weight_dtype if formation == "in_weight_dtype" else float32_then_round
         return run_float32(inp, form(*qzs(inp), T, **kw))
     kernel.__name__ = f"{formation}_{T}"
     return kernel
+
+
+def in_scale_dtype(inp, T: str) -> torch.Tensor:
+    """'arithmetic in the scale's dtype S (after weight_scale_dtype; S rounds RNE), then rounded once to T':
+    the codes and zero point converted to S (exact: |q|, |z| <= 256), (q - z) * s with each torch op in S, then
+    ``.to(T)`` (compressed-tensors' own ``dequantize``, the library the value is named after, is checked against
+    the declaration in test_declarations_weight_formation.py; importing it here would cost seconds per run)."""
+    q, z, s = ct_int_qs(inp)
+    S = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}.get(
+        np.asarray(inp.tensors["weight_scale"]).dtype, torch.bfloat16)
+    return ((q.to(S) - z.to(S)) * s.to(S)).to(TORCH[T])
 
 
 def scale_dtype_kernel(sdt: str):
