@@ -1,0 +1,172 @@
+"""The A16 exact reference's speed code, apart from its definition (emulator/linear.py ``linear_w16``): the same
+``y`` bit for bit (the exact sum rounded once), from one float64 GEMM and an error bound that costs no second
+GEMM.
+
+Semantics and the proof: docs/formats/activations.md#the-a16-bound-from-row-norms. In short, for float32-valued
+x [M, K] and w [N, K] (every dequantized A16 weight, every float32 / float16 / bfloat16 activation):
+
+1. ``y64 = x @ w^T`` in float64 (any BLAS order, FMA or not): every product is exact (two 24-bit significands),
+   so ``|y64 - y| <= gamma_{K-1} S`` with ``S = sum_k |x_k w_k|`` (Higham, "Accuracy and Stability of Numerical
+   Algorithms", 2nd ed., section 3.1).
+2. ``S <= ||x_m||_2 ||w_n||_2`` (Cauchy-Schwarz on |x|, |w|): per-row norms, M + N numbers, where the readable
+   reference forms S by a second GEMM. For random rows the norms' product is about pi / 2 times S.
+3. Only where that bound leaves the rounding undecided is S formed for the element itself (one dot product of
+   the gathered rows), and only where that still leaves it undecided is the element decided from its exact
+   value (``linear.decide_exactly``), as in the definition.
+
+Every bound is raised for its own float64 evaluation (``_slack``). ``tests/emulator/test_fast_linear_w16.py``
+checks the bounds against Python rationals and the outputs against the definition on random and adversarial
+layers (ties, cancellation, subnormals, huge K, NaN / Inf).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import linear as lin
+from .errors import require
+from .numerics.output_grid import U64, gamma, rne, round_output
+
+__all__ = ["row_norm_bounds", "float64_product", "round_output_fast", "linear_w16_fast"]
+
+#: bytes of the float64 copy of weight rows one GEMM call reads at small M: converted just before the GEMM reads
+#: them, they are still in the core's cache (a whole-weight float64 copy would be written to and read back from
+#: memory: at M = 8 that doubled the GEMM's time here, docs/performance.md#model-level)
+_CHUNK_BYTES = 512 << 10
+#: from this many activation rows on, the GEMM is compute-bound: one float64 copy of the weight, one BLAS call
+_WHOLE_FROM_M = 32
+
+
+def _slack(K: int) -> float:
+    """A factor that raises a float64-evaluated sum of K non-negative terms (then a square root and a product of two
+    such, or one more product) to an upper bound of the exact value: a sum of K non-negative float64 terms in any
+    order is at least (1 - gamma_{K-1}) times the exact sum; each of the at most five further roundings (two
+    square roots, the norms' product, this factor's own product, its evaluation) loses at most a factor 1 - u,
+    and (1 - u)^-6 < 1 + 2^-48."""
+    return (1.0 + 2.0 ** -48) / (1.0 - gamma(max(K, 1)))
+
+
+def row_norm_bounds(a: np.ndarray) -> np.ndarray:
+    """fl(sqrt(fl(sum_k a[r, k]^2))) per row of float32-valued ``a`` (float64 [rows]); times ``_slack(K)`` (with
+    the other row's norm) it bounds the exact 2-norms' product from above. The squares are exact in float64 (48
+    significand bits, at least 2^-298, at most 2^256: no underflow, no overflow); NaN / Inf rows give NaN / Inf."""
+    a = np.asarray(a)
+    out = np.empty(a.shape[0], dtype=np.float64)
+    rows = max(1, _CHUNK_BYTES // (8 * max(a.shape[1], 1)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r0 in range(0, a.shape[0], rows):
+            c = a[r0:r0 + rows].astype(np.float64)
+            np.einsum("ij,ij->i", c, c, out=out[r0:r0 + rows])
+        return np.sqrt(out)
+
+
+def float64_product(x64: np.ndarray, w32: np.ndarray) -> np.ndarray:
+    """x @ w^T (C-contiguous float64 [M, N]) with w's float32 values widened to float64 by blocks of rows at small M
+    (``_CHUNK_BYTES``), whole at larger M. A float64 sum in some order: ``linear_w16_fast`` bounds it."""
+    M, K = x64.shape
+    N = w32.shape[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if M >= _WHOLE_FROM_M or N * K * 8 <= _CHUNK_BYTES:
+            return x64 @ w32.astype(np.float64).T
+        rows = max(8, _CHUNK_BYTES // (8 * K))
+        y = np.empty((M, N), dtype=np.float64)
+        buf = np.empty((rows, K), dtype=np.float64)
+        for n0 in range(0, N, rows):
+            b = buf[:min(rows, N - n0)]
+            np.copyto(b, w32[n0:n0 + rows])
+            y[:, n0:n0 + b.shape[0]] = x64 @ b.T
+        return y
+
+
+def _magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """fl(sum_k |x[m, k] w[n, k]|) for the elements (ms[u], ns[u]) (float64 [U]; exact products, any order), in
+    chunks of gathered rows."""
+    K = x32.shape[1]
+    out = np.empty(ms.shape[0], dtype=np.float64)
+    step = max(1, lin.DECIDE_BYTES // (16 * max(K, 1)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for u0 in range(0, ms.shape[0], step):
+            a = np.abs(x32[ms[u0:u0 + step]]).astype(np.float64)
+            b = np.abs(w32[ns[u0:u0 + step]]).astype(np.float64)
+            np.einsum("ij,ij->i", a, b, out=out[u0:u0 + step])
+    return out
+
+
+#: significand bits (with the implicit one) of each output dtype
+_PRECISION = {"float32": 24, "float16": 11, "bfloat16": 8}
+
+
+def round_output_fast(y: np.ndarray, bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``output_grid.round_output(y, bound, out_dtype)``, the same arrays, with its outward-rounded ends formed only
+    where a cheap test does not already show them inside one rounding cell.
+
+    The test: with r = RNE(y) finite and nonzero, every real within |r| 2^-(p+1) of r rounds to r (p the output's
+    significand bits: a cell is at least one output ulp >= |r| 2^-(p-1) wide, a quarter of it below r where r is a
+    power of two, fixed ulps among subnormals, up to the overflow threshold above +-max). Where
+    d = (|y - r| + b)(1 + 2^-50) + |y| 2^-50 < |r| 2^-(p+1) (|y - r| is exact; d's three roundings lose at most
+    3u d; the |y| 2^-50 term covers ``round_output``'s ends, fl(y -+ b) stepped out one float64 ulp, which lie
+    within 3 ulp(y) of y -+ b since b < |y| 2^-(p+1) there), both of ``round_output``'s ends round to r: not
+    ambiguous, as there. Every other finite element is tested by ``round_output`` itself."""
+    yr = rne(y, out_dtype)
+    p = _PRECISION[out_dtype]
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (np.abs(y - yr) + bound) * (1.0 + 2.0 ** -50) + np.abs(y) * 2.0 ** -50
+        inside = d < np.abs(yr) * 2.0 ** -(p + 1)  # False for r = 0, r = +-Inf, NaN
+    test = ~inside & np.isfinite(y)
+    amb = np.zeros(y.shape, dtype=bool)
+    if test.any():
+        _, amb[test] = round_output(y[test], bound[test], out_dtype)
+    return yr, amb
+
+
+def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: np.ndarray | None = None
+                    ) -> lin.LinearResult:
+    """``linear_w16(x, w, bias)``'s ``y`` bit for bit, for a float32 dequantized weight ``w`` [N, K] (any other
+    weight dtype runs ``linear_w16`` itself). ``w_norms``: ``row_norm_bounds(w)`` where the caller keeps it per
+    layer (speed only).
+
+    ``y_bound`` is the bound that decided each element (the norms' product, or the element's own sum of
+    magnitudes where that one did not decide it), ``y_ambiguous`` the elements neither decided (these were
+    decided from their exact value), ``mag`` an upper bound of sum_k |x w| (not the readable reference's)."""
+    out_dtype = out_dtype or lin.dtype_name(x)
+    w32 = np.asarray(w)
+    if w32.dtype != np.float32:
+        return lin.linear_w16(x, w, bias, out_dtype=out_dtype)
+    require(w32.ndim == 2, f"expected weight [N, K], got shape {list(w32.shape)}", tensor="weight")
+    N, K = w32.shape
+    x64 = lin.activations_float64(x, K)
+    x32 = x64.astype(np.float32)  # exact: x is float32 / float16 / bfloat16 (dtype_name)
+    b = lin.bias_float64(bias, N)
+    if w_norms is None:
+        w_norms = row_norm_bounds(w32)
+    require(w_norms.shape == (N,), "w_norms must be row_norm_bounds(w)", tensor="weight")
+    y = float64_product(x64, w32)
+    g, slack = gamma(K), _slack(K)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # fl(gamma_K) fl(mag) >= gamma_{K-1} S: gamma_K >= gamma_{K-1} (1 + 1/K) covers their roundings (docs)
+        mag = np.multiply.outer(row_norm_bounds(x32) * slack, w_norms)
+        bound = g * mag
+        if bias is None:
+            y += 0.0  # what adding the zero bias does (-0 becomes +0)
+            extra = None
+        else:  # the bias addition's own rounding, exact by TwoSum (as linear.add_bias)
+            s = y + b
+            bb = s - y
+            err = (y - (s - bb)) + (b - bb)
+            extra = np.where(np.isfinite(err), np.abs(err), 0.0)
+            y = s
+            bound += extra
+            bound *= 1.0 + 4 * U64  # the addition's rounding, with room
+    yr, amb = round_output_fast(y, bound, out_dtype)
+    if amb.any():  # the element's own sum of magnitudes, where the norms' product did not decide it
+        ms, ns = np.nonzero(amb)
+        with np.errstate(invalid="ignore", over="ignore"):
+            m2 = _magnitudes(x32, w32, ms, ns) * slack
+            b2 = g * m2
+            if extra is not None:
+                b2 = (b2 + extra[ms, ns]) * (1.0 + 4 * U64)
+        _, amb[ms, ns] = round_output(y[ms, ns], b2, out_dtype)
+        mag[ms, ns] = m2
+        bound[ms, ns] = b2
+    res = lin.LinearResult(y=yr, y_exact=y, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype, mag=mag)
+    return lin.decide_exactly(res, lambda ms, ns: [(x32[ms], w32[ns])] + lin.bias_terms(bias, b, ns))
