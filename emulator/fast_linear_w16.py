@@ -21,20 +21,23 @@ layers (ties, cancellation, subnormals, huge K, NaN / Inf).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import linear as lin
 from .errors import require
+from .parallel import BLOCK_BYTES, for_row_chunks, single_threaded_blas
 from .numerics.output_grid import U64, gamma, rne, round_output
 
 __all__ = ["row_norm_bounds", "float64_product", "round_output_fast", "linear_w16_fast"]
 
-#: bytes of the float64 copy of weight rows one GEMM call reads at small M: converted just before the GEMM reads
-#: them, they are still in the core's cache (a whole-weight float64 copy would be written to and read back from
-#: memory: at M = 8 that doubled the GEMM's time here, docs/performance.md#model-level)
+#: bytes of the float64 copy of weight rows one GEMM call reads at small M: widened just before the GEMM reads
+#: them, they are still in the core's cache (a whole-weight float64 copy is written to memory and read back: at
+#: M = 8 that took ~1.5x the blocked product's time on this project's Zen 5 host, one thread)
 _CHUNK_BYTES = 512 << 10
-#: from this many activation rows on, the GEMM is compute-bound: one float64 copy of the weight, one BLAS call
-_WHOLE_FROM_M = 32
+#: from this many activation rows on, the GEMM is compute-bound: blocks of parallel.BLOCK_BYTES (2 MiB)
+_LARGE_M = 32
 
 
 def _slack(K: int) -> float:
@@ -61,21 +64,26 @@ def row_norm_bounds(a: np.ndarray) -> np.ndarray:
 
 
 def float64_product(x64: np.ndarray, w32: np.ndarray) -> np.ndarray:
-    """x @ w^T (C-contiguous float64 [M, N]) with w's float32 values widened to float64 by blocks of rows at small M
-    (``_CHUNK_BYTES``), whole at larger M. A float64 sum in some order: ``linear_w16_fast`` bounds it."""
+    """x @ w^T (float64 [M, N]), w's float32 values widened to float64 block by block of its rows, each block's
+    GEMM on one BLAS thread, the blocks on all cores (emulator/parallel.py). A float64 sum of exact products in
+    some order per element (OpenBLAS splits no sum along K): ``linear_w16_fast`` bounds it."""
     M, K = x64.shape
     N = w32.shape[0]
-    with np.errstate(invalid="ignore", over="ignore"):
-        if M >= _WHOLE_FROM_M or N * K * 8 <= _CHUNK_BYTES:
-            return x64 @ w32.astype(np.float64).T
-        rows = max(8, _CHUNK_BYTES // (8 * K))
-        y = np.empty((M, N), dtype=np.float64)
-        buf = np.empty((rows, K), dtype=np.float64)
-        for n0 in range(0, N, rows):
-            b = buf[:min(rows, N - n0)]
-            np.copyto(b, w32[n0:n0 + rows])
-            y[:, n0:n0 + b.shape[0]] = x64 @ b.T
-        return y
+    y = np.empty((M, N), dtype=np.float64)
+    step = max(8, (_CHUNK_BYTES if M < _LARGE_M else BLOCK_BYTES) // (8 * max(K, 1)))
+    local = threading.local()
+
+    def rows(r0: int, r1: int) -> None:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = np.empty((step, K), dtype=np.float64)
+        b = buf[:r1 - r0]
+        np.copyto(b, w32[r0:r1])
+        np.matmul(x64, b.T, out=y[:, r0:r1])
+
+    with np.errstate(invalid="ignore", over="ignore"), single_threaded_blas():
+        for_row_chunks(N, N * K, rows, step=step)
+    return y
 
 
 def _magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.ndarray:
