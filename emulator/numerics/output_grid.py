@@ -44,12 +44,14 @@ def _ends(y_exact: np.ndarray, y_bound: np.ndarray):
 
 def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """RNE-round to ``out_dtype``; mark elements whose rounding the bound leaves undecided (the two ends of
-    the bounded interval round to different output values)."""
+    the bounded interval round to different output values, a -0 and a +0 included: a result that rounds to zero
+    is a zero of the exact value's sign)."""
     y = rne(y_exact, out_dtype)
     if not np.any(y_bound):
         return y, np.zeros(y.shape, dtype=bool)
     lo, hi = _ends(y_exact, y_bound)
-    amb = (rne(lo, out_dtype) != rne(hi, out_dtype)) & np.isfinite(y_exact)
+    rlo, rhi = rne(lo, out_dtype), rne(hi, out_dtype)
+    amb = ((rlo != rhi) | (np.signbit(rlo) != np.signbit(rhi))) & np.isfinite(y_exact)
     return y, amb
 
 
