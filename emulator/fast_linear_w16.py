@@ -14,7 +14,7 @@ x [M, K] and w [N, K] (every dequantized A16 weight, every float32 / float16 / b
    the gathered rows), and only where that still leaves it undecided is the element decided from its exact
    value (``linear.decide_exactly``), as in the definition.
 
-Every bound is raised for its own float64 evaluation (``_slack``). ``tests/emulator/test_fast_linear_w16.py``
+Every bound is raised for its own float64 evaluation (``slack``). ``tests/emulator/test_fast_linear_w16.py``
 checks the bounds against Python rationals and the outputs against the definition on random and adversarial
 layers (ties, cancellation, subnormals, huge K, NaN / Inf).
 """
@@ -30,7 +30,8 @@ from .errors import require
 from .parallel import BLOCK_BYTES, for_row_chunks, single_threaded_blas
 from .numerics.output_grid import U64, gamma, rne, round_output
 
-__all__ = ["row_norm_bounds", "float64_product", "round_output_fast", "linear_w16_fast"]
+__all__ = ["slack", "row_norm_bounds", "norm_product_bounds", "element_magnitudes", "float64_product",
+           "round_output_fast", "linear_w16_fast"]
 
 #: bytes of the float64 copy of weight rows one GEMM call reads at small M: widened just before the GEMM reads
 #: them, they are still in the core's cache (a whole-weight float64 copy is written to memory and read back: at
@@ -40,19 +41,19 @@ _CHUNK_BYTES = 512 << 10
 _LARGE_M = 32
 
 
-def _slack(K: int) -> float:
-    """A factor that raises a float64-evaluated sum of K non-negative terms (then a square root and a product of two
-    such, or one more product) to an upper bound of the exact value: a sum of K non-negative float64 terms in any
-    order is at least (1 - gamma_{K-1}) times the exact sum; each of the at most five further roundings (two
-    square roots, the norms' product, this factor's own product, its evaluation) loses at most a factor 1 - u,
-    and (1 - u)^-6 < 1 + 2^-48."""
+def slack(K: int) -> float:
+    """fl((1 + 2^-48) / (1 - fl(gamma_K))): the factor that raises a float64-evaluated sum of K non-negative exact
+    terms (and what is formed from it below) to an upper bound of the exact value. A sum of K non-negative terms in
+    any order is at least (1 - gamma_{K-1}) times the exact sum; fl(gamma_K) >= gamma_{K-1}, and this factor's own
+    evaluation loses at most (1 - u)^3; the norms' bound then rounds four more times (two square roots, two
+    products), the element's sum once: (1 + 2^-48)(1 - u)^7 > 1 (u = 2^-53)."""
     return (1.0 + 2.0 ** -48) / (1.0 - gamma(max(K, 1)))
 
 
 def row_norm_bounds(a: np.ndarray) -> np.ndarray:
-    """fl(sqrt(fl(sum_k a[r, k]^2))) per row of float32-valued ``a`` (float64 [rows]); times ``_slack(K)`` (with
-    the other row's norm) it bounds the exact 2-norms' product from above. The squares are exact in float64 (48
-    significand bits, at least 2^-298, at most 2^256: no underflow, no overflow); NaN / Inf rows give NaN / Inf."""
+    """fl(sqrt(fl(sum_k a[r, k]^2))) per row of float32-valued ``a`` (float64 [rows]): ``norm_product_bounds`` of two
+    of them bounds the product of the exact 2-norms from above. The squares are exact in float64 (48 significand
+    bits, at least 2^-298, at most 2^256: no underflow, no overflow); a NaN / Inf row gives NaN / Inf."""
     a = np.asarray(a)
     out = np.empty(a.shape[0], dtype=np.float64)
     rows = max(1, _CHUNK_BYTES // (8 * max(a.shape[1], 1)))
@@ -65,8 +66,8 @@ def row_norm_bounds(a: np.ndarray) -> np.ndarray:
 
 def float64_product(x64: np.ndarray, w32: np.ndarray) -> np.ndarray:
     """x @ w^T (float64 [M, N]), w's float32 values widened to float64 block by block of its rows, each block's
-    GEMM on one BLAS thread, the blocks on all cores (emulator/parallel.py). A float64 sum of exact products in
-    some order per element (OpenBLAS splits no sum along K): ``linear_w16_fast`` bounds it."""
+    GEMM on one BLAS thread, the blocks on all cores (emulator/parallel.py). Each element a float64 sum of K exact
+    products in some order (the order is the BLAS's business: the bound holds for every order, FMA or not)."""
     M, K = x64.shape
     N = w32.shape[0]
     y = np.empty((M, N), dtype=np.float64)
@@ -86,9 +87,16 @@ def float64_product(x64: np.ndarray, w32: np.ndarray) -> np.ndarray:
     return y
 
 
-def _magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.ndarray:
-    """fl(sum_k |x[m, k] w[n, k]|) for the elements (ms[u], ns[u]) (float64 [U]; exact products, any order), in
-    chunks of gathered rows."""
+def norm_product_bounds(x_norms: np.ndarray, w_norms: np.ndarray, K: int) -> np.ndarray:
+    """[M, N] upper bounds of sum_k |x[m, k] w[n, k]| <= ||x_m||_2 ||w_n||_2 (Cauchy-Schwarz on |x|, |w|) from
+    ``row_norm_bounds`` of x and of w (``slack``)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.multiply.outer(x_norms * slack(K), w_norms)
+
+
+def element_magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """Upper bounds of sum_k |x[m, k] w[n, k]| for the elements (ms[u], ns[u]) (float64 [U]): the float64 sum of the
+    exact products in some order, times ``slack(K)``; in chunks of gathered rows."""
     K = x32.shape[1]
     out = np.empty(ms.shape[0], dtype=np.float64)
     step = max(1, lin.DECIDE_BYTES // (16 * max(K, 1)))
@@ -97,7 +105,7 @@ def _magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.ndarray
             a = np.abs(x32[ms[u0:u0 + step]]).astype(np.float64)
             b = np.abs(w32[ns[u0:u0 + step]]).astype(np.float64)
             np.einsum("ij,ij->i", a, b, out=out[u0:u0 + step])
-    return out
+        return out * slack(K)
 
 
 #: significand bits (with the implicit one) of each output dtype
@@ -108,13 +116,13 @@ def round_output_fast(y: np.ndarray, bound: np.ndarray, out_dtype: str) -> tuple
     """``output_grid.round_output(y, bound, out_dtype)``, the same arrays, with its outward-rounded ends formed only
     where a cheap test does not already show them inside one rounding cell.
 
-    The test: with r = RNE(y) finite and nonzero, every real within |r| 2^-(p+1) of r rounds to r (p the output's
-    significand bits: a cell is at least one output ulp >= |r| 2^-(p-1) wide, a quarter of it below r where r is a
-    power of two, fixed ulps among subnormals, up to the overflow threshold above +-max). Where
-    d = (|y - r| + b)(1 + 2^-50) + |y| 2^-50 < |r| 2^-(p+1) (|y - r| is exact; d's three roundings lose at most
-    3u d; the |y| 2^-50 term covers ``round_output``'s ends, fl(y -+ b) stepped out one float64 ulp, which lie
-    within 3 ulp(y) of y -+ b since b < |y| 2^-(p+1) there), both of ``round_output``'s ends round to r: not
-    ambiguous, as there. Every other finite element is tested by ``round_output`` itself."""
+    The test (docs/formats/activations.md#the-a16-bound-from-row-norms): with r = RNE(y) finite and nonzero, every
+    real strictly within |r| 2^-(p+1) of r rounds to r (p the output's significand bits; for |r| in [2^e, 2^(e+1))
+    the half-gaps to r's neighbours are 2^(e-p), 2^(e-p-1) below a power of two; fixed among subnormals; up to
+    the overflow threshold above +-max). Where d = (|y - r| + b)(1 + 2^-50) + |y| 2^-50 < |r| 2^-(p+1), ``round_output``'s
+    ends (fl(y -+ b) stepped out one float64 ulp: within 3 * 2^-52 |y| of y -+ b, as b < |y| there) both round to
+    r: not ambiguous there either; d's three roundings lose less than its 2^-50 terms add. Every other finite
+    element is tested by ``round_output`` itself, so both arrays are ``round_output``'s."""
     yr = rne(y, out_dtype)
     p = _PRECISION[out_dtype]
     with np.errstate(invalid="ignore", over="ignore"):
@@ -149,10 +157,10 @@ def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: n
         w_norms = row_norm_bounds(w32)
     require(w_norms.shape == (N,), "w_norms must be row_norm_bounds(w)", tensor="weight")
     y = float64_product(x64, w32)
-    g, slack = gamma(K), _slack(K)
+    g = gamma(K)
     with np.errstate(invalid="ignore", over="ignore"):
         # fl(gamma_K) fl(mag) >= gamma_{K-1} S: gamma_K >= gamma_{K-1} (1 + 1/K) covers their roundings (docs)
-        mag = np.multiply.outer(row_norm_bounds(x32) * slack, w_norms)
+        mag = norm_product_bounds(row_norm_bounds(x32), w_norms, K)
         bound = g * mag
         if bias is None:
             y += 0.0  # what adding the zero bias does (-0 becomes +0)
@@ -169,7 +177,7 @@ def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: n
     if amb.any():  # the element's own sum of magnitudes, where the norms' product did not decide it
         ms, ns = np.nonzero(amb)
         with np.errstate(invalid="ignore", over="ignore"):
-            m2 = _magnitudes(x32, w32, ms, ns) * slack
+            m2 = element_magnitudes(x32, w32, ms, ns)
             b2 = g * m2
             if extra is not None:
                 b2 = (b2 + extra[ms, ns]) * (1.0 + 4 * U64)
