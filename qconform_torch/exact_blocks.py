@@ -41,9 +41,9 @@ from emulator.tensorfile import Tensor
 __all__ = ["row_slicer", "reference", "exact_by_rows", "validate_by_rows", "block_rows", "BYTES_PER_WEIGHT", "BYTES_PER_OUTPUT",
            "MIN_BLOCK_BYTES"]
 
-#: transient bytes of the reference per weight element of a block (fp32 dequantized weight, its float64
-#: copy and absolute value, the lowest-bit exponents of exact_in_float64, the dequantizer's unpacked
-#: codes): tracemalloc measured 65-66 for A16 / W4A4 and 12-20 for W8A8 / W4A8 on a 1024 x 1024 layer;
+#: transient bytes of the reference per weight element of a block (fp32 dequantized weight, float64 copies,
+#: the dequantizer's unpacked codes): tracemalloc measured ~40 for W4A4, 8-20 for W8A8 / W4A8 and ~6 for A16
+#: (emulator/fast_linear_w16.py widens the weight by cached row blocks) on a 1024 x 1024 layer at M = 4;
 #: 80 leaves a margin (the block peak is checked in tests/fallback/test_fallback_exact_blocks.py)
 BYTES_PER_WEIGHT = 80
 #: per output element of a block ([M, n] float64 sums, magnitudes, bounds, exactness masks, rounded y)
