@@ -304,13 +304,13 @@ def _verdict(bug: str, case: Case, inp) -> str:
 
 def worker_localize(bug: str, case: Case, inp, tmp_path: Path) -> dict:
     """The real localization path: the case's inputs as a bundle, the worker's ``localize`` op."""
-    from conformance.cases.bundle import save_bundle
+    from conformance.cases.bundle import ReplayBundle, save_bundle
     from conformance.run.workerclient import WorkerClient
     from conformance.run.workerproc import WorkerProcess
 
     spec = {"case": case.to_json(), "tier": "test", "generator": "crafted", "seed": 5}
-    path = save_bundle(tmp_path / f"{bug}.safetensors", inp, spec=spec, backend=f"actplanted:bug={bug}",
-                       declared=None, verdict="fail", reason="")
+    path = save_bundle(tmp_path / f"{bug}.safetensors",
+                       ReplayBundle(inp, spec, backend=f"actplanted:bug={bug}", verdict="fail"))
     env = {"QCONFORM_EXTRA_BACKENDS": SPEC,
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
     proc = WorkerProcess(f"actplanted:bug={bug}", env=env)
