@@ -28,10 +28,10 @@ import numpy as np
 from . import linear as lin
 from .errors import require
 from .parallel import BLOCK_BYTES, for_row_chunks, single_threaded_blas
-from .numerics.output_grid import U64, gamma, rne, round_output
+from .numerics.output_grid import U64, gamma, round_output, round_output_fast
 
 __all__ = ["slack", "row_norm_bounds", "norm_product_bounds", "element_magnitudes", "float64_product",
-           "round_output_fast", "linear_w16_fast"]
+           "linear_w16_fast"]
 
 #: bytes of the float64 copy of weight rows one GEMM call reads at small M: widened just before the GEMM reads
 #: them, they are still in the core's cache (a whole-weight float64 copy is written to memory and read back: at
@@ -106,33 +106,6 @@ def element_magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.
             b = np.abs(w32[ns[u0:u0 + step]]).astype(np.float64)
             np.einsum("ij,ij->i", a, b, out=out[u0:u0 + step])
         return out * slack(K)
-
-
-#: significand bits (with the implicit one) of each output dtype
-_PRECISION = {"float32": 24, "float16": 11, "bfloat16": 8}
-
-
-def round_output_fast(y: np.ndarray, bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """``output_grid.round_output(y, bound, out_dtype)``, the same arrays, with its outward-rounded ends formed only
-    where a cheap test does not already show them inside one rounding cell.
-
-    The test (docs/formats/activations.md#the-a16-bound-from-row-norms): with r = RNE(y) finite and nonzero, every
-    real strictly within |r| 2^-(p+1) of r rounds to r (p the output's significand bits; for |r| in [2^e, 2^(e+1))
-    the half-gaps to r's neighbours are 2^(e-p), 2^(e-p-1) below a power of two; fixed among subnormals; up to
-    the overflow threshold above +-max). Where d = (|y - r| + b)(1 + 2^-50) + |y| 2^-50 < |r| 2^-(p+1), ``round_output``'s
-    ends (fl(y -+ b) stepped out one float64 ulp: within 3 * 2^-52 |y| of y -+ b, as b < |y| there) both round to
-    r: not ambiguous there either; d's three roundings lose less than its 2^-50 terms add. Every other finite
-    element is tested by ``round_output`` itself, so both arrays are ``round_output``'s."""
-    yr = rne(y, out_dtype)
-    p = _PRECISION[out_dtype]
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = (np.abs(y - yr) + bound) * (1.0 + 2.0 ** -50) + np.abs(y) * 2.0 ** -50
-        inside = d < np.abs(yr) * 2.0 ** -(p + 1)  # False for r = 0, r = +-Inf, NaN
-    test = ~inside & np.isfinite(y)
-    amb = np.zeros(y.shape, dtype=bool)
-    if test.any():
-        _, amb[test] = round_output(y[test], bound[test], out_dtype)
-    return yr, amb
 
 
 def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: np.ndarray | None = None

@@ -101,7 +101,8 @@ def add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
 
 
 def rounded_result(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResult:
-    y, amb = round_output(y64, bound, out_dtype)
+    # round_output's arrays, its outward-rounded ends formed only where a cheap test does not decide (speed)
+    y, amb = output_grid.round_output_fast(y64, bound, out_dtype)
     return LinearResult(y=y, y_exact=y64, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
                         acc=acc, parts=parts or {}, mag=mag)
 

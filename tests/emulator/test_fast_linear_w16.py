@@ -26,9 +26,9 @@ from test_exact_decision import oracle_round
 from emulator import parallel
 from emulator.errors import FormatError
 from emulator.fast_linear_w16 import (element_magnitudes, float64_product, linear_w16_fast, norm_product_bounds,
-                                      round_output_fast, row_norm_bounds)
+                                      row_norm_bounds)
 from emulator.linear import gamma, linear_w16
-from emulator.numerics.output_grid import overflow_threshold, round_output
+from emulator.numerics.output_grid import overflow_threshold, round_output, round_output_fast
 
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 DTYPES = ("float32", "float16", "bfloat16")
