@@ -172,7 +172,7 @@ def _toolkit(folder: Path, fmt: str):
     return forward, name
 
 
-#: the clock of ``_timed``: wall time, or the process's CPU time where every contender runs on one thread
+#: the clock of ``timed_rounds``: wall time, or the process's CPU time where every contender runs on one thread
 _CLOCK = {"fn": time.perf_counter}
 
 
@@ -186,7 +186,7 @@ def thread_env(threads: int | None) -> dict:
 
 def limit_threads(threads: int | None) -> None:
     """Run this process's contenders on ``threads`` threads: torch's intra-op pool, and (through the CPU affinity
-    the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``_timed`` reads CPU time, which
+    the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``timed_rounds`` reads CPU time, which
     on a shared host measures the work rather than the share of the cores the process got."""
     if not threads:
         return
@@ -198,7 +198,7 @@ def limit_threads(threads: int | None) -> None:
     _CLOCK["fn"] = time.process_time if threads == 1 else time.perf_counter
 
 
-def _timed(fns: dict, tokens, repeat: int, rounds: dict | None = None) -> dict:
+def timed_rounds(fns: dict, tokens, repeat: int, rounds: dict | None = None) -> dict:
     """Best time of each contender over ``repeat`` rounds, contenders in turn within each round, the order rotated
     by one each round (a disturbance of the host then cannot fall on the same contender's slot in every round, nor
     can what the contender before it leaves behind). The op has one cache per process: a qconform contender first
@@ -261,7 +261,7 @@ def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), co
                 stats = {"hits": hits, "calls": calls, "hit_rate": hits / max(calls, 1),
                          "cached_MiB": after["used_bytes"] / 2 ** 20, "budget_MiB": after["budget_bytes"] / 2 ** 20}
             per_round: dict = {}
-            times = _timed(fns, tokens, repeat, per_round)
+            times = timed_rounds(fns, tokens, repeat, per_round)
             logits = {}
             for k, f in fns.items():
                 if getattr(f, "cache_mb", None) is not None:

@@ -1,4 +1,4 @@
-"""The model bench's timing loop (benchmarks/model_bench.py ``_timed``): the contenders' order rotates by one each
+"""The model bench's timing loop (benchmarks/model_bench.py ``timed_rounds``): the contenders' order rotates by one each
 round, so no contender holds the same slot (nor follows the same contender) in every round, and every round's
 time is kept. No speed is asserted: fake contenders record the order they ran in."""
 
@@ -21,7 +21,7 @@ def test_timed_rotates_the_order_and_keeps_every_round():
 
     fns = {k: contender(k) for k in ("fast", "auto", "dense")}
     rounds: dict = {}
-    best = model_bench._timed(fns, [1, 2], 3, rounds)
+    best = model_bench.timed_rounds(fns, [1, 2], 3, rounds)
     assert list(best) == ["fast", "auto", "dense"]
     timed = order[1::2]  # each contender runs once untimed, then timed
     assert order[0::2] == timed
