@@ -148,4 +148,5 @@ def dequantize_int8_fast(acts: Int8Activations) -> np.ndarray:
     q = acts.q.astype(np.float64)
     if acts.zero_point.any():
         q -= acts.zero_point
-    return q * acts.scale.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # 0 * Inf: NaN, as the definition's
+        return q * acts.scale.astype(np.float64)

@@ -6,12 +6,13 @@ readable definitions (guard/sticky rounding of the float64 significand); ``round
 (tests/emulator/test_fast_integer.py proves them equal to the definitions on every float32 bit pattern of the
 quantizers' range and on random, tie, half, signed-zero, NaN, Inf and saturating inputs, in every mode).
 
-Why each step is exact (no rounding of the host's FPU mode is ever used):
+RNE is NumPy's ``rint`` (IEEE 754 roundToIntegralTiesToEven under the default round-to-nearest mode, which every
+NumPy operation of the fast paths assumes; the tests check it on this host). RTZ is ``trunc``; RHAZ and RHTZ are
+built from it, and why each of their steps is exact (no other rounding is used):
 - ``t = trunc(x)`` is exact for every float (an integer of at most the input's significand bits);
 - ``d = |x - t|`` is exact: where x is not an integer, |x| < 2^p (p = 24 float32, 53 float64), x and t share
   the binade or t = 0, so the difference is representable (Sterbenz for |t| >= |x| / 2, trivially for t = 0);
   where x is an integer d = 0; for +-Inf and NaN d is NaN, every comparison below is false and t (= x) is kept;
-- ``t / 2`` is exact (a power-of-two scaling of an integer far above the subnormal range);
 - ``t +- 1`` is exact: it happens only where x is not an integer, i.e. |t| < 2^(p-1), so |t| + 1 <= 2^(p-1);
 - the sign of zero: ``t + copysign(step, x)`` with step 0 keeps t's sign (trunc(-0.3) = -0.0 and -0.0 + -0.0 =
   -0.0), as the definition does.
@@ -34,21 +35,14 @@ def round_to_integer_fast(x, mode: "Rounding | str" = Rounding.RNE) -> np.ndarra
     a = np.asarray(x)
     if a.dtype not in (np.float32, np.float64):
         return round_to_integer(a, mode)
-    t = np.trunc(a)
-    if mode is Rounding.RTZ:
-        return t
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # a signalling NaN comes back quiet, as the definition's does
+        if mode is Rounding.RNE:  # IEEE roundToIntegralTiesToEven (nearbyint: one pass)
+            return np.rint(a)
+        t = np.trunc(a)
+        if mode is Rounding.RTZ:
+            return t
         d = np.abs(a - t)
-        if mode is Rounding.RHAZ:
-            up = d >= 0.5
-        elif mode is Rounding.RHTZ:
-            up = d > 0.5
-        else:  # RNE: above the half, or on it where t is odd (t / 2 exact, not an integer; np.fmod is ~50x slower)
-            up = d > 0.5
-            tie = d == 0.5
-            if tie.any():
-                h = t * 0.5
-                up |= tie & (np.trunc(h) != h)
+        up = d >= 0.5 if mode is Rounding.RHAZ else d > 0.5  # RHTZ: strictly above the half
     return t + np.copysign(up.astype(a.dtype), a)
 
 
