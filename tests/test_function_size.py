@@ -22,15 +22,8 @@ PRODUCT = ("emulator", "backends", "conformance", "qconform_torch", "benchmarks"
 MAX_LINES = 80
 MAX_PARAMS = 8
 
-#: functions over MAX_LINES lines, "file::qualified name" (lines when listed); these sit in modules another change
-#: was editing while this gate was written (fingerprint/, judge/acceptance, judge/localize*, run/worker)
-KNOWN_LONG: set = {
-    "conformance/fingerprint/decide.py::_run_axis",  # 151
-    "conformance/fingerprint/decide.py::fingerprint",  # 81
-    "conformance/judge/localize.py::localize",  # 81
-    "conformance/judge/localize_acts.py::analyze_own_rows",  # 106
-    "conformance/run/worker.py::main",  # 107
-}
+#: functions over MAX_LINES lines, "file::qualified name" (lines when listed)
+KNOWN_LONG: set = set()  # none left: the last ones (fingerprint/decide, judge/localize*, run/worker) got named steps
 
 #: functions with more than MAX_PARAMS parameters, "file::qualified name" (parameters when listed). The
 #: emulator's dequantizers take a format's tensors and its fields one by one, as the reference libraries do;
@@ -38,10 +31,6 @@ KNOWN_LONG: set = {
 KNOWN_WIDE: set = {
     "conformance/cases/bundle.py::save_bundle",  # 10
     "conformance/certify/codec.py::encode_case",  # 10
-    "conformance/fingerprint/decide.py::fingerprint",  # 10
-    "conformance/judge/localize_acts.py::_discriminate",  # 11 (the localization change, merged meanwhile)
-    "conformance/judge/localize_acts.py::_fits",  # 9
-    "conformance/judge/localize_acts.py::analyze_own_rows",  # 10
     "emulator/formats/awq.py::dequantize_awq",  # 10
     "emulator/formats/awq.py::dequantize_awq_reference",  # 9
     "emulator/formats/compressed_tensors.py::dequantize_ct_packed",  # 9

@@ -64,7 +64,7 @@ from conformance.fingerprint.search import (Raises, declared_value, hypotheses, 
 from conformance.run.runner import WorkerProcess
 from conformance.cases.suite import CaseSpec
 
-__all__ = ["PROBE_AXES", "SCHEME_AXES", "ProbeAxis", "fingerprint", "register", "format_text", "markdown_tables"]
+__all__ = ["PROBE_AXES", "SCHEME_AXES", "ProbeAxis", "ProbeOptions", "fingerprint", "register", "format_text", "markdown_tables"]
 
 #: the old name (tests/conformance/test_variant_vocabulary.py reads it from here)
 _known_keys = known_keys
@@ -141,6 +141,9 @@ _PREC_ORDER = ("float64", "float32", "float16", "bfloat16")
 
 
 def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: dict, *, max_trials: int, seed: int) -> dict:
+    """Decide one axis of ``scheme`` (``found``: the earlier axes' records): a JSON-able record (status, the
+    values consistent with the kernel's outputs, those excluded and by which probe, a contradiction of the
+    declaration)."""
     res: dict = {"axis": axis.name, "title": axis.title, "status": "ok"}
     case, base, reasons = _pick_case(prober, scheme, axis, act)
     if case is None:
@@ -150,21 +153,57 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
     if base.variants.get("weight_scale_dtype") == case.scale_dtype:  # reading scales in their own dtype
         base = dataclasses.replace(base, variants={k: v for k, v in base.variants.items() if k != "weight_scale_dtype"})
     res["declared_arithmetic"] = base.to_json()
-    # an axis that acts only under a value an earlier axis of this scheme excluded is not applicable
-    if axis.requires:
-        dep, wanted, why = axis.requires
-        f = found.get(dep)
-        if f and f.get("consistent") and not any(v.startswith(w) for v in f["consistent"] for w in wanted):
-            res.update(status="not-applicable", consistent=[], excluded={}, unseparated=[],
-                       reason=f"{why}; {dep} found {', '.join(f['consistent'])}")
-            return res
+    unmet = _unmet_requirement(axis, found)
+    if unmet:
+        res.update(status="not-applicable", consistent=[], excluded={}, unseparated=[], reason=unmet)
+        return res
     coincide = coinciding_values(axis, case, base)
     if coincide:
         res["coincide"] = coincide
     axis = values_for_case(axis, case, base)
-    # conditioning: earlier axes fixed where their probes were decisive, ranged over where ambiguous
-    # (a derived axis takes an ambiguous earlier axis at its identified, else declared, else first consistent
-    # value: ranging over values that differ elsewhere than its probes only multiplies the hypotheses)
+    fixed, ranged = _conditioning(axis, case, found)
+    res["fixed"] = {k: v[0] for k, v in fixed.items()}
+    res["ranged"] = {k: [v[0] for v in vs] for k, vs in ranged.items()}
+    hyps, values = hypotheses(axis, base, fixed, ranged)
+    res["values"] = [v for v, _ in values]
+    res["value_overrides"] = [(v, ov) for v, ov in values]
+    dv = declared_value(axis, base if "act_symmetric" in base.variants or "act_symmetric" not in axis.keys else
+                        dataclasses.replace(base, variants={**base.variants, "act_symmetric": case.act_symmetric}))
+    if dv is None and len(values) > len(axis.values):
+        dv = values[-1][0]
+    res["declared"] = dv
+    hyps = _evaluable(axis, case, hyps, res, seed)
+    if hyps is None:
+        return res
+    probes, need = _search_probes(axis, case, hyps, max_trials, seed)
+    if not probes:
+        res.update(status="not-observable", reason="no probe input separates any two values" +
+                   (f" ({axis.note})" if axis.note else ""), consistent=list(res["values"]), excluded={},
+                   unseparated=[])
+        return res
+    judged = _run_probes(prober, scheme, axis, probes, hyps, res)
+    if judged is not None:
+        _decide(res, axis, base, hyps, judged, need)
+    return res
+
+
+def _unmet_requirement(axis: ProbeAxis, found: dict) -> "str | None":
+    """Why the axis is not applicable: it acts only under a value an earlier axis of this scheme excluded."""
+    if not axis.requires:
+        return None
+    dep, wanted, why = axis.requires
+    f = found.get(dep)
+    if f and f.get("consistent") and not any(v.startswith(w) for v in f["consistent"] for w in wanted):
+        return f"{why}; {dep} found {', '.join(f['consistent'])}"
+    return None
+
+
+def _conditioning(axis: ProbeAxis, case: Case, found: dict) -> tuple[dict, dict]:
+    """(fixed, ranged): earlier axes fixed where their probes were decisive, ranged over where ambiguous, and
+    the axis's nuisance axes ranged over; each {axis: (value, overrides)} / {axis: [(value, overrides), ...]}.
+
+    A derived axis takes an ambiguous earlier axis at its identified, else declared, else first consistent
+    value: ranging over values that differ elsewhere than its probes only multiplies the hypotheses."""
     fixed, ranged = {}, {}
     for dep in axis.depends:
         f = found.get(dep)
@@ -182,19 +221,14 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
     for nu in axis.nuisance:
         if nu not in ranged and nu not in fixed:
             ranged[nu] = list(values_for_case(PROBE_AXES[nu], case).values)
-    res["fixed"] = {k: v[0] for k, v in fixed.items()}
-    res["ranged"] = {k: [v[0] for v in vs] for k, vs in ranged.items()}
-    hyps, values = hypotheses(axis, base, fixed, ranged)
-    res["values"] = [v for v, _ in values]
-    res["value_overrides"] = [(v, ov) for v, ov in values]
-    dv = declared_value(axis, base if "act_symmetric" in base.variants or "act_symmetric" not in axis.keys else
-                        dataclasses.replace(base, variants={**base.variants, "act_symmetric": case.act_symmetric}))
-    if dv is None and len(values) > len(axis.values):
-        dv = values[-1][0]
-    res["declared"] = dv
-    # hypotheses the emulator cannot evaluate under this declaration (e.g. a variant that the declared
-    # scheme fixes) are not candidates: report them apart, never as excluded by a probe
-    # (judged on a benign input: one without the NaNs or zero rows a value may refuse, see Raises)
+    return fixed, ranged
+
+
+def _evaluable(axis: ProbeAxis, case: Case, hyps: list, res: dict, seed: int) -> "list | None":
+    """The hypotheses the emulator can evaluate under this declaration (None: fewer than two values are left,
+    ``res`` says so). The others (e.g. a variant that the declared scheme fixes) are not candidates: reported
+    apart, never as excluded by a probe; judged on a benign input (one without the NaNs or zero rows a value
+    may refuse, see Raises)."""
     benign = dataclasses.replace(axis, modes=("boundary",) if axis.probe == "mx" else ("random",))
     first = accumulate_probes(case)[0] if axis.probe == "accumulate" else trial_fn(benign, case, seed)(0)
     errors = {}
@@ -211,25 +245,38 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
         res.update(status="not-applicable", consistent=valid_values, excluded={}, unseparated=[],
                    reason="the declared arithmetic leaves this axis no choice: " +
                           (next(iter(errors.values()))[:300] if errors else "one value"))
-        return res
-    hyps = [h for h in hyps if h.value not in bad]
+        return None
     res["values"] = valid_values
-    # probes
+    return [h for h in hyps if h.value not in bad]
+
+
+def _search_probes(axis: ProbeAxis, case: Case, hyps: list, max_trials: int, seed: int) -> tuple[list, np.ndarray]:
+    """(probe inputs, pairs of hypotheses they were searched to separate); accumulation: its fixed patterns."""
     if axis.probe == "accumulate":
-        probes, need = accumulate_probes(case), np.zeros((len(hyps), len(hyps)), bool)
-    else:
-        few_rows = axis.probe in ("int8", "int8-asym", "mx") and case.M < 8  # fewer candidates per input: try more inputs
-        # (a derived axis's inputs come from a few targeted modes: it gives up sooner)
-        patience = (96 if few_rows else 24) // (2 if axis.derived else 1)
-        probes, need = search_separating_inputs(hyps, trial_fn(axis, case, seed), max_trials * (4 if few_rows else 1),
-                               patience=patience,
-                               min_trials=min(patience, (48 if few_rows else 16) if axis.probe.startswith("int8") else 8))
-    if not probes:
-        res.update(status="not-observable", reason="no probe input separates any two values" +
-                   (f" ({axis.note})" if axis.note else ""), consistent=list(res["values"]), excluded={},
-                   unseparated=[])
-        return res
-    # run and judge
+        return accumulate_probes(case), np.zeros((len(hyps), len(hyps)), bool)
+    few_rows = axis.probe in ("int8", "int8-asym", "mx") and case.M < 8  # fewer candidates per input: try more inputs
+    # (a derived axis's inputs come from a few targeted modes: it gives up sooner)
+    patience = (96 if few_rows else 24) // (2 if axis.derived else 1)
+    return search_separating_inputs(hyps, trial_fn(axis, case, seed), max_trials * (4 if few_rows else 1),
+                                    patience=patience,
+                                    min_trials=min(patience, (48 if few_rows else 16) if axis.probe.startswith("int8")
+                                                   else 8))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    """The probes run and judged: which hypotheses every output lies inside, the probe that excluded each of
+    the others, and per probe the hypotheses' intervals and the output (None: refused)."""
+
+    inside: np.ndarray
+    excluded_by: dict
+    probe_ivs: list
+    outputs: list
+
+
+def _run_probes(prober: _Prober, scheme: str, axis: ProbeAxis, probes: list, hyps: list, res: dict) -> "_Judged | None":
+    """Run each probe on the backend and judge its output under every hypothesis (None: a probe crashed,
+    ``res`` says which)."""
     inside = np.ones(len(hyps), bool)
     excluded_by: dict[int, str] = {}
     res["probes"] = []
@@ -245,7 +292,7 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
         refused = y is None and prober.last_kind == "error" and any(isinstance(iv, Raises) for iv in ivs)
         if y is None and not refused:
             res.update(status="crash", reason=f"probe {pid}: {err}")
-            return res
+            return None
         for h, iv in enumerate(ivs):
             if not inside[h]:
                 continue
@@ -256,6 +303,13 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
             if not ok:
                 inside[h] = False
                 excluded_by[h] = pid
+    return _Judged(inside, excluded_by, probe_ivs, outputs)
+
+
+def _decide(res: dict, axis: ProbeAxis, base: Declared, hyps: list, judged: _Judged, need: np.ndarray) -> None:
+    """Into ``res``: the values consistent with every probe and those excluded (by which probes), the value
+    identified, the pairs no probe separated, the accumulation bracket, and a contradiction of the declaration."""
+    inside = judged.inside
     consistent = []
     excluded: dict[str, list] = {}
     for v in res["values"]:
@@ -263,11 +317,11 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
         if any(inside[h] for h in idx):
             consistent.append(v)
         else:
-            excluded[v] = sorted({excluded_by[h] for h in idx if h in excluded_by})
+            excluded[v] = sorted({judged.excluded_by[h] for h in idx if h in judged.excluded_by})
     res["consistent"] = consistent
     res["excluded"] = excluded
     if axis.probe != "accumulate":  # (the accumulation bracket reports nesting itself)
-        ident, how = identify([h for h in range(len(hyps)) if inside[h]], hyps, probe_ivs, outputs)
+        ident, how = identify([h for h in range(len(hyps)) if inside[h]], hyps, judged.probe_ivs, judged.outputs)
         if ident is not None:
             res["identified"], res["identified_by"] = ident, how
     # pairs of consistent values that no probe input found could separate (ambiguity of the method,
@@ -290,7 +344,6 @@ def _run_axis(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, found: di
     if not consistent:
         res["note"] = ("no value is consistent: the output also differs from the declaration on another axis "
                        "(or in arithmetic the emulator does not model)")
-    return res
 
 
 def _unless_inputs_wrong(prober: _Prober, scheme: str, axis: ProbeAxis, act: str, rec: dict) -> None:
@@ -331,32 +384,38 @@ def _unmodelled_keys(declared: dict | None) -> list[str]:
     return sorted(k for k in declared.get("variants", {}) if k not in known_keys())
 
 
-def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bfloat16", out_dir=None,
-                timeout: float = 120.0, max_trials: int = 60, seed: int = 0, worker_env: dict | None = None,
-                log=None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ProbeOptions:
+    """How the probes of a fingerprint run: ``out_dir`` keeps the probe bundles (and outputs) under
+    out_dir/probes (None: a temporary folder), ``timeout`` seconds per probe before the worker is killed,
+    ``max_trials`` candidate inputs tried per axis, ``seed`` of the candidate inputs, ``worker_env`` the
+    worker's environment (None: this process's)."""
+
+    out_dir: "str | Path | None" = None
+    timeout: float = 120.0
+    max_trials: int = 60
+    seed: int = 0
+    worker_env: "dict | None" = None
+
+
+def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bfloat16",
+                options: "ProbeOptions | None" = None, log=None) -> dict:
     """Fingerprint ``backend`` (a spec 'name[:k=v,...]'); the result as a JSON-able dict."""
     from emulator.schemes import QUANTIZE_SCHEMES
 
-    for s in schemes or ():
-        if s not in SCHEME_AXES and s not in QUANTIZE_SCHEMES:
-            raise ValueError(f"fingerprint: no probes for scheme {s!r}; known: "
-                             f"{', '.join(list(SCHEME_AXES) + list(QUANTIZE_SCHEMES))}")
-    from emulator.variants import VARIANT_AXES
-
-    for a in axes or ():
-        if a not in PROBE_AXES and a not in VARIANT_AXES:
-            raise ValueError(f"fingerprint: unknown axis {a!r}; known: {', '.join(PROBE_AXES)}")
+    options = options or ProbeOptions()
+    _check_names(schemes, axes)
     from backends.registry import create
 
     listed = create(backend).schemes()  # an unknown name or parameter: the caller's error (one line, exit 2)
     tmp = None
-    if out_dir is None:
+    if options.out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="qconform-fp-")
         out = Path(tmp.name)
     else:
-        out = Path(out_dir)
+        out = Path(options.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-    prober = _Prober(backend, out, timeout, worker_env)
+    prober = _Prober(backend, out, options.timeout, options.worker_env)
     t0 = time.perf_counter()
     result = {"backend": backend, "act_dtype": act_dtype, "schemes": {}, "contradictions": []}
     try:
@@ -368,42 +427,9 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
             return result
         for scheme in (schemes or list(SCHEME_AXES) + [q for q in QUANTIZE_SCHEMES if q in listed]):
             if scheme in QUANTIZE_SCHEMES:  # exact judgement: conformance/fingerprint/quantize.py
-                from conformance.fingerprint.quantize import quantize_scheme_records
-
-                for key, srec in quantize_scheme_records(prober.worker, prober.label, scheme, act_dtype, out,
-                                                         timeout, axes).items():
-                    for rec in srec["axes"]:
-                        if rec.get("contradiction"):
-                            result["contradictions"].append(f"{key} {rec['axis']}: {rec['contradiction']}")
-                        if log:
-                            log(axis_line(key, rec))
-                    result["schemes"][key] = srec
-                continue
-            found: dict = {}
-            srec = {"axes": [], "unmodelled_keys": []}
-            for name in SCHEME_AXES[scheme]:
-                if axes and name not in axes:
-                    continue
-                ax = PROBE_AXES[name]
-                t1 = time.perf_counter()
-                rec = _run_axis(prober, scheme, ax, act_dtype, found, max_trials=max_trials,
-                                seed=seed + sum(map(ord, scheme + name)))
-                if name == "accumulate" and rec["status"] == "ok":
-                    _unless_inputs_wrong(prober, scheme, ax, act_dtype, rec)
-                rec["seconds"] = round(time.perf_counter() - t1, 2)
-                if rec["status"] == "ok":
-                    found[name] = rec
-                for k in _unmodelled_keys(rec.get("declared_arithmetic")):
-                    if k not in srec["unmodelled_keys"]:
-                        srec["unmodelled_keys"].append(k)
-                if rec.get("contradiction"):
-                    result["contradictions"].append(f"{scheme} {name}: {rec['contradiction']}")
-                srec["axes"].append(rec)
-                if log:
-                    log(axis_line(scheme, rec))
-            if srec["axes"] and all(a["status"] == "unsupported" for a in srec["axes"]):
-                srec["status"] = "unsupported"
-            result["schemes"][scheme] = srec
+                _quantize_scheme(prober, scheme, act_dtype, axes, result, log)
+            else:
+                result["schemes"][scheme] = _probe_scheme(prober, scheme, act_dtype, axes, options, result, log)
         result["status"] = "ok"
         result["vocabulary"] = vocabulary_summary(result)
         return result
@@ -414,9 +440,69 @@ def fingerprint(backend: str, *, schemes=None, axes=None, act_dtype: str = "bflo
             tmp.cleanup()
 
 
+def _check_names(schemes, axes) -> None:
+    """ValueError (one line) for a scheme without probes or an unknown axis."""
+    from emulator.schemes import QUANTIZE_SCHEMES
+    from emulator.variants import VARIANT_AXES
+
+    for s in schemes or ():
+        if s not in SCHEME_AXES and s not in QUANTIZE_SCHEMES:
+            raise ValueError(f"fingerprint: no probes for scheme {s!r}; known: "
+                             f"{', '.join(list(SCHEME_AXES) + list(QUANTIZE_SCHEMES))}")
+    for a in axes or ():
+        if a not in PROBE_AXES and a not in VARIANT_AXES:
+            raise ValueError(f"fingerprint: unknown axis {a!r}; known: {', '.join(PROBE_AXES)}")
+
+
+def _quantize_scheme(prober: _Prober, scheme: str, act_dtype: str, axes, result: dict, log) -> None:
+    """A quantize-only scheme, judged exactly (conformance/fingerprint/quantize.py), into ``result``."""
+    from conformance.fingerprint.quantize import quantize_scheme_records
+
+    for key, srec in quantize_scheme_records(prober.worker, prober.label, scheme, act_dtype, prober.out_dir,
+                                             prober.timeout, axes).items():
+        for rec in srec["axes"]:
+            if rec.get("contradiction"):
+                result["contradictions"].append(f"{key} {rec['axis']}: {rec['contradiction']}")
+            if log:
+                log(axis_line(key, rec))
+        result["schemes"][key] = srec
+
+
+def _probe_scheme(prober: _Prober, scheme: str, act_dtype: str, axes, options: ProbeOptions, result: dict,
+                  log) -> dict:
+    """The record of one scheme: its axes decided in order (each conditioned on the earlier ones found);
+    contradictions into ``result``."""
+    found: dict = {}
+    srec = {"axes": [], "unmodelled_keys": []}
+    for name in SCHEME_AXES[scheme]:
+        if axes and name not in axes:
+            continue
+        ax = PROBE_AXES[name]
+        t1 = time.perf_counter()
+        rec = _run_axis(prober, scheme, ax, act_dtype, found, max_trials=options.max_trials,
+                        seed=options.seed + sum(map(ord, scheme + name)))
+        if name == "accumulate" and rec["status"] == "ok":
+            _unless_inputs_wrong(prober, scheme, ax, act_dtype, rec)
+        rec["seconds"] = round(time.perf_counter() - t1, 2)
+        if rec["status"] == "ok":
+            found[name] = rec
+        for k in _unmodelled_keys(rec.get("declared_arithmetic")):
+            if k not in srec["unmodelled_keys"]:
+                srec["unmodelled_keys"].append(k)
+        if rec.get("contradiction"):
+            result["contradictions"].append(f"{scheme} {name}: {rec['contradiction']}")
+        srec["axes"].append(rec)
+        if log:
+            log(axis_line(scheme, rec))
+    if srec["axes"] and all(a["status"] == "unsupported" for a in srec["axes"]):
+        srec["status"] = "unsupported"
+    return srec
+
+
 def _cmd_fingerprint(args) -> int:
     res = fingerprint(args.backend, schemes=args.scheme, axes=args.axis, act_dtype=args.act_dtype,
-                      out_dir=args.out, timeout=args.timeout, max_trials=args.max_trials, seed=args.seed,
+                      options=ProbeOptions(out_dir=args.out, timeout=args.timeout, max_trials=args.max_trials,
+                                           seed=args.seed),
                       log=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)
     print(format_text(res))
     if args.json:

@@ -52,7 +52,8 @@ from emulator.numerics.sqnr import sqnr_db
 
 from conformance.cases.inputs import CaseInputs
 
-__all__ = ["UNIT_ROUNDOFF", "UNDERFLOW_UNIT", "Interval", "INTERMEDIATES", "declared_interval", "compare", "Comparison", "round_down",
+__all__ = ["UNIT_ROUNDOFF", "UNDERFLOW_UNIT", "Interval", "INTERMEDIATES", "declared_interval", "one_rounding_bounds",
+           "compare", "Comparison", "round_down",
            "round_up", "grid_neighbour", "ulp_distance",
            # the declared weights and stage variants live in emulator/declaration.py; re-exported for callers here
            "declared_weight", "int8_variant", "mx_variant", "moe_variant"]
@@ -198,6 +199,18 @@ def _finish(y_exact, y_bound64, mag, n_terms, declared: Declared, out_dtype: str
                     **_intermediates(parts))
 
 
+def one_rounding_bounds(iv: Interval, mode) -> "tuple[np.ndarray, np.ndarray]":
+    """(lo, hi) of ``iv`` narrowed to the outputs of one rounding ``mode`` (rne or rtz) of an accumulator within
+    its bound: the grid points of [R(y - b), R(y + b)] (R monotone, grid points fixed; the arguments widened by
+    one float64 ulp outward, so the float64 evaluation of y -+ b cannot exclude a correct value). Elements with
+    a non-finite reference or bound keep ``iv``'s ends (docs/conformance.md#acceptance)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo_t = round_fast(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode, as_float64=True)
+        hi_t = round_fast(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode, as_float64=True)
+        fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
+        return np.where(fin, np.maximum(iv.lo, lo_t), iv.lo), np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
+
+
 def declared_interval(inp: CaseInputs, declared: Declared) -> Interval:
     """The accepted outputs of a backend declaring ``declared`` on ``inp``."""
     if declared.value("bias_stage") == "after_output_rounding" and inp.bias is not None:
@@ -218,12 +231,17 @@ def _after_output_rounding(inp: CaseInputs, declared: Declared) -> Interval:
 
         lo = RNE_T(lo0 + b_T),  hi = RNE_T(hi0 + b_T),  y_ref = RNE_T(y_ref0 + b_T).
 
+    (``[lo0, hi0]`` narrowed to one rounding, ``one_rounding_bounds``, as the judge narrows every interval.)
     The interval may contain values no o reaches (near cancellation o's grid is coarser than y's): it
     is the tightest interval, not the exact set. ``y_exact`` is the unrounded y0 + b and ``bound`` the
     distance from it to the farther end.
     """
     rest = {k: v for k, v in declared.variants.items() if k != "bias_stage"}
     iv0 = _interval(dataclasses.replace(inp, bias=None), dataclasses.replace(declared, variants=rest))
+    # o is one rounding of an accumulator within the bound: [R(y0 - b0), R(y0 + b0)], not the outward interval,
+    # which also admits the neighbour across a correctly rounded o (a truncating kernel declaring RNE) and, near
+    # cancellation, the single rounding of acc + bias (a kernel that adds the bias in its accumulator)
+    iv0 = dataclasses.replace(iv0, **dict(zip(("lo", "hi"), one_rounding_bounds(iv0, _output_rounding(declared)))))
     T = iv0.out_dtype
     b = round_fast(inp.bias.astype(np.float64), T, as_float64=True)[None, :]
 

@@ -12,7 +12,8 @@ one declared rounding, computed by the emulator):
    the kernel's effective weights, diffed per row, group, zero point, scale block and field position
    (conformance/judge/localize_weights.py);
 2. activation quantization (int8 and MXFP4 activations): rows whose quantization is exact (integer
-   multiples of 2^j with amax 127 * 2^j; E2M1 values times 2^e with block amax 6 * 2^e); a mismatch there
+   multiples of 2^j with amax 127 * 2^j; E2M1 values times 2^e with block amax 6 * 2^e: the rows and the
+   hypotheses below are conformance/judge/localize_exact.py's); a mismatch there
    with weights read back exact is in the activation quantization or the epilogue, and named where a
    hypothesis (scale amax/128, zero point sign flipped or ignored, a per-token or per-channel factor)
    explains it;
@@ -34,24 +35,22 @@ from typing import Callable
 
 import numpy as np
 
-from emulator.activations import int8 as a8
-from emulator.declaration import int8_variant, mx_variant, round_weights
-from emulator.formats import mxfp4
-from emulator.numerics.e2m1 import decode_e2m1, encode_e2m1
-from emulator.numerics.fast_round import round_fast
+from emulator.declaration import round_weights
 from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
 
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
-from conformance.judge.localize_acts import QUANTIZER_CLASSES, analyze_own_rows
+from conformance.judge.localize_acts import QUANTIZER_CLASSES, RowProbe, analyze_own_rows
+from conformance.judge.localize_exact import (AZP_CORRECTION, OUTPUT_RTZ, act_hypotheses, analyze_rows,
+                                              exact_activation_rows, one_hot_value, round_output,
+                                              second_value)
 from conformance.judge.localize_moe import localize_moe
-from conformance.judge.localize_weights import analyze_weights, close, product_or_weight, structure
+from conformance.judge.localize_weights import Structure, analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
 
-OUTPUT_RTZ = "output rounded toward zero (truncated) instead of to nearest"
 #: stages whose finding means the arithmetic after them (accumulation) cannot be judged from the output
 WEIGHTS_OR_ACTIVATIONS = ("weights", "activation quantization", "weights or activation quantization")
 #: at most this many one-hot columns (the first and last groups and a spread of the rest beyond it)
@@ -153,196 +152,6 @@ def _rows(parts: list, xs: list, n: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _rnd(v: np.ndarray, dtype: str) -> np.ndarray:
-    """RNE to ``dtype`` (float64 out) by the emulator's fast path; NaN stays NaN (its payload is not compared)."""
-    return round_fast(np.asarray(v, np.float64), dtype, as_float64=True)
-
-
-# -- exact activation values --------------------------------------------------------------------------------
-def _quantization_exact(case: Case, declared: Declared, X: np.ndarray) -> bool:
-    """The declared activation quantization of every row of X (float32) gives back X exactly."""
-    acts = case.spec.activations
-    if acts == "int8":
-        q = a8.quantize_int8_per_token(X.astype(np.float32), int8_variant(declared, case))
-        return bool(np.array_equal(a8.dequantize_int8_per_token(q), X.astype(np.float64)))
-    if acts == "mxfp4":
-        codes, sb = mxfp4.quantize_mxfp4(X.astype(np.float32), mx_variant(declared))
-        return bool(np.array_equal(mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64), X.astype(np.float64)))
-    return True
-
-
-def _one_hot_value(case: Case, declared: Declared) -> float | None:
-    """A value v whose one-hot row the declared activation quantization keeps exactly (None: none found)."""
-    K = case.K
-    for v in (1.0, 127.0, 255.0, 6.0, 4.0, 2.0, 0.5):
-        x = np.zeros((2, K), np.float32)
-        x[0, 0] = v
-        x[1, K - 1] = v
-        if round_to_dtype(np.float64(v), case.act_dtype) == v and _quantization_exact(case, declared, x):
-            return v
-    return None
-
-
-def _second_value(case: Case, declared: Declared, v: float) -> float | None:
-    """A second one-hot value whose products with the weights need more bits than the weights (3 v first)."""
-    K = case.K
-    for f in (3.0, 1.5, 5.0, 1.25):
-        v2 = v * f
-        x = np.zeros((2, K), np.float32)
-        x[0, 0] = v2
-        x[1, K - 1] = v2
-        if round_to_dtype(np.float64(v2), case.act_dtype) == v2 and _quantization_exact(case, declared, x):
-            return v2
-    return None
-
-
-def _exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.ndarray | None:
-    """Rows whose declared quantization is exact: int8 codes times 2^j (amax 127 * 2^j; asymmetric: 255
-    levels from -100 * 2^j, and a one-signed row), or E2M1 values times 2^e (block amax 6 * 2^e)."""
-    rng = np.random.default_rng(seed)
-    K = case.K
-    rows = []
-    if case.spec.activations == "int8":
-        for j in (0, -3, 2, -1, 4, 1, -5, 3):
-            if declared.act_symmetric_for(case):
-                t = rng.integers(-127, 128, K).astype(np.float64)
-                t[rng.integers(K)] = 127 * rng.choice((-1, 1))
-            else:
-                lo = -100 if j % 2 == 0 else 0  # one-signed rows too
-                t = rng.integers(lo, lo + 256, K).astype(np.float64)
-                t[0], t[-1] = lo, lo + 255
-            rows.append(np.ldexp(t, j))
-    elif case.spec.activations == "mxfp4":
-        vals = np.asarray([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
-        for e in (0, -2, 3, -1, 1, -4, 2, 0):
-            t = vals[rng.integers(0, 8, K)] * rng.choice((-1, 1), K)
-            t[::32] = 6 * rng.choice((-1, 1), len(t[::32]))
-            rows.append(np.ldexp(t, e))
-    else:
-        return None
-    X = np.stack(rows).astype(np.float32)
-    keep = [i for i in range(len(X)) if _quantization_exact(case, declared, X[i:i + 1])]
-    X = X[keep]
-    if not len(X) or not _quantization_exact(case, declared, X):  # per-tensor quantizers: one amax for all
-        X = X[:1]
-    if not len(X) or round_to_dtype(X.astype(np.float64), case.act_dtype).tolist() != X.astype(np.float64).tolist():
-        return None
-    return X
-
-
-# -- activation / epilogue hypotheses -------------------------------------------------------------------------
-AZP_CORRECTION = "the zero-point correction term"
-
-
-def _act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None,
-                    wq: "tuple | None" = None) -> list:
-    """(pattern, output) for activation-quantization and epilogue bugs on the exact rows X (``chunk``: the rows
-    of one kernel call, for the per-tensor hypothesis; ``wq``: (integer weight codes [N, K], per-channel scales
-    [N]) where the weights are per-channel int, for the asymmetric zero-point correction term)."""
-    out_dtype = declared.output or case.output_dtype
-    x64 = X.astype(np.float64)
-    exact = x64 @ W.T
-    H = []
-    if case.spec.activations == "int8":
-        q = a8.quantize_int8_per_token(X.astype(np.float32), int8_variant(declared, case))
-        s = q.scale.astype(np.float64)
-        zp = q.zero_point.astype(np.float64)
-        amax = np.abs(x64).max(axis=1, keepdims=True)
-        for d, lo, name in ((128.0, -128, "activation scale amax/128 instead of amax/127"),
-                            (127.5, -128, "activation scale amax/127.5 instead of amax/127")):
-            sc = (amax / d).astype(np.float32).astype(np.float64)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                c = np.clip(np.rint(np.where(sc > 0, x64 / sc, 0)), lo, 127)
-            H.append((name, (c * sc) @ W.T))
-        H.append(("activation codes clamped to [-127, 127] instead of [-128, 127]",
-                  ((np.clip(q.q, -127, 127) - zp) * s) @ W.T))
-        if chunk is not None and len(x64) > 1:  # one scale over the rows of each call instead of one per row
-            xt = np.empty_like(x64)
-            for a in range(0, len(x64), chunk):
-                rows = X[a:a + chunk].astype(np.float32)
-                v = dataclasses.replace(int8_variant(declared, case), granularity="per_tensor")
-                xt[a:a + chunk] = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(rows, v))
-            H.append(("one activation scale for the whole tensor instead of one per token (per-tensor)", xt @ W.T))
-        if np.any(zp) and wq is not None:  # the term azp * sum_k qw[n, k] removed with wrong row sums
-            qw, sw = np.asarray(wq[0], np.float64), np.asarray(wq[1], np.float64).reshape(-1)
-            rs = qw.sum(axis=1)
-            alts = [("the weight row sums kept in int16 (wrapped)", (rs + 32768) % 65536 - 32768)]
-            K = qw.shape[1]
-            for T in (32, 16, 64, 8, 128):
-                if K % T:
-                    alts.append((f"the weight row sums skip the last K mod {T} = {K % T} columns"
-                                 + (" (all of them)" if K < T else ""), qw[:, : K - K % T].sum(axis=1)))
-            seen = []
-            for what, rs2 in alts:
-                if np.any(rs2 != rs) and not any(np.array_equal(rs2, r) for r in seen):
-                    seen.append(rs2)
-                    H.append((f"{AZP_CORRECTION} (azp * sum_k qw[n, k], removed from the integer dot) uses wrong "
-                              f"weight row sums: {what}", exact + (-zp * s) * ((rs2 - rs) * sw)[None, :]))
-        if np.any(zp):
-            H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
-            H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))
-        H.append(("activation scale not applied (the integer codes used as values)", (q.q - zp) @ W.T))
-        H.append(("activation scale applied twice", ((q.q - zp) * s * s) @ W.T))
-    elif case.spec.activations == "mxfp4":
-        blocks = x64.reshape(len(x64), -1, 32)
-        with np.errstate(divide="ignore"):
-            e = np.floor(np.log2(np.abs(blocks).max(axis=2, keepdims=True))) - 2  # OCP MX: emax(E2M1) = 2
-        e = np.where(np.isfinite(e), e, -127)
-        for d, name in ((1, "activation block scale one E8M0 step high (exponent floor(log2 amax) - 1)"),
-                        (-1, "activation block scale one E8M0 step low (exponent floor(log2 amax) - 3)")):
-            sc = np.ldexp(1.0, (e + d).astype(np.int64))
-            xq = decode_e2m1(encode_e2m1(blocks / sc)).astype(np.float64) * sc
-            H.append((name, xq.reshape(x64.shape) @ W.T))
-        H.append(("activation codes right, dequantized with twice their block scale", 2 * exact))
-        H.append(("activation codes right, dequantized with half their block scale", exact / 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        H.append(("every output scaled by 127/128", exact * 127 / 128))
-        H.append(("every output scaled by 128/127", exact * 128 / 127))
-    return [(n, _rnd(y, out_dtype)) for n, y in H] + [(OUTPUT_RTZ, round_to_dtype(exact, out_dtype, "rtz"))]
-
-
-def _per_axis_factor(obs: np.ndarray, exp: np.ndarray, dtype: str) -> str | None:
-    """'every token (row) scaled by its own factor' / 'every output channel ...' when one factor per row
-    or per column explains the mismatch."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = obs / exp
-    for axis, what in ((1, "token (row)"), (0, "output channel (column)")):
-        f = np.nanmedian(np.where(np.isfinite(r) & (exp != 0), r, np.nan), axis=axis, keepdims=True)
-        if np.all(np.isnan(f)):
-            continue
-        hyp = round_to_dtype(np.nan_to_num(f, nan=1.0) * exp, dtype)
-        if close(obs, hyp, dtype, 2).all() and not np.allclose(f[np.isfinite(f)], 1.0):
-            fs = np.unique(np.round(f[np.isfinite(f)], 6))
-            return (f"each {what} scaled by its own factor ({', '.join(f'{v:g}' for v in fs[:4])}"
-                    + (", ..." if fs.size > 4 else "") + "): a per-"
-                    + ("token activation scale" if axis == 1 else "channel weight scale") + " in the epilogue")
-    return None
-
-
-def _analyze_rows(obs, exp, bad, hyps, dtype: str) -> dict:
-    res = {"ok": not bad.any(), "n_bad": int(bad.sum()), "n": int(bad.size), "findings": []}
-    if not bad.any():
-        return res
-    nonfin = bad & (~np.isfinite(obs) | ~np.isfinite(exp))
-    if nonfin.any():
-        res["findings"].append({"where": f"{int(nonfin.sum())} element(s)", "n": int(nonfin.sum()),
-                                "pattern": "NaN/Inf where the reference is finite" if np.isfinite(exp[nonfin]).all()
-                                else "non-finite mismatch"})
-    # every failing element within 2 ulps of the hypothesis (the kernel's own arithmetic rounds too); the
-    # hypothesis that matches most failing elements exactly wins (two rules can both come within 2 ulps)
-    fits = [(int(close(obs, hyp, dtype, 0)[bad].sum()), -i, name) for i, (name, hyp) in enumerate(hyps)
-            if close(obs, hyp, dtype, 2)[bad].all()]
-    if fits:
-        ranked = [f[2] for f in sorted(fits, reverse=True)]
-        res["findings"].append({"where": "every probe row", "pattern": ranked[0], "n": int(bad.sum())})
-        res["hypothesis"], res["candidates"] = ranked[0], ranked
-        return res
-    f = _per_axis_factor(obs, exp, dtype)
-    res["findings"].append({"where": "probe rows " + ", ".join(map(str, np.nonzero(bad.any(axis=1))[0][:6])),
-                            "pattern": f or "outputs differ (no named pattern)", "n": int(bad.sum())})
-    return res
-
-
 # -- the whole localization ------------------------------------------------------------------------------------
 def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.ndarray | None = None,
              x: np.ndarray | None = None, router_logits: np.ndarray | None = None) -> dict:
@@ -357,129 +166,212 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     if case.N * case.K > MAX_WEIGHTS:
         return {"stage": "not localized", "probes": [],
                 "summary": f"not localized: N*K = {case.N * case.K} weights exceed {MAX_WEIGHTS} (replay a smaller case)"}
-    out_dtype = declared.output or case.output_dtype
-    prober = _Prober(case, tensors, declared, run)
-    loc: dict = {"probes": [], "stage": None}
     st = structure(case, tensors, declared)
     if st is None:
         return {"stage": "not localized", "summary": f"no weight decomposition for {case.weight_format}",
                 "probes": []}
     W_decl = round_weights(st.W, declared) if case.spec.activations == "a16" else st.W
-    # 1. weights
-    v = _one_hot_value(case, declared)
-    weights = None
-    if v is not None:
-        ks = _probe_columns(case)
-        X = np.zeros((ks.size, case.K), np.float32)
-        X[np.arange(ks.size), ks] = v
-        try:
-            obs1, exp1, bad1 = prober(X, None)
-            bias_in = None
-        except Exception:  # noqa: BLE001 - a kernel that needs its bias: probe with it and expect it
-            obs1, exp1, bad1 = prober(X, bias)
-            bias_in = bias
-        b64 = 0.0 if bias_in is None else np.asarray(bias_in, np.float64)[None, :]
-
-        def to_output(Wh: np.ndarray, cols: np.ndarray) -> np.ndarray:
-            Wr = round_weights(Wh, declared) if case.spec.activations == "a16" else Wh
-            with np.errstate(invalid="ignore", over="ignore"):
-                return _rnd(v * Wr + (b64.T if bias_in is not None else 0.0), out_dtype)
-
-        weights = analyze_weights(st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
-        weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
-        v2 = None if weights["ok"] else _second_value(case, declared, v)
-        if v2 is not None:  # a rounded product or a rounded weight? (round(v w) and v round(w) differ at v2)
-            try:
-                obs2, _, _ = prober(X * np.float32(v2 / v), bias_in)
-                pw = product_or_weight(W_decl[:, ks].T, [(v, obs1), (v2, obs2)], out_dtype, b64)
-            except Exception:  # noqa: BLE001 - the kernel refused the second readback: the first one's findings stand
-                pw, v2 = None, None
-            if pw is not None:
-                weights["rounding"] = pw
-                finding = {"where": "every probed weight", "pattern": pw["pattern"], "n": weights["n_bad"]}
-                if pw["what"] == "product":
-                    weights["explained_by"] = pw["pattern"]
-                weights["findings"] = [finding]
-        if not weights["ok"] and bad1.any():
-            # the one-hot products need rounding (v * w off the output grid): is it truncated instead?
-            with np.errstate(invalid="ignore", over="ignore"):
-                exact1 = v * W_decl[:, ks].T + (b64 if bias_in is not None else 0.0)
-            rtz = round_to_dtype(exact1, out_dtype, "rtz")
-            if close(obs1, rtz, out_dtype, 0)[bad1].all():
-                weights["explained_by"] = OUTPUT_RTZ
-        loc["probes"].append(f"weight readback: {ks.size} one-hot row(s) of value {v:g} (columns "
-                             f"{'all' if ks.size == case.K else f'{ks.size} of {case.K}'}), in chunks of M={case.M}")
-        if v2 is not None:
-            loc["probes"].append(f"weight readback: the same {ks.size} one-hot row(s) at value {v2:g} (a rounded "
-                                 "product and a rounded weight differ there)")
-        loc["weights"] = weights
-    # 2. activation quantization (int8 / MXFP4 activations)
-    acts = None
-    Xa = _exact_activation_rows(case, declared)
-    if Xa is not None:
-        obs, exp, bad = prober(Xa, None)
-        acts_bad = bad
-        step = prober.chunks(len(Xa))[0][2]
-        wq = ((st.q, st.scale[:, 0]) if st.kind == "int" and st.n_groups == 1 and not np.any(st.zero)
-              and case.spec.activations == "int8" else None)
-        acts = _analyze_rows(obs, exp, bad, _act_hypotheses(case, declared, Xa, W_decl, step, wq), out_dtype)
-        if acts.get("hypothesis") and weights is not None and not weights["ok"]:
-            # the same activation bug on the one-hot rows: does it explain the weight readback too? (of the
-            # hypotheses that fit the exact rows, the first that does is the one named)
-            one_hot = dict(_act_hypotheses(case, declared, X, W_decl, prober.chunks(len(X))[0][2], wq))
-            fit = [(int(close(obs1, one_hot[n], out_dtype, 0).sum()), -i, n) for i, n in enumerate(acts["candidates"])
-                   if close(obs1, one_hot[n], out_dtype, 2).all()]
-            acts["explains_weight_readback"] = bool(fit)
-            if fit:  # the one matching most read-back elements exactly
-                name = max(fit)[2]
-                acts["hypothesis"] = acts["findings"][-1]["pattern"] = weights["explained_by"] = name
-        acts.pop("candidates", None)
-        loc["activations"] = acts
-        loc["probes"].append(f"activation quantization: {len(Xa)} row(s) whose declared quantization is exact")
-    # 3. the case's own activation rows, one at a time (int8 / MXFP4 activations; the weights read back right)
-    own = None
-    if x is not None and case.spec.activations in ("int8", "mxfp4") and declared.arithmetic != "opaque" and (
-            weights is None or weights["ok"] or weights.get("explained_by")):
-        try:
-            exact_rows = (Xa, acts_bad) if Xa is not None else None
-            W_own = st.build() if st.kind == "int" else W_decl  # (q - z) * s in float64: the integer dots' weights
-            own = analyze_own_rows(case, tensors, declared, run, prober.judge, x, bias, W_own, prober.parts,
-                                   exact_rows)
-        except Exception as e:  # noqa: BLE001 - the kernel raised on a row alone: the other findings stand
-            own = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
-        if own is not None:
-            loc["own_rows"] = own
-            if own.get("rows"):
-                loc["probes"].append(f"own rows: the case's rows {_short(own['rows'])} run alone (M = 1), "
-                                     "classified by value class")
-    # 4. bias
-    bias_res = None
-    if bias is not None:
-        Z = np.zeros((max(1, case.M), case.K), np.float32)
-        obs, exp, bad = prober(Z, bias)
-        b = np.asarray(bias, np.float64)[None, :]
-        base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
-        hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
-                (("bias added twice", 2.0), ("bias not added", 0.0), ("bias subtracted instead of added", -1.0))]
-        bias_res = _analyze_rows(obs, exp, bad, hyps, out_dtype)
-        loc["bias"] = bias_res
-        loc["probes"].append("bias: all-zero activation rows with the case's bias")
-    # 5. the case's own output under other declarations of the epilogue / activation dtype, and a skipped product
+    p = _Probing(_Prober(case, tensors, declared, run), st, W_decl, bias)
+    loc: dict = {"probes": [], "stage": None}
+    readback = _weights_step(p, loc)
+    weights = readback.weights if readback is not None else None
+    acts, exact_rows = _activations_step(p, readback, loc)
+    own = _own_rows_step(p, x, weights, exact_rows, loc)
+    bias_res = _bias_step(p, loc)
     whole = None
     if x is not None and (weights is None or weights["ok"]) and not (own and own.get("hypothesis")) and (
             acts is None or acts["ok"]) and (bias_res is None or bias_res["ok"]):
-        try:
-            whole = _own_output(case, declared, run, prober, x, bias, W_decl)
-        except Exception as e:  # noqa: BLE001 - the kernel raised on its own rows: the other findings stand
-            whole = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
-        if whole is not None:
-            loc["own_output"] = whole
-            loc["probes"].append("own output: the case's rows as the run gave them, judged under other declarations "
-                                 "(" + ", ".join(whole.get("tried", [])) + ")")
+        whole = _own_output_step(p, x, loc)
     loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
     if whole and whole.get("hypothesis") and loc["stage"] == "accumulation or output rounding":
         loc["stage"], loc["summary"] = whole["stage"], whole["summary"]
     return loc
+
+
+@dataclasses.dataclass(frozen=True)
+class _Probing:
+    """What every step of one localization probes with: the prober (the case, its declaration, the kernel),
+    the case's weight decomposition ``st``, its declared weights ``W`` [N, K] as the product sees them, and
+    its bias."""
+
+    prober: _Prober
+    st: Structure
+    W: np.ndarray
+    bias: "np.ndarray | None"
+
+    @property
+    def case(self) -> Case:
+        return self.prober.case
+
+    @property
+    def declared(self) -> Declared:
+        return self.prober.declared
+
+    @property
+    def out_dtype(self) -> str:
+        return self.declared.output or self.case.output_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class _Readback:
+    """The one-hot weight readback: value ``v`` at columns ``ks`` (rows ``X``), the outputs ``obs`` and their
+    outside mask ``bad``, the bias the kernel needed (``bias_in``, None: probed without), and the findings."""
+
+    v: float
+    ks: np.ndarray
+    X: np.ndarray
+    obs: np.ndarray
+    bad: np.ndarray
+    bias_in: "np.ndarray | None"
+    weights: dict
+
+    @property
+    def b64(self):
+        return 0.0 if self.bias_in is None else np.asarray(self.bias_in, np.float64)[None, :]
+
+
+def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
+    """1. weights: the one-hot readback, diffed (conformance/judge/localize_weights.py); where it differs, a second
+    value tells a rounded product from a rounded weight, and a truncated output is tried."""
+    case, declared = p.case, p.declared
+    v = one_hot_value(case, declared)
+    if v is None:
+        return None
+    ks = _probe_columns(case)
+    X = np.zeros((ks.size, case.K), np.float32)
+    X[np.arange(ks.size), ks] = v
+    try:
+        obs1, exp1, bad1 = p.prober(X, None)
+        bias_in = None
+    except Exception:  # noqa: BLE001 - a kernel that needs its bias: probe with it and expect it
+        obs1, exp1, bad1 = p.prober(X, p.bias)
+        bias_in = p.bias
+    b64 = 0.0 if bias_in is None else np.asarray(bias_in, np.float64)[None, :]
+
+    def to_output(Wh: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        Wr = round_weights(Wh, declared) if case.spec.activations == "a16" else Wh
+        with np.errstate(invalid="ignore", over="ignore"):
+            return round_output(v * Wr + (b64.T if bias_in is not None else 0.0), p.out_dtype)
+
+    weights = analyze_weights(p.st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
+    weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
+    rb = _Readback(v, ks, X, obs1, bad1, bias_in, weights)
+    v2 = None if weights["ok"] else second_value(case, declared, v)
+    if v2 is not None:
+        v2 = _product_or_weight(p, rb, v2)
+    if not weights["ok"] and bad1.any():
+        # the one-hot products need rounding (v * w off the output grid): is it truncated instead?
+        with np.errstate(invalid="ignore", over="ignore"):
+            exact1 = v * p.W[:, ks].T + (b64 if bias_in is not None else 0.0)
+        rtz = round_to_dtype(exact1, p.out_dtype, "rtz")
+        if close(obs1, rtz, p.out_dtype, 0)[bad1].all():
+            weights["explained_by"] = OUTPUT_RTZ
+    loc["probes"].append(f"weight readback: {ks.size} one-hot row(s) of value {v:g} (columns "
+                         f"{'all' if ks.size == case.K else f'{ks.size} of {case.K}'}), in chunks of M={case.M}")
+    if v2 is not None:
+        loc["probes"].append(f"weight readback: the same {ks.size} one-hot row(s) at value {v2:g} (a rounded "
+                             "product and a rounded weight differ there)")
+    loc["weights"] = weights
+    return rb
+
+
+def _product_or_weight(p: _Probing, rb: _Readback, v2: float) -> "float | None":
+    """A rounded product or a rounded weight? (round(v w) and v round(w) differ at the second value v2): the
+    answer into the readback's findings; v2, or None where the kernel refused the second readback."""
+    weights = rb.weights
+    try:
+        obs2, _, _ = p.prober(rb.X * np.float32(v2 / rb.v), rb.bias_in)
+        pw = product_or_weight(p.W[:, rb.ks].T, [(rb.v, rb.obs), (v2, obs2)], p.out_dtype, rb.b64)
+    except Exception:  # noqa: BLE001 - the kernel refused the second readback: the first one's findings stand
+        pw, v2 = None, None
+    if pw is not None:
+        weights["rounding"] = pw
+        finding = {"where": "every probed weight", "pattern": pw["pattern"], "n": weights["n_bad"]}
+        if pw["what"] == "product":
+            weights["explained_by"] = pw["pattern"]
+        weights["findings"] = [finding]
+    return v2
+
+
+def _activations_step(p: _Probing, rb: "_Readback | None", loc: dict) -> "tuple[dict | None, tuple | None]":
+    """2. activation quantization (int8 / MXFP4 activations): rows whose declared quantization is exact, matched
+    against the activation and epilogue hypotheses. (findings or None, (rows, outside mask) or None)."""
+    case, declared, st = p.case, p.declared, p.st
+    Xa = exact_activation_rows(case, declared)
+    if Xa is None:
+        return None, None
+    obs, exp, bad = p.prober(Xa, None)
+    step = p.prober.chunks(len(Xa))[0][2]
+    wq = ((st.q, st.scale[:, 0]) if st.kind == "int" and st.n_groups == 1 and not np.any(st.zero)
+          and case.spec.activations == "int8" else None)
+    acts = analyze_rows(obs, exp, bad, act_hypotheses(case, declared, Xa, p.W, step, wq), p.out_dtype)
+    if acts.get("hypothesis") and rb is not None and not rb.weights["ok"]:
+        # the same activation bug on the one-hot rows: does it explain the weight readback too? (of the
+        # hypotheses that fit the exact rows, the first that does is the one named)
+        one_hot = dict(act_hypotheses(case, declared, rb.X, p.W, p.prober.chunks(len(rb.X))[0][2], wq))
+        fit = [(int(close(rb.obs, one_hot[n], p.out_dtype, 0).sum()), -i, n) for i, n in enumerate(acts["candidates"])
+               if close(rb.obs, one_hot[n], p.out_dtype, 2).all()]
+        acts["explains_weight_readback"] = bool(fit)
+        if fit:  # the one matching most read-back elements exactly
+            name = max(fit)[2]
+            acts["hypothesis"] = acts["findings"][-1]["pattern"] = rb.weights["explained_by"] = name
+    acts.pop("candidates", None)
+    loc["activations"] = acts
+    loc["probes"].append(f"activation quantization: {len(Xa)} row(s) whose declared quantization is exact")
+    return acts, (Xa, bad)
+
+
+def _own_rows_step(p: _Probing, x, weights: "dict | None", exact_rows: "tuple | None", loc: dict) -> "dict | None":
+    """3. the case's own activation rows, one at a time (int8 / MXFP4 activations; the weights read back right):
+    conformance/judge/localize_acts.py."""
+    case, declared, st = p.case, p.declared, p.st
+    if not (x is not None and case.spec.activations in ("int8", "mxfp4") and declared.arithmetic != "opaque" and (
+            weights is None or weights["ok"] or weights.get("explained_by"))):
+        return None
+    try:
+        W_own = st.build() if st.kind == "int" else p.W  # (q - z) * s in float64: the integer dots' weights
+        rows = RowProbe(case, declared, run=p.prober.run, judge=p.prober.judge, W=W_own,
+                        reference_parts=p.prober.parts, bias=p.bias)
+        own = analyze_own_rows(rows, x, exact_rows)
+    except Exception as e:  # noqa: BLE001 - the kernel raised on a row alone: the other findings stand
+        own = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
+    if own is not None:
+        loc["own_rows"] = own
+        if own.get("rows"):
+            loc["probes"].append(f"own rows: the case's rows {_short(own['rows'])} run alone (M = 1), "
+                                 "classified by value class")
+    return own
+
+
+def _bias_step(p: _Probing, loc: dict) -> "dict | None":
+    """4. bias: all-zero activation rows with the case's bias (added twice, not added, subtracted)."""
+    bias, case, out_dtype = p.bias, p.case, p.out_dtype
+    if bias is None:
+        return None
+    Z = np.zeros((max(1, case.M), case.K), np.float32)
+    obs, exp, bad = p.prober(Z, bias)
+    b = np.asarray(bias, np.float64)[None, :]
+    base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
+    hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
+            (("bias added twice", 2.0), ("bias not added", 0.0), ("bias subtracted instead of added", -1.0))]
+    bias_res = analyze_rows(obs, exp, bad, hyps, out_dtype)
+    loc["bias"] = bias_res
+    loc["probes"].append("bias: all-zero activation rows with the case's bias")
+    return bias_res
+
+
+def _own_output_step(p: _Probing, x, loc: dict) -> "dict | None":
+    """5. the case's own output under other declarations of the epilogue / activation dtype, and a skipped
+    product (run where no earlier step found anything)."""
+    try:
+        whole = _own_output(p.case, p.declared, p.prober.run, p.prober, x, p.bias, p.W)
+    except Exception as e:  # noqa: BLE001 - the kernel raised on its own rows: the other findings stand
+        whole = {"ok": True, "skipped": f"not run ({type(e).__name__}: {e})"[:300], "findings": [], "n": 0}
+    if whole is not None:
+        loc["own_output"] = whole
+        loc["probes"].append("own output: the case's rows as the run gave them, judged under other declarations "
+                             "(" + ", ".join(whole.get("tried", [])) + ")")
+    return whole
 
 
 #: the output-side declarations tried on the case's own rows: (value key, title, stage)

@@ -36,9 +36,10 @@ from emulator.variants import AXES, Stage
 
 from backends.base import Case, Declared
 
+from conformance.judge.localize_amax import amax_hypotheses
 from conformance.judge.localize_weights import close
 
-__all__ = ["analyze_own_rows", "row_classes", "hypotheses", "PARTS", "MAX_OWN_ROWS"]
+__all__ = ["analyze_own_rows", "RowProbe", "row_classes", "hypotheses", "PARTS", "MAX_OWN_ROWS"]
 
 #: at most this many of the case's rows are run alone (failing rows first)
 MAX_OWN_ROWS = 24
@@ -234,52 +235,124 @@ def _custom(case: Case, declared: Declared, X: np.ndarray) -> list[tuple[str, st
                         quant(e_floor, big_to_zero=True)))
             out.append(("activation block exponent floor(log2(amax)) computed in float32 (rounds up just below 2^k)",
                         "scale", quant(e_f32)))
+    out += amax_hypotheses(case, declared, x)  # amax rounded before the scale (bf16/fp16, up to 2^k)
     return out
 
 
 # -- the analysis ----------------------------------------------------------------------------------------------
-def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, judge: Judge, x: np.ndarray,
-                     bias: "np.ndarray | None", W: np.ndarray, reference_parts,
-                     probe_rows: "tuple | None" = None) -> "dict | None":
-    """Run the case's own rows alone and name the row classes and the quantizer rule behind the failure.
+@dataclasses.dataclass(frozen=True)
+class RowProbe:
+    """What every step of the own-rows analysis runs and judges with: the case, its declaration, the kernel.
 
-    ``judge(X, Y, bias, decl)`` -> (reference outputs, outside-the-interval mask) of rows X with outputs Y
-    under ``decl``; ``W``: the declared weights [N, K] (exact); ``reference_parts(X, bias)``: the declared
-    reference's intermediates (``x_tie``, ``x_scale``) for rows X; ``probe_rows``: (rows, outside mask) of the
-    probe rows whose quantization is exact, already run: they join the class table as rows of their classes."""
+    ``run(x, bias)``: the backend's ``run`` on the prepared case; ``judge(X, Y, bias, decl)`` -> (reference
+    outputs, outside-the-interval mask) of rows X with outputs Y under ``decl``; ``W``: the declared weights
+    [N, K] (exact); ``reference_parts(X, bias)``: the declared reference's intermediates (``x_tie``,
+    ``x_scale``, ``x_zero_point``) for rows X; ``bias``: the case's bias."""
+
+    case: Case
+    declared: Declared
+    run: Run
+    judge: Judge
+    W: np.ndarray
+    reference_parts: "Callable[[np.ndarray, np.ndarray | None], dict]"
+    bias: "np.ndarray | None" = None
+
+    @property
+    def out_dtype(self) -> str:
+        return self.declared.output or self.case.output_dtype
+
+    def run_alone(self, X: np.ndarray) -> np.ndarray:
+        """The kernel's outputs of rows X, each run alone (M = 1), float64 [rows, N]."""
+        return np.concatenate([np.asarray(self.run(X[i:i + 1], self.bias), np.float64) for i in range(len(X))])
+
+    def classes(self, X: np.ndarray, bias: "np.ndarray | None") -> list[list[str]]:
+        """``row_classes`` of rows X, from the declared reference's intermediates with ``bias``."""
+        parts = self.reference_parts(X, bias)
+        return row_classes(self.case, X, parts.get("x_tie"), parts.get("x_scale"), parts.get("x_zero_point"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowsRun:
+    """The case's rows run alone: which (``rows``, indices into the case), their inputs ``X``, outputs ``Y``, the
+    declared reference ``exp`` and outside mask ``bad``, the failing ones (``fail``) and those that failed in
+    the case's own call of M rows (``together``)."""
+
+    rows: np.ndarray
+    X: np.ndarray
+    Y: np.ndarray
+    exp: np.ndarray
+    bad: np.ndarray
+    fail: np.ndarray
+    together: np.ndarray
+
+
+def analyze_own_rows(probe: RowProbe, x: np.ndarray, probe_rows: "tuple | None" = None) -> "dict | None":
+    """Run the case's own rows ``x`` alone and name the row classes and the quantizer rule behind the failure.
+
+    ``probe_rows``: (rows, outside mask) of the probe rows whose quantization is exact, already run: they join
+    the class table as rows of their classes."""
+    case, declared = probe.case, probe.declared
     if case.spec.activations not in ("int8", "mxfp4") or x is None or not len(x):
         return None
     if case.spec.activations == "int8" and declared.value("act_granularity") == "per_tensor":
         return {"ok": True, "skipped": "one activation scale for the whole tensor: the rows are not independent",
                 "findings": [], "n": 0}
-    x = np.asarray(x, np.float32)
-    out_dtype = declared.output or case.output_dtype
-    # the case's own call (its M rows) first: which rows fail as the case ran
-    y_all = np.asarray(run(x, bias), np.float64)
-    _, bad_all = judge(x, y_all, bias, declared)
+    rr = _run_rows_alone(probe, np.asarray(x, np.float32))
+    fail, bad, rows = rr.fail, rr.bad, rr.rows
+    res: dict = {"ok": not fail.any(), "rows": rows.tolist(), "n": int(bad.size), "n_bad": int(bad.sum()),
+                 "failing_rows": rows[fail].tolist(), "findings": []}
+    together = _alone_vs_together(case, rr)
+    if together:
+        res["alone_vs_together"] = together
+    classes = probe.classes(rr.X, probe.bias)
+    _classify(probe, res, rr, classes, probe_rows)
+    if not fail.any():
+        return res
+    fits = _rules_that_fit(probe, rr)
+    if len(fits) > 1:  # rows on which the rules that fit disagree, run alone: keep the rules that still fit
+        fits, n_disc = _discriminate(probe, fits, rr.X[fail])
+        if n_disc:
+            res["discriminating_rows"] = n_disc
+    res["findings"].append(_rule_finding(res, fits, f"rows {_list(rows[fail].tolist())} (of {case.M}) run alone",
+                                         int(bad.sum())))
+    res["scale"] = _scale_readback(probe, rr.X[fail][:4], rows[fail][:4])
+    for s in [s for s in res["scale"] if s.get("off")][:2]:
+        res["findings"].append({"where": f"row {s['row']} (its amax element alone)", "pattern": s["text"],
+                                "n": int(probe.W.shape[0])})
+    return res
+
+
+def _run_rows_alone(probe: RowProbe, x: np.ndarray) -> _RowsRun:
+    """The case's own call (its M rows) first: which rows fail as the case ran; then at most MAX_OWN_ROWS rows
+    (failing rows first) each run alone and judged."""
+    y_all = np.asarray(probe.run(x, probe.bias), np.float64)
+    _, bad_all = probe.judge(x, y_all, probe.bias, probe.declared)
     fail_all = bad_all.any(axis=1)
     order = list(np.nonzero(fail_all)[0]) + list(np.nonzero(~fail_all)[0])
     rows = np.array(sorted(order[:MAX_OWN_ROWS]), np.int64)
     X = x[rows]
-    Y = np.concatenate([np.asarray(run(X[i:i + 1], bias), np.float64) for i in range(len(X))])
-    exp, bad = judge(X, Y, bias, declared)
-    fail = bad.any(axis=1)
-    res: dict = {"ok": not fail.any(), "rows": rows.tolist(), "n": int(bad.size), "n_bad": int(bad.sum()),
-                 "failing_rows": rows[fail].tolist(), "findings": []}
-    together = fail_all[rows]
-    if not np.array_equal(together, fail):
-        alone_only = rows[fail & ~together].tolist()
-        res["alone_vs_together"] = (
-            f"rows {_list(alone_only)} fail alone (M = 1) but pass in the case's call of M = {case.M} rows"
-            if alone_only else
-            f"rows {_list(rows[together & ~fail].tolist())} fail in the case's call of M = {case.M} rows but pass "
-            "alone (M = 1): the rows are not independent (a scale or state spanning rows)")
-    parts = reference_parts(X, bias)
-    classes = row_classes(case, X, parts.get("x_tie"), parts.get("x_scale"), parts.get("x_zero_point"))
-    all_classes, all_fail = list(classes), list(fail)
+    Y = probe.run_alone(X)
+    exp, bad = probe.judge(X, Y, probe.bias, probe.declared)
+    return _RowsRun(rows, X, Y, exp, bad, bad.any(axis=1), fail_all[rows])
+
+
+def _alone_vs_together(case: Case, rr: _RowsRun) -> "str | None":
+    """Where rows fail alone but not in the case's call, or the other way round (None: the same rows fail)."""
+    if np.array_equal(rr.together, rr.fail):
+        return None
+    alone_only = rr.rows[rr.fail & ~rr.together].tolist()
+    if alone_only:
+        return f"rows {_list(alone_only)} fail alone (M = 1) but pass in the case's call of M = {case.M} rows"
+    return (f"rows {_list(rr.rows[rr.together & ~rr.fail].tolist())} fail in the case's call of M = {case.M} rows "
+            "but pass alone (M = 1): the rows are not independent (a scale or state spanning rows)")
+
+
+def _classify(probe: RowProbe, res: dict, rr: _RowsRun, classes: list, probe_rows: "tuple | None") -> None:
+    """The class table (the case's rows and the exact probe rows: how many of each class fail and pass) into
+    ``res``; where rows fail, the classes every failing row has, ordered by how few passing rows share them."""
+    all_classes, all_fail = list(classes), list(rr.fail)
     if probe_rows is not None and len(probe_rows[0]):
-        pp = reference_parts(probe_rows[0], None)
-        all_classes += row_classes(case, probe_rows[0], pp.get("x_tie"), pp.get("x_scale"), pp.get("x_zero_point"))
+        all_classes += probe.classes(probe_rows[0], None)
         all_fail += list(np.asarray(probe_rows[1]).any(axis=1))
         res["probe_rows_in_table"] = int(len(probe_rows[0]))
     table = {}
@@ -288,12 +361,12 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
             t = table.setdefault(name, [0, 0])
             t[0 if f else 1] += 1
     res["classes"] = [{"class": k, "fail": v[0], "pass": v[1]} for k, v in table.items()]
-    res["row_classes"] = {int(r): c for r, c in zip(rows, classes)}
-    if not fail.any():
-        return res
+    res["row_classes"] = {int(r): c for r, c in zip(rr.rows, classes)}
+    if not rr.fail.any():
+        return
     # the classes every failing row has, and how many passing rows share them
-    common = set(classes[int(np.nonzero(fail)[0][0])])
-    for c, f in zip(classes, fail):
+    common = set(classes[int(np.nonzero(rr.fail)[0][0])])
+    for c, f in zip(classes, rr.fail):
         if f:
             common &= set(c)
     confined = sorted((k for k in common if k != "ordinary row"),
@@ -301,69 +374,69 @@ def analyze_own_rows(case: Case, tensors: dict, declared: Declared, run: Run, ju
     res["failing_classes"] = confined
     res["passing_classes"] = sorted({k for c, f in zip(all_classes, all_fail) if not f for k in c})
     res["passing_without"] = {k: sum(1 for c, f in zip(all_classes, all_fail) if not f and k not in c) for k in confined}
-    # hypotheses: vocabulary values (judged with their own interval) and named bugs (within 1 ulp), on the
-    # failing rows first and as many passing rows as the reference budget allows
-    hyps = hypotheses(case, declared)
+
+
+def _rules_that_fit(probe: RowProbe, rr: _RowsRun) -> list:
+    """(exact matches, -index, name, part, declaration or None) of the rules that explain the rows, best first:
+    vocabulary values (judged with their own interval) and named bugs (within 1 ulp), on the failing rows first
+    and as many passing rows as the reference budget allows."""
+    case, out_dtype = probe.case, probe.out_dtype
+    hyps = hypotheses(case, probe.declared)
     cap = max(2, MAX_HYPOTHESIS_MACS // max(1, case.N * case.K * (len(hyps) + 4)))
-    keep = np.sort(np.r_[np.nonzero(fail)[0], np.nonzero(~fail)[0]][:cap])
-    Xh, Yh, exp_h = X[keep], Y[keep], exp[keep]
+    keep = np.sort(np.r_[np.nonzero(rr.fail)[0], np.nonzero(~rr.fail)[0]][:cap])
+    Xh, Yh, exp_h = rr.X[keep], rr.Y[keep], rr.exp[keep]
     fits = []
     for name, part, d in hyps:
         try:
-            hexp, hbad = judge(Xh, Yh, bias, d)
+            hexp, hbad = probe.judge(Xh, Yh, probe.bias, d)
         except Exception:  # noqa: BLE001 - a declaration the reference cannot evaluate on these rows
             continue
         if hbad.any() or np.array_equal(hexp, exp_h, equal_nan=True):
             continue
         fits.append((int(close(Yh, hexp, out_dtype, 0).sum()), -len(fits), name, part, d))
-    b = 0.0 if bias is None else np.asarray(bias, np.float64)[None, :]
-    for name, part, deq in _custom(case, declared, Xh):
+    b = 0.0 if probe.bias is None else np.asarray(probe.bias, np.float64)[None, :]
+    for name, part, deq in _custom(case, probe.declared, Xh):
         with np.errstate(all="ignore"):
-            hy = np.asarray(round_to_dtype(deq @ W.T + b, out_dtype), np.float64)
+            hy = np.asarray(round_to_dtype(deq @ probe.W.T + b, out_dtype), np.float64)
         if close(Yh, hy, out_dtype, 1).all() and not close(exp_h, hy, out_dtype, 0).all():
             fits.append((int(close(Yh, hy, out_dtype, 0).sum()), -len(fits), name, part, None))
     fits.sort(key=lambda f: f[:2], reverse=True)
-    if len(fits) > 1:  # rows on which the rules that fit disagree, run alone: keep the rules that still fit
-        fits, n_disc = _discriminate(case, declared, run, judge, fits, X[fail], bias, W, out_dtype)
-        if n_disc:
-            res["discriminating_rows"] = n_disc
-    where = f"rows {_list(rows[fail].tolist())} (of {case.M}) run alone"
+    return fits
+
+
+def _rule_finding(res: dict, fits: list, where: str, n_bad: int) -> dict:
+    """The finding of the failing rows: the rule that fits best (its part into ``res``), or none named."""
     cls_txt = _class_text(res)
-    if fits:
-        res["hypothesis"], res["part"] = fits[0][2], fits[0][3]
-        res["candidates"] = [f[2] for f in fits[:4]]
-        pattern = f"{res['part']}: the kernel quantizes as {res['hypothesis']}"
-        if len(fits) > 1:
-            pattern += " (also consistent: " + "; ".join(f[2] for f in fits[1:3]) + ")"
-        res["findings"].append({"where": where, "pattern": pattern + cls_txt, "n": int(bad.sum())})
-    else:
-        res["findings"].append({"where": where, "pattern": "outputs differ; no activation-quantization rule of the "
-                                "vocabulary explains them" + cls_txt, "n": int(bad.sum())})
-    res["scale"] = _scale_readback(case, declared, run, X[fail][:4], rows[fail][:4], W, out_dtype)
-    for s in [s for s in res["scale"] if s.get("off")][:2]:
-        res["findings"].append({"where": f"row {s['row']} (its amax element alone)", "pattern": s["text"],
-                                "n": int(W.shape[0])})
-    return res
+    if not fits:
+        return {"where": where, "pattern": "outputs differ; no activation-quantization rule of the vocabulary "
+                "explains them" + cls_txt, "n": n_bad}
+    res["hypothesis"], res["part"] = fits[0][2], fits[0][3]
+    res["candidates"] = [f[2] for f in fits[:4]]
+    pattern = f"{res['part']}: the kernel quantizes as {res['hypothesis']}"
+    if len(fits) > 1:
+        pattern += " (also consistent: " + "; ".join(f[2] for f in fits[1:3]) + ")"
+    return {"where": where, "pattern": pattern + cls_txt, "n": n_bad}
 
 
-def _predict(case, declared, judge, fit, Xc, bias, W, out_dtype):
+def _predict(probe: RowProbe, fit, Xc):
     """A rule's rounded reference outputs on rows Xc (vocabulary rules: their declaration's reference)."""
     name, d = fit[2], fit[4]
+    W, bias = probe.W, probe.bias
     if d is not None:
-        return judge(Xc, np.zeros((len(Xc), W.shape[0])), bias, d)[0]
+        return probe.judge(Xc, np.zeros((len(Xc), W.shape[0])), bias, d)[0]
     b = 0.0 if bias is None else np.asarray(bias, np.float64)[None, :]
-    deq = dict((n, q) for n, _, q in _custom(case, declared, Xc))[name]
+    deq = dict((n, q) for n, _, q in _custom(probe.case, probe.declared, Xc))[name]
     with np.errstate(all="ignore"):
-        return np.asarray(round_to_dtype(deq @ W.T + b, out_dtype), np.float64)
+        return np.asarray(round_to_dtype(deq @ W.T + b, probe.out_dtype), np.float64)
 
 
-def _fits(case, declared, judge, fit, Xc, Yc, bias, W, out_dtype) -> bool:
+def _fits(probe: RowProbe, fit, Xc, Yc) -> bool:
     if fit[4] is not None:
-        return not judge(Xc, Yc, bias, fit[4])[1].any()
-    return bool(close(Yc, _predict(case, declared, judge, fit, Xc, bias, W, out_dtype), out_dtype, 1).all())
+        return not probe.judge(Xc, Yc, probe.bias, fit[4])[1].any()
+    return bool(close(Yc, _predict(probe, fit, Xc), probe.out_dtype, 1).all())
 
 
-def _discriminate(case, declared, run, judge, fits, Xf, bias, W, out_dtype, n_rows: int = 8, seed: int = 3):
+def _discriminate(probe: RowProbe, fits, Xf, n_rows: int = 8, seed: int = 3):
     """Among the failing rows scaled by factors in [0.5, 2) (rounded to the activation dtype, so the amax, the
     scale and the quotients move), the rows where the fitting rules predict different outputs; each runs alone
     and the rules that no longer fit are dropped. Returns (fits, rows run)."""
@@ -372,12 +445,12 @@ def _discriminate(case, declared, run, judge, fits, Xf, bias, W, out_dtype, n_ro
     cand = []
     for r in Xf[:4]:
         for f in rng.uniform(0.5, 2.0, 48):
-            cand.append(np.asarray(round_to_dtype(r.astype(np.float64) * f, case.act_dtype), np.float32))
+            cand.append(np.asarray(round_to_dtype(r.astype(np.float64) * f, probe.case.act_dtype), np.float32))
     if not cand:
         return fits, 0
     Xc = np.stack(cand)
     try:
-        preds = [_predict(case, declared, judge, f, Xc, bias, W, out_dtype) for f in top]
+        preds = [_predict(probe, f, Xc) for f in top]
     except Exception:  # noqa: BLE001 - a rule the reference cannot evaluate on these rows: keep the fits as they are
         return fits, 0
     with np.errstate(invalid="ignore"):
@@ -387,10 +460,10 @@ def _discriminate(case, declared, run, judge, fits, Xf, bias, W, out_dtype, n_ro
         return fits, 0
     Xd = Xc[pick]
     try:
-        Yd = np.concatenate([np.asarray(run(Xd[i:i + 1], bias), np.float64) for i in range(len(Xd))])
+        Yd = probe.run_alone(Xd)
     except Exception:  # noqa: BLE001 - the kernel refused a row: keep the fits as they are
         return fits, 0
-    kept = [f for f in top if _fits(case, declared, judge, f, Xd, Yd, bias, W, out_dtype)]
+    kept = [f for f in top if _fits(probe, f, Xd, Yd)]
     return (kept + [f for f in fits[6:] if kept] if kept else fits), len(pick)
 
 
@@ -411,14 +484,14 @@ def _list(v, limit: int = 8) -> str:
     return ", ".join(map(str, v[:limit])) + (f", ... ({len(v)} in all)" if len(v) > limit else "")
 
 
-def _scale_readback(case: Case, declared: Declared, run: Run, X: np.ndarray, rows, W: np.ndarray,
-                    out_dtype: str) -> list:
+def _scale_readback(probe: RowProbe, X: np.ndarray, rows) -> list:
     """Symmetric int8 / MXFP4: each failing row's amax element alone (its column and sign) gives outputs
     y[n] = round(D * W[n, k]): the interval of D those outputs leave, against the declared dequantized amax
     and the values other scale rules give (int8: D = 127 * scale)."""
     from emulator.activations import int8 as a8
     from emulator.formats import mxfp4
 
+    case, declared, run, W, out_dtype = probe.case, probe.declared, probe.run, probe.W, probe.out_dtype
     int8 = case.spec.activations == "int8"
     if int8 and not int8_variant(declared, case).symmetric:
         return []

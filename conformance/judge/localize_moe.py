@@ -25,6 +25,7 @@ from backends.base import Case, Declared
 
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.acceptance import declared_interval
+from conformance.judge.localize_moe_mlp import ExpertObservation, name_expert_bug
 
 __all__ = ["localize_moe", "MAX_EXPERTS"]
 
@@ -37,6 +38,11 @@ _W2 = ("w2_qweight", "w2_scales", "w2_qzeros", "w2_g_idx")
 
 def _judge(case: Case, tensors: dict, declared: Declared, X, logits, y, bias=None) -> np.ndarray:
     """Where ``y`` lies outside the declared interval (one declared rounding) of rows X with ``logits``."""
+    return _judged(case, tensors, declared, X, logits, y, bias)[0]
+
+
+def _judged(case: Case, tensors: dict, declared: Declared, X, logits, y, bias=None):
+    """(outside, interval): where ``y`` lies outside the declared interval of rows X with ``logits``, and it."""
     from conformance.judge.verdict import reference_declaration, rounded_interval  # the verdict's own intervals
 
     ref = reference_declaration(case, declared)
@@ -47,7 +53,7 @@ def _judge(case: Case, tensors: dict, declared: Declared, X, logits, y, bias=Non
         nonfinite = ~np.isfinite(iv.y_exact)
         same = (np.isnan(iv.y_exact) & np.isnan(y)) | (np.isinf(iv.y_exact) & (y == iv.y_exact))
         inside = np.where(nonfinite, same, (y >= iv.lo) & (y <= iv.hi))
-    return ~inside
+    return ~inside, iv
 
 
 def _rolled(tensors: dict, names, shift: int) -> dict:
@@ -100,7 +106,7 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
         Le = np.full((len(X), E), -1e4, np.float64)
         Le[:, e] = 0.0
         ye = np.asarray(run(X, bias, Le.astype(np.float32)), np.float64)
-        bad_e = _judge(case, tensors, declared, X, Le, ye, bias)
+        bad_e, iv_e = _judged(case, tensors, declared, X, Le, ye, bias)
         if not bad_e.any():
             experts["passing"].append(e)
             continue
@@ -113,6 +119,14 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
                     break
             except (ValueError, TypeError, KeyError):
                 continue
+        if named is None:  # inside the MLP: its activation, a projection's groups (localize_moe_mlp)
+            from conformance.judge.verdict import reference_declaration
+
+            try:
+                seen = ExpertObservation(e, X, Le, ye, bad_e, iv_e.lo, iv_e.hi)
+                named = name_expert_bug(case, tensors, reference_declaration(case, declared), seen, bias)
+            except (ValueError, TypeError, KeyError):
+                named = None
         if named is None and case.top_k > 1 and np.all(ye[np.isfinite(ye)] == 0):
             named = (f"{_SCATTER}{case.top_k} slots' outputs written, not added (a scatter that overwrites): with the "
                      "expert at weight 1 and the other slots at weight 0, the output is 0, a weight-0 slot's")

@@ -30,6 +30,8 @@ from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
 
+from conformance.judge.localize_layout import layout_hypotheses
+
 __all__ = ["Structure", "structure", "mismatch", "close", "analyze_weights", "where_text"]
 
 #: significand bits (without the hidden one) of the output dtypes
@@ -168,6 +170,19 @@ def _list(v, limit: int = 6) -> str:
     return ", ".join(map(str, v[:limit])) + (f", ... ({len(v)} in all)" if len(v) > limit else "")
 
 
+def _runs(r) -> str:
+    """A set of residues as '{1, 2, 3}', its runs of 8 or more as 'a..b': '{32..127}', '{0, 4..11}'."""
+    r = sorted(int(i) for i in r)
+    parts, i = [], 0
+    while i < len(r):
+        j = i
+        while j + 1 < len(r) and r[j + 1] == r[j] + 1:
+            j += 1
+        parts += [f"{r[i]}..{r[j]}"] if j - i >= 7 else [str(v) for v in r[i:j + 1]]
+        i = j + 1
+    return "{" + ", ".join(parts) + "}"
+
+
 def _residues(idx: np.ndarray, total: int, periods, var: str) -> str:
     """'n with n mod 8 = 7' / 'n with n mod 8 in {1, ..., 6}' when ``idx`` is exactly the indices below ``total``
     with those residues ('' otherwise)."""
@@ -176,8 +191,7 @@ def _residues(idx: np.ndarray, total: int, periods, var: str) -> str:
             continue
         r = np.unique(idx % F)
         if r.size < F and np.array_equal(np.sort(idx), np.nonzero(np.isin(np.arange(total) % F, r))[0]):
-            return f"{var} with {var} mod {F} = {r[0]}" if r.size == 1 else \
-                f"{var} with {var} mod {F} in {{{', '.join(map(str, r))}}}"
+            return f"{var} with {var} mod {F} = {r[0]}" if r.size == 1 else f"{var} with {var} mod {F} in {_runs(r)}"
     return ""
 
 
@@ -217,12 +231,13 @@ def where_text(mask: np.ndarray, st: Structure, ks: np.ndarray, case: Case, neut
     elif tail and np.array_equal(np.sort(cols), np.arange(K - tail, K)):
         col_txt = f"the last K mod {st.group_size} = {tail} columns (the partial last group)"
     else:
-        for F in sorted({st.group_size, st.fields, 8, 4, 2} - {K}):  # the shortest period that says it exactly
+        # the shortest period that says it exactly (within one group, the group size is no period: list the columns)
+        for F in sorted({st.group_size, st.fields, 8, 4, 2} - {K} - ({st.group_size} if groups.size == 1 else set())):
             r = np.unique(cols % F)
             same = np.array_equal(np.sort(cols), np.sort(in_groups[np.isin(in_groups % F, r)]))
             if r.size < F and cols.size >= 2 and K >= 2 * F and same:
                 col_txt = (f"columns k with k mod {F} = {r[0]}" if r.size == 1 else
-                           f"columns k with k mod {F} in {{{', '.join(map(str, r))}}}")
+                           f"columns k with k mod {F} in {_runs(r)}")
                 break
         if not col_txt and cols.size and np.array_equal(np.sort(cols), np.arange(K - cols.size, K)):
             col_txt = f"the last {cols.size} columns"
@@ -377,6 +392,7 @@ def hypotheses(st: Structure, case: Case, offsets=()):
                 Wd = W.copy()
                 Wd[ok] = W[src[ok]]
                 yield (f"output channel n computed with the weights of channel n {'-' if sgn > 0 else '+'} {d}", Wd)
+    yield from layout_hypotheses(st, case)  # scales in the other layout, a wrong group size, field stride
     yield ("read as zero", np.zeros_like(W))
     yield ("sign flipped", -W)
 
@@ -416,7 +432,8 @@ def _offset_candidates(st: Structure, obs_w, exp_w, todo, ks, limit: int = 2) ->
     if not steps.size:
         return []
     u, n = np.unique(np.rint(steps).astype(np.int64), return_counts=True)
-    return [int(c) for c in u[np.argsort(-n)][:limit]]
+    # a code or zero point cannot be off by more than its 2^bits codes: a larger whole offset is another term
+    return [int(c) for c in u[np.argsort(-n)] if abs(c) <= 2 ** st.bits][:limit]
 
 
 def _code_table_hypotheses(st: Structure, obs_w: np.ndarray, todo: np.ndarray) -> list:
@@ -501,6 +518,11 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
     claimed, todo = _claim_greedily(cand, base, obs_w, exp_w, bad, todo,
                                     lambda m, neutral: where_text(m, st, ks, case, neutral), dtype)
     findings += claimed
+    term = _per_channel_term(obs_w, base, todo, dtype) if todo.any() else None
+    if term is not None:  # what no weight bug explains: one amount added per output channel, whatever the column
+        claimed, todo = _claim_greedily([term], base, obs_w, exp_w, bad, todo,  # (a zero weight hides no term)
+                                        lambda m, neutral: where_text(m, st, ks, case), dtype)
+        findings += [dict(f, not_weights=True) for f in claimed]  # for the stage: a term outside the weights
     if todo.any():
         findings.append({"where": where_text(todo, st, ks, case), "n": int(todo.sum()),
                          "pattern": _residual_pattern(obs_w, exp_w, todo, st, ks)})
@@ -508,9 +530,31 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
     return res
 
 
+def _per_channel_term(obs_w, base, todo, dtype: str):
+    """(pattern, outputs): every one-hot output of row n offset by the same c_n (the median over its unexplained
+    elements), or None: a term the kernel adds per output channel, not a weight."""
+    with np.errstate(invalid="ignore"):
+        d = np.where(todo & np.isfinite(obs_w) & np.isfinite(base), obs_w - base, np.nan)
+    rows = np.nonzero(np.isfinite(d).sum(axis=1) >= 2)[0]
+    if not rows.size:
+        return None
+    c = np.zeros(base.shape[0])
+    c[rows] = np.nanmedian(d[rows], axis=1)
+    if not np.any(c):
+        return None
+    vals = np.unique(c[c != 0])
+    shown = ", ".join(f"{v:+.6g}" for v in vals[:4]) + (", ..." if vals.size > 4 else "")
+    with np.errstate(invalid="ignore", over="ignore"):
+        hyp = np.asarray(round_to_dtype(base + c[:, None], dtype), np.float64)
+    return (f"the same amount ({shown}) added to every one-hot output of the row, whatever the input column: "
+            "a term added per output channel, not a weight (a bias, or a zero-point correction azp * sum_k qw[n, k] "
+            "with wrong weight row sums)", hyp)
+
+
 def _claim_greedily(cand, base, obs_w, exp_w, bad, todo, where, dtype):
     """Claim hypotheses one at a time (the one explaining most unexplained elements, among those that explain
-    their place); return (findings, what stays unexplained). ``where(mask, neutral)``: the place text."""
+    their place; on a tie, the one the readback contradicts least: fewest elements it changes that read back
+    right); return (findings, what stays unexplained). ``where(mask, neutral)``: the place text."""
     findings = []
     while todo.any():
         best = None
@@ -521,17 +565,25 @@ def _claim_greedily(cand, base, obs_w, exp_w, bad, todo, where, dtype):
             n = int(m.sum())
             if not n or (best is not None and n < best[1]):
                 continue
-            prec = _place_precision(m, ok, mismatch(hyp, base) & avail)
+            changed = mismatch(hyp, base)
+            prec = _place_precision(m, ok, changed & avail)
+            contra = int((changed & ~ok & ~bad).sum())  # it would change them, the readback shows them right
             if prec >= _MIN_PRECISION and (n >= 2 or n == todo.sum()) and (
-                    best is None or (n, prec) > (best[1], best[3])):
-                best = (name, n, hyp, prec)
+                    best is None or (n, -contra, prec) > (best[1], -best[4], best[3])):
+                best = (name, n, hyp, prec, contra)
         if best is None or best[1] < max(1, _MIN_SHARE * todo.sum()):
             break
-        name, n, hyp, _ = best
+        name, n, hyp, _, contra = best
         m = todo & close(obs_w, hyp, dtype)
-        same = [c[0] for c in cand if c[0] != name and int((todo & close(obs_w, c[1], dtype)).sum()) == n
-                and close(obs_w, c[1], dtype)[m].all() and not _MIN_PRECISION > _place_precision(
-                    m, close(obs_w, c[1], dtype), mismatch(c[1], base) & avail)][:2]
+        same = []
+        for c_name, c_hyp in cand:
+            if c_name == name or len(same) == 2:
+                continue
+            ok = close(obs_w, c_hyp, dtype)
+            changed = mismatch(c_hyp, base)
+            if (int((todo & ok).sum()) == n and ok[m].all() and int((changed & ~ok & ~bad).sum()) <= contra
+                    and _place_precision(m, ok, changed & avail) >= _MIN_PRECISION):
+                same.append(c_name)
         if same:  # this readback cannot tell them apart: name each
             name = f"{name} (equally consistent: {'; '.join(same)})"
         neutral = ~bad & close(obs_w, hyp, dtype) & (exp_w == 0)  # a zero weight hides most bugs

@@ -24,7 +24,8 @@ from emulator.declaration import Declared, declared_weight
 from emulator.numerics.fast_round import round_fast
 from emulator.numerics.sqnr import sqnr_db
 
-from conformance.judge.acceptance import Interval, compare, declared_interval, round_down, round_up, ulp_distance
+from conformance.judge.acceptance import (Interval, compare, declared_interval, one_rounding_bounds, round_down, round_up,
+                                         ulp_distance)
 from conformance.judge.output_grid import off_grid
 
 __all__ = ["Verdict", "PASSING", "BAD", "JUDGED", "Judgement", "judge", "judged_against", "rounded_interval",
@@ -367,17 +368,13 @@ def rounded_interval(iv: Interval, declared: Declared) -> Interval:
     interval from ``declared_interval`` rounds outward ([RD(y - b), RU(y + b)]), which also admits
     the neighbour on the other side of a correctly rounded value: a kernel that truncates while
     declaring round-to-nearest would pass it. Where the declaration adds a stage after the rounding
-    (``bias_stage=after_output_rounding``) or uses another rounding, the interval is kept as is.
+    (``bias_stage=after_output_rounding``) the interval is kept as is: ``declared_interval`` narrowed the
+    rounded output before the bias was added (``acceptance.one_rounding_bounds``); under another rounding too.
     """
     mode = (declared.output_rounding or "rne").lower()
     if mode not in ("rne", "rtz") or iv.bias_after_output_rounding:
         return iv
-    with np.errstate(invalid="ignore", over="ignore"):
-        lo_t = round_fast(np.nextafter(iv.y_exact - iv.bound, -np.inf), iv.out_dtype, mode, as_float64=True)
-        hi_t = round_fast(np.nextafter(iv.y_exact + iv.bound, np.inf), iv.out_dtype, mode, as_float64=True)
-        fin = np.isfinite(iv.y_exact) & np.isfinite(iv.bound)
-        lo = np.where(fin, np.maximum(iv.lo, lo_t), iv.lo)
-        hi = np.where(fin, np.minimum(iv.hi, hi_t), iv.hi)
+    lo, hi = one_rounding_bounds(iv, mode)
     return dataclasses.replace(iv, lo=lo, hi=hi)
 
 

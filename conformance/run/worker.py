@@ -117,32 +117,15 @@ def quantized_problem(out) -> "tuple[dict | None, str | None]":
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", required=True)
-    ap.add_argument("--request-fd", type=int, required=True)
-    ap.add_argument("--reply-fd", type=int, required=True)
-    ap.add_argument("--memory-limit", type=int, default=0, help="bytes; 0: no cap")
-    args = ap.parse_args(argv)
-    # children the kernel starts (exec) do not get the protocol channel
-    for fd in (args.request_fd, args.reply_fd):
-        os.set_inheritable(fd, False)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    _cap_memory(args.memory_limit)
-    requests = os.fdopen(args.request_fd, "r", encoding="utf-8")
-    replies = os.fdopen(args.reply_fd, "w", encoding="utf-8")
-
-    def reply(obj: dict) -> None:
-        replies.write(json.dumps(obj) + "\n")
-        replies.flush()
-
+    args = _parse_args(argv)
+    requests, reply = _open_channel(args)
     sys.stdout = sys.stderr  # Python-level prints go to the log too (fds 1 and 2 are the log already)
     os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("QCONFORM_WORKER_THREADS", "1"))
 
-    from backends.registry import create
-    from emulator.tensorfile import save_tensors
+    from backends.registry import create  # (after OMP_NUM_THREADS: a kernel library reads it on import)
+    from emulator import tensorfile  # noqa: F401 - what the handlers use, loaded before the backend as always
 
-    from conformance.cases.bundle import load_bundle_inputs
-    from conformance.cases.suite import CaseSpec
+    from conformance.cases import bundle, suite  # noqa: F401
 
     backend = create(args.backend)
     for line in requests:
@@ -156,76 +139,127 @@ def main(argv=None) -> int:
             continue
         op = req.get("op")
         try:
-            if op == "hello":
-                av = backend.availability()
-                reply({"ok": True, "available": av.available, "reason": av.reason, "version": av.version,
-                       "device": av.device, "label": backend.label, "covers": backend.covers,
-                       "deterministic": bool(getattr(backend, "deterministic", True))})
-            elif op == "plan":
-                spec = CaseSpec.from_json(req["spec"])
-                if hasattr(backend, "plan_on"):  # a dispatcher judges its choice on the case's own activations
-                    backend.plan_on(load_bundle_inputs(req["bundle"])[0] if "bundle" in req else spec.inputs())
-                sup = backend.can_implement(spec.case)
-                decl = backend.declared(spec.case).to_json() if sup.ok else None
-                reply({"ok": True, "supported": sup.ok, "reason": sup.reason, "declared": decl})
-            elif op == "run":
-                if "bundle" in req:
-                    inp, _meta = load_bundle_inputs(req["bundle"])
-                    if "inputs_sha256" in req:  # the runner judges against the inputs it hashed: same bytes only
-                        from conformance.run.refcache import inputs_digest
-
-                        if inputs_digest(inp) != req["inputs_sha256"]:
-                            raise RuntimeError(f"{req['bundle']}: inputs differ from the ones the runner judges "
-                                               "against (sha256 mismatch); not run")
-                else:
-                    inp = CaseSpec.from_json(req["spec"]).inputs()
-                t0 = time.perf_counter()
-                prepared = backend.prepare(inp.case, inp.tensors)
-                t1 = time.perf_counter()
-                if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
-                    q, problem = quantized_problem(backend.quantize(prepared, inp.x))
-                    t2 = time.perf_counter()
-                    if problem:
-                        reply({"ok": False, "kind": "malformed", "error": problem})
-                        continue
-                    save_tensors(req["out"], {"q." + k: v for k, v in q.items()},
-                                 metadata={"quantized": "1"})
-                    reply({"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1})
-                    continue
-                y = backend.run(prepared, inp.x, bias=inp.bias, router_logits=inp.router_logits)
-                t2 = time.perf_counter()
-                y, problem = output_problem(y)
-                if problem:
-                    reply({"ok": False, "kind": "malformed", "error": problem})
-                    continue
-                save_tensors(req["out"], {"y": y})
-                reply({"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1})
-            elif op == "localize":  # docs/conformance.md#failure-localization: probes on the case's own weights
-                from backends.base import Declared
-
-                from conformance.judge.localize import localize, to_json
-
-                inp = load_bundle_inputs(req["bundle"])[0] if "bundle" in req else CaseSpec.from_json(req["spec"]).inputs()
-                prepared = backend.prepare(inp.case, inp.tensors)
-
-                def probe(x, bias, _p=prepared, router_logits=None):
-                    y, problem = output_problem(backend.run(_p, x, bias=bias, router_logits=router_logits))
-                    if problem:
-                        raise ValueError(problem)
-                    return y
-
-                loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias, x=inp.x,
-                               router_logits=inp.router_logits)
-                reply({"ok": True, "localization": to_json(loc)})
-            elif op == "exit":
+            if op == "exit":
                 reply({"ok": True})
                 return 0
-            else:
-                reply({"ok": False, "kind": "protocol", "error": f"unknown op {op!r}"})
+            handler = _OPS.get(op)
+            reply(handler(backend, req) if handler else {"ok": False, "kind": "protocol", "error": f"unknown op {op!r}"})
         except Exception as e:  # the backend's own failure (MemoryError under the cap too): report it, keep serving
             reply({"ok": False, "kind": "error", "error": f"{type(e).__name__}: {e}"[:2000],
                    "traceback": traceback.format_exc(limit=6)[-4000:]})
     return 0
+
+
+def _parse_args(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", required=True)
+    ap.add_argument("--request-fd", type=int, required=True)
+    ap.add_argument("--reply-fd", type=int, required=True)
+    ap.add_argument("--memory-limit", type=int, default=0, help="bytes; 0: no cap")
+    return ap.parse_args(argv)
+
+
+def _open_channel(args: argparse.Namespace):
+    """(the request lines, reply(obj)): the protocol channel on its own fds, kept from the kernel's children;
+    the parent watched and the memory capped first."""
+    # children the kernel starts (exec) do not get the protocol channel
+    for fd in (args.request_fd, args.reply_fd):
+        os.set_inheritable(fd, False)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    _cap_memory(args.memory_limit)
+    requests = os.fdopen(args.request_fd, "r", encoding="utf-8")
+    replies = os.fdopen(args.reply_fd, "w", encoding="utf-8")
+
+    def reply(obj: dict) -> None:
+        replies.write(json.dumps(obj) + "\n")
+        replies.flush()
+
+    return requests, reply
+
+
+def _hello(backend, req: dict) -> dict:
+    av = backend.availability()
+    return {"ok": True, "available": av.available, "reason": av.reason, "version": av.version,
+            "device": av.device, "label": backend.label, "covers": backend.covers,
+            "deterministic": bool(getattr(backend, "deterministic", True))}
+
+
+def _plan(backend, req: dict) -> dict:
+    from conformance.cases.bundle import load_bundle_inputs
+    from conformance.cases.suite import CaseSpec
+
+    spec = CaseSpec.from_json(req["spec"])
+    if hasattr(backend, "plan_on"):  # a dispatcher judges its choice on the case's own activations
+        backend.plan_on(load_bundle_inputs(req["bundle"])[0] if "bundle" in req else spec.inputs())
+    sup = backend.can_implement(spec.case)
+    decl = backend.declared(spec.case).to_json() if sup.ok else None
+    return {"ok": True, "supported": sup.ok, "reason": sup.reason, "declared": decl}
+
+
+def _request_inputs(req: dict):
+    """The case's inputs: from the request's bundle (its "inputs_sha256", where given, checked) or its spec."""
+    from conformance.cases.bundle import load_bundle_inputs
+    from conformance.cases.suite import CaseSpec
+
+    if "bundle" not in req:
+        return CaseSpec.from_json(req["spec"]).inputs()
+    inp, _meta = load_bundle_inputs(req["bundle"])
+    if "inputs_sha256" in req:  # the runner judges against the inputs it hashed: same bytes only
+        from conformance.run.refcache import inputs_digest
+
+        if inputs_digest(inp) != req["inputs_sha256"]:
+            raise RuntimeError(f"{req['bundle']}: inputs differ from the ones the runner judges "
+                               "against (sha256 mismatch); not run")
+    return inp
+
+
+def _run(backend, req: dict) -> dict:
+    from emulator.tensorfile import save_tensors
+
+    inp = _request_inputs(req)
+    t0 = time.perf_counter()
+    prepared = backend.prepare(inp.case, inp.tensors)
+    t1 = time.perf_counter()
+    if inp.case.spec.quantize_only:  # docs/conformance.md#quantize-only-cases
+        q, problem = quantized_problem(backend.quantize(prepared, inp.x))
+        t2 = time.perf_counter()
+        if problem:
+            return {"ok": False, "kind": "malformed", "error": problem}
+        save_tensors(req["out"], {"q." + k: v for k, v in q.items()}, metadata={"quantized": "1"})
+        return {"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1}
+    y = backend.run(prepared, inp.x, bias=inp.bias, router_logits=inp.router_logits)
+    t2 = time.perf_counter()
+    y, problem = output_problem(y)
+    if problem:
+        return {"ok": False, "kind": "malformed", "error": problem}
+    save_tensors(req["out"], {"y": y})
+    return {"ok": True, "prepare_s": t1 - t0, "run_s": t2 - t1}
+
+
+def _localize(backend, req: dict) -> dict:
+    """docs/conformance.md#failure-localization: probes on the case's own weights."""
+    from backends.base import Declared
+
+    from conformance.cases.bundle import load_bundle_inputs
+    from conformance.cases.suite import CaseSpec
+    from conformance.judge.localize import localize, to_json
+
+    inp = load_bundle_inputs(req["bundle"])[0] if "bundle" in req else CaseSpec.from_json(req["spec"]).inputs()
+    prepared = backend.prepare(inp.case, inp.tensors)
+
+    def probe(x, bias, _p=prepared, router_logits=None):
+        y, problem = output_problem(backend.run(_p, x, bias=bias, router_logits=router_logits))
+        if problem:
+            raise ValueError(problem)
+        return y
+
+    loc = localize(inp.case, inp.tensors, Declared(**req["declared"]), probe, inp.bias, x=inp.x,
+                   router_logits=inp.router_logits)
+    return {"ok": True, "localization": to_json(loc)}
+
+
+#: the request ops besides "exit": op -> handler(backend, request) -> reply
+_OPS = {"hello": _hello, "plan": _plan, "run": _run, "localize": _localize}
 
 
 if __name__ == "__main__":

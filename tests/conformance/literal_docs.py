@@ -18,8 +18,10 @@ EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 
 
 #: (significand bits p, smallest normal exponent, largest finite value) of each dtype (IEEE 754 binary32/16; bfloat16)
+#: tfloat32: float32's exponent range with float16's 11 significant bits (docs/variants.md#declared-fields)
 FORMATS = {"float32": (24, -126, float(np.finfo(np.float32).max)), "float16": (11, -14, 65504.0),
-           "bfloat16": (8, -126, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))}
+           "bfloat16": (8, -126, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)),
+           "tfloat32": (11, -126, (2 - 2.0 ** -10) * 2.0 ** 127)}
 
 
 def fl(a, dtype: str) -> np.ndarray:

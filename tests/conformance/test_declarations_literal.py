@@ -1,24 +1,24 @@
 """Kernels written literally from the docs' sentence of each weight, GEMM and epilogue value (issue 21 item 5).
 
 Each kernel is torch code written from one row of docs/variants.md#declared-fields or
-docs/formats/gptq.md (zero-point readings, orders, scale dtypes), reading a hand-packed GPTQ checkpoint
-by docs/formats/gptq.md#packing: not from the emulator's code. It must pass the acceptance judge when it
-declares that value, and fail when it declares the canonical value (on inputs chosen so the two differ).
-The weight-formation values have their own file (test_declarations_weight_formation.py); the activation
-quantizers' values are checked against the libraries they are named after
-(tests/emulator/test_reference_libraries.py, test_quantize_cli.py).
+docs/formats/gptq.md (zero-point readings, orders, scale dtypes, the float zero point), reading a hand-packed
+GPTQ v1 checkpoint by docs/formats/gptq.md#packing: not from the emulator's code. A kernel is a function of the
+case's inputs (``kernel(inp) -> y``); the registry of test_literal_docs_weights.py names the value each one
+implements and judges it there (it must pass under that value and fail under a mis-declaration). The
+weight-formation kernels are in test_declarations_weight_formation.py, the W4A8 products in
+test_declarations_w4a8_product.py, the W8A8 epilogues in test_literal_docs_int8.py.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-import pytest
 import torch
 
-from backends.base import Case, Declared
-from conformance.judge.acceptance import compare, declared_interval
+from backends.base import Case
 from conformance.cases.inputs import CaseInputs
-from conformance.run.runner import rounded_interval
+from test_declarations_weight_formation import unpack_fields
 
 M, N, K, G = 4, 16, 128, 32
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -33,9 +33,10 @@ def _pack(fields: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(words.view(np.int32), 0, axis)
 
 
-@pytest.fixture(scope="module")
-def ckpt():
-    """A GPTQ v1 asymmetric 4-bit checkpoint with every qzeros field value 0..15 (0xF reads as 16)."""
+@functools.lru_cache(maxsize=1)
+def gptq_v1_checkpoint():
+    """(q [N, K], qzeros fields [K/G, N], scales, tensors): a GPTQ v1 asymmetric 4-bit checkpoint with every
+    qzeros field value 0..15 (0xF reads as 16) and float16 scales."""
     rng = np.random.default_rng(7)
     q = rng.integers(0, 16, (N, K))
     fields = rng.permutation(np.resize(np.arange(16), (K // G, N)).ravel()).reshape(K // G, N)
@@ -45,13 +46,24 @@ def ckpt():
     return q, fields, s, t
 
 
-def _inputs(t, act="bfloat16", out=None, bias=False, seed=0):
+@functools.lru_cache(maxsize=None)
+def gptq_v1_inputs(act="bfloat16", out=None, bias=False, seed=0) -> CaseInputs:
+    """The checkpoint as a W4A16 case: activations (and bias) drawn in float32 and rounded to ``act``."""
+    t = gptq_v1_checkpoint()[3]
     case = Case("w4a16", "gptq", M, N, K, group_size=G, sym=False, zero_convention="v1", act_dtype=act,
                 out_dtype=out, bias=bias)
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(TORCH[act]).float().numpy()
     b = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(TORCH[act]).float().numpy() if bias else None
     return CaseInputs(case, seed, t, x, b)
+
+
+def gptq_v1_fields(inp):
+    """(q [N, K], qzeros fields [K/G, N], scales [K/G, N] float32) read from the packed tensors (docs/formats/gptq.md)."""
+    t = inp.tensors
+    q = unpack_fields(torch.from_numpy(np.asarray(t["qweight"]).astype(np.int64)), 4, 0).T.numpy()
+    fields = unpack_fields(torch.from_numpy(np.asarray(t["qzeros"]).astype(np.int64)), 4, 1).numpy()
+    return q, fields, np.asarray(t["scales"]).astype(np.float32)
 
 
 def _weights(q, z, s, scale_dtype=None) -> torch.Tensor:
@@ -64,126 +76,116 @@ def _weights(q, z, s, scale_dtype=None) -> torch.Tensor:
 
 
 def _gemm(inp, w: torch.Tensor, out_dtype=None) -> np.ndarray:
+    """float32 products and sums, one RNE rounding to ``out_dtype`` (default: the case's output dtype)."""
     y = torch.from_numpy(inp.x) @ w.T
+    if inp.bias is not None:
+        y = y + torch.from_numpy(inp.bias)
     return y.to(TORCH[out_dtype or inp.case.output_dtype]).float().numpy()
 
 
-def _judge(inp, y, **decl) -> bool:
-    """The judge's verdict on y: inside the declared interval narrowed to one rounding (conformance/run/runner.py)."""
-    d = Declared(variants=decl.pop("variants", {}), **decl)
-    return compare(y, rounded_interval(declared_interval(inp, d), d)).ok
+def canonical_weights(inp) -> torch.Tensor:
+    """The v1 reading 'z = field + 1' (docs/formats/gptq.md#zero-points-zeroconvention), (q - z) * s in float32."""
+    q, fields, s = gptq_v1_fields(inp)
+    return _weights(q, fields + 1, s)
 
 
-def _canonical_w(ckpt):
-    q, fields, s, _ = ckpt
-    return _weights(q, fields + 1, s)  # v1: z = field + 1
+def canonical_kernel(inp) -> np.ndarray:
+    """The checkpoint's own semantics: float32 weights, float32 products and sums, one RNE rounding."""
+    return _gemm(inp, canonical_weights(inp))
 
 
 # -- zero-point readings (docs/formats/gptq.md#reading-v1-zero-points-gptqzeroread) ---------------------------
-@pytest.mark.parametrize("value", ["v1_packed_add", "v1_wrap", "ignore_qzeros", "v1_literal"])
-def test_zero_read_kernels(ckpt, value):
-    q, fields, s, t = ckpt
-    if value == "v1_literal":  # 'field (a v1 checkpoint read as if it were v2: no +1)'
-        z = fields
-    elif value == "v1_wrap":  # '(field + 1) & maxq: 0xF reads as 0, no carry'
-        z = (fields + 1) & 0xF
-    elif value == "ignore_qzeros":  # '2^(b-1) for every group; qzeros is not read'
-        z = np.full_like(fields, 8)
-    else:  # 'add 0x11111111 to each int32 word (mod 2^32), then read fields literally' (carries included)
-        words = (t["qzeros"].view(np.uint32).astype(np.uint64) + 0x11111111) % 2 ** 32
-        z = np.stack([(words >> (4 * i)) & 0xF for i in range(8)], axis=2).reshape(fields.shape).astype(np.int64)
-    inp = _inputs(t, out="float32")
-    y = _gemm(inp, _weights(q, z, s))
-    assert _judge(inp, y, variants={"zero_read": value}, output="float32")
-    assert not _judge(inp, y, output="float32")
-    assert _judge(inp, _gemm(inp, _canonical_w(ckpt)), output="float32")
+def zero_read_kernel(value: str):
+    def kernel(inp):
+        q, fields, s = gptq_v1_fields(inp)
+        if value == "canonical":  # 'V1: field + 1'
+            z = fields + 1
+        elif value == "v1_literal":  # 'field (a v1 checkpoint read as if it were v2: no +1)'
+            z = fields
+        elif value == "v1_wrap":  # '(field + 1) & maxq: 0xF reads as 0, no carry'
+            z = (fields + 1) & 0xF
+        elif value == "ignore_qzeros":  # '2^(b-1) for every group; qzeros is not read'
+            z = np.full_like(fields, 8)
+        else:  # 'add 0x11111111 to each int32 word (mod 2^32), then read fields literally' (carries included)
+            words = (np.asarray(inp.tensors["qzeros"]).view(np.uint32).astype(np.uint64) + 0x11111111) % 2 ** 32
+            z = np.stack([(words >> (4 * i)) & 0xF for i in range(8)], axis=2).reshape(fields.shape).astype(np.int64)
+        return _gemm(inp, _weights(q, z, s))
+    kernel.__name__ = f"zero_read_{value}"
+    return kernel
 
 
 # -- scale dtype and the float zero point (docs/formats/gptq.md#dequantization) ----------------------------------
-def test_weight_scale_dtype_kernel(ckpt):
-    """'the scales are first rounded (RNE) to this dtype': fp16 checkpoint scales loaded into bf16."""
-    q, fields, s, t = ckpt
-    inp = _inputs(t, out="float32")
-    y = _gemm(inp, _weights(q, fields + 1, s, scale_dtype="bfloat16"))
-    assert _judge(inp, y, variants={"weight_scale_dtype": "bfloat16"}, output="float32")
-    assert not _judge(inp, y, output="float32")
+def scale_bf16_kernel(inp):
+    """'the scales are first rounded (RNE) to this dtype': the float16 checkpoint scales loaded into bf16."""
+    q, fields, s = gptq_v1_fields(inp)
+    return _gemm(inp, _weights(q, fields + 1, s, scale_dtype="bfloat16"))
 
 
-@pytest.mark.parametrize("zdt", ["bfloat16", "float16"])
-def test_float_zero_kernel(ckpt, zdt):
-    """'zero = RNE_Z((m - z) * s_C), w = round_C((q - m) * s_C + zero)' with C = float32, Z = bfloat16 (torch's
-    CPU int4pack path: an fp32 FMA with a bf16 zero point) or float16."""
-    q, fields, s, t = ckpt
-    z = np.repeat(fields + 1, G, axis=0).T.astype(np.float32)
-    sk = np.repeat(s.astype(np.float32), G, axis=0).T
-    zero = torch.from_numpy((8 - z) * sk).to(TORCH[zdt]).double()  # the exact product (fp32: exact), rounded once
-    w = ((torch.from_numpy(q.astype(np.float64)) - 8) * torch.from_numpy(sk).double() + zero).float()  # one rounding
-    inp = _inputs(t, out="float32")
-    y = _gemm(inp, w)
-    v = {"dequant_order": "float_zero", "zero_dtype": zdt}
-    assert _judge(inp, y, variants=v, weight_dtype="float32", output="float32")
-    assert not _judge(inp, y, output="float32")
+def float_zero_kernel(zdt: str):
+    """'zero = RNE_Z((m - z) * s_C), w = round_C((q - m) * s_C + zero)' with C = float32, Z = ``zdt`` (bfloat16:
+    torch's CPU int4pack path, an fp32 FMA with a bf16 zero point)."""
+    def kernel(inp):
+        q, fields, s = gptq_v1_fields(inp)
+        z = np.repeat(fields + 1, G, axis=0).T.astype(np.float32)
+        sk = np.repeat(s, G, axis=0).T
+        zero = torch.from_numpy((8 - z) * sk).to(TORCH[zdt]).double()  # the exact product (fp32: exact), rounded once
+        w = ((torch.from_numpy(q.astype(np.float64)) - 8) * torch.from_numpy(sk).double() + zero).float()  # one rounding
+        return _gemm(inp, w)
+    kernel.__name__ = f"float_zero_z_{zdt}"
+    return kernel
 
 
 # -- GEMM and epilogue fields (docs/variants.md#declared-fields) ---------------------------------------------------
-@pytest.mark.parametrize("adt", ["bfloat16", "float16"])
-def test_act_compute_dtype_kernel(ckpt, adt):
-    """'rounds each activation (RNE) to that dtype before the product' (float32 activations)."""
-    _, _, _, t = ckpt
-    inp = _inputs(t, act="float32")
-    w = _canonical_w(ckpt)
-    y = (torch.from_numpy(inp.x).to(TORCH[adt]).float() @ w.T).numpy()
-    assert _judge(inp, y, act_compute_dtype=adt, output="float32")
-    assert not _judge(inp, y, output="float32")
+def act_compute_kernel(adt: str):
+    """'rounds each activation (RNE) to that dtype before the product'."""
+    def kernel(inp):
+        y = torch.from_numpy(inp.x).to(TORCH[adt]).float() @ canonical_weights(inp).T
+        return y.to(TORCH[inp.case.output_dtype]).float().numpy()
+    kernel.__name__ = f"act_compute_{adt}"
+    return kernel
 
 
-@pytest.mark.parametrize("acc_dt", ["bfloat16", "float16"])
-def test_accumulate_16bit_kernel(ckpt, acc_dt):
-    """'sums in that dtype, any order': a 16-bit accumulator, products added one at a time."""
-    _, _, _, t = ckpt
-    inp = _inputs(t, out="float32")
-    w = _canonical_w(ckpt)
-    x = torch.from_numpy(inp.x)
-    acc = torch.zeros(M, N, dtype=TORCH[acc_dt])
-    for k in torch.randperm(K, generator=torch.Generator().manual_seed(0)).tolist():
-        acc = (acc.float() + (x[:, k:k + 1] * w[:, k][None, :]).to(TORCH[acc_dt]).float()).to(TORCH[acc_dt])
-    y = acc.float().numpy()
-    assert _judge(inp, y, accumulate=acc_dt, output="float32")
-    assert not _judge(inp, y, accumulate="float32", output="float32")
+def accumulate_16bit_kernel(acc_dt: str):
+    """'sums in that dtype, any order': a 16-bit accumulator, each product rounded to it and added one at a time."""
+    def kernel(inp):
+        w = canonical_weights(inp)
+        x = torch.from_numpy(inp.x)
+        acc = torch.zeros(x.shape[0], w.shape[0], dtype=TORCH[acc_dt])
+        for k in torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0)).tolist():
+            acc = (acc.float() + (x[:, k:k + 1] * w[:, k][None, :]).to(TORCH[acc_dt]).float()).to(TORCH[acc_dt])
+        return acc.float().to(TORCH[inp.case.output_dtype]).float().numpy()
+    kernel.__name__ = f"accumulate_{acc_dt}"
+    return kernel
 
 
-def test_output_rounding_rtz_kernel(ckpt):
-    """'rounds it toward zero (drops the low bits)': fp32 accumulator truncated to bf16."""
-    _, _, _, t = ckpt
-    inp = _inputs(t)
-    acc = torch.from_numpy(inp.x) @ _canonical_w(ckpt).T
-    y = (acc.view(torch.int32) & ~0xFFFF).view(torch.float32).numpy()
-    assert _judge(inp, y, output="bfloat16", output_rounding="rtz")
-    assert not _judge(inp, y, output="bfloat16")
+def output_rtz_kernel(inp):
+    """'rounds it toward zero (drops the low bits)': the fp32 accumulator truncated to bf16."""
+    acc = torch.from_numpy(inp.x) @ canonical_weights(inp).T
+    return (acc.view(torch.int32) & ~0xFFFF).view(torch.float32).numpy()
 
 
-def test_output_float32_kernel(ckpt):
-    """'returns that dtype': a bf16 case whose kernel returns its float32 accumulator."""
-    _, _, _, t = ckpt
-    inp = _inputs(t)
-    y = (torch.from_numpy(inp.x) @ _canonical_w(ckpt).T).numpy()
-    assert _judge(inp, y, output="float32")
-    # declared bfloat16, the same float32 values: off the bf16 grid, so no bf16 kernel returns them; the judge
-    # compares values with the interval only (the runner converts every output to float32), and one whose
-    # interval spans two bf16 values would take an off-grid value between them (reported: issue 21 notes)
-    assert not np.array_equal(y, torch.from_numpy(y).to(torch.bfloat16).float().numpy())
-    assert _judge(inp, torch.from_numpy(y).to(torch.bfloat16).float().numpy(), output="bfloat16")
+def output_dtype_kernel(dtype: str):
+    """'returns that dtype': the float32 accumulator rounded (RNE) to ``dtype``, whatever the case's dtype."""
+    def kernel(inp):
+        return _gemm(inp, canonical_weights(inp), out_dtype=dtype)
+    kernel.__name__ = f"output_{dtype}"
+    return kernel
 
 
-def test_bias_after_output_rounding_kernel(ckpt):
-    """docs/formats/activations.md#declared-stages-and-their-acceptance-bounds: the bias added to the output
-    already rounded to the output dtype, by a bf16 add."""
-    _, _, _, t = ckpt
-    ok = fails = 0
-    for seed in range(4):
-        inp = _inputs(t, bias=True, seed=seed)
-        acc = torch.from_numpy(inp.x) @ _canonical_w(ckpt).T
-        y = (acc.to(torch.bfloat16) + torch.from_numpy(inp.bias).to(torch.bfloat16)).float().numpy()
-        ok += _judge(inp, y, variants={"bias_stage": "after_output_rounding"}, output="bfloat16")
-        fails += not _judge(inp, y, output="bfloat16")
-    assert ok == 4 and fails >= 1
+def bias_after_output_rounding_kernel(inp):
+    """docs/formats/activations.md#declared-stages-and-their-acceptance-bounds: the kernel rounds its accumulator
+    to the output dtype; the bias is added to that rounded output by a 16-bit add in the output dtype."""
+    T = TORCH[inp.case.output_dtype]
+    acc = torch.from_numpy(inp.x) @ canonical_weights(inp).T
+    return (acc.to(T) + torch.from_numpy(inp.bias).to(T)).float().numpy()
+
+
+def test_hand_packed_checkpoint_reads_back():
+    """The packer and the reader follow docs/formats/gptq.md#packing the same way: fields read back unchanged,
+    and the fixture holds every 4-bit qzeros field (0xF included, the value the v1 readings part on)."""
+    q, fields, s, _ = gptq_v1_checkpoint()
+    q2, f2, s2 = gptq_v1_fields(gptq_v1_inputs())
+    assert np.array_equal(q2, q) and np.array_equal(f2, fields) and np.array_equal(s2, s.astype(np.float32))
+    assert set(np.unique(fields)) == set(range(16))
+    # a hand-checked word: fields 1, 2, ..., 8 (low nibble first) are 0x87654321
+    assert _pack(np.arange(1, 9)[:, None], 0)[0, 0] == np.int32(0x87654321 - 2 ** 32)

@@ -80,7 +80,7 @@ def _ok(inp, y, product) -> bool:
     return compare(y, rounded_interval(declared_interval(inp, d), d)).ok
 
 
-def _inputs(scale_dtype, seed=0):
+def w4a8_inputs(scale_dtype, seed=0):
     case = Case("w4a8", "ct-pack-quantized", 8, 64, 256, group_size=32, sym=True, act_dtype="float32",
                 out_dtype="float32", scale_dtype=scale_dtype)
     return make_inputs(case, seed)
@@ -88,7 +88,7 @@ def _inputs(scale_dtype, seed=0):
 
 @pytest.mark.parametrize("right", PRODUCTS)
 def test_each_product_passes_with_its_value_and_fails_with_the_other(right):
-    inp = _inputs("float32")
+    inp = w4a8_inputs("float32")
     y = KERNELS[right](inp)
     other = next(p for p in PRODUCTS if p != right)
     assert not np.array_equal(y, KERNELS[other](inp)), "the fixture must separate the two products"
@@ -98,7 +98,7 @@ def test_each_product_passes_with_its_value_and_fails_with_the_other(right):
 
 def test_canonical_declaration_is_group_int():
     """A kernel declaring nothing is judged by the docs' formula (group_int), not by float32 weights."""
-    inp = _inputs("float32")
+    inp = w4a8_inputs("float32")
     d = Declared(variants={}, weight_dtype="exact", accumulate="float64", output="float32")
     iv = rounded_interval(declared_interval(inp, d), d)
     assert compare(group_int(inp), iv).ok
@@ -107,7 +107,7 @@ def test_canonical_declaration_is_group_int():
 
 def test_float16_scales_make_the_products_coincide():
     """(q - z) * sw with a float16 scale has at most 4 + 11 significant bits: exact in float32."""
-    inp = _inputs("float16")
+    inp = w4a8_inputs("float16")
     for name, kernel in KERNELS.items():
         y = kernel(inp)
         assert all(_ok(inp, y, p) for p in PRODUCTS), name

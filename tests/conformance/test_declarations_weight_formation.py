@@ -33,7 +33,7 @@ def _t(a) -> torch.Tensor:
     return torch.from_numpy(a.astype(np.int64))
 
 
-def _unpack(packed: torch.Tensor, bits: int, axis: int) -> torch.Tensor:
+def unpack_fields(packed: torch.Tensor, bits: int, axis: int) -> torch.Tensor:
     """docs/formats/gptq.md#packing: element F*j + i along ``axis`` is bits [b*i, b*(i+1)) of word j."""
     f = 32 // bits
     words = packed & 0xFFFFFFFF  # the int32's bits, non-negative in int64
@@ -43,23 +43,23 @@ def _unpack(packed: torch.Tensor, bits: int, axis: int) -> torch.Tensor:
     return fields.reshape(shape)
 
 
-def _gptq_qzs(inp):
+def gptq_qzs(inp):
     """(q [N, K], z [N, K], s [N, K] float32) of a GPTQ v2 checkpoint (z = field, docs/formats/gptq.md)."""
     case, t = inp.case, inp.tensors
-    q = _unpack(_t(t["qweight"]), case.bits, 0).T  # [K, N] -> [N, K]
+    q = unpack_fields(_t(t["qweight"]), case.bits, 0).T  # [K, N] -> [N, K]
     g = torch.arange(case.K) // case.group
-    z = _unpack(_t(t["qzeros"]), case.bits, 1)[g].T  # [G, N] -> per column k
+    z = unpack_fields(_t(t["qzeros"]), case.bits, 1)[g].T  # [G, N] -> per column k
     s = _t(t["scales"])[g].T
     assert case.zero_convention == "v2"
     return q, z, s
 
 
-def _ct_int_qs(inp):
+def ct_int_qs(inp):
     t = inp.tensors
     return _t(t["weight"]), torch.zeros(1, dtype=torch.int64), _t(t["weight_scale"])  # s [N, 1] broadcasts
 
 
-def _ct_dequantize(t, dtype):
+def ct_dequantize(t, dtype):
     """compressed-tensors' ``dequantize`` of an int8 weight with one scale per row (lifecycle/forward.py), as one
     group of K: its group path casts the result ``.to(dtype)`` (0.20's channel path returns the scale's dtype)."""
     from compressed_tensors.quantization import QuantizationArgs
@@ -71,7 +71,7 @@ def _ct_dequantize(t, dtype):
                       args=args, dtype=dtype)
 
 
-def _run(inp, w: torch.Tensor) -> np.ndarray:
+def run_float32(inp, w: torch.Tensor) -> np.ndarray:
     """float32 products and sums, one RNE rounding to the output dtype (the kernel's GEMM)."""
     x = torch.from_numpy(np.asarray(inp.x, np.float32))
     y = x @ w.to(torch.float32).T
@@ -108,7 +108,7 @@ def _check(inp, w_kernel, T, right, **variants):
     wk = w_kernel.to(torch.float32).numpy()
     d = _declared(T, right, **variants)
     assert np.array_equal(declared_weight(inp.case, inp.tensors, d), wk, equal_nan=True)
-    assert compare(_run(inp, w_kernel), rounded_interval(declared_interval(inp, d), d)).ok
+    assert compare(run_float32(inp, w_kernel), rounded_interval(declared_interval(inp, d), d)).ok
     separated = 0
     for other in FORMATIONS:
         if other == right:
@@ -117,7 +117,7 @@ def _check(inp, w_kernel, T, right, **variants):
         if np.array_equal(declared_weight(inp.case, inp.tensors, od), wk):
             continue  # this input does not separate the two
         separated += 1
-        assert not compare(_run(inp, w_kernel), rounded_interval(declared_interval(inp, od), od)).ok, other
+        assert not compare(run_float32(inp, w_kernel), rounded_interval(declared_interval(inp, od), od)).ok, other
     return separated
 
 
@@ -139,19 +139,19 @@ def gptq_asym():
 
 def test_fp32_dequant_rounded_once_to_bf16_is_declarable(ct_int_fp16):
     """The issue's kernel: dequantize exactly in fp32 (float16 scales: exact), round each weight once to bf16."""
-    q, z, s = _ct_int_qs(ct_int_fp16)
+    q, z, s = ct_int_qs(ct_int_fp16)
     w = float32_then_round(q, z, s, "bfloat16")
     assert _check(ct_int_fp16, w, "bfloat16", "float32_then_round") == 2
 
 
 def test_bf16_arithmetic_with_the_scale_cast_to_bf16_is_declarable(ct_int_fp16):
-    q, z, s = _ct_int_qs(ct_int_fp16)
+    q, z, s = ct_int_qs(ct_int_fp16)
     assert _check(ct_int_fp16, in_weight_dtype(q, z, s, "bfloat16"), "bfloat16", "in_weight_dtype") == 2
 
 
 def test_compressed_tensors_dequantize_is_in_scale_dtype(ct_int_fp16):
     """compressed-tensors' own ``dequantize`` (arithmetic in the float16 scale's dtype, then ``.to(bf16)``)."""
-    w = _ct_dequantize(ct_int_fp16.tensors, torch.bfloat16)
+    w = ct_dequantize(ct_int_fp16.tensors, torch.bfloat16)
     assert w.dtype == torch.bfloat16
     assert _check(ct_int_fp16, w, "bfloat16", "in_scale_dtype") == 2
 
@@ -161,10 +161,10 @@ def test_compressed_tensors_dequantize_with_float32_scales_is_float32_then_round
                 scale_dtype="float32")
     inp = make_inputs(case, 2)
     t = inp.tensors
-    w = _ct_dequantize(t, torch.bfloat16)
+    w = ct_dequantize(t, torch.bfloat16)
     d = _declared("bfloat16", "float32_then_round")
     assert np.array_equal(declared_weight(case, t, d), w.float().numpy())
-    assert compare(_run(inp, w), rounded_interval(declared_interval(inp, d), d)).ok
+    assert compare(run_float32(inp, w), rounded_interval(declared_interval(inp, d), d)).ok
     # float32 scales: arithmetic in the scale's dtype is float32 arithmetic, the same weights
     assert np.array_equal(declared_weight(case, t, _declared("bfloat16", "in_scale_dtype")), w.float().numpy())
 
@@ -173,7 +173,7 @@ def test_compressed_tensors_dequantize_with_float32_scales_is_float32_then_round
 def test_gptq_asym_orders_in_each_formation(gptq_asym, order):
     """Zero points and both orders: each kernel equals its declaration; the orders' intermediate roundings
     happen in T under in_weight_dtype and in float32 under float32_then_round."""
-    q, z, s = _gptq_qzs(gptq_asym)
+    q, z, s = gptq_qzs(gptq_asym)
     for T in ("bfloat16", "float16"):
         # float16 weights from float16 scales under sub_then_mul: one rounding of the exact product either way
         least = 0 if (T, order) == ("float16", "sub_then_mul") else 1
@@ -185,18 +185,18 @@ def test_gptq_asym_orders_in_each_formation(gptq_asym, order):
 
 def test_truncating_final_conversion(ct_int_fp16):
     """float32_then_round with R = rtz (vLLM _C_AVX512 without AVX512-BF16 truncates fp32 -> bf16)."""
-    q, z, s = _ct_int_qs(ct_int_fp16)
+    q, z, s = ct_int_qs(ct_int_fp16)
     w = float32_then_round(q, z, s, "bfloat16", truncate=True)
     d = _declared("bfloat16", "float32_then_round", weight_rounding="rtz")
     assert np.array_equal(declared_weight(ct_int_fp16.case, ct_int_fp16.tensors, d), w.float().numpy())
     d0 = _declared("bfloat16", "float32_then_round")
-    assert compare(_run(ct_int_fp16, w), rounded_interval(declared_interval(ct_int_fp16, d), d)).ok
-    assert not compare(_run(ct_int_fp16, w), rounded_interval(declared_interval(ct_int_fp16, d0), d0)).ok
+    assert compare(run_float32(ct_int_fp16, w), rounded_interval(declared_interval(ct_int_fp16, d), d)).ok
+    assert not compare(run_float32(ct_int_fp16, w), rounded_interval(declared_interval(ct_int_fp16, d0), d0)).ok
 
 
 def test_scale_already_in_T_makes_the_formations_coincide(ct_int_fp16):
     """With weight_scale_dtype = T under sub_then_mul, every formation is one rounding of the exact product."""
-    q, z, s = _ct_int_qs(ct_int_fp16)
+    q, z, s = ct_int_qs(ct_int_fp16)
     ws = [declared_weight(ct_int_fp16.case, ct_int_fp16.tensors,
                           _declared("bfloat16", f, weight_scale_dtype="bfloat16")) for f in FORMATIONS]
     assert all(np.array_equal(ws[0], w) for w in ws[1:])
@@ -220,7 +220,7 @@ def test_mxfp4_float16_in_weight_dtype_converts_the_scale_first():
     for w, right in ((w16, "in_weight_dtype"), (w_once, "float32_then_round")):
         d = Declared(variants={"weight_formation": right}, weight_dtype="float16", output="float32")
         assert np.array_equal(declared_weight(case, t, d), w.float().numpy())
-        assert compare(_run(inp, w), rounded_interval(declared_interval(inp, d), d)).ok
+        assert compare(run_float32(inp, w), rounded_interval(declared_interval(inp, d), d)).ok
 
 
 def test_weight_formation_level_and_where_it_applies():

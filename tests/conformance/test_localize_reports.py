@@ -64,14 +64,15 @@ def test_a_passing_kernel_gets_no_localization(planted, tmp_path, capsys):
 def test_fingerprint_names_no_accumulator_while_the_weights_are_wrong(planted):
     """The accumulation bracket is withdrawn when the localization shows the weights wrong, and kept for the
     same kernel without the bug."""
-    from conformance.fingerprint.decide import fingerprint
+    from conformance.fingerprint.decide import ProbeOptions, fingerprint
     from conformance.fingerprint.render import format_text
 
-    bad = fingerprint("planted:bug=ct_nibble_swap", schemes=["w4a16"], axes=["accumulate"], timeout=120)
+    bad = fingerprint("planted:bug=ct_nibble_swap", schemes=["w4a16"], axes=["accumulate"],
+                      options=ProbeOptions(timeout=120))
     acc = bad["schemes"]["w4a16"]["axes"][0]
     assert acc["status"] == "not-named" and "bracket" not in acc and not acc["consistent"]
     assert "weights wrong" in acc["reason"] and "nibbles swapped within a byte" in acc["reason"]
     assert "not named" in format_text(bad)
-    ok = fingerprint("planted:bug=none", schemes=["w4a16"], axes=["accumulate"], timeout=120)
+    ok = fingerprint("planted:bug=none", schemes=["w4a16"], axes=["accumulate"], options=ProbeOptions(timeout=120))
     acc = ok["schemes"]["w4a16"]["axes"][0]
     assert acc["status"] == "ok" and acc.get("bracket") and acc["consistent"]
