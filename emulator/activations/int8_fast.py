@@ -51,20 +51,22 @@ def _fast_applies(x: np.ndarray, v: Int8ActVariant) -> bool:
             and x.size > 0)
 
 
-def quantize_int8_fast(x, variant: Int8ActVariant = CANONICAL_SYM, *, with_tie: bool = True) -> Int8Activations:
-    """``int8.quantize_int8_per_token(x, variant)``, field for field (``tie`` None where ``with_tie`` is False).
+def quantize_int8_fast(x, variant: Int8ActVariant = CANONICAL_SYM, *, codes_only: bool = False) -> Int8Activations:
+    """``int8.quantize_int8_per_token(x, variant)``, field for field; with ``codes_only`` the ``quotient`` and
+    ``tie`` fields are None (the quotient's buffer becomes the codes': one fresh [M, K] array less, whose page
+    faults cost more than the arithmetic on a loaded host).
 
     The same errors: NaN in ``x`` raises the definition's FormatError; a NaN quotient follows ``nan_to_int``."""
     a = np.asarray(x)
     if not _fast_applies(a, variant):
         out = quantize_int8_per_token(a, variant)
-        return out if with_tie else dataclasses.replace(out, tie=None)
+        return dataclasses.replace(out, quotient=None, tie=None) if codes_only else out
     v = variant
     if v.arith_dtype == "input":  # the dtype of x as passed: float32 here
         v = dataclasses.replace(v, arith_dtype="float32")
-    if np.isnan(a).any():  # the definition's error (its message), from the definition itself
-        return quantize_int8_per_token(a, variant)
-    amax = np.abs(a).max(axis=1, keepdims=True).astype(np.float64)  # float32 values, widened exactly
+    amax = np.maximum(a.max(axis=1, keepdims=True), -a.min(axis=1, keepdims=True)).astype(np.float64)  # exact
+    if np.isnan(amax).any():  # a NaN in x (max and min propagate it): the definition's error, from the definition
+        return quantize_int8_per_token(a, variant)  # (it raises)
     if v.granularity is Granularity.PER_TENSOR:
         amax = np.broadcast_to(amax.max(axis=0, keepdims=True), amax.shape)
     rng = _guarded(amax, v)
@@ -75,13 +77,14 @@ def quantize_int8_fast(x, variant: Int8ActVariant = CANONICAL_SYM, *, with_tie: 
     quotient = _quotient(a, quot_scale, rng, v)
     if v.zero_row is ZeroRowRule.ZERO:
         quotient[(amax == 0)[:, 0]] = 0.0
-    q = quantize_to_int_fast(quotient, v.qmin, v.qmax, v.rounding, nan=v.nan_to_int, what="x / scale")
-    tie = None
-    if with_tie:
-        with np.errstate(invalid="ignore"):
-            tie = np.isfinite(quotient) & (quotient - np.floor(quotient) == 0.5)
-    return Int8Activations(q=q, scale=deq_scale, zero_point=np.zeros((a.shape[0], 1), np.int32),
-                           quotient=quotient, tie=tie)
+    q = quantize_to_int_fast(quotient, v.qmin, v.qmax, v.rounding, nan=v.nan_to_int, what="x / scale",
+                             overwrite_input=codes_only)
+    zp = np.zeros((a.shape[0], 1), np.int32)
+    if codes_only:
+        return Int8Activations(q=q, scale=deq_scale, zero_point=zp, quotient=None, tie=None)
+    with np.errstate(invalid="ignore"):
+        tie = np.isfinite(quotient) & (quotient - np.floor(quotient) == 0.5)
+    return Int8Activations(q=q, scale=deq_scale, zero_point=zp, quotient=quotient, tie=tie)
 
 
 def _guarded(amax: np.ndarray, v: Int8ActVariant) -> np.ndarray:

@@ -132,3 +132,14 @@ def test_other_dtypes_go_to_the_definition():
     h = _every_float16()
     got = round_to_integer_fast(h, Rounding.RHAZ)
     assert got.dtype == np.float64 and _same_bits(got, round_to_integer(h, Rounding.RHAZ)).all()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_the_input_is_kept_unless_it_may_be_overwritten(mode):
+    x = _float32_between(126.0, 126.01)
+    x[3] = np.nan
+    keep = x.copy()
+    want = quantize_to_int_fast(x, -128, 127, mode, nan=NanToInt.ZERO)
+    assert np.array_equal(x.view(np.uint32), keep.view(np.uint32))
+    got = quantize_to_int_fast(x, -128, 127, mode, nan=NanToInt.ZERO, overwrite_input=True)
+    assert np.array_equal(got, want) and np.array_equal(want, quantize_to_int(keep, -128, 127, mode, nan=NanToInt.ZERO))

@@ -11,7 +11,6 @@ quotient with NaN == NaN, ties), and the same error where the definition raises 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import numpy as np
@@ -166,9 +165,11 @@ def test_other_input_dtypes_are_the_definitions():
     _check(x.astype(np.float64), Int8ActVariant())
 
 
-def test_without_tie_only_the_tie_is_left_out():
+def test_codes_only_leaves_out_the_quotient_and_ties_only():
     x = _inputs()["ties"]
-    a, b = quantize_int8_fast(x, Int8ActVariant()), quantize_int8_fast(x, Int8ActVariant(), with_tie=False)
-    assert b.tie is None and a.tie.any() and np.array_equal(a.q, b.q)
-    v = dataclasses.replace(Int8ActVariant(), symmetric=False)
-    assert quantize_int8_fast(x, v, with_tie=False).tie is None
+    for v in (Int8ActVariant(), Int8ActVariant(rounding="rhaz", zero_row="eps", eps=1e-7),
+              Int8ActVariant(symmetric=False)):
+        a, b = quantize_int8_fast(x, v), quantize_int8_fast(x, v, codes_only=True)
+        assert b.quotient is None and b.tie is None
+        assert np.array_equal(a.q, b.q) and np.array_equal(a.scale, b.scale) and np.array_equal(a.zero_point,
+                                                                                                  b.zero_point)
