@@ -282,11 +282,21 @@ class Choice:
         chosen = self.backend.label
         if self.fallback:
             try:
-                acc = self.backend.declared(case).accumulate
-            except Exception:  # noqa: BLE001 - the line only
-                acc = "declared"
+                acc = _accumulation(self.backend, case)
+            except TypeError:  # an unhashable backend object: asked directly
+                acc = _accumulation.__wrapped__(self.backend, case)
             chosen = f"{chosen} fast path ({acc} accumulation; --backend emulator is the reference)"
         return f"{case.scheme} {case.weight_format} -> {chosen} [{self.how}] (skipped: {self.skipped_text()})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _accumulation(backend: Backend, case: Case) -> str:
+    """The fallback's declared accumulation, named in its choice line (a backend instance's declaration for a Case
+    does not change: the dispatcher creates each spec once; formed once, not on every call)."""
+    try:
+        return backend.declared(case).accumulate
+    except Exception:  # noqa: BLE001 - the line only
+        return "declared"
 
 
 @functools.lru_cache(maxsize=4096)
