@@ -5,7 +5,7 @@ vocabulary its keys come from: emulator/variants.py) and docs/conformance.md#lev
 
 Everything a declaration names is validated against the variant vocabulary when it is built, so a
 typo is an error, never a silently canonical kernel. From a declaration the emulator builds the
-typed variants of each stage (``int8_variant``, ``mx_variant``, ``moe_variant``) and the weights the
+typed variants of each stage (``dequant_variant``, ``int8_variant``, ``mx_variant``, ``moe_variant``) and the weights the
 kernel declares it forms (``declared_weight``); conformance/judge/acceptance.py bounds the rest.
 """
 
@@ -19,13 +19,13 @@ from . import linear as lin
 from . import moe as emoe
 from .activations import int8 as a8
 from .formats import awq, compressed_tensors as ct, gptq, mxfp4
-from .formats.int_common import check_out
+from .formats.int_common import DequantVariant, check_out
 from .numerics.floats import round_to_dtype
 from .numerics.rounding import Rounding
 from .schemes import Case
 from .variants import AXES, FIELD_AXES, Level, VariantError, acts, declared_level, normalize_variants
 
-__all__ = ["Declared", "Deviation", "Reference", "int8_variant", "mx_variant", "moe_variant", "weight_kwargs",
+__all__ = ["Declared", "Deviation", "Reference", "int8_variant", "mx_variant", "moe_variant", "dequant_variant",
            "arithmetic_dtype", "rounds_after_arithmetic", "round_weights", "declared_weight", "declared_reference", "declared_output", "canonical_declaration"]
 
 
@@ -241,9 +241,10 @@ def rounds_after_arithmetic(declared: Declared) -> bool:
             and declared.value("weight_formation") != "in_weight_dtype")
 
 
-def weight_kwargs(declared: Declared, case: Case | None = None) -> dict:
-    """The declared weight arithmetic as ``dequantize_*`` keyword arguments (order, scale and zero dtypes, the
-    arithmetic dtype of ``weight_formation``); the rounding after it is ``round_weights``."""
+def dequant_variant(declared: Declared, case: Case | None = None) -> DequantVariant:
+    """The weight arithmetic a declaration names, the ``variant`` of every ``dequantize_*`` (order, scale and zero
+    dtypes, the arithmetic dtype of ``weight_formation``; canonical where it is silent); the rounding after it
+    is ``round_weights``."""
     v = declared.variants
     kw = {}
     if "dequant_order" in v:
@@ -257,7 +258,7 @@ def weight_kwargs(declared: Declared, case: Case | None = None) -> dict:
         kw["compute_dtype"] = c
         if "weight_rounding" in v and declared.value("weight_formation") == "in_weight_dtype":
             kw["compute_rounding"] = v["weight_rounding"]  # every conversion to weight_dtype rounds this way
-    return kw
+    return DequantVariant(**kw)
 
 
 def round_weights(w: np.ndarray, declared: Declared) -> np.ndarray:
@@ -296,26 +297,26 @@ def _declared_weight(case: Case, tensors: dict, declared: Declared, out) -> np.n
 def _formed_weight(case: Case, tensors: dict, declared: Declared, out) -> np.ndarray:
     """The weights after the declared arithmetic (before the rounding of ``round_weights``)."""
     fmt = case.weight_format
-    kw = weight_kwargs(declared, case)
+    dv = dequant_variant(declared, case)
     if fmt == "gptq":
         p = gptq.GptqParams(bits=case.bits, group_size=case.group_size, sym=case.sym, desc_act=case.act_order,
                             zero_convention=case.gptq_zero_convention)
         t = gptq.GptqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"))
-        return gptq.dequantize_gptq(t, p, shape=(case.N, case.K), zero_read=declared.value("zero_read"), out=out,
-                                    **kw)
+        return gptq.dequantize_gptq(t, p, shape=(case.N, case.K), zero_read=declared.value("zero_read"), variant=dv,
+                                    out=out)
     if fmt == "awq":
         t = awq.AwqTensors(tensors["qweight"], tensors["qzeros"], tensors["scales"])
-        return awq.dequantize_awq(t, awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K), out=out,
-                                  **kw)
+        return awq.dequantize_awq(t, awq.AwqParams(bits=4, group_size=case.group_size), shape=(case.N, case.K),
+                                  variant=dv, out=out)
     if fmt == "ct-pack-quantized":
         p = ct.CtPackParams(num_bits=case.bits, strategy="channel" if case.channelwise else "group",
                             group_size=None if case.channelwise else case.group_size, symmetric=case.sym,
                             actorder=case.act_order)
         t = ct.CtPackedTensors(tensors["weight_packed"], tensors["weight_scale"], tensors["weight_shape"],
                                tensors.get("weight_zero_point"), tensors.get("weight_g_idx"))
-        return ct.dequantize_ct_packed(t, p, out=out, **kw)
+        return ct.dequantize_ct_packed(t, p, variant=dv, out=out)
     if fmt == "ct-int-quantized":
-        return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), **kw)
+        return ct.dequantize_ct_int8(ct.CtInt8Tensors(tensors["weight"], tensors["weight_scale"]), variant=dv)
     if fmt == "ct-mxfp4":
         c = arithmetic_dtype(declared, case) if declared.value("weight_formation") == "in_weight_dtype" else None
         if c is None:  # float32 arithmetic (the E8M0 scale is a float32 power of two): the exact product, RNE
@@ -430,23 +431,23 @@ def _w4a8_weight(case: Case, tensors: dict, declared: Declared) -> np.ndarray:
     return q_z * per
 
 
-def _experts(qweight, scales, group: int, kw: dict, used, declared: Declared, tensor: str) -> np.ndarray:
-    """float64 [E, out, in] of the experts ``used`` formed as ``declared`` says (``weight_kwargs``, then
+def _experts(weights: emoe.GptqExperts, dv: DequantVariant, used, declared: Declared, tensor: str) -> np.ndarray:
+    """float64 [E, out, in] of the experts ``used`` formed as ``declared`` says (``dequant_variant``, then
     ``round_weights``); the other experts zeros."""
     out = None
     for e in used:  # one expert at a time: at most one float32 expert materialised besides the result
-        w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[e], **kw)[e]
+        w = emoe.dequantize_gptq_experts(weights, variant=dv, tensor=tensor, experts=[e])[e]
         if out is None:
-            out = np.zeros((len(qweight),) + w.shape, dtype=np.float64)
+            out = np.zeros((len(weights.qweight),) + w.shape, dtype=np.float64)
         out[e] = round_weights(w.astype(np.float64), declared)
     if out is None:  # no token (M = 0): the shapes only
-        w = emoe.dequantize_gptq_experts(qweight, scales, group_size=group, tensor=tensor, experts=[], **kw)
+        w = emoe.dequantize_gptq_experts(weights, variant=dv, tensor=tensor, experts=[])
         out = np.zeros(w.shape, dtype=np.float64)
     return out
 
 
 def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Reference:
-    kw = weight_kwargs(declared, case)
+    dv = dequant_variant(declared, case)
     mv = moe_variant(declared, case)  # the case resolves act_arith_dtype=input
     if mv.intermediate_dtype is None:
         # the kernel's intermediate buffer has the activation dtype (docs/formats/moe.md), not x's float32 carrier
@@ -454,8 +455,10 @@ def _moe_reference(case, tensors, x, router_logits, declared, out_dtype) -> Refe
     # only the experts some token routes to are read (moe_w16 indexes by the same routing): the others
     # are left zeros, never materialised (60 Qwen1.5-MoE experts are 4 GB in float64)
     used = np.unique(emoe.route(router_logits, case.top_k, mv)[0])
-    w13 = _experts(tensors["w13_qweight"], tensors["w13_scales"], case.group, kw, used, declared, "w13")
-    w2 = _experts(tensors["w2_qweight"], tensors["w2_scales"], case.moe_w2_group_size, kw, used, declared, "w2")
+    w13 = _experts(emoe.GptqExperts(tensors["w13_qweight"], tensors["w13_scales"], case.group), dv, used, declared,
+                   "w13")
+    w2 = _experts(emoe.GptqExperts(tensors["w2_qweight"], tensors["w2_scales"], case.moe_w2_group_size), dv, used,
+                  declared, "w2")
     r = emoe.moe_w16(x.astype(np.float32), router_logits, w13, w2, case.top_k, variant=mv, out_dtype=out_dtype)
     return Reference(r.y_exact, r.y_bound, out_dtype, {"x": x, "w13": w13, "w2": w2, "variant": mv, "result": r},
                      r.parts)

@@ -30,11 +30,13 @@ import numpy as np
 
 from .activations import int8 as a8
 from .errors import require
+from .formats.int_common import CANONICAL_DEQUANT, DequantVariant
 from .linear import LinearResult, dtype_name, gamma, round_output
 from .numerics.floats import round_to_dtype
 from .numerics.rounding import as_float64
 
-__all__ = ["GateUpOrder", "MoeVariant", "CANONICAL", "route", "moe_w16", "dequantize_gptq_experts", "moe_gptq_w4a16"]
+__all__ = ["GateUpOrder", "MoeVariant", "CANONICAL", "route", "moe_w16", "GptqExperts", "dequantize_gptq_experts",
+           "moe_gptq_w4a16"]
 
 
 class GateUpOrder(str, enum.Enum):
@@ -206,28 +208,43 @@ def moe_w16(x, router_logits, w13, w2, top_k: int, *, variant: MoeVariant = CANO
     return LinearResult(y=res_y, y_exact=y, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype, parts=parts)
 
 
-def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bits: int = 4,
-                            zero_convention: str = "gptq", tensor: str = "w13", experts=None,
-                            **dequant_kw) -> np.ndarray:
-    """Stacked GPTQ experts -> float32 [E, out, in].
+@dataclasses.dataclass(frozen=True)
+class GptqExperts:
+    """One fused-MoE weight's stacked GPTQ experts in vLLM's FusedMoE layout, with its quantize config.
 
-    vLLM's FusedMoE GPTQ layout: ``qweight [E, in/8, out]`` int32 (each expert a GPTQ
-    ``qweight``, packed along the input dim), ``scales [E, in/G, out]``, optional
-    ``qzeros [E, in/G, out/8]``; symmetric experts without qzeros use the midpoint
-    zero 2**(bits-1). For w13, out = 2I (gate rows, then up rows); for w2, in = I.
+    ``qweight [E, in/8, out]`` int32 (each expert a GPTQ ``qweight``, packed along the input dim),
+    ``scales [E, in/G, out]``, optional ``qzeros [E, in/G, out/8]``: symmetric experts without qzeros use
+    the midpoint zero 2**(bits-1). For w13, out = 2I (gate rows, then up rows); for w2, in = I.
+    """
+
+    qweight: np.ndarray
+    scales: np.ndarray
+    group_size: int
+    qzeros: np.ndarray | None = None
+    bits: int = 4
+    zero_convention: str = "gptq"
+
+
+def dequantize_gptq_experts(weights: GptqExperts, *, variant: DequantVariant = CANONICAL_DEQUANT,
+                            tensor: str = "w13", experts=None) -> np.ndarray:
+    """Stacked GPTQ experts -> float32 [E, out, in], each formed by ``gptq.dequantize_gptq``.
+
+    ``variant``: the weight arithmetic (``formats.int_common.DequantVariant``).
     ``experts`` (expert ids): dequantize only those; the others stay zeros (unmaterialised pages).
     """
     from .formats import gptq
 
-    qw = np.asarray(qweight)
-    sc = np.asarray(scales)
+    qw = np.asarray(weights.qweight)
+    sc = np.asarray(weights.scales)
+    qzeros, bits = weights.qzeros, weights.bits
     require(qw.ndim == 3, f"expected [E, in/{32 // bits}, out], got shape {list(qw.shape)}", tensor=f"{tensor}_qweight")
     require(sc.ndim == 3 and sc.shape[0] == qw.shape[0] and sc.shape[2] == qw.shape[2],
             f"expected [E, in/G, out] matching qweight {list(qw.shape)}, got {list(sc.shape)}", tensor=f"{tensor}_scales")
     E, _, out_dim = qw.shape
     in_dim = qw.shape[1] * (32 // bits)
     sym = qzeros is None
-    params = gptq.GptqParams(bits=bits, group_size=group_size, sym=sym, zero_convention=zero_convention)
+    params = gptq.GptqParams(bits=bits, group_size=weights.group_size, sym=sym,
+                             zero_convention=weights.zero_convention)
     sym_qz = None
     if qzeros is None:
         # the midpoint zeros' qzeros [G, out/8] depend on G and out only (not on the group size), so they
@@ -243,13 +260,12 @@ def dequantize_gptq_experts(qweight, scales, *, group_size: int, qzeros=None, bi
         qz = sym_qz if qzeros is None else np.asarray(qzeros)[e]
         t = gptq.GptqTensors(qweight=qw[e], qzeros=qz, scales=sc[e], g_idx=None)
         out[e] = gptq.dequantize_gptq(t, params, shape=(out_dim, in_dim), layer=f"{tensor}[expert {e}]",
-                                      **dequant_kw)
+                                      variant=variant)
     return out
 
 
-def moe_gptq_w4a16(x, router_logits, w13_qweight, w13_scales, w2_qweight, w2_scales, top_k: int, *,
-                   group_size: int, variant: MoeVariant = CANONICAL, out_dtype: str | None = None) -> LinearResult:
-    """W4A16 MoE on symmetric GPTQ int4 experts in vLLM's FusedMoE layout (see ``dequantize_gptq_experts``)."""
-    w13 = dequantize_gptq_experts(w13_qweight, w13_scales, group_size=group_size, tensor="w13")
-    w2 = dequantize_gptq_experts(w2_qweight, w2_scales, group_size=group_size, tensor="w2")
-    return moe_w16(x, router_logits, w13, w2, top_k, variant=variant, out_dtype=out_dtype)
+def moe_gptq_w4a16(x, router_logits, w13: GptqExperts, w2: GptqExperts, top_k: int, *,
+                   variant: MoeVariant = CANONICAL, out_dtype: str | None = None) -> LinearResult:
+    """W4A16 MoE on GPTQ int4 experts in vLLM's FusedMoE layout (``GptqExperts``), formed canonically."""
+    return moe_w16(x, router_logits, dequantize_gptq_experts(w13, tensor="w13"),
+                   dequantize_gptq_experts(w2, tensor="w2"), top_k, variant=variant, out_dtype=out_dtype)

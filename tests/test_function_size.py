@@ -25,23 +25,8 @@ MAX_PARAMS = 8
 #: functions over MAX_LINES lines, "file::qualified name" (lines when listed)
 KNOWN_LONG: set = set()  # none left: the last ones (fingerprint/decide, judge/localize*, run/worker) got named steps
 
-#: functions with more than MAX_PARAMS parameters, "file::qualified name" (parameters when listed). The
-#: emulator's dequantizers take a format's tensors and its fields one by one, as the reference libraries do;
-#: save_bundle and encode_case name the arrays and labels of one stored case
-KNOWN_WIDE: set = {
-    "conformance/cases/bundle.py::save_bundle",  # 10
-    "conformance/certify/codec.py::encode_case",  # 10
-    "emulator/formats/awq.py::dequantize_awq",  # 10
-    "emulator/formats/awq.py::dequantize_awq_reference",  # 9
-    "emulator/formats/compressed_tensors.py::dequantize_ct_packed",  # 9
-    "emulator/formats/fast_dequant.py::_sub_then_mul_f32",  # 9
-    "emulator/formats/fast_dequant.py::dequantize_affine_fast",  # 11
-    "emulator/formats/gptq.py::dequantize_gptq",  # 11
-    "emulator/formats/gptq.py::dequantize_gptq_reference",  # 10
-    "emulator/formats/int_common.py::dequantize_affine",  # 11
-    "emulator/moe.py::dequantize_gptq_experts",  # 9
-    "emulator/moe.py::moe_gptq_w4a16",  # 10
-}
+#: functions with more than MAX_PARAMS parameters, "file::qualified name" (parameters when listed)
+KNOWN_WIDE: set = set()  # none left: the dequantizers take a DequantVariant, bundles a ReplayBundle/StoredCase
 
 
 def _functions(tree: ast.AST, prefix: str = ""):

@@ -11,6 +11,7 @@ emulator alone, recomputes the expected interval.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from emulator.tensorfile import Tensor, save_tensors
 
 from conformance.cases.inputs import CaseInputs
 
-__all__ = ["save_bundle", "load_bundle", "load_bundle_inputs"]
+__all__ = ["ReplayBundle", "save_bundle", "load_bundle", "load_bundle_inputs"]
 
 _T = "tensor."
 
@@ -33,12 +34,33 @@ def _plain(a):
     return a
 
 
-def save_bundle(path: "str | Path", inp: CaseInputs, *, spec: dict, backend: str, declared: dict | None,
-                verdict: str, reason: str, y=None, interval=None, quantized=None) -> Path:
-    """``quantized``: (observed, expected) tensors of a quantize-only case, stored as ``q_observed.<name>`` and
-    ``q_expected.<name>`` in their own dtypes (docs/conformance.md#quantize-only-cases)."""
+@dataclasses.dataclass(frozen=True)
+class ReplayBundle:
+    """What one bundle stores: the case's inputs, its labels (metadata) and what a backend gave, if anything.
+
+    ``spec``: the ``CaseSpec.to_json()`` of the case; ``backend``: the backend label; ``declared``: its
+    ``Declared.to_json()``; ``verdict`` and ``reason``: the run's verdict, or what the bundle is for ("probe",
+    "golden", "inputs"). ``y``: the observed output; ``interval``: the accepted interval (``y_ref``, ``y_exact``,
+    ``lo``, ``hi``); ``quantized``: (observed, expected) tensors of a quantize-only case, stored as
+    ``q_observed.<name>`` and ``q_expected.<name>`` in their own dtypes (docs/conformance.md#quantize-only-cases).
+    """
+
+    inputs: CaseInputs
+    spec: dict
+    backend: str = ""
+    declared: dict | None = None
+    verdict: str = ""
+    reason: str = ""
+    y: np.ndarray | None = None
+    interval: object | None = None  # conformance.judge.acceptance.Interval (a higher room: not imported here)
+    quantized: tuple | None = None
+
+
+def save_bundle(path: "str | Path", bundle: ReplayBundle) -> Path:
+    """Write ``bundle`` to ``path`` (its folder created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    inp, y, interval, quantized = bundle.inputs, bundle.y, bundle.interval, bundle.quantized
     tensors = {_T + k: _plain(v) for k, v in inp.tensors.items()}
     tensors["x"] = np.asarray(inp.x, np.float32)
     if inp.bias is not None:
@@ -58,8 +80,8 @@ def save_bundle(path: "str | Path", inp: CaseInputs, *, spec: dict, backend: str
                 tensors[prefix + k] = np.asarray(v)
     scale_dtypes = {k: ("bfloat16" if np.asarray(v).dtype.name == "bfloat16" else str(np.asarray(v).dtype))
                     for k, v in inp.tensors.items()}
-    meta = {"qconform_bundle": "1", "spec": json.dumps(spec), "backend": backend,
-            "declared": json.dumps(declared), "verdict": verdict, "reason": reason,
+    meta = {"qconform_bundle": "1", "spec": json.dumps(bundle.spec), "backend": bundle.backend,
+            "declared": json.dumps(bundle.declared), "verdict": bundle.verdict, "reason": bundle.reason,
             "tensor_dtypes": json.dumps(scale_dtypes)}
     save_tensors(path, tensors, metadata=meta)
     return path

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from conformance.certify.cli import cmd_certify, cmd_verify_bundle, register
 from conformance.certify.dispatch import CertificationError, CertificationStore
-from conformance.certify.codec import pack_pair, unpack_pair, decode_case, encode_case, load_outputs
+from conformance.certify.codec import StoredCase, pack_pair, unpack_pair, decode_case, encode_case, load_outputs
 from conformance.certify.identity import BUNDLE_FORMAT, MANIFEST, describe_suite, suite_code_sha256, suite_identity, version_mismatch
 from conformance.certify.verify import VerifyResult, offline_verdict, verify_bundle
 from conformance.certify.write import CertifyOptions, CertifyResult, add_files, certify
 
 __all__ = ["CertificationError", "CertificationStore", "BUNDLE_FORMAT", "MANIFEST", "CertifyOptions", "CertifyResult", "VerifyResult", "certify", "verify_bundle", "add_files",
-           "encode_case", "decode_case", "load_outputs", "offline_verdict", "register", "cmd_certify",
+           "StoredCase", "encode_case", "decode_case", "load_outputs", "offline_verdict", "register", "cmd_certify",
            "cmd_verify_bundle", "suite_code_sha256", "suite_identity", "describe_suite", "version_mismatch",
            "pack_pair", "unpack_pair"]

@@ -5,6 +5,7 @@ Semantics and field list: docs/certification.md#outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from emulator.errors import QconformError
 
 from conformance.certify.identity import OUTPUTS_FORMAT
 
-__all__ = ["encode_case", "decode_case", "load_outputs", "pack_outputs", "safe_label", "case_key", "decode_quantized"]
+__all__ = ["StoredCase", "encode_case", "decode_case", "load_outputs", "pack_outputs", "safe_label", "case_key", "decode_quantized"]
 
 _WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32}
 
@@ -146,8 +147,29 @@ def unpack_pair(t: dict, name: str, shape: tuple) -> "tuple[np.ndarray, np.ndarr
     return u.reshape(shape), v.reshape(shape)
 
 
-def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bool, judged=None, tie=None,
-                alt=None) -> tuple[dict, dict]:
+@dataclasses.dataclass(frozen=True)
+class StoredCase:
+    """One judged case as a certification bundle keeps it: the arrays and labels the verdict was decided on.
+
+    ``y``: the observed output; ``y_ref``, ``lo``, ``hi``, ``y_exact``: the declared reference rounded to
+    ``out_dtype``, the outward interval and the exact reference; ``bound_positive``: whether the judged bound
+    is anywhere above zero; ``judged``: (jlo, jhi), the judged interval where narrower than [lo, hi]; ``tie``:
+    (tlo, thi, ties) of the activation tie flips; ``alt``: (rule name, alo, ahi) of another tie rule.
+    """
+
+    y: np.ndarray
+    y_ref: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    y_exact: np.ndarray
+    out_dtype: str
+    bound_positive: bool
+    judged: tuple | None = None
+    tie: tuple | None = None
+    alt: tuple | None = None
+
+
+def encode_case(case: StoredCase) -> tuple[dict, dict]:
     """(tensors, meta) storing one case's observed output and accepted interval, losslessly for verdicts.
 
     All values of the output dtype are kept as steps on its grid (an integer order of its bit patterns,
@@ -172,10 +194,11 @@ def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bo
     y_exact itself is not kept (8 bytes an element): SQNR is re-checked by ``verify_bundle(deep=True)``.
     Typical cost: 2.5 bytes an element (2 for ref, 1/4 + 1/4 for the two intervals).
     """
-    y_ref = np.asarray(y_ref, np.float64)
+    y, lo, hi, out_dtype, judged = case.y, case.lo, case.hi, case.out_dtype, case.judged
+    y_ref = np.asarray(case.y_ref, np.float64)
     shape = y_ref.shape
     t: dict = {}
-    meta: dict = {"dtype": out_dtype, "shape": list(shape), "bound_positive": bool(bound_positive)}
+    meta: dict = {"dtype": out_dtype, "shape": list(shape), "bound_positive": bool(case.bound_positive)}
     ref_bits = _to_bits(y_ref, out_dtype)
     ref_ord = None if ref_bits is None else _ord(ref_bits, _WIDTH[out_dtype])
 
@@ -209,19 +232,19 @@ def encode_case(y, y_ref, lo, hi, y_exact, out_dtype: str, *, bound_positive: bo
             t["y_off"] = _small_int(y_off.reshape(-1)[nz])
         else:
             t["y_off"] = _small_int(y_off)
-    ex = np.asarray(y_exact, np.float64)
+    ex = np.asarray(case.y_exact, np.float64)
     exf = np.isfinite(ex)
     if not np.array_equal(exf, np.isfinite(y_ref)):
         t["exf"] = exf.astype(np.uint8)
     if not same_values(np.where(exf, 0.0, ex), np.where(exf, 0.0, y_ref)):
         t["exv"] = np.where(exf, 0.0, ex)
-    if tie is not None:
-        tlo, thi, ties = tie
+    if case.tie is not None:
+        tlo, thi, ties = case.tie
         _put_interval(t, "t", tlo, thi, offs(tlo), offs(thi), pack=None)
         t["ties"] = np.asarray(ties, np.int64)
         meta["tie"] = True
-    if alt is not None:
-        name, alo, ahi = alt
+    if case.alt is not None:
+        name, alo, ahi = case.alt
         _put_interval(t, "a", alo, ahi, offs(alo), offs(ahi), pack=None)
         meta["alt"] = name
     return t, meta

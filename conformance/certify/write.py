@@ -16,7 +16,7 @@ from emulator import __version__ as emulator_version
 from emulator.errors import QconformError
 
 from conformance.run.outlock import LOCK_NAME, OutLock
-from conformance.certify.codec import case_key, encode_case, pack_outputs, safe_label
+from conformance.certify.codec import StoredCase, case_key, encode_case, pack_outputs, safe_label
 from conformance.certify.derive import (backend_lines, declared_table, environment_record, json_bytes, latest_results, report_title,
                      reports, run_headers, verdict_summary, waiver_record)
 from conformance.certify.files import hash_file, scan
@@ -48,9 +48,9 @@ class Stager:
         ev = judgement.evidence
         alt = ev.alt if judgement.verdict is Verdict.FAIL else None
         tie = ev.tie if judgement.verdict in (Verdict.FAIL, Verdict.PASS_WITH_TIE_FLIPS) else None
-        tensors, meta = encode_case(y, loose.y_ref, loose.lo, loose.hi, loose.y_exact, loose.out_dtype,
-                                    bound_positive=bool(jiv.bound.max(initial=0) > 0), judged=(jiv.lo, jiv.hi),
-                                    tie=tie, alt=alt)
+        tensors, meta = encode_case(StoredCase(y, loose.y_ref, loose.lo, loose.hi, loose.y_exact, loose.out_dtype,
+                                               bound_positive=bool(jiv.bound.max(initial=0) > 0),
+                                               judged=(jiv.lo, jiv.hi), tie=tie, alt=alt))
         d = self.folder / safe_label(label)
         d.mkdir(parents=True, exist_ok=True)
         save_tensors(d / f"{case_key(spec.case_id)}.safetensors", tensors,

@@ -51,7 +51,7 @@ import numpy as np
 from backends.base import Case, Declared
 
 from conformance.judge.acceptance import compare, declared_interval
-from conformance.cases.bundle import save_bundle
+from conformance.cases.bundle import ReplayBundle, save_bundle
 from conformance.cases.inputs import CaseInputs
 from conformance.fingerprint.axes import (PROBE_AXES, SCHEME_AXES, ProbeAxis, candidate_cases, coinciding_values, known_keys,
                                rows_options, values_for_case)
@@ -101,8 +101,7 @@ class _Prober:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in pid)
         path = self.out_dir / "probes" / f"{safe}.safetensors"
         spec = CaseSpec(inp.case, "probe", "fingerprint-" + pid.split("/")[1], 0)
-        save_bundle(path, inp, spec=spec.to_json(), backend=self.label, declared=None, verdict="probe",
-                    reason=reason)
+        save_bundle(path, ReplayBundle(inp, spec.to_json(), backend=self.label, verdict="probe", reason=reason))
         ypath = self.out_dir / "probes" / f"{safe}.y.safetensors"
         if ypath.exists():
             ypath.unlink()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backends.base import Case, Declared
 
-from conformance.cases.bundle import save_bundle
+from conformance.cases.bundle import ReplayBundle, save_bundle
 from conformance.cases.generators import GENERATORS, generators_for
 from conformance.judge.quantized import decide_quantized, expected_for, load_observed
 from conformance.cases.specs import CaseSpec
@@ -111,8 +111,8 @@ def _run_probes(worker, label, case: Case, out_dir: Path, timeout: float):
         pid = f"{case.scheme}{'' if case.sym else '-asym'}/{gen}"
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in pid)
         path = out_dir / "probes" / f"{safe}.safetensors"
-        save_bundle(path, inp, spec=CaseSpec(case, "probe", "fingerprint-" + gen, seed).to_json(), backend=label,
-                    declared=None, verdict="probe", reason=f"fingerprint probe {pid}")
+        spec = CaseSpec(case, "probe", "fingerprint-" + gen, seed).to_json()
+        save_bundle(path, ReplayBundle(inp, spec, backend=label, verdict="probe", reason=f"fingerprint probe {pid}"))
         ypath = out_dir / "probes" / f"{safe}.y.safetensors"
         if ypath.exists():
             ypath.unlink()

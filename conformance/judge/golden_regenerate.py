@@ -13,7 +13,7 @@ from pathlib import Path
 
 from emulator import __version__ as emulator_version
 
-from conformance.cases.bundle import save_bundle
+from conformance.cases.bundle import ReplayBundle, save_bundle
 from conformance.cases.golden import GOLDEN_DIR, MANIFEST, file_name, sha256_of, source_specs
 
 __all__ = ["regenerate"]
@@ -38,15 +38,16 @@ def regenerate(folder: "str | Path" = GOLDEN_DIR, *, check_oracles: bool = True)
             expected = expected_for(spec.case, inp.x, decl)
             oracle = oracles.cross_check_quantized(inp, expected) if check_oracles else "not checked"
             name = file_name(spec) + ".safetensors"
-            save_bundle(folder / name, inp, spec=spec.to_json(), backend="emulator", declared=decl.to_json(),
-                        verdict="golden", reason="canonical reference", quantized=(None, expected))
+            save_bundle(folder / name, ReplayBundle(inp, spec.to_json(), backend="emulator", declared=decl.to_json(),
+                                                    verdict="golden", reason="canonical reference",
+                                                    quantized=(None, expected)))
             files[name] = {"sha256": sha256_of(folder / name), "spec": spec.to_json(), "oracle": oracle}
             continue
         iv = declared_interval(inp, decl)
         oracle = oracles.cross_check(inp, iv) if check_oracles else "not checked"
         name = file_name(spec) + ".safetensors"
-        save_bundle(folder / name, inp, spec=spec.to_json(), backend="emulator", declared=decl.to_json(),
-                    verdict="golden", reason="canonical reference", y=None, interval=iv)
+        save_bundle(folder / name, ReplayBundle(inp, spec.to_json(), backend="emulator", declared=decl.to_json(),
+                                                verdict="golden", reason="canonical reference", interval=iv))
         files[name] = {"sha256": sha256_of(folder / name), "spec": spec.to_json(), "oracle": oracle}
     manifest = {"emulator_version": emulator_version, "generator": "conformance.judge.golden_regenerate.regenerate",
                 "files": dict(sorted(files.items()))}

@@ -112,7 +112,7 @@ def _regrouped(tensors: dict, proj: str, e: int, group: int, grp: np.ndarray, de
     """Expert e's projection ``proj`` ("w13" | "w2") [out, in] with input row i read with scale group grp[i]."""
     qw, sc = np.asarray(tensors[f"{proj}_qweight"]), np.asarray(tensors[f"{proj}_scales"])
     unit = np.ones_like(sc)
-    qz = emoe.dequantize_gptq_experts(qw, unit, group_size=group, tensor=proj, experts=[e])[e].astype(np.float64)
+    qz = emoe.dequantize_gptq_experts(emoe.GptqExperts(qw, unit, group), tensor=proj, experts=[e])[e].astype(np.float64)
     s = sc[e].astype(np.float64)[grp, :].T  # [out, in]
     w = (qz * s).astype(np.float32).astype(np.float64)
     return round_weights(w, declared)

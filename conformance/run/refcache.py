@@ -34,7 +34,7 @@ import numpy as np
 from backends.base import Declared
 
 from conformance.judge.acceptance import Interval, declared_interval
-from conformance.cases.bundle import load_bundle_inputs, save_bundle
+from conformance.cases.bundle import ReplayBundle, load_bundle_inputs, save_bundle
 from conformance.cases.inputs import CaseInputs
 
 __all__ = ["REFERENCE_FORMAT", "ReferenceCache", "inputs_digest"]
@@ -111,7 +111,7 @@ class ReferenceCache:
         digest = inputs_digest(inp)
         path = self.folder / f"inputs-{self._name(spec.case_id)}.safetensors"
         tmp = path.with_suffix(f".tmp{threading.get_ident()}")
-        save_bundle(tmp, inp, spec=spec.to_json(), backend="", declared=None, verdict="", reason="inputs")
+        save_bundle(tmp, ReplayBundle(inp, spec.to_json(), reason="inputs"))
         os.replace(tmp, path)
         self._inputs[spec.case_id] = (path, digest)
         self._count("inputs_drawn")

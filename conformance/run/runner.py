@@ -28,7 +28,7 @@ import numpy as np
 from backends.base import Declared
 
 from conformance.judge.acceptance import Interval, declared_interval
-from conformance.cases.bundle import save_bundle
+from conformance.cases.bundle import ReplayBundle, save_bundle
 from conformance.judge.levels import assess
 from conformance.run.outlock import OutLock
 from conformance.run.record import ResultRecord
@@ -539,8 +539,8 @@ class Runner:
         client = WorkerClient(worker, self.timeout)
         given = None  # inputs that are not spec's own: the plan sees them too (a dispatcher chooses on them)
         if inp is not None:
-            given = save_bundle(tmpdir / "inputs.safetensors", inp, spec=spec.to_json(), backend=label,
-                                declared=None, verdict="", reason="inputs")
+            given = save_bundle(tmpdir / "inputs.safetensors",
+                                ReplayBundle(inp, spec.to_json(), backend=label, reason="inputs"))
         plan = client.plan(spec, bundle=given)
         if plan.failure is not None:
             return self._failed_request(label, spec, plan.failure, "planning failed", t0)
@@ -642,8 +642,8 @@ class Runner:
         if verdict == "fail" and write_bundle:
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{label}__{spec.case_id}")
             path = self.out_dir / "bundles" / (safe[:180] + ".safetensors")
-            save_bundle(path, inp, spec=spec.to_json(), backend=label, declared=declared.to_json(), verdict=verdict,
-                        reason=reason, quantized=(observed, expected))
+            save_bundle(path, ReplayBundle(inp, spec.to_json(), backend=label, declared=declared.to_json(),
+                                           verdict=verdict, reason=reason, quantized=(observed, expected)))
             rec["bundle"] = str(path)
         if self.on_output is not None:
             self.on_output(label, spec, inp, declared, None, observed, rec, expected)
@@ -653,8 +653,9 @@ class Runner:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{label}__{spec.case_id}")
         path = self.out_dir / "bundles" / (safe[:180] + ".safetensors")
         y_ok = y is not None and iv is not None and np.shape(y) == np.shape(iv.y_ref)
-        save_bundle(path, inp, spec=spec.to_json(), backend=label, declared=declared.to_json() if declared else None,
-                    verdict=verdict, reason=reason, y=y if y_ok else None, interval=iv)
+        save_bundle(path, ReplayBundle(inp, spec.to_json(), backend=label,
+                                       declared=declared.to_json() if declared else None, verdict=verdict,
+                                       reason=reason, y=y if y_ok else None, interval=iv))
         return path
 
 

@@ -36,8 +36,8 @@ from ..numerics.rounding import Rounding, quantize_to_int
 from .fast_dequant import CodeRows, dequantize_grouped
 from .fast_unpack import transposed_field_rows, unpack_int32_transposed
 from .int_common import (
-    ComputeDtype,
-    DequantOrder,
+    CANONICAL_DEQUANT,
+    DequantVariant,
     check_dtype,
     check_integer_range,
     check_scales,
@@ -212,11 +212,7 @@ def dequantize_awq_reference(
     params: AwqParams,
     *,
     shape: tuple | None = None,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
 ) -> np.ndarray:
     """The specification of ``dequantize_awq``: same arguments, same float32 [N, K] bit for bit.
@@ -231,9 +227,7 @@ def dequantize_awq_reference(
     g = default_g_idx(k, k // zeros.shape[0])
     z, s = expand_groups(zeros.T, g), expand_groups(np.asarray(scales).T, g)
     # 3. the rule (q - z) * s in the declared order, dtypes and rounding (int_common.dequantize_affine)
-    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                             midpoint=1 << (params.bits - 1))
+    return dequantize_affine(q, z, s, variant=variant, midpoint=1 << (params.bits - 1))
 
 
 def dequantize_awq(
@@ -241,11 +235,7 @@ def dequantize_awq(
     params: AwqParams,
     *,
     shape: tuple | None = None,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -258,7 +248,5 @@ def dequantize_awq(
     n, k, qweight, zeros, scales = _validated(tensors, params, shape, layer)
     rows, _, align = transposed_field_rows(qweight, params.bits, axis=1, order=AWQ_PACK_ORDER, tensor="qweight",
                                            layer=layer)
-    return dequantize_grouped(CodeRows((n, k), rows, align, scratch=True), zeros.T, np.asarray(scales).T, None, order=order,
-                              scale_dtype=scale_dtype, compute_dtype=compute_dtype, compute_rounding=compute_rounding,
-                              zero_dtype=zero_dtype, midpoint=1 << (params.bits - 1), code_range=(0, params.maxq),
-                              out=out)
+    return dequantize_grouped(CodeRows((n, k), rows, align, scratch=True), zeros.T, np.asarray(scales).T, None,
+                              variant=variant, midpoint=1 << (params.bits - 1), code_range=(0, params.maxq), out=out)

@@ -43,9 +43,9 @@ from ..numerics.rounding import Rounding, quantize_to_int
 from .fast_dequant import CodeRows, dequantize_affine_fast, dequantize_grouped
 from .fast_unpack import sequential_fields
 from .int_common import (
+    CANONICAL_DEQUANT,
+    DequantVariant,
     FLOAT_DTYPE_NAMES,
-    ComputeDtype,
-    DequantOrder,
     check_dtype,
     check_g_idx,
     check_integer_range,
@@ -360,11 +360,7 @@ def dequantize_ct_packed_reference(
     tensors: CtPackedTensors,
     params: CtPackParams,
     *,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
 ) -> np.ndarray:
     """The specification of ``dequantize_ct_packed``: same arguments, same float32 [N, K] bit for bit.
@@ -384,19 +380,14 @@ def dequantize_ct_packed_reference(
         z = expand_groups(unpack_int32(tensors.weight_zero_point, b, axis=0)[:n].astype(np.int16) - offset, g)
     # 3. the rule (q - z) * s in the declared order, dtypes and rounding (int_common.dequantize_affine);
     #    the +offset of q and zp cancels, so signed codes are used, and FLOAT_ZERO's midpoint is 0
-    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
+    return dequantize_affine(q, z, s, variant=variant, midpoint=0)
 
 
 def dequantize_ct_packed(
     tensors: CtPackedTensors,
     params: CtPackParams,
     *,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -413,9 +404,8 @@ def dequantize_ct_packed(
         return _signed(fields if fields.shape[1] == k else np.ascontiguousarray(fields[:, :k]), params)
 
     z = 0 if zp is None else zp
-    return dequantize_grouped(CodeRows((n, k), rows), z, scales, g, order=order, scale_dtype=scale_dtype,
-                              compute_dtype=compute_dtype, compute_rounding=compute_rounding, zero_dtype=zero_dtype,
-                              midpoint=0, code_range=(params.qmin, params.qmax), out=out)
+    return dequantize_grouped(CodeRows((n, k), rows), z, scales, g, variant=variant, midpoint=0,
+                              code_range=(params.qmin, params.qmax), out=out)
 
 
 # --- int-quantized (W8A8 int8 weights) -------------------------------------------------
@@ -458,28 +448,19 @@ def quantize_ct_int8(w, *, scale_dtype: str | None = None, layer: str | None = N
 def dequantize_ct_int8_reference(
     tensors: CtInt8Tensors,
     *,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
 ) -> np.ndarray:
     """The specification of ``dequantize_ct_int8``: same arguments, same float32 [N, K] bit for bit."""
     q, s = validate_ct_int8(tensors, layer=layer)  # q int8 [N, K]; s [N, 1] (channel) or [1, 1] (tensor)
     s = expand_groups(s, np.zeros(q.shape[1], dtype=np.intp))  # one group: every column k uses it
-    return dequantize_affine(q, 0, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
+    return dequantize_affine(q, 0, s, variant=variant, midpoint=0)
 
 
 def dequantize_ct_int8(
     tensors: CtInt8Tensors,
     *,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
 ) -> np.ndarray:
     """The float32 weight [N, K] = ``q * s`` (exact, rounded once; zero point 0, so every
@@ -487,5 +468,4 @@ def dequantize_ct_int8(
     bit-identical to ``dequantize_ct_int8_reference``."""
     q, s = validate_ct_int8(tensors, layer=layer)
     s_full = np.broadcast_to(np.asarray(s), q.shape)
-    return dequantize_affine_fast(q, 0, s_full, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                                  compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=0)
+    return dequantize_affine_fast(q, 0, s_full, variant=variant, midpoint=0)

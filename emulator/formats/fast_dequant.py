@@ -34,8 +34,10 @@ from ..numerics.rounding import Rounding, as_float64
 from ..parallel import for_row_chunks
 from .fast_matmul import RowSink
 from .int_common import (
+    CANONICAL_DEQUANT,
     ComputeDtype,
     DequantOrder,
+    DequantVariant,
     check_out,
     default_g_idx,
     dequantize_affine,
@@ -45,19 +47,15 @@ from .int_common import (
 __all__ = ["CodeRows", "dequantize_affine_fast", "dequantize_grouped", "dequantize_mxfp4_packed"]
 
 
-def dequantize_affine_fast(q, z, s, *, order=DequantOrder.SUB_THEN_MUL, scale_dtype=None,
-                           compute_dtype=ComputeDtype.FLOAT32, compute_rounding=Rounding.RNE, zero_dtype=None,
-                           midpoint: int = 0, out: np.ndarray | None = None, code_range=None) -> np.ndarray:
+def dequantize_affine_fast(q, z, s, *, variant: DequantVariant = CANONICAL_DEQUANT, midpoint: int = 0,
+                           out: np.ndarray | None = None, code_range=None) -> np.ndarray:
     """``int_common.dequantize_affine`` with the same arguments and result, in float32 where that
     is exact. ``code_range`` (the format's (min, max) code, e.g. (0, 15) for GPTQ int4) lets
     q - z be formed in int8 when it provably fits."""
-    order = DequantOrder(order)
-    fast = _sub_then_mul_f32(q, z, s, order, scale_dtype, ComputeDtype(compute_dtype),
-                             Rounding.parse(compute_rounding), out, code_range)
+    fast = _sub_then_mul_f32(q, z, s, variant, out, code_range)
     if fast is not None:
         return fast
-    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=midpoint, out=out)
+    return dequantize_affine(q, z, s, variant=variant, midpoint=midpoint, out=out)
 
 
 class CodeRows:
@@ -83,7 +81,8 @@ class CodeRows:
         return cls(q.shape, lambda r0, r1: q[r0:r1])
 
 
-def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None, **kw) -> np.ndarray:
+def dequantize_grouped(q, zeros, scales, g_idx, *, variant: DequantVariant = CANONICAL_DEQUANT, midpoint: int = 0,
+                       code_range=None, out: np.ndarray | None = None) -> np.ndarray:
     """``dequantize_affine_fast`` for q [N, K] with per-group zeros/scales [N, G] (zeros may be 0).
 
     Group g of column k is ``g_idx[k]``. ``q`` is an integer array or a ``CodeRows``; the
@@ -109,7 +108,8 @@ def dequantize_grouped(q, zeros, scales, g_idx, *, out: np.ndarray | None = None
     gs = k // n_groups
     g = None if default else np.asarray(g_idx)
     # the common case's operands are prepared once for the whole layer, not per block
-    plan = _FastPlan.make(za, s, kw) or _FloatZeroPlan.make(za, s, kw)
+    plan = _FastPlan.make(za, s, variant, code_range) or _FloatZeroPlan.make(za, s, variant, midpoint)
+    kw = dict(variant=variant, midpoint=midpoint, code_range=code_range)
 
     def rows(r0, r1):  # elementwise, so row blocks can run on all cores (emulator/parallel.py)
         qb = src.rows(r0, r1)
@@ -152,18 +152,17 @@ class _FastPlan:
         self.s32, self.z8, self.compute = s32, z8, compute
 
     @classmethod
-    def make(cls, za, s, kw: dict):
-        order = DequantOrder(kw.get("order", DequantOrder.SUB_THEN_MUL))
-        mode = Rounding.parse(kw.get("compute_rounding", Rounding.RNE))
-        if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE or kw.get("code_range") is None:
+    def make(cls, za, s, variant: DequantVariant, code_range):
+        if (variant.order is not DequantOrder.SUB_THEN_MUL or variant.compute_rounding is not Rounding.RNE
+                or code_range is None):
             return None
-        s32 = _fast_scales(s, kw.get("scale_dtype"), ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
+        s32 = _fast_scales(s, variant.scale_dtype, variant.compute_dtype)
         if s32 is None:
             return None
         za = np.asarray(za)
         if za.ndim == 0 and za.dtype.kind in "iu" and za == 0:
             z8 = None
-        elif _difference_fits_int8(za, kw["code_range"]):
+        elif _difference_fits_int8(za, code_range):
             z8 = za.astype(np.int8)
             if z8.size and z8.min() == z8.max():  # one zero for all: a scalar subtract, no per-group loop
                 z8 = None if z8.flat[0] == 0 else np.int8(z8.flat[0])
@@ -171,7 +170,7 @@ class _FastPlan:
                 z8 = np.broadcast_to(z8, s32.shape)
         else:
             return None
-        return cls(s32, z8, ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32)))
+        return cls(s32, z8, variant.compute_dtype)
 
     def block(self, qb: np.ndarray, r0: int, r1: int, out: np.ndarray, gs: int, g, scratch: bool = False,
               scale=None) -> None:
@@ -219,22 +218,19 @@ class _FloatZeroPlan:
         self.s64, self.zero, self.midpoint, self.compute = s64, zero, midpoint, compute
 
     @classmethod
-    def make(cls, za, s, kw: dict):
+    def make(cls, za, s, variant: DequantVariant, midpoint: int):
         from ..numerics.floats import round_to_format
 
-        order = DequantOrder(kw.get("order", DequantOrder.SUB_THEN_MUL))
-        mode = Rounding.parse(kw.get("compute_rounding", Rounding.RNE))
-        if order is not DequantOrder.FLOAT_ZERO or mode is not Rounding.RNE:
+        if variant.order is not DequantOrder.FLOAT_ZERO or variant.compute_rounding is not Rounding.RNE:
             return None
-        compute = ComputeDtype(kw.get("compute_dtype", ComputeDtype.FLOAT32))
-        s32 = _fast_scales(s, kw.get("scale_dtype"), compute)
+        compute = variant.compute_dtype
+        s32 = _fast_scales(s, variant.scale_dtype, compute)
         za = np.asarray(za)
         if s32 is None or za.dtype.kind not in "iu" or np.ndim(s32) != 2:
             return None
         s64 = s32.astype(np.float64)
-        midpoint = int(kw.get("midpoint", 0))
-        zd = kw.get("zero_dtype")
-        zfmt = compute.fmt if zd is None else ComputeDtype(zd).fmt
+        midpoint = int(midpoint)
+        zfmt = compute.fmt if variant.zero_dtype is None else variant.zero_dtype.fmt
         with np.errstate(over="ignore", invalid="ignore"):
             zero = round_to_format((midpoint - np.broadcast_to(za, s64.shape).astype(np.int64)).astype(np.float64) * s64,
                                    zfmt)
@@ -258,7 +254,7 @@ class _FloatZeroPlan:
         out[...] = o.reshape(out.shape)
 
 
-def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
+def _fast_scales(s, scale_dtype: "ComputeDtype | None", compute: "ComputeDtype"):
     """Scales as float32 after the scale_dtype and compute-dtype RNE conversions, or None when the
     stored dtype is not fp16/bf16/fp32 (then the float64 rule applies)."""
     sa = np.asarray(s)
@@ -266,12 +262,11 @@ def _fast_scales(s, scale_dtype, compute: "ComputeDtype"):
         return None
     s32 = sa.astype(np.float32) if sa.dtype.name != "bfloat16" else as_float64(sa).astype(np.float32)
     if scale_dtype is not None:
-        s32 = round_fast(s32, ComputeDtype(scale_dtype).value)
+        s32 = round_fast(s32, scale_dtype.value)
     return round_fast(s32, compute.value)
 
 
-def _sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: Rounding, out=None,
-                                 code_range=None):
+def _sub_then_mul_f32(q, z, s, variant: DequantVariant, out=None, code_range=None):
     """The common case computed with IEEE float32 arithmetic, bit-identical to the rule.
 
     Applies to SUB_THEN_MUL with RNE and scales stored as fp16/bf16/fp32: the scale is
@@ -280,9 +275,10 @@ def _sub_then_mul_f32(q, z, s, order, scale_dtype, compute: ComputeDtype, mode: 
     product is the correctly rounded exact product — for a 16-bit compute dtype it is exact
     (<= 9 + 11 significant bits) and then rounded once. Returns None when it does not apply.
     """
-    if order is not DequantOrder.SUB_THEN_MUL or mode is not Rounding.RNE:
+    if variant.order is not DequantOrder.SUB_THEN_MUL or variant.compute_rounding is not Rounding.RNE:
         return None
-    s32 = _fast_scales(s, scale_dtype, compute)
+    compute = variant.compute_dtype
+    s32 = _fast_scales(s, variant.scale_dtype, compute)
     if s32 is None:
         return None
     qa, za = np.asarray(q), np.asarray(z)

@@ -30,8 +30,8 @@ under ``GptqParams.zero_convention``:
 
 Named variants of reading the zero points (``GptqZeroRead``), of writing a
 v1 zero point of 0 (``GptqV1ZeroWrite``) and of the arithmetic
-(``DequantOrder``, ``scale_dtype``, ``compute_dtype``) are keyword-only
-arguments; the docs page lists who uses each.
+(``int_common.DequantVariant``: order, scale, compute and zero dtypes) are
+keyword-only arguments; the docs page lists who uses each.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from ..numerics.rounding import Rounding, quantize_to_int
 from .fast_dequant import CodeRows, dequantize_grouped
 from .fast_unpack import transposed_field_rows, unpack_int32_transposed
 from .int_common import (
-    ComputeDtype,
-    DequantOrder,
+    CANONICAL_DEQUANT,
+    DequantVariant,
     ZeroConvention,
     check_dtype,
     check_g_idx,
@@ -413,11 +413,7 @@ def dequantize_gptq_reference(
     *,
     shape: tuple | None = None,
     zero_read: GptqZeroRead | str = GptqZeroRead.CANONICAL,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
 ) -> np.ndarray:
     """The specification of ``dequantize_gptq``: same arguments, same float32 [N, K] bit for bit.
@@ -431,8 +427,7 @@ def dequantize_gptq_reference(
     z = expand_groups(zeros.T, g)
     s = expand_groups(np.asarray(scales).T, g)
     # 3. the rule (q - z) * s in the declared order, dtypes and rounding (int_common.dequantize_affine)
-    return dequantize_affine(q, z, s, order=order, scale_dtype=scale_dtype, compute_dtype=compute_dtype,
-                             compute_rounding=compute_rounding, zero_dtype=zero_dtype, midpoint=params.sym_zero)
+    return dequantize_affine(q, z, s, variant=variant, midpoint=params.sym_zero)
 
 
 def dequantize_gptq(
@@ -441,11 +436,7 @@ def dequantize_gptq(
     *,
     shape: tuple | None = None,
     zero_read: GptqZeroRead | str = GptqZeroRead.CANONICAL,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     layer: str | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -457,6 +448,5 @@ def dequantize_gptq(
     """
     n, k, qweight, zeros, scales, g = _validated(tensors, params, shape, GptqZeroRead(zero_read), layer)
     rows, _, align = transposed_field_rows(qweight, params.bits, axis=0, tensor="qweight", layer=layer)
-    return dequantize_grouped(CodeRows((n, k), rows, align, scratch=True), zeros.T, np.asarray(scales).T, g, order=order,
-                              scale_dtype=scale_dtype, compute_dtype=compute_dtype, compute_rounding=compute_rounding,
-                              zero_dtype=zero_dtype, midpoint=params.sym_zero, code_range=(0, params.maxq), out=out)
+    return dequantize_grouped(CodeRows((n, k), rows, align, scratch=True), zeros.T, np.asarray(scales).T, g,
+                              variant=variant, midpoint=params.sym_zero, code_range=(0, params.maxq), out=out)

@@ -24,8 +24,9 @@ exception is a bfloat16 scale above 2**128 / 256, whose product overflows to
 them) the exact product can need 32 bits, and the single RNE rounding to
 float32 is part of the definition.
 
-Named variants of the operation order (keyword-only arguments of every
-``dequantize_*`` function):
+Named variants of the operation order (the fields of ``DequantVariant``, the
+``variant=`` of every ``dequantize_*`` function; emulator/declaration.py's
+``dequant_variant`` builds it from the Stage.WEIGHTS axes of emulator/variants.py):
 
 - ``DequantOrder.SUB_THEN_MUL`` (canonical): ``round_C((q - z) * s)``.
 - ``DequantOrder.MUL_THEN_SUB``: ``round_C(round_C(q * s) - round_C(z * s))``;
@@ -65,6 +66,7 @@ differs with a 16-bit compute dtype or with float32 scales.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import numpy as np
@@ -77,6 +79,8 @@ __all__ = [
     "ZeroConvention",
     "DequantOrder",
     "ComputeDtype",
+    "DequantVariant",
+    "CANONICAL_DEQUANT",
     "FLOAT_DTYPE_NAMES",
     "shape_str",
     "check_dtype",
@@ -127,6 +131,36 @@ class ComputeDtype(str, enum.Enum):
     def fmt(self) -> FloatFormat:
         return {"float32": FP32, "float16": FP16, "bfloat16": BF16}[self.value]
 
+
+@dataclasses.dataclass(frozen=True)
+class DequantVariant:
+    """How a kernel forms ``(q - z) * s``: the arithmetic of the weights (module docstring). Defaults are canonical.
+
+    ``order`` (axis ``dequant_order``), ``scale_dtype`` (``weight_scale_dtype``; None: the checkpoint's),
+    ``compute_dtype`` C and ``compute_rounding`` (``weight_formation`` with ``weight_dtype`` and
+    ``weight_rounding``), ``zero_dtype`` Z of ``FLOAT_ZERO`` (``zero_dtype``; None: C). Strings are accepted
+    and stored as the enums.
+    """
+
+    order: DequantOrder = DequantOrder.SUB_THEN_MUL
+    scale_dtype: ComputeDtype | None = None
+    compute_dtype: ComputeDtype = ComputeDtype.FLOAT32
+    compute_rounding: Rounding = Rounding.RNE
+    zero_dtype: ComputeDtype | None = None
+
+    def __post_init__(self):
+        def dtype(v):
+            return None if v is None else ComputeDtype(v)
+
+        object.__setattr__(self, "order", DequantOrder(self.order))
+        object.__setattr__(self, "scale_dtype", dtype(self.scale_dtype))
+        object.__setattr__(self, "compute_dtype", ComputeDtype(self.compute_dtype))
+        object.__setattr__(self, "compute_rounding", Rounding.parse(self.compute_rounding))
+        object.__setattr__(self, "zero_dtype", dtype(self.zero_dtype))
+
+
+#: the canonical arithmetic: SUB_THEN_MUL, the checkpoint's scales, float32, RNE
+CANONICAL_DEQUANT = DequantVariant()
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32")
 
@@ -280,35 +314,27 @@ def dequantize_affine(
     z,
     s,
     *,
-    order: DequantOrder | str = DequantOrder.SUB_THEN_MUL,
-    scale_dtype: ComputeDtype | str | None = None,
-    compute_dtype: ComputeDtype | str = ComputeDtype.FLOAT32,
-    compute_rounding: Rounding | str = Rounding.RNE,
-    zero_dtype: ComputeDtype | str | None = None,
+    variant: DequantVariant = CANONICAL_DEQUANT,
     midpoint: int = 0,
     out: np.ndarray | None = None,
-    code_range: tuple[int, int] | None = None,
 ) -> np.ndarray:
-    """Elementwise ``(q - z) * s`` under the named order/dtype variant; float32 out.
+    """Elementwise ``(q - z) * s`` under the named order/dtype ``variant``; float32 out.
 
     This is the rule itself, computed exactly in float64 with each rounding of the
     definition done explicitly (``round_to_format``): the specification that the
     ``*_reference`` dequantizers apply and that ``fast_dequant.dequantize_affine_fast``
-    equals bit for bit. ``code_range`` is accepted for compatibility and ignored (a speed
-    hint of the fast path).
+    equals bit for bit.
 
     ``q`` and ``z`` are integer arrays and ``s`` a float array, all already
     broadcast to the weight's shape. ``midpoint`` is the code the float zero
     of ``DequantOrder.FLOAT_ZERO`` is measured from (``2**(bits-1)`` for
     unsigned codes, 0 for signed ones); the other orders ignore it and
-    ``zero_dtype``. See the module docstring for the rules.
+    ``variant.zero_dtype``. See the module docstring for the rules.
     """
-    order = DequantOrder(order)
-    fmt = ComputeDtype(compute_dtype).fmt
-    mode = Rounding.parse(compute_rounding)
+    order, fmt, mode = variant.order, variant.compute_dtype.fmt, variant.compute_rounding
     s64 = as_float64(s)
-    if scale_dtype is not None:
-        s64 = round_to_format(s64, ComputeDtype(scale_dtype).fmt)
+    if variant.scale_dtype is not None:
+        s64 = round_to_format(s64, variant.scale_dtype.fmt)
     s64 = round_to_format(s64, fmt, mode)  # operand conversion to the compute dtype
     # Inf and NaN are defined results (IEEE): a scale that overflows the compute dtype, Inf - Inf
     with np.errstate(over="ignore", invalid="ignore"):
@@ -327,7 +353,7 @@ def dequantize_affine(
             # the one rounding.
             res = round_to_format(a - b, fmt, mode)
         else:
-            zfmt = fmt if zero_dtype is None else ComputeDtype(zero_dtype).fmt
+            zfmt = fmt if variant.zero_dtype is None else variant.zero_dtype.fmt
             zero = round_to_format((midpoint - zi).astype(np.float64) * s64, zfmt)
             # (q - m) * s_C is a multiple of the quantum of s_C below 2**9 |s_C|; zero
             # is a multiple of that quantum too (it is either the exact product, or a

@@ -491,10 +491,10 @@ def test_fused_moe_int4_experts_are_da8w4():
 
     bf = lambda a: round_to_dtype(a, "bfloat16")  # noqa: E731
     # vLLM PR #54024 hands zentorch bf16 scales: the experts are dequantized with bf16-rounded scales
-    w13d = emoe.dequantize_gptq_experts(t["w13_qweight"], t["w13_scales"].astype(ml_dtypes.bfloat16),
-                                        group_size=32).astype(np.float64)
-    w2d = emoe.dequantize_gptq_experts(t["w2_qweight"], t["w2_scales"].astype(ml_dtypes.bfloat16),
-                                       group_size=32).astype(np.float64)
+    w13d = emoe.dequantize_gptq_experts(emoe.GptqExperts(t["w13_qweight"], t["w13_scales"].astype(ml_dtypes.bfloat16),
+                                                         group_size=32)).astype(np.float64)
+    w2d = emoe.dequantize_gptq_experts(emoe.GptqExperts(t["w2_qweight"], t["w2_scales"].astype(ml_dtypes.bfloat16),
+                                                        group_size=32), tensor="w2").astype(np.float64)
 
     def da8w4(a, w):
         q, s = zt.zendnn_dynamic_quant(a.astype(np.float32), "bfloat16")

@@ -175,9 +175,10 @@ def _w4a8_moe_kernel(inp, act):
     from emulator import moe as emoe
 
     case = inp.case
-    w13 = emoe.dequantize_gptq_experts(inp.tensors["w13_qweight"], inp.tensors["w13_scales"], group_size=case.group)
-    w2 = emoe.dequantize_gptq_experts(inp.tensors["w2_qweight"], inp.tensors["w2_scales"],
-                                      group_size=case.moe_w2_group_size)
+    w13 = emoe.dequantize_gptq_experts(emoe.GptqExperts(inp.tensors["w13_qweight"], inp.tensors["w13_scales"],
+                                                        group_size=case.group))
+    w2 = emoe.dequantize_gptq_experts(emoe.GptqExperts(inp.tensors["w2_qweight"], inp.tensors["w2_scales"],
+                                                       group_size=case.moe_w2_group_size), tensor="w2")
     ids, wts = emoe.route(inp.router_logits, case.top_k)
     v = a8.Int8ActVariant(**AQ)
     xq = a8.dequantize_int8_per_token(a8.quantize_int8_per_token(inp.x, v)).astype(f32)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bundle_cache import copy_bundle
-from conformance.certify import decode_case, encode_case, verify_bundle
+from conformance.certify import StoredCase, decode_case, encode_case, verify_bundle
 from conformance.cli.main import main
 
 
@@ -322,8 +322,8 @@ def test_encoding_round_trips_exactly(dtype):
     cases.append((off.astype(np.float64), lo, hi))
     for yy, l, h in cases:
         jl = np.where(np.arange(l.size).reshape(l.shape) % 3 == 0, ref, l)  # narrower at every third element
-        t, meta = encode_case(yy.astype(np.float32), ref, l, h, exact, dtype, bound_positive=True, judged=(jl, h),
-                              tie=(l, h, np.arange(6)), alt=("act_rounding=rhaz", l, h))
+        t, meta = encode_case(StoredCase(yy.astype(np.float32), ref, l, h, exact, dtype, bound_positive=True,
+                                         judged=(jl, h), tie=(l, h, np.arange(6)), alt=("act_rounding=rhaz", l, h)))
         d = decode_case(t, json.loads(json.dumps(meta)))
         for k, want in (("y_ref", ref), ("lo", l), ("hi", h), ("jlo", jl), ("jhi", h), ("tlo", l), ("thi", h),
                         ("alo", l), ("ahi", h)):
@@ -340,7 +340,7 @@ def test_encoding_keeps_overflowed_references_finite():
     exact = np.array([[1.0, 70000.0, -70000.0, np.inf]])
     ref = _grid(exact, "float16")
     assert np.isinf(ref[0, 1])
-    t, meta = encode_case(ref.astype(np.float32), ref, ref, ref, exact, "float16", bound_positive=False)
+    t, meta = encode_case(StoredCase(ref.astype(np.float32), ref, ref, ref, exact, "float16", bound_positive=False))
     assert "exf" in t
     d = decode_case(t, meta)
     assert np.array_equal(np.isfinite(d["y_exact_proxy"]), np.isfinite(exact))
@@ -354,8 +354,8 @@ def test_typical_case_costs_two_and_a_half_bytes_an_element():
     ref = _grid(exact, "bfloat16")
     lo, hi = _next_up(ref, "bfloat16", -1), _next_up(ref, "bfloat16", 1)
     lo[0, :5] = _next_up(ref[0, :5], "bfloat16", -300)  # outliers: exceptions, not a wider encoding
-    t, meta = encode_case(ref.astype(np.float32), ref, lo, hi, exact, "bfloat16", bound_positive=True,
-                          judged=(np.where(rng.random(ref.shape) < 0.5, lo, ref), ref))
+    t, meta = encode_case(StoredCase(ref.astype(np.float32), ref, lo, hi, exact, "bfloat16", bound_positive=True,
+                                     judged=(np.where(rng.random(ref.shape) < 0.5, lo, ref), ref)))
     assert meta["y_is_ref"] and meta["judged"]
     assert sum(a.nbytes for a in t.values()) <= 2.5 * ref.size + 128, {k: a.nbytes for k, a in t.items()}
     d = decode_case(t, meta)

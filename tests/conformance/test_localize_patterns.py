@@ -160,15 +160,16 @@ def _inputs(bug: str, case: Case):
 
 def localize_in_worker(bug: str, case: Case, tmp_path: Path) -> dict:
     """The worker op ``localize`` on a bundle of the case's inputs, with the backend's own declaration."""
-    from conformance.cases.bundle import save_bundle
+    from conformance.cases.bundle import ReplayBundle, save_bundle
     from conformance.run.workerclient import WorkerClient
     from conformance.run.workerproc import WorkerProcess
 
     inp = _inputs(bug, case)
     k = Patterned(bug=bug)
     decl = k.declared(case)
-    path = save_bundle(tmp_path / f"{bug}.safetensors", inp, spec={"case": case.to_json()}, backend=SPEC,
-                       declared=decl.to_json(), verdict="fail", reason="planted")
+    path = save_bundle(tmp_path / f"{bug}.safetensors", ReplayBundle(inp, {"case": case.to_json()}, backend=SPEC,
+                                                                     declared=decl.to_json(), verdict="fail",
+                                                                     reason="planted"))
     env = {"QCONFORM_EXTRA_BACKENDS": SPEC,
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
     w = WorkerClient(WorkerProcess(f"patterned:bug={bug}", env=env), 300)
@@ -348,7 +349,7 @@ MOE_CASES = [
 
 @pytest.mark.parametrize("bug,stage,names,not_names", MOE_CASES, ids=[c[0] for c in MOE_CASES])
 def test_worker_localization_names_the_moe_expert_or_routing(bug, stage, names, not_names, tmp_path):
-    from conformance.cases.bundle import save_bundle
+    from conformance.cases.bundle import ReplayBundle, save_bundle
     from conformance.cases.inputs import make_inputs
     from conformance.judge.acceptance import declared_interval
     from conformance.report.summary import PASSING
@@ -362,8 +363,9 @@ def test_worker_localization_names_the_moe_expert_or_routing(bug, stage, names, 
     for kern, passing in ((ok, True), (k, False)):  # the control passes, the bug fails this case
         y = kern.run(kern.prepare(_MOE, inp.tensors), inp.x, router_logits=inp.router_logits)
         assert (judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING) is passing, kern.bug
-    path = save_bundle(tmp_path / f"{bug}.safetensors", inp, spec={"case": _MOE.to_json()}, backend=MOE_SPEC,
-                       declared=decl.to_json(), verdict="fail", reason="planted")
+    path = save_bundle(tmp_path / f"{bug}.safetensors", ReplayBundle(inp, {"case": _MOE.to_json()}, backend=MOE_SPEC,
+                                                                     declared=decl.to_json(), verdict="fail",
+                                                                     reason="planted"))
     env = {"QCONFORM_EXTRA_BACKENDS": MOE_SPEC,
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
     w = WorkerClient(WorkerProcess(f"patterned-moe:bug={bug}", env=env), 300)

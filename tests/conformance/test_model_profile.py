@@ -197,10 +197,10 @@ def test_cache_redraws_inputs_whose_file_changed(tmp_path, small_case):
     inp, path, digest = cache.inputs(spec)
     again, path2, digest2 = cache.inputs(spec)
     assert (path2, digest2) == (path, digest) and cache.stats["inputs_reused"] == 1
-    from conformance.cases.bundle import save_bundle
+    from conformance.cases.bundle import ReplayBundle, save_bundle
 
     tampered = dataclasses.replace(inp, x=(inp.x + 1).astype(np.float32))
-    save_bundle(path, tampered, spec=spec.to_json(), backend="", declared=None, verdict="", reason="inputs")
+    save_bundle(path, ReplayBundle(tampered, spec.to_json(), reason="inputs"))
     redrawn, _, digest3 = cache.inputs(spec)
     assert digest3 == digest and np.array_equal(redrawn.x, inp.x) and cache.stats["rejected"] == 1
 

@@ -17,7 +17,8 @@ from conformance.judge.acceptance import compare, declared_interval
 from conformance.cases.inputs import make_inputs
 from emulator import moe as emoe
 from emulator.activations import int8 as a8
-from emulator.declaration import int8_variant, moe_variant, mx_variant, weight_kwargs
+from emulator.declaration import dequant_variant, int8_variant, moe_variant, mx_variant
+from emulator.formats.int_common import CANONICAL_DEQUANT, DequantVariant
 from emulator.formats import mxfp4
 from emulator.variants import AXES, FIELD_AXES, VARIANT_AXES, Level, VariantError, markdown_table
 
@@ -96,7 +97,8 @@ def _typed(key, value):
     # values that are only defined together with another axis
     companion = {("azp_before_rounding", True): {"act_symmetric": False}, ("zero_row", "eps"): {"eps": 1e-7},
                  ("reciprocal", "recip_amax"): {"act_symmetric": True}}.get((key, value), {})
-    d = Declared(variants={key: value, **companion})
+    # weight_rounding rounds the conversions to a 16-bit weight_dtype (weight_formation=in_weight_dtype)
+    d = Declared(variants={key: value, **companion}, weight_dtype="bfloat16" if key == "weight_rounding" else "exact")
     cls, _, field = a.target.partition(".")
     if cls == "Int8ActVariant":
         return getattr(int8_variant(d), field), field
@@ -104,22 +106,24 @@ def _typed(key, value):
         return getattr(mx_variant(d), field), field
     if cls == "MoeVariant":
         return getattr(moe_variant(d), field), field
+    if cls == "DequantVariant":
+        return getattr(dequant_variant(d), field), field
     return None, None
 
 
 @pytest.mark.parametrize("key,value", [(k, v) for k, v in AXIS_VALUES if AXES[k].target.split(".")[0] in
-                                       ("Int8ActVariant", "MxVariant", "MoeVariant")])
+                                       ("Int8ActVariant", "MxVariant", "MoeVariant", "DequantVariant")])
 def test_each_value_reaches_the_emulator_field_it_names(key, value):
     got, field = _typed(key, value)
     canonical = {"Int8ActVariant": a8.Int8ActVariant(), "MxVariant": mxfp4.MxVariant(),
-                 "MoeVariant": emoe.MoeVariant()}[AXES[key].target.split(".")[0]]
+                 "MoeVariant": emoe.MoeVariant(), "DequantVariant": DequantVariant()}[AXES[key].target.split(".")[0]]
     got_v = got.value if hasattr(got, "value") else got
     # the vocabulary's value name is the emulator enum's value, or maps onto the field's meaning
     special = {("moe_tie_order", "higher_index_first"): False, ("moe_tie_order", "lower_index_first"): True,
                ("moe_tie_order", "any"): True, ("moe_intermediate_dtype", "activation"): None,
                ("moe_gate_up_dtype", "exact"): None, ("moe_expert_output_dtype", "exact"): None,
                ("act_dequant_scale_dtype", "same"): None,
-               ("moe_act_quant", "none"): None}
+               ("moe_act_quant", "none"): None, ("weight_scale_dtype", "checkpoint"): None, ("zero_dtype", "weight"): None}
     expected = special.get((key, value), value)
     if (key, value) == ("moe_act_quant", "int8"):
         assert isinstance(got, a8.Int8ActVariant)
@@ -130,12 +134,13 @@ def test_each_value_reaches_the_emulator_field_it_names(key, value):
 
 
 def test_weight_axes_reach_the_dequantizer_arguments():
-    assert weight_kwargs(Declared(variants={"dequant_order": "float_zero", "zero_dtype": "bfloat16",
-                                            "weight_scale_dtype": "float16", "weight_rounding": "rtz"},
-                                  weight_dtype="bfloat16")) == {
-        "order": "float_zero", "zero_dtype": "bfloat16", "scale_dtype": "float16", "compute_rounding": "rtz",
-        "compute_dtype": "bfloat16"}
-    assert weight_kwargs(Declared(variants={"weight_scale_dtype": "checkpoint", "zero_dtype": "weight"})) == {}
+    assert dequant_variant(Declared(variants={"dequant_order": "float_zero", "zero_dtype": "bfloat16",
+                                              "weight_scale_dtype": "float16", "weight_rounding": "rtz"},
+                                    weight_dtype="bfloat16")) == DequantVariant(
+        order="float_zero", zero_dtype="bfloat16", scale_dtype="float16", compute_rounding="rtz",
+        compute_dtype="bfloat16")
+    assert dequant_variant(Declared(variants={"weight_scale_dtype": "checkpoint", "zero_dtype": "weight"})) \
+        == CANONICAL_DEQUANT
 
 
 # -- every non-canonical variant value changes the declared interval somewhere it applies ---------------

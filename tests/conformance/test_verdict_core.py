@@ -93,7 +93,7 @@ def _verdict_literals(tree) -> list:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in ("save_bundle",):  # a bundle's label ("probe", "golden", "inputs"), not a verdict
+            if name in ("ReplayBundle",):  # a bundle's label ("probe", "golden", "inputs"), not a verdict
                 continue
             for kw in node.keywords:
                 if kw.arg in ("verdict", "waived_verdict"):
@@ -127,7 +127,7 @@ def test_every_verdict_string_in_the_code_is_a_member():
 
 def test_the_scan_sees_a_misspelt_verdict():
     code = ('rec["verdict"] = "pas"\nif r.get("verdict") in ("fail", "crsh"):\n    pass\n'
-            'x = dict(verdict="waivd")\ny = {"verdict": "timeout"}\nsave_bundle(p, verdict="probe")\n')
+            'x = dict(verdict="waivd")\ny = {"verdict": "timeout"}\nReplayBundle(inp, spec, verdict="probe")\n')
     assert {s for _, s in _verdict_literals(ast.parse(code))} == {"pas", "fail", "crsh", "waivd", "timeout"}
 
 

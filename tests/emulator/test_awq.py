@@ -23,6 +23,7 @@ from emulator.formats.awq import (
     quantize_awq,
     unpack_awq,
 )
+from emulator.formats.int_common import DequantVariant
 from emulator.formats.packing import unpack_int32
 
 
@@ -129,7 +130,7 @@ def test_variants_differ(variant):
     w = rng.standard_normal((16, 128)).astype(np.float32)
     p = AwqParams(group_size=32)
     t = quantize_awq(w, p)
-    assert np.any(dequantize_awq(t, p, **variant) != dequantize_awq(t, p))
+    assert np.any(dequantize_awq(t, p, variant=DequantVariant(**variant)) != dequantize_awq(t, p))
 
 
 def test_params():

@@ -22,7 +22,7 @@ import emulator.parallel as par
 from emulator.formats import awq, gptq
 from emulator.formats import compressed_tensors as ct
 from emulator.formats.fast_unpack import unpack_int32_transposed
-from emulator.formats.int_common import default_g_idx
+from emulator.formats.int_common import DequantVariant, default_g_idx
 from emulator.formats.mxfp4 import dequantize_mxfp4_ct, dequantize_mxfp4_gptoss
 from emulator.formats.packing import unpack_int32
 
@@ -97,8 +97,8 @@ def test_gptq_equals_element_reading(seed, bits, n8, groups, words_per_group, ac
     p = gptq.GptqParams(bits=bits, group_size=group, sym=sym, desc_act=act_order,
                         zero_convention="gptq_v2" if v2 else "gptq")
     t = gptq.GptqTensors(qweight, qzeros, scales, g)
-    fast = gptq.dequantize_gptq(t, p, shape=(n, k), **variant)
-    ref = gptq.dequantize_gptq_reference(t, p, shape=(n, k), **variant)
+    fast = gptq.dequantize_gptq(t, p, shape=(n, k), variant=DequantVariant(**variant))
+    ref = gptq.dequantize_gptq_reference(t, p, shape=(n, k), variant=DequantVariant(**variant))
 
     kk, nn = np.arange(k), np.arange(n)
     q = _field(qweight[kk // f, :], (kk % f)[:, None], bits).T  # [N, K]
@@ -119,8 +119,8 @@ def test_awq_equals_element_reading(seed, n8, groups, group, variant):
     qzeros = _random_words(rng, (groups, n // 8))
     scales = _random_scales(rng, (groups, n), np.float16)
     t, p = awq.AwqTensors(qweight, qzeros, scales), awq.AwqParams(bits=4, group_size=group)
-    fast = awq.dequantize_awq(t, p, shape=(n, k), **variant)
-    ref = awq.dequantize_awq_reference(t, p, shape=(n, k), **variant)
+    fast = awq.dequantize_awq(t, p, shape=(n, k), variant=DequantVariant(**variant))
+    ref = awq.dequantize_awq_reference(t, p, shape=(n, k), variant=DequantVariant(**variant))
     # AutoAWQ's order_map (0, 2, 4, 6, 1, 3, 5, 7): slot s of a word holds column 8j + order[s]
     slot_of = np.argsort(np.array([0, 2, 4, 6, 1, 3, 5, 7]))
     nn = np.arange(n)
@@ -150,8 +150,8 @@ def test_ct_pack_quantized_equals_element_reading(seed, bits, n, groups, group, 
     p = ct.CtPackParams(num_bits=bits, strategy="channel" if channel else "group", group_size=None if channel else group,
                         symmetric=sym, actorder=act_order)
     t = ct.CtPackedTensors(packed, scales, np.array([n, k], np.int64), zpp, g)
-    fast = ct.dequantize_ct_packed(t, p, **variant)
-    ref = ct.dequantize_ct_packed_reference(t, p, **variant)
+    fast = ct.dequantize_ct_packed(t, p, variant=DequantVariant(**variant))
+    ref = ct.dequantize_ct_packed_reference(t, p, variant=DequantVariant(**variant))
 
     kk, nn = np.arange(k), np.arange(n)
     q = _field(packed[:, kk // f], (kk % f)[None, :], bits) - offset  # [N, K] signed codes

@@ -24,6 +24,7 @@ from emulator.formats.compressed_tensors import (
     quantize_ct_packed,
     unpack_ct_packed,
 )
+from emulator.formats.int_common import DequantVariant
 
 
 def u32(a) -> list:
@@ -210,7 +211,7 @@ def test_variants_differ_with_float32_scales(variant):
     p = CtPackParams(num_bits=4, group_size=32, symmetric=False)
     t = quantize_ct_packed(w, p)
     assert t.weight_scale.dtype == np.float32
-    assert np.any(dequantize_ct_packed(t, p, **variant) != dequantize_ct_packed(t, p))
+    assert np.any(dequantize_ct_packed(t, p, variant=DequantVariant(**variant)) != dequantize_ct_packed(t, p))
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from emulator.formats.gptq import (
     dequantize_gptq_reference,
     pack_gptq,
 )
-from emulator.formats.int_common import ZeroConvention, rtn_codes
+from emulator.formats.int_common import DequantVariant, ZeroConvention, rtn_codes
 
 
 def _torch():
@@ -167,9 +167,9 @@ def test_ct_decompress_agrees(p, n, groups, scale_dtype, seed):
     ref = compressors.PackedQuantizationCompressor.decompress(sd, _ct_scheme(p))["weight"]
     assert str(ref.dtype).endswith(scale_dtype)
     # the library computes (q - zp) * s in the scale's dtype: our compute_dtype variant
-    mine = dequantize_ct_packed(t, p, compute_dtype=scale_dtype)
+    mine = dequantize_ct_packed(t, p, variant=DequantVariant(compute_dtype=scale_dtype))
     np.testing.assert_array_equal(bits32(mine), bits32(_from_torch(ref)))
-    spec = dequantize_ct_packed_reference(t, p, compute_dtype=scale_dtype)
+    spec = dequantize_ct_packed_reference(t, p, variant=DequantVariant(compute_dtype=scale_dtype))
     np.testing.assert_array_equal(bits32(spec), bits32(_from_torch(ref)))
 
 
@@ -192,9 +192,9 @@ def test_ct_int_quantized_decompress_agrees(scale_dtype, seed):
     )
     sd = {"weight": torch.from_numpy(t.weight), "weight_scale": _to_torch(t.weight_scale)}
     ref = compressors.IntQuantizationCompressor.decompress(sd, scheme)["weight"]
-    mine = dequantize_ct_int8(t, compute_dtype=scale_dtype)
+    mine = dequantize_ct_int8(t, variant=DequantVariant(compute_dtype=scale_dtype))
     np.testing.assert_array_equal(bits32(mine), bits32(_from_torch(ref)))
-    np.testing.assert_array_equal(bits32(dequantize_ct_int8_reference(t, compute_dtype=scale_dtype)), bits32(_from_torch(ref)))
+    np.testing.assert_array_equal(bits32(dequantize_ct_int8_reference(t, variant=DequantVariant(compute_dtype=scale_dtype))), bits32(_from_torch(ref)))
 
 
 @settings(max_examples=20, deadline=None)
@@ -299,9 +299,9 @@ def test_gptq_agrees_with_onnx(bits, group_size, conv, seed):
     ref32 = onnx_dequantize(q, s.T, z.T, signed=False, bits=bits, block=G)
     np.testing.assert_array_equal(bits32(dequantize_gptq(t, p)), bits32(ref32))
     ref16 = onnx_dequantize(q, s.T, z.T, signed=False, bits=bits, block=G, out_float32=False)
-    np.testing.assert_array_equal(bits32(dequantize_gptq(t, p, compute_dtype="float16")), bits32(ref16))
+    np.testing.assert_array_equal(bits32(dequantize_gptq(t, p, variant=DequantVariant(compute_dtype="float16"))), bits32(ref16))
     np.testing.assert_array_equal(bits32(dequantize_gptq_reference(t, p)), bits32(ref32))
-    np.testing.assert_array_equal(bits32(dequantize_gptq_reference(t, p, compute_dtype="float16")), bits32(ref16))
+    np.testing.assert_array_equal(bits32(dequantize_gptq_reference(t, p, variant=DequantVariant(compute_dtype="float16"))), bits32(ref16))
 
 
 @settings(max_examples=15, deadline=None)
@@ -337,6 +337,6 @@ def test_ct_agrees_with_onnx(p, scale_dtype, seed):
     ref32 = onnx_dequantize(q, s, zp, signed=True, bits=p.num_bits, block=G)
     np.testing.assert_array_equal(bits32(dequantize_ct_packed(t, p)), bits32(ref32))
     ref_s = onnx_dequantize(q, s, zp, signed=True, bits=p.num_bits, block=G, out_float32=False)
-    np.testing.assert_array_equal(bits32(dequantize_ct_packed(t, p, compute_dtype=scale_dtype)), bits32(ref_s))
+    np.testing.assert_array_equal(bits32(dequantize_ct_packed(t, p, variant=DequantVariant(compute_dtype=scale_dtype))), bits32(ref_s))
     np.testing.assert_array_equal(bits32(dequantize_ct_packed_reference(t, p)), bits32(ref32))
-    np.testing.assert_array_equal(bits32(dequantize_ct_packed_reference(t, p, compute_dtype=scale_dtype)), bits32(ref_s))
+    np.testing.assert_array_equal(bits32(dequantize_ct_packed_reference(t, p, variant=DequantVariant(compute_dtype=scale_dtype))), bits32(ref_s))

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.errors import FormatError
-from emulator.formats.int_common import ComputeDtype, DequantOrder, dequantize_affine
+from emulator.formats.int_common import ComputeDtype, DequantOrder, DequantVariant, dequantize_affine
 from emulator.formats.packing import inverse_order, pack_int32, unpack_int32
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -184,7 +184,7 @@ def test_compute_dtype_matches_torch_arithmetic(seed, dtype, order):
         zero = ((8 - zt).float() * s_t.float()).to(tdt)
         ref = ((qt - 8).float() * s_t.float() + zero.float()).to(tdt)
     s_np = s_t.float().numpy()  # the scales as stored in that dtype
-    out = dequantize_affine(q, z, s_np, order=order, compute_dtype=dtype, midpoint=8)
+    out = dequantize_affine(q, z, s_np, midpoint=8, variant=DequantVariant(order=order, compute_dtype=dtype))
     np.testing.assert_array_equal(out.view(np.uint32), ref.float().numpy().view(np.uint32))
 
 
@@ -198,7 +198,7 @@ def _find_difference(fn_a, fn_b, seed=0):
 
 def test_mul_then_sub_equals_canonical_with_16_bit_scales_in_fp32():
     """Documented: the order only matters with a 16-bit compute dtype or fp32 scales."""
-    same = _find_difference(dequantize_affine, lambda q, z, s: dequantize_affine(q, z, s, order="mul_then_sub"))
+    same = _find_difference(dequantize_affine, lambda q, z, s: dequantize_affine(q, z, s, variant=DequantVariant(order="mul_then_sub")))
     assert same == 0
 
 
@@ -214,12 +214,12 @@ def test_mul_then_sub_equals_canonical_with_16_bit_scales_in_fp32():
     ids=lambda v: "-".join(str(x.value) for x in v.values()),
 )
 def test_every_arithmetic_variant_differs_from_canonical(variant):
-    assert _find_difference(dequantize_affine, lambda q, z, s: dequantize_affine(q, z, s, **variant)) > 0
+    assert _find_difference(dequantize_affine, lambda q, z, s: dequantize_affine(q, z, s, variant=DequantVariant(**variant))) > 0
 
 
 def test_mul_then_sub_differs_from_sub_then_mul_at_fp16():
-    a = lambda q, z, s: dequantize_affine(q, z, s, compute_dtype="float16")  # noqa: E731
-    b = lambda q, z, s: dequantize_affine(q, z, s, order="mul_then_sub", compute_dtype="float16")  # noqa: E731
+    a = lambda q, z, s: dequantize_affine(q, z, s, variant=DequantVariant(compute_dtype="float16"))  # noqa: E731
+    b = lambda q, z, s: dequantize_affine(q, z, s, variant=DequantVariant(order="mul_then_sub", compute_dtype="float16"))  # noqa: E731
     assert _find_difference(a, b) > 0
 
 
@@ -230,7 +230,7 @@ def test_mul_then_sub_differs_with_float32_scales():
     # MUL_THEN_SUB: 3s = 3 + 1.5 spacings -> tie, to even: 3 + 2 spacings = 3 + 2**-21;
     # z*s = s exactly; 3 + 2**-21 - (1 + 2**-23) = 2 + 1.5 spacings -> tie, to even: 2 + 2**-21.
     assert dequantize_affine(q, z, s)[0] == np.float32(2 + 2**-22)
-    assert dequantize_affine(q, z, s, order="mul_then_sub")[0] == np.float32(2 + 2**-21)
+    assert dequantize_affine(q, z, s, variant=DequantVariant(order="mul_then_sub"))[0] == np.float32(2 + 2**-21)
 
 
 def test_zero_scale_gives_signed_zero():

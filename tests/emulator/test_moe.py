@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from emulator.formats import gptq
-from emulator.moe import GateUpOrder, MoeVariant, dequantize_gptq_experts, moe_gptq_w4a16, moe_w16, route
+from emulator.moe import GateUpOrder, GptqExperts, MoeVariant, dequantize_gptq_experts, moe_gptq_w4a16, moe_w16, route
 from emulator.errors import FormatError
 
 
@@ -115,13 +115,13 @@ def test_gptq_experts_layout_matches_per_expert_gptq():
     q13, s13 = np.stack([t.qweight for t in t13]), np.stack([t.scales for t in t13])
     q2, s2 = np.stack([t.qweight for t in t2]), np.stack([t.scales for t in t2])
     assert q13.shape == (E, K // 8, 2 * I) and q2.shape == (E, I // 8, K)
-    d13 = dequantize_gptq_experts(q13, s13, group_size=G)
+    d13 = dequantize_gptq_experts(GptqExperts(q13, s13, group_size=G))
     for e in range(E):
         np.testing.assert_array_equal(d13[e], gptq.dequantize_gptq(t13[e], p))
     x = rng.standard_normal((4, K)).astype(np.float16)
     logits = rng.standard_normal((4, E)).astype(np.float32)
-    r = moe_gptq_w4a16(x, logits, q13, s13, q2, s2, 2, group_size=G)
-    d2 = dequantize_gptq_experts(q2, s2, group_size=G)
+    r = moe_gptq_w4a16(x, logits, GptqExperts(q13, s13, group_size=G), GptqExperts(q2, s2, group_size=G), 2)
+    d2 = dequantize_gptq_experts(GptqExperts(q2, s2, group_size=G), tensor="w2")
     np.testing.assert_array_equal(r.y_exact, moe_w16(x, logits, d13, d2, 2).y_exact)
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 from emulator import moe as emoe
 from emulator.activations import int8 as a8
 from emulator.formats import awq, compressed_tensors as ct, gptq
-from emulator.formats.int_common import DequantOrder, dequantize_affine
+from emulator.formats.int_common import DequantOrder, DequantVariant, dequantize_affine
 from emulator.numerics.floats import round_to_dtype
 from emulator.numerics.rounding import Rounding
 
@@ -30,11 +30,11 @@ def test_float_zero_reproduces_int4pack_probe():
     (q - 8) s_T + bf16((8 - z) s_T) = 7.0546875 - 7.0625 = -2**-7 (docs/backends/torch-cpu.md)."""
     t, p = _ct_asym(7, 7, 1.0078125)
     canon = ct.dequantize_ct_packed(t, p)
-    tiny = ct.dequantize_ct_packed(t, p, order="float_zero", zero_dtype="bfloat16")  # torch-cpu's declaration
+    tiny = ct.dequantize_ct_packed(t, p, variant=DequantVariant(order="float_zero", zero_dtype="bfloat16"))  # torch-cpu's declaration
     assert (canon == 0).all()
     assert (tiny == -2.0 ** -7).all()
     # with an fp32 zero (fp32 activations) the zero is exact: canonical
-    assert (ct.dequantize_ct_packed(t, p, order="float_zero", zero_dtype="float32") == 0).all()
+    assert (ct.dequantize_ct_packed(t, p, variant=DequantVariant(order="float_zero", zero_dtype="float32")) == 0).all()
 
 
 def test_float_zero_same_value_in_every_format():
@@ -48,8 +48,8 @@ def test_float_zero_same_value_in_every_format():
     ap = awq.AwqParams(group_size=K)
     at = awq.pack_awq(awq.AwqCodes(q=q, zeros=z, scales=s), ap)
     kw = dict(order="float_zero", compute_dtype="bfloat16")  # CUDA tinygemm: zero and FMA in bf16
-    wg = gptq.dequantize_gptq(gt, gp, **kw)
-    wa = awq.dequantize_awq(at, ap, **kw)
+    wg = gptq.dequantize_gptq(gt, gp, variant=DequantVariant(**kw))
+    wa = awq.dequantize_awq(at, ap, variant=DequantVariant(**kw))
     assert (wg == -2.0 ** -7).all() and (wa == -2.0 ** -7).all()
     assert (gptq.dequantize_gptq(gt, gp) == 0).all()
 
@@ -58,7 +58,7 @@ def test_float_zero_is_one_fused_rounding():
     """In a 16-bit compute dtype the sum (q - m) s + zero is rounded once (an FMA, as tinygemm's
     __hfma2), not product then sum: q = 1, z = 0, s = 0.58203125 (bf16)."""
     q, z, s = np.array([1]), np.array([0]), np.array([0.58203125])
-    fused = dequantize_affine(q, z, s, order="float_zero", compute_dtype="bfloat16", midpoint=8)
+    fused = dequantize_affine(q, z, s, midpoint=8, variant=DequantVariant(order="float_zero", compute_dtype="bfloat16"))
     zero = round_to_dtype((8 - 0) * s, "bfloat16")  # 4.65625: exact
     two_roundings = round_to_dtype(round_to_dtype((1 - 8) * s, "bfloat16") + zero, "bfloat16")
     assert fused[0] == 0.58203125 == round_to_dtype((1 - 8) * s + zero, "bfloat16")[0]
@@ -73,9 +73,11 @@ def test_float_zero_equals_canonical_when_the_zero_is_representable(seed):
     z = rng.integers(0, 17, 512)
     s = rng.integers(0x0001, 0x7BFF, 512).astype(np.uint16).view(np.float16)  # every finite positive fp16
     canon = dequantize_affine(q, z, s)
-    assert np.array_equal(dequantize_affine(q, z, s, order="float_zero", zero_dtype="float32", midpoint=8), canon)
-    assert np.array_equal(dequantize_affine(q, np.full(512, 8), s, order="float_zero", zero_dtype="bfloat16",
-                                            midpoint=8), dequantize_affine(q, np.full(512, 8), s))
+    f32 = DequantVariant(order="float_zero", zero_dtype="float32")
+    assert np.array_equal(dequantize_affine(q, z, s, variant=f32, midpoint=8), canon)
+    bf16 = DequantVariant(order="float_zero", zero_dtype="bfloat16")
+    assert np.array_equal(dequantize_affine(q, np.full(512, 8), s, variant=bf16, midpoint=8),
+                          dequantize_affine(q, np.full(512, 8), s))
 
 
 # -- 2. compute (weight) rounding -----------------------------------------------------------------------
@@ -83,8 +85,8 @@ def test_rtz_weight_rounding_reproduces_avx512_truncation():
     """vLLM _C_AVX512: (q - z) s formed in fp32 and truncated to bf16. 3 * (1 + 2**-7) = 3.0234375 is a
     bf16 tie: RNE gives 3.03125, RTZ 3.015625."""
     q, z, s = np.array([11]), np.array([8]), np.array([1.0078125])
-    rne = dequantize_affine(q, z, s, compute_dtype="bfloat16")
-    rtz = dequantize_affine(q, z, s, compute_dtype="bfloat16", compute_rounding="rtz")
+    rne = dequantize_affine(q, z, s, variant=DequantVariant(compute_dtype="bfloat16"))
+    rtz = dequantize_affine(q, z, s, variant=DequantVariant(compute_dtype="bfloat16", compute_rounding="rtz"))
     assert rne[0] == 3.03125 and rtz[0] == 3.015625
     # the same value as the hardware's bit truncation of the fp32 product
     bits = np.array([3.0234375], np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
@@ -98,7 +100,28 @@ def test_rtz_weights_are_truncated_fp32_weights(seed):
     s = round_to_dtype(rng.random(256) * 0.1, "bfloat16")  # vLLM holds the scales in bf16 already
     w32 = dequantize_affine(q, z, s)  # exact in fp32 for 16-bit scales
     trunc = (w32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-    assert np.array_equal(dequantize_affine(q, z, s, compute_dtype="bfloat16", compute_rounding="rtz"), trunc)
+    rtz = DequantVariant(compute_dtype="bfloat16", compute_rounding="rtz")
+    assert np.array_equal(dequantize_affine(q, z, s, variant=rtz), trunc)
+
+
+def test_a_variant_is_typed_and_refuses_unknown_names():
+    """DequantVariant stores the enums whatever spelling it is given (so two spellings of one variant are one
+    variant), its defaults are the canonical arithmetic, and a misspelt value fails when built, naming it."""
+    from emulator.formats.int_common import CANONICAL_DEQUANT, ComputeDtype
+
+    v = DequantVariant(order="float_zero", scale_dtype="bfloat16", compute_dtype="float16", compute_rounding="RTZ",
+                       zero_dtype="float32")
+    assert (v.order, v.scale_dtype, v.compute_dtype, v.compute_rounding, v.zero_dtype) == (
+        DequantOrder.FLOAT_ZERO, ComputeDtype.BFLOAT16, ComputeDtype.FLOAT16, Rounding.RTZ, ComputeDtype.FLOAT32)
+    assert type(v.order) is DequantOrder and type(v.compute_rounding) is Rounding
+    assert v == DequantVariant(DequantOrder.FLOAT_ZERO, ComputeDtype.BFLOAT16, ComputeDtype.FLOAT16, Rounding.RTZ,
+                               ComputeDtype.FLOAT32)
+    assert CANONICAL_DEQUANT == DequantVariant(order="sub_then_mul", compute_dtype="float32", compute_rounding="rne")
+    assert CANONICAL_DEQUANT.scale_dtype is None and CANONICAL_DEQUANT.zero_dtype is None
+    for bad in (dict(order="mul_before_sub"), dict(compute_dtype="fp16"), dict(compute_rounding="nearest"),
+                dict(scale_dtype="float8")):
+        with pytest.raises(ValueError, match=repr(next(iter(bad.values())))):
+            DequantVariant(**bad)
 
 
 # -- 5. int8 activation axes ----------------------------------------------------------------------------

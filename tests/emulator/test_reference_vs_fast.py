@@ -28,7 +28,7 @@ from variant_oracle import same_bits
 import emulator.parallel as par
 from emulator.formats import awq, fast_dequant, fast_unpack, gptq, mxfp4
 from emulator.formats import compressed_tensors as ct
-from emulator.formats.int_common import default_g_idx
+from emulator.formats.int_common import DequantVariant, default_g_idx
 from emulator.numerics.rounding import Rounding
 
 ORDERS = ["sub_then_mul", "mul_then_sub", "float_zero"]
@@ -114,7 +114,7 @@ def test_gptq_fast_equals_reference(seed, bits, n8, groups, words_per_group, cha
         zero_read = gptq.GptqZeroRead.CANONICAL  # the other readings are of v1 checkpoints only
     t, p, shape = _gptq_case(np.random.default_rng(seed), bits, n8, groups, words_per_group, channel, act, v2,
                              scale_dtype)
-    _check(gptq.dequantize_gptq, gptq.dequantize_gptq_reference, t, p, shape=shape, zero_read=zero_read, **variant)
+    _check(gptq.dequantize_gptq, gptq.dequantize_gptq_reference, t, p, shape=shape, zero_read=zero_read, variant=DequantVariant(**variant))
 
 
 @settings(max_examples=40, deadline=None)
@@ -127,7 +127,7 @@ def test_awq_fast_equals_reference(seed, n8, groups, group, scale_dtype, variant
     n_groups = 1 if group == -1 else groups
     t = awq.AwqTensors(_words(rng, (k, n // 8)), _words(rng, (n_groups, n // 8)), _scales(rng, (n_groups, n), scale_dtype))
     p = awq.AwqParams(bits=4, group_size=group)
-    _check(awq.dequantize_awq, awq.dequantize_awq_reference, t, p, shape=(n, k), **variant)
+    _check(awq.dequantize_awq, awq.dequantize_awq_reference, t, p, shape=(n, k), variant=DequantVariant(**variant))
 
 
 def _ct_case(rng, bits, n, groups, group, sym, channel, act, scale_dtype):
@@ -149,7 +149,7 @@ def _ct_case(rng, bits, n, groups, group, sym, channel, act, scale_dtype):
        scale_dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16, np.float32]), variant=VARIANTS)
 def test_ct_packed_fast_equals_reference(seed, bits, n, groups, group, sym, channel, act, scale_dtype, variant):
     t, p = _ct_case(np.random.default_rng(seed), bits, n, groups, group, sym, channel, act, scale_dtype)
-    _check(ct.dequantize_ct_packed, ct.dequantize_ct_packed_reference, t, p, **variant)
+    _check(ct.dequantize_ct_packed, ct.dequantize_ct_packed_reference, t, p, variant=DequantVariant(**variant))
 
 
 @settings(max_examples=40, deadline=None)
@@ -159,7 +159,7 @@ def test_ct_int8_fast_equals_reference(seed, n, k, per_tensor, scale_dtype, vari
     rng = np.random.default_rng(seed)
     q = rng.integers(-128, 128, (n, k)).astype(np.int8)
     t = ct.CtInt8Tensors(q, _scales(rng, (1,) if per_tensor else (n, 1), scale_dtype))
-    _check(ct.dequantize_ct_int8, ct.dequantize_ct_int8_reference, t, **variant)
+    _check(ct.dequantize_ct_int8, ct.dequantize_ct_int8_reference, t, variant=DequantVariant(**variant))
 
 
 def test_every_variant_combination_on_fixed_layers():
@@ -184,7 +184,7 @@ def test_every_variant_combination_on_fixed_layers():
     assert len(ALL_VARIANTS) == 3 * 4 * 3 * 4 + 3 * 4 * 4 * 3  # every combination, counted by hand
     for fast_fn, ref_fn, args, kw in cases:
         for variant in ALL_VARIANTS:
-            _check(fast_fn, ref_fn, *args, **kw, **variant)
+            _check(fast_fn, ref_fn, *args, **kw, variant=DequantVariant(**variant))
 
 
 def test_real_block_sizes_and_threads(monkeypatch):
@@ -271,9 +271,9 @@ def test_references_never_call_the_fast_path(monkeypatch):
           "weight_scale": rng.integers(0, 256, (2, 1), dtype=np.uint8)}
     blocks, scales = rng.integers(0, 256, (2, 3, 1, 16), dtype=np.uint8), rng.integers(0, 256, (2, 3, 1), dtype=np.uint8)
     with np.errstate(all="ignore"):
-        gptq.dequantize_gptq_reference(t, p, shape=shape, order="float_zero")
-        awq.dequantize_awq_reference(at, ap, compute_dtype="bfloat16")
-        ct.dequantize_ct_packed_reference(ctt, cp, order="mul_then_sub")
+        gptq.dequantize_gptq_reference(t, p, shape=shape, variant=DequantVariant(order="float_zero"))
+        awq.dequantize_awq_reference(at, ap, variant=DequantVariant(compute_dtype="bfloat16"))
+        ct.dequantize_ct_packed_reference(ctt, cp, variant=DequantVariant(order="mul_then_sub"))
         ct.dequantize_ct_int8_reference(i8)
         mxfp4.dequantize_mxfp4_ct_reference(mx)
         mxfp4.dequantize_mxfp4_gptoss_reference(blocks, scales)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from emulator.formats.fast_matmul import RowSink
+from emulator.formats.int_common import DequantVariant
 from qconform_torch.blocked import TorchScaledRowsTimesX, one_torch_thread
 
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1.1754942e-38, 2.0 ** -126, 3.4028235e38,
@@ -87,7 +88,7 @@ def test_streamed_blocks_equal_the_array_for_every_order(order, compute, layout)
     t = gptq.GptqTensors(qweight, qzeros, scales, None)
     p = gptq.GptqParams(bits=4, group_size=group, sym=False)
     kw = {"order": order, "compute_dtype": compute}
-    expect = gptq.dequantize_gptq(t, p, shape=(n, k), **kw)
+    expect = gptq.dequantize_gptq(t, p, shape=(n, k), variant=DequantVariant(**kw))
     for sink_type in (RowSink, TorchScaledRowsTimesX):
         got = np.full((n, k), np.nan, np.float32)
 
@@ -98,6 +99,6 @@ def test_streamed_blocks_equal_the_array_for_every_order(order, compute, layout)
         if sink_type is TorchScaledRowsTimesX:
             sink.consume, sink.step = keep, 16
         with one_torch_thread():
-            assert gptq.dequantize_gptq(t, p, shape=(n, k), out=sink, **kw) is sink
+            assert gptq.dequantize_gptq(t, p, shape=(n, k), out=sink, variant=DequantVariant(**kw)) is sink
         assert sink.covered == n
         assert np.array_equal(got.view(np.uint32), expect.view(np.uint32)), sink_type.__name__

@@ -437,13 +437,15 @@ def _canonical_int8(case: Case) -> "a8.Int8ActVariant":
 def _moe(case: Case, t: dict, x32: np.ndarray, logits, knobs: dict) -> np.ndarray:
     """The fused-MoE forward of emulator/moe.py written out with the knobs mutants turn."""
     E, I, k = case.E, case.N, case.top_k
-    w13 = emoe.dequantize_gptq_experts(t["w13_qweight"], t["w13_scales"], group_size=case.group).astype(np.float64)
+    w13 = emoe.dequantize_gptq_experts(emoe.GptqExperts(t["w13_qweight"], t["w13_scales"], group_size=case.group))
+    w13 = w13.astype(np.float64)
     s2 = np.asarray(t["w2_scales"])
     if knobs.get("w2_group_bug") and s2.shape[1] == 1:
         # one group_size = K / G13 derived from w13 reused for w2 (in-dim I < K): zero groups, every
         # output block reads the first block's scales
         s2 = s2[:, :, np.arange(s2.shape[2]) % 32]
-    w2 = emoe.dequantize_gptq_experts(t["w2_qweight"], s2, group_size=case.moe_w2_group_size).astype(np.float64)
+    w2 = emoe.dequantize_gptq_experts(emoe.GptqExperts(t["w2_qweight"], s2, group_size=case.moe_w2_group_size),
+                                      tensor="w2").astype(np.float64)
     r = np.asarray(logits, np.float64)
     z = np.exp(r - r.max(axis=1, keepdims=True))
     p = z / z.sum(axis=1, keepdims=True)
