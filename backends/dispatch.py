@@ -611,6 +611,11 @@ class Dispatcher:
         return self._logged(case, Choice(by_label[chosen], skipped + gated, how, times,
                                          fallback=by_label[chosen] is fb, output=outputs[chosen]))
 
+    def chosen_labels(self) -> set[str]:
+        """The labels some measured shape class chose so far (a contender that lost every measurement is in none:
+        the caller may drop what it prepared for the timing)."""
+        return {v[0] for v in self._timed.values()}
+
     def named(self, spec: str, case: Case) -> Backend:
         """The backend the user named, or RuntimeError saying why it cannot take ``case`` (no dispatch rule
         applies: naming a backend is asking for it)."""

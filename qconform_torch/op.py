@@ -152,6 +152,12 @@ def cache_stats() -> dict:
     return _CACHE.stats()
 
 
+def cached_entries() -> list[tuple[str, str]]:
+    """(layer spec, what) of every entry the cache keeps now: ``what`` is the backend label of a prepared kernel
+    (or ``reference`` for what the exact reference keeps)."""
+    return [(k[0], k[1]) for k in _CACHE.keys() if isinstance(k, tuple) and len(k) >= 3]
+
+
 def _prepared_bytes_estimate(case, weights) -> int:
     """What an emulator backend cache entry of the layer holds: its fp32 weight [N, K] and the layer's tensors."""
     return 4 * case.N * case.K + sum(int(w.untyped_storage().nbytes()) for w in weights)
@@ -377,6 +383,8 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
                               timer=timer, reference=lambda: _reference(src, info, x32, dtype, (spec, weights_in)),
                               activations=x32)
     b = choice.backend
+    if choice.output is not None and len(choice.times) > 1:  # measured on this call: drop the losers' entries
+        _drop_timing_leftovers(spec, _identity(weights))
     try:
         y = choice.output if choice.output is not None else _compute(b, call, x32, bias)
     except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
@@ -390,6 +398,13 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         return _run_layer(x, weights_in, spec, backend)
     _log_choice(spec, info.name, choice.line(case))
     return y
+
+
+def _drop_timing_leftovers(spec: str, identity) -> None:
+    """Drop this layer's cache entries of backends no measured shape class chose (prepared only to be timed)."""
+    keep = _DISPATCH.chosen_labels()
+    _CACHE.discard(lambda k: not (isinstance(k, tuple) and len(k) >= 3 and k[0] == spec and k[-1] == identity)
+                   or k[1] in keep)
 
 
 #: (spec, named backend, activation dtype) -> (weights' identity, cache key, bias, output dtype, (N, K) or None):

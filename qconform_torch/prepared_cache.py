@@ -119,6 +119,22 @@ class PreparedCache:
             self.peak = max(self.peak, self.used)
             return True
 
+    def keys(self) -> list:
+        with self._lock:
+            return list(self._d)
+
+    def discard(self, keep) -> int:
+        """Drop every entry whose key ``keep(key)`` rejects (and its request count); how many were dropped. The
+        op drops what a dispatcher's timing prepared for contenders that lost (their counts from the timing
+        runs would otherwise outrank the chosen path's entries once the model outgrows the budget)."""
+        with self._lock:
+            gone = [k for k in self._d if not keep(k)]
+            for k in gone:
+                self.used -= self._d.pop(k)[1]
+                self._count.pop(k, None)
+                self._last.pop(k, None)
+            return len(gone)
+
     def clear(self):
         with self._lock:
             self._d.clear()

@@ -249,3 +249,56 @@ def test_the_floor_gate_keeps_a_noisy_kernel_out_per_layer(extra, tmp_path, caps
     lines = [l for l in out.splitlines() if "ct-pack-quantized ->" in l]
     assert len(lines) == 7 and all("noisy: " in l and "dB against the reference on this input, below the" in l
                                    for l in lines), out
+
+
+class _Slow(Backend):
+    """Declares the canonical arithmetic and answers the emulator's output 50 ms late: it loses every timing."""
+
+    name = "slowcanon"
+    covers = "test"
+    priority = 1000
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.emu = create("emulator")
+
+    def availability(self):
+        return Availability(True, "ok", "1")
+
+    def can_implement(self, case):
+        return yes()
+
+    def declared(self, case):
+        return Declared(variants={}, output=case.output_dtype)
+
+    def prepare(self, case, tensors):
+        return self.emu.prepare(case, tensors)
+
+    def run(self, prepared, x, **inputs):
+        import time
+
+        time.sleep(0.05)
+        return self.emu.run(prepared, x, **inputs)
+
+
+def test_a_contender_that_lost_the_timing_leaves_nothing_in_the_cache(monkeypatch):
+    """What the dispatcher prepared only to time a contender is dropped once another wins: its request counts
+    from the timing runs would otherwise outrank the chosen path's entries when the model outgrows the budget
+    (found by reading op.py: auto at T = 128 ran 1.3x the fast path in the model bench)."""
+    mod = types.ModuleType("qconform_slow_fake")
+    mod.Slow = _Slow
+    monkeypatch.setitem(sys.modules, "qconform_slow_fake", mod)
+    monkeypatch.setenv("QCONFORM_EXTRA_BACKENDS", "slowcanon=qconform_slow_fake:Slow")
+    monkeypatch.setenv("QCONFORM_DISPATCH_CACHE", "off")
+    op.set_cache_budget(op.DEFAULT_CACHE_MB)
+    ck = Checkpoint(TOOLKIT / "llmcompressor-w4a16-g128-sym")
+    info = ck.layer("model.layers.0.mlp.down_proj")
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((3, info.shape[1])).astype(np.float32))
+    m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
+    m(x)
+    line = _line(m)
+    assert "slowcanon" in line.split("timed at M = 3: ", 1)[1], line  # it was timed, and lost
+    kept = [what for spec, what in op.cached_entries() if spec == m.spec]
+    assert kept and not any("slowcanon" in w for w in kept), kept
+    m(x)  # the next call of the class runs the chosen path alone: still nothing of the loser
+    assert not any("slowcanon" in w for spec, w in op.cached_entries() if spec == m.spec)
