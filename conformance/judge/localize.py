@@ -47,6 +47,7 @@ from conformance.judge.localize_exact import (AZP_CORRECTION, OUTPUT_RTZ, act_hy
                                               exact_activation_rows, one_hot_value, round_output,
                                               second_value)
 from conformance.judge.localize_moe import localize_moe
+from conformance.judge.localize_rows import RowReadback, row_pattern, shift_for
 from conformance.judge.localize_weights import Structure, analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
@@ -183,6 +184,10 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
             acts is None or acts["ok"]) and (bias_res is None or bias_res["ok"]):
         whole = _own_output_step(p, x, loc)
     loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
+    if loc.get("output_rows"):  # the rows of every call: whatever the other probes show, this is the first bug
+        f = loc["output_rows"]["findings"][0]
+        also = "" if loc["stage"] == "accumulation or output rounding" else f"; besides: {loc['summary']}"
+        loc["stage"], loc["summary"] = "output rows", f"output rows wrong: {f['pattern']}{also}"
     if whole and whole.get("hypothesis") and loc["stage"] == "accumulation or output rounding":
         loc["stage"], loc["summary"] = whole["stage"], whole["summary"]
     return loc
@@ -246,6 +251,9 @@ def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
     except Exception:  # noqa: BLE001 - a kernel that needs its bias: probe with it and expect it
         obs1, exp1, bad1 = p.prober(X, p.bias)
         bias_in = p.bias
+    rows_found = None
+    if bad1.any():  # an output row of every call wrong (an M tail) reads like wrong columns: told apart first
+        rows_found, obs1, exp1, bad1 = _output_rows(p, X, (obs1, exp1, bad1), bias_in)
     b64 = 0.0 if bias_in is None else np.asarray(bias_in, np.float64)[None, :]
 
     def to_output(Wh: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -255,6 +263,9 @@ def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
 
     weights = analyze_weights(p.st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
     weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
+    if rows_found is not None:
+        loc["output_rows"] = {"ok": False, "findings": [rows_found], "n": int(bad1.size)}
+        loc["probes"].append("output rows: the same one-hot rows shifted inside the kernel's calls of M rows")
     rb = _Readback(v, ks, X, obs1, bad1, bias_in, weights)
     v2 = None if weights["ok"] else second_value(case, declared, v)
     if v2 is not None:
@@ -273,6 +284,43 @@ def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
                              "product and a rounded weight differ there)")
     loc["weights"] = weights
     return rb
+
+
+def _output_rows(p: _Probing, X: np.ndarray, first: tuple, bias_in):
+    """(finding or None, obs, exp, bad): the one-hot readback run again with its rows shifted inside the kernel's
+    calls (conformance/judge/localize_rows.py); where the failing rows follow the row position, the rows
+    that failed there are replaced by their shifted readback (at a passing position) for the weight diff."""
+    obs1, exp1, bad1 = first
+    n = len(X)
+    step = p.prober.chunks(n)[0][2]
+    pos1 = np.arange(n) % step
+    P = np.unique(pos1[bad1.any(axis=1)])
+    s = shift_for(P, step) if 0 < P.size < step else 0
+    if not s or p.prober.chunks(n + s)[0][2] != step:
+        return None, obs1, exp1, bad1
+    X2 = np.concatenate([np.zeros((s, X.shape[1]), np.float32), X])
+    try:
+        obs2, exp2, bad2 = (a[s:] for a in p.prober(X2, bias_in))
+    except Exception:  # noqa: BLE001 - the kernel refused the shifted readback: the first one stands
+        return None, obs1, exp1, bad1
+    pos2 = (np.arange(n) + s) % step
+    found = row_pattern(RowReadback(bad1, obs1, pos1, step), RowReadback(bad2, obs2, pos2, step))
+    if found is None:
+        return None, obs1, exp1, bad1
+    finding, hit = found
+    take = hit & ~np.isin(pos2, P)  # read those columns where the shifted run put them on a passing row
+    obs, exp, bad = obs1.copy(), exp1.copy(), bad1.copy()
+    obs[take], exp[take], bad[take] = obs2[take], exp2[take], bad2[take]
+    bad[hit & ~take] = False  # at a failing position in both runs: not read
+    return finding, obs, exp, bad
+
+
+def _off_failing_rows(loc: dict, bad: np.ndarray, step: int) -> np.ndarray:
+    """``bad`` without the rows at the call positions the output-row finding already explains."""
+    rows = (loc.get("output_rows") or {}).get("findings")
+    if not rows:
+        return bad
+    return bad & ~np.isin(np.arange(len(bad)) % step, rows[0]["rows"])[:, None]
 
 
 def _product_or_weight(p: _Probing, rb: _Readback, v2: float) -> "float | None":
@@ -302,6 +350,7 @@ def _activations_step(p: _Probing, rb: "_Readback | None", loc: dict) -> "tuple[
         return None, None
     obs, exp, bad = p.prober(Xa, None)
     step = p.prober.chunks(len(Xa))[0][2]
+    bad = _off_failing_rows(loc, bad, step)
     wq = ((st.q, st.scale[:, 0]) if st.kind == "int" and st.n_groups == 1 and not np.any(st.zero)
           and case.spec.activations == "int8" else None)
     acts = analyze_rows(obs, exp, bad, act_hypotheses(case, declared, Xa, p.W, step, wq), p.out_dtype)
@@ -350,6 +399,7 @@ def _bias_step(p: _Probing, loc: dict) -> "dict | None":
         return None
     Z = np.zeros((max(1, case.M), case.K), np.float32)
     obs, exp, bad = p.prober(Z, bias)
+    bad = _off_failing_rows(loc, bad, p.prober.chunks(len(Z))[0][2])
     b = np.asarray(bias, np.float64)[None, :]
     base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
     hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
