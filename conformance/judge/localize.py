@@ -46,6 +46,7 @@ from conformance.judge.localize_acts import QUANTIZER_CLASSES, RowProbe, analyze
 from conformance.judge.localize_exact import (AZP_CORRECTION, OUTPUT_RTZ, act_hypotheses, analyze_rows,
                                               exact_activation_rows, one_hot_value, round_output,
                                               second_value)
+from conformance.judge.localize_epilogue import OwnOutput, epilogue_hypotheses
 from conformance.judge.localize_moe import localize_moe
 from conformance.judge.localize_rows import RowReadback, row_pattern, shift_for
 from conformance.judge.localize_weights import Structure, analyze_weights, close, product_or_weight, structure
@@ -483,12 +484,25 @@ def _own_output(case: Case, declared: Declared, run: Run, prober: "_Prober", x: 
                              f"never formed, so {int(bad.sum())} output(s) whose row holds a NaN/Inf activation are "
                              "what the non-zero weights' products alone give (a number or an Inf, not NaN); every "
                              "other output is inside the interval"))
+    if not fits:
+        res["tried"].append("the output rounded through another dtype, a saturating output, NaN/Inf activations replaced")
+        fits += _output_stage_fits(case, declared, prober, (X, y, bad), bias)
     if fits:
         res["stage"], why = fits[0]
         res["hypothesis"] = why
         res["summary"] = f"{fits[0][0]} wrong on the case's own rows: {why}"
         res["findings"] = [{"where": "the case's own rows", "pattern": why, "n": int(bad.sum())}]
     return res
+
+
+def _output_stage_fits(case: Case, declared: Declared, prober: "_Prober", own: tuple, bias) -> list:
+    """[(stage, why)] of the output-stage and activation NaN/Inf hypotheses on the case's own output
+    (conformance/judge/localize_epilogue.py)."""
+    X, y, bad = own
+    iv = prober._interval(X, bias)
+    o = OwnOutput(X, y, bad, np.asarray(iv.y_exact, np.float64), declared.output or case.output_dtype, case.act_dtype,
+                  lambda Xr, yr: prober.judge(Xr, yr, bias)[1])
+    return epilogue_hypotheses(o)
 
 
 def _short(v: list, limit: int = 8) -> str:
