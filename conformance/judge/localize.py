@@ -181,7 +181,10 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     own = _own_rows_step(p, x, weights, exact_rows, loc)
     bias_res = _bias_step(p, loc)
     whole = None
-    if x is not None and (weights is None or weights["ok"]) and not (own and own.get("hypothesis")) and (
+    # a one-hot row holds one product per output: a product rounded to X and an output rounded through X first
+    # read back alike, so the case's own output (sums of many products) is judged too
+    single = (weights or {}).get("rounding", {}).get("what") in ("product", "either")
+    if x is not None and (weights is None or weights["ok"] or single) and not (own and own.get("hypothesis")) and (
             acts is None or acts["ok"]) and (bias_res is None or bias_res["ok"]):
         whole = _own_output_step(p, x, loc)
     loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
@@ -191,6 +194,9 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
         loc["stage"], loc["summary"] = "output rows", f"output rows wrong: {f['pattern']}{also}"
     if whole and whole.get("hypothesis") and loc["stage"] == "accumulation or output rounding":
         loc["stage"], loc["summary"] = whole["stage"], whole["summary"]
+    elif whole and whole.get("stage") == "epilogue" and single:
+        loc["stage"], loc["summary"] = "epilogue", (whole["summary"] + " (the one-hot readback, one product per "
+                                                    "output, cannot tell a rounded product from a rounded output)")
     return loc
 
 

@@ -39,7 +39,17 @@ BUGS = {
     "w8a8_eps": "asymmetric activation range max - min clamped to at least 1e-10 (an eps guard)",
     "w8a8_rowsum_int16": "asymmetric W8A8: the weight row sums of the azp correction kept in int16 (wrap)",
     "w8a8_rowsum_k_tail": "asymmetric W8A8: the weight row sums of the azp correction skip the last K % 32 columns",
+    # round 3 of the independent check (examples/independent-kernels/round3/README.md), each its own class
+    "m_tail_8": "row tiles of 8 with no remainder loop: output rows past the last full tile of 8 left at zero",
+    "int8_clamp_m128": "int8 weight codes clamped to [-127, 127] (code -128 read as -127)",
+    "out_via_fp16": "the bfloat16 output formed through a float16 buffer: RNE to float16, then to bfloat16",
+    "out_satfinite": "the output conversion saturates: +-Inf become +-the largest finite value (NaN kept)",
+    "prod_fp16": "each product rounded to float16, then summed exactly (control of out_via_fp16: not the output)",
+    "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
+
+_MAX = {"bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), "float16": 65504.0,
+        "float32": float(np.finfo(np.float32).max)}
 
 
 def _bf16(a):
@@ -72,6 +82,8 @@ class Patterned(kernels.Planted):
             z = np.broadcast_to(z[:1], z.shape)
             s, g = t["scales"].astype(np.float64), t["g_idx"].astype(np.int64)
             return (q - z[g].T) * s[g].T
+        if bug == "int8_clamp_m128":
+            return np.maximum(t["weight"].astype(np.float64), -127) * t["weight_scale"].astype(np.float64).reshape(-1, 1)
         if bug == "int8_row0_scale":
             return t["weight"].astype(np.float64) * t["weight_scale"].astype(np.float64).reshape(-1)[0]
         if bug == "scale_ftz":
@@ -125,6 +137,23 @@ class Patterned(kernels.Planted):
             acc = q @ qw.T - zp * rs[None, :]
             y = acc * s.astype(np.float64) * sw[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug in ("m_tail_8", "out_via_fp16", "prod_fp16", "out_satfinite", "act_nan_to_num"):
+            if bug == "act_nan_to_num":
+                mx = _MAX[case.act_dtype]
+                x = np.nan_to_num(x, nan=0.0, posinf=mx, neginf=-mx)
+            with np.errstate(invalid="ignore", over="ignore"):
+                acc = x @ W.T + (0 if bias is None else np.asarray(bias, np.float64))
+            if bug == "m_tail_8" and len(x) > 8 and len(x) % 8:
+                acc[len(x) - len(x) % 8:] = 0.0
+            if bug == "out_via_fp16":
+                acc = kernels._round(acc, "float16").astype(np.float64)
+            if bug == "prod_fp16":
+                acc = kernels._round(x[:, None, :] * W[None], "float16").astype(np.float64).sum(-1)
+            y = kernels._round(acc, case.output_dtype)
+            if bug == "out_satfinite":
+                mx = _MAX[case.output_dtype]
+                y = np.where(np.isnan(y), y, np.clip(y, -mx, mx))
+            return y
         return super().run(prepared, x.astype(np.float32), bias=bias)
 
     def prepare(self, case, tensors):
@@ -149,6 +178,13 @@ def _inputs(bug: str, case: Case):
         w[7, 9] = 0
         t["weight"] = w
         x[1, 5] = np.nan
+    if bug == "int8_clamp_m128":
+        w = t["weight"].copy()
+        w[::3, ::5] = -128  # the code a symmetric [-127, 127] path cannot hold
+        t["weight"] = w
+    if bug in ("out_satfinite", "act_nan_to_num", "none"):
+        x[1, 3] = np.inf  # a row whose output is +-Inf (or NaN where a weight is 0)
+        x[2, 6] = np.nan
     if bug == "w8a8_eps":
         x[2] = np.float32(0.375)  # a constant row: range 0
     if bug == "w8a8_rowsum_int16":
@@ -218,7 +254,26 @@ CASES = [
                                 scale_dtype="float32"), "azp correction",
      ["azp correction wrong", "the weight row sums skip the last K mod 32 = 16 columns"],
      ["activation zero point ignored"]),
+    ("m_tail_8", Case("w8a16", "ct-int-quantized", M=12, N=64, K=64, group_size=-1), "output rows",
+     ["output rows m >= 8 * floor(M / 8) = 8 of every call of M = 12 rows",
+      "past the last full tile of 8 rows, left at zero"], ["weights wrong", "read as zero", "bias not added"]),
+    ("int8_clamp_m128", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, **_W), "weights",
+     ["code -128 read as -127 (the lowest code clamped"], ["scale steps", "scales read as"]),
+    ("int8_clamp_m128", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32"),
+     "weights", ["code -128 read as -127 (the lowest code clamped"], ["scale steps (128)", "scales read as"]),
+    ("out_via_fp16", Case("w8a16", "ct-int-quantized", M=8, N=64, K=64, group_size=-1, act_dtype="bfloat16"),
+     "epilogue", ["the output rounded to float16 first, then to bfloat16"], ["the failure is in the product"]),
+    ("prod_fp16", Case("w8a16", "ct-int-quantized", M=8, N=64, K=64, group_size=-1, act_dtype="bfloat16"),
+     "accumulation", ["the product (or a partial sum) is rounded to float16"], ["double rounding", "epilogue"]),
+    ("out_satfinite", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="bfloat16", **_W),
+     "epilogue", ["the output conversion saturates", "reference inf"], ["the failure is in the product"]),
+    ("act_nan_to_num", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float16", **_W),
+     "activations", ["NaN/Inf activations replaced by finite values", "NaN -> 0, +-Inf -> +-max of float16"],
+     ["the failure is in the product", "saturates"]),
 ]
+
+#: what none of the round-3 hypotheses may claim on a correct kernel
+_ROUND3_CLAIMS = ("output rows", "read as", "double rounding", "saturates", "nan_to_num")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -250,6 +305,17 @@ def test_worker_localization_names_the_pattern(bug, case, stage, names, not_name
         assert {3, 10} <= set(rows.tolist())
         where = ", ".join(map(str, rows))
         assert f"weights wrong: rows {where} (of 64): subnormal float16 scales flushed to zero" in text, text
+
+
+@pytest.mark.parametrize("case", [c[1] for c in CASES if c[0] in BUGS and c[0] in (
+    "m_tail_8", "out_via_fp16", "out_satfinite")], ids=["m12", "bf16-out", "inf-act"])
+def test_correct_kernel_gets_no_round3_claim(case, tmp_path):
+    """Control: the correct kernel, localized on the inputs that show the round-3 bugs (M = 12, NaN/Inf
+    activations), is claimed none of their patterns."""
+    loc = localize_in_worker("none", case, tmp_path)
+    text = "\n".join(line for line in localization_lines(loc) if not line.startswith("  probe:"))
+    for n in _ROUND3_CLAIMS:
+        assert n not in text, f"{n!r} claimed on a correct kernel:\n{text}"
 
 
 @pytest.mark.parametrize("bug,case,stage,names,not_names", CASES, ids=[c[0] for c in CASES])
