@@ -411,6 +411,9 @@ def _bias_step(p: _Probing, loc: dict) -> "dict | None":
     base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
     hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
             (("bias added twice", 2.0), ("bias not added", 0.0), ("bias subtracted instead of added", -1.0))]
+    hyps += [(f"bias rounded to {X} before the add (a bias buffer typed {X})",
+              round_to_dtype(base + round_to_dtype(np.broadcast_to(b, exp.shape), X), out_dtype))
+             for X in ("bfloat16", "float16") if X != out_dtype]
     bias_res = analyze_rows(obs, exp, bad, hyps, out_dtype)
     loc["bias"] = bias_res
     loc["probes"].append("bias: all-zero activation rows with the case's bias")

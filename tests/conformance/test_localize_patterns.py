@@ -45,6 +45,7 @@ BUGS = {
     "out_via_fp16": "the bfloat16 output formed through a float16 buffer: RNE to float16, then to bfloat16",
     "out_satfinite": "the output conversion saturates: +-Inf become +-the largest finite value (NaN kept)",
     "prod_fp16": "each product rounded to float16, then summed exactly (control of out_via_fp16: not the output)",
+    "bias_bf16": "the bias converted to bfloat16 before the add (a bias buffer typed bfloat16)",
     "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
 
@@ -137,10 +138,12 @@ class Patterned(kernels.Planted):
             acc = q @ qw.T - zp * rs[None, :]
             y = acc * s.astype(np.float64) * sw[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
-        if bug in ("m_tail_8", "out_via_fp16", "prod_fp16", "out_satfinite", "act_nan_to_num"):
+        if bug in ("m_tail_8", "out_via_fp16", "prod_fp16", "out_satfinite", "act_nan_to_num", "bias_bf16"):
             if bug == "act_nan_to_num":
                 mx = _MAX[case.act_dtype]
                 x = np.nan_to_num(x, nan=0.0, posinf=mx, neginf=-mx)
+            if bug == "bias_bf16" and bias is not None:
+                bias = _bf16(bias)
             with np.errstate(invalid="ignore", over="ignore"):
                 acc = x @ W.T + (0 if bias is None else np.asarray(bias, np.float64))
             if bug == "m_tail_8" and len(x) > 8 and len(x) % 8:
@@ -265,6 +268,8 @@ CASES = [
      "epilogue", ["the output rounded to float16 first, then to bfloat16"], ["the failure is in the product"]),
     ("prod_fp16", Case("w8a16", "ct-int-quantized", M=8, N=64, K=64, group_size=-1, act_dtype="bfloat16"),
      "accumulation", ["the product (or a partial sum) is rounded to float16"], ["double rounding", "epilogue"]),
+    ("bias_bf16", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float32", bias=True, **_W),
+     "epilogue", ["bias rounded to bfloat16 before the add"], ["scaled by its own factor", "bias not added"]),
     ("out_satfinite", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="bfloat16", **_W),
      "epilogue", ["the output conversion saturates", "reference inf"], ["the failure is in the product"]),
     ("act_nan_to_num", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float16", **_W),
