@@ -21,6 +21,8 @@ import dataclasses
 
 import numpy as np
 
+from emulator.variants import axis
+
 from backends.base import Case, Declared
 
 from conformance.cases.inputs import CaseInputs
@@ -65,6 +67,10 @@ def _rolled(tensors: dict, names, shift: int) -> dict:
     return t
 
 
+#: the variant axes of a dtype inside one expert's MLP, tried as hypotheses on a failing expert
+_EXPERT_DTYPE_AXES = ("moe_intermediate_dtype", "moe_gate_up_dtype")
+
+
 def _expert_hypotheses(case: Case, tensors: dict, declared: Declared):
     """(pattern, tensors, declaration) for bugs confined to the experts' weights (judged expert by expert)."""
     E = case.E
@@ -73,6 +79,12 @@ def _expert_hypotheses(case: Case, tensors: dict, declared: Declared):
             if E > 1:
                 yield (f"the {proj} of expert (e {'+' if sh > 0 else '-'} 1) mod E used for expert e "
                        "(a stacked-tensor stride)", _rolled(tensors, names, sh), declared)
+    for key in _EXPERT_DTYPE_AXES:  # the vocabulary's per-expert dtypes, each other value (docs/variants.md)
+        now = declared.value(key)
+        for v in axis(key).values:
+            if v != now:
+                yield (f"{key}={v} ({axis(key).title} {v})", tensors,
+                       dataclasses.replace(declared, variants={**declared.variants, key: v}))
     now = declared.value("moe_gate_up")
     for v in ("gate_up", "up_gate", "interleaved"):
         if v != now:
@@ -91,6 +103,32 @@ def _routing_hypotheses(declared: Declared):
                    dataclasses.replace(declared, variants={**declared.variants, "moe_tie_order": v}))
 
 
+def _fitting(case: Case, tensors: dict, declared: Declared, run_e: tuple, bias) -> list:
+    """The names of every expert hypothesis whose interval holds the expert's outputs (``run_e``: rows, router
+    logits, outputs), in the order tried."""
+    X, Le, ye = run_e
+    out = []
+    for name, t, d in _expert_hypotheses(case, tensors, declared):
+        try:
+            if not _judge(case, t, d, X, Le, ye, bias).any():
+                out.append(name)
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def _one_name(experts: dict, fits: dict) -> None:
+    """Where one hypothesis fits every failing expert, name it for each (a dtype that several values of the axis
+    explain for one expert, e.g. float16 and float64 intermediates, but only one for all)."""
+    lists = [fits.get(e) or [] for e in experts["failing"]]
+    common = set(lists[0]).intersection(*lists[1:]) if lists and all(lists) else set()
+    if not common:
+        return
+    name = next(n for n in lists[0] if n in common)
+    for f in experts["findings"]:
+        f["pattern"] = name
+
+
 def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarray, router_logits: np.ndarray,
                  bias=None) -> dict:
     """Name the failing experts (and their projection) or the routing step of a failing MoE case."""
@@ -102,6 +140,7 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
     experts = {"n_bad": int(bad.sum()), "n": int(bad.size), "failing": [], "passing": [], "findings": []}
     E = case.E
     probed = list(range(min(E, MAX_EXPERTS)))
+    fits: dict = {}
     for e in probed:
         Le = np.full((len(X), E), -1e4, np.float64)
         Le[:, e] = 0.0
@@ -111,14 +150,8 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
             experts["passing"].append(e)
             continue
         experts["failing"].append(e)
-        named = None
-        for name, t, d in _expert_hypotheses(case, tensors, declared):
-            try:
-                if not _judge(case, t, d, X, Le, ye, bias).any():
-                    named = name
-                    break
-            except (ValueError, TypeError, KeyError):
-                continue
+        fits[e] = _fitting(case, tensors, declared, (X, Le, ye), bias)
+        named = fits[e][0] if fits[e] else None
         if named is None:  # inside the MLP: its activation, a projection's groups (localize_moe_mlp)
             from conformance.judge.verdict import reference_declaration
 
@@ -136,6 +169,7 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
     loc["probes"].append(f"experts alone: the case's {len(X)} rows routed to one expert at a time (experts "
                          f"{probed[0]}..{probed[-1]} of {E}; router logits 0 for it, -1e4 for the others)")
     loc["experts"] = experts
+    _one_name(experts, fits)
     if experts["failing"]:
         pats = {f["pattern"] for f in experts["findings"]}
         which = ", ".join(map(str, experts["failing"]))

@@ -347,6 +347,7 @@ MOE_BUGS = {
     "moe_gate_up_swapped": "the w13 halves read as up, gate (rows 0..I-1 taken as up)",
     "moe_no_renorm": "the top-k routing weights not renormalized to sum 1",
     "moe_scatter_overwrite": "the top-k experts' outputs written to the output (the last slot wins), not added",
+    "moe_intermediate_fp16": "the SiLU(gate) * up intermediate always stored in float16 (an fp16 intermediate cache)",
 }
 
 
@@ -398,7 +399,8 @@ class PatternedMoe(Patterned):
             for j, e in enumerate(ids):
                 h = x[m] @ w13[e]
                 gate, up = (h[I:], h[:I]) if bug == "moe_gate_up_swapped" else (h[:I], h[I:])
-                a = kernels._round(gate / (1 + np.exp(-gate)) * up, case.act_dtype).astype(np.float64)
+                inter = "float16" if bug == "moe_intermediate_fp16" else case.act_dtype
+                a = kernels._round(gate / (1 + np.exp(-gate)) * up, inter).astype(np.float64)
                 o = w[j] * (a @ w2[e])
                 y[m] = o if bug == "moe_scatter_overwrite" else y[m] + o
         return kernels._round(y, case.output_dtype)
@@ -415,6 +417,8 @@ MOE_CASES = [
      ["experts wrong", "moe_tie_order"]),
     ("moe_scatter_overwrite", "combination", ["combination of the top-2 outputs wrong", "written, not added (a scatter that overwrites)"],
      ["moe_renormalize", "no named projection bug"]),
+    ("moe_intermediate_fp16", "experts", ["fail alone: moe_intermediate_dtype=float16"],
+     ["moe_intermediate_dtype=float64", "no named projection bug", "routing"]),
 ]
 
 
