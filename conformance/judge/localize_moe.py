@@ -117,6 +117,24 @@ def _fitting(case: Case, tensors: dict, declared: Declared, run_e: tuple, bias) 
     return out
 
 
+def _scattered(ye: np.ndarray, iv, bad_e: np.ndarray) -> bool:
+    """The failing rows' outputs summed over the tokens equal the reference's sum (within the sum of the interval
+    widths and half a unit of the output dtype per row) in >= 90 % of the failing columns, and some row differs:
+    each output went to some token, the wrong one."""
+    if len(ye) < 2:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        cols = bad_e.any(axis=0) & np.isfinite(ye).all(axis=0) & np.isfinite(iv.y_exact).all(axis=0)
+        if not cols.any():
+            return False
+        d = np.abs(ye[:, cols].sum(axis=0) - iv.y_exact[:, cols].sum(axis=0))
+        # each observed row is rounded once to the output dtype: half a unit of it per row, both sides
+        half = 2.0 ** -({"bfloat16": 8, "float16": 11}.get(iv.out_dtype, 24))
+        tol = ((iv.hi - iv.lo)[:, cols].sum(axis=0)
+               + half * (np.abs(ye[:, cols]).sum(axis=0) + np.abs(iv.y_exact[:, cols]).sum(axis=0)))
+    return bool((d <= tol).mean() >= 0.9)
+
+
 def _one_name(experts: dict, fits: dict) -> None:
     """Where one hypothesis fits every failing expert, name it for each (a dtype that several values of the axis
     explain for one expert, e.g. float16 and float64 intermediates, but only one for all)."""
@@ -160,6 +178,10 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
                 named = name_expert_bug(case, tensors, reference_declaration(case, declared), seen, bias)
             except (ValueError, TypeError, KeyError):
                 named = None
+        if named is None and _scattered(ye, iv_e, bad_e):
+            named = (f"{_SCATTER}{case.top_k} outputs added to the wrong tokens (a scatter with a wrong token index, "
+                     "e.g. the expert-sorted position instead of its token): the outputs summed over the tokens are "
+                     "right, each token's are not")
         if named is None and case.top_k > 1 and np.all(ye[np.isfinite(ye)] == 0):
             named = (f"{_SCATTER}{case.top_k} slots' outputs written, not added (a scatter that overwrites): with the "
                      "expert at weight 1 and the other slots at weight 0, the output is 0, a weight-0 slot's")

@@ -347,6 +347,7 @@ MOE_BUGS = {
     "moe_gate_up_swapped": "the w13 halves read as up, gate (rows 0..I-1 taken as up)",
     "moe_no_renorm": "the top-k routing weights not renormalized to sum 1",
     "moe_scatter_overwrite": "the top-k experts' outputs written to the output (the last slot wins), not added",
+    "moe_scatter_sorted": "each (token, slot) pair's output added to row r // k of the expert-sorted pair list, not its token",
     "moe_intermediate_fp16": "the SiLU(gate) * up intermediate always stored in float16 (an fp16 intermediate cache)",
 }
 
@@ -393,6 +394,9 @@ class PatternedMoe(Patterned):
         p = np.exp(L - L.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         y = np.zeros((len(x), w2.shape[2]))
+        pairs = sorted((int(e), m, j) for m in range(len(x))
+                       for j, e in enumerate(np.argsort(-p[m], kind="stable")[: case.top_k]))
+        row_of = {(m, j): r // case.top_k for r, (_, m, j) in enumerate(pairs)}  # expert-sorted position r
         for m in range(len(x)):
             ids = np.argsort(-p[m], kind="stable")[: case.top_k]  # ties: the lower index first
             w = p[m, ids] / (1.0 if bug == "moe_no_renorm" else p[m, ids].sum())
@@ -402,7 +406,8 @@ class PatternedMoe(Patterned):
                 inter = "float16" if bug == "moe_intermediate_fp16" else case.act_dtype
                 a = kernels._round(gate / (1 + np.exp(-gate)) * up, inter).astype(np.float64)
                 o = w[j] * (a @ w2[e])
-                y[m] = o if bug == "moe_scatter_overwrite" else y[m] + o
+                r = row_of[(m, j)] if bug == "moe_scatter_sorted" else m
+                y[r] = o if bug == "moe_scatter_overwrite" else y[r] + o
         return kernels._round(y, case.output_dtype)
 
 
@@ -417,6 +422,7 @@ MOE_CASES = [
      ["experts wrong", "moe_tie_order"]),
     ("moe_scatter_overwrite", "combination", ["combination of the top-2 outputs wrong", "written, not added (a scatter that overwrites)"],
      ["moe_renormalize", "no named projection bug"]),
+    ("moe_scatter_sorted", "combination", ["outputs added to the wrong tokens"], ["no named projection bug"]),
     ("moe_intermediate_fp16", "experts", ["fail alone: moe_intermediate_dtype=float16"],
      ["moe_intermediate_dtype=float64", "no named projection bug", "routing"]),
 ]
