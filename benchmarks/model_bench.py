@@ -172,7 +172,7 @@ def _toolkit(folder: Path, fmt: str):
     return forward, name
 
 
-#: the clock of ``_timed``: wall time, or the process's CPU time where every contender runs on one thread
+#: the clock of ``timed_rounds``: wall time, or the process's CPU time where every contender runs on one thread
 _CLOCK = {"fn": time.perf_counter}
 
 
@@ -186,7 +186,7 @@ def thread_env(threads: int | None) -> dict:
 
 def limit_threads(threads: int | None) -> None:
     """Run this process's contenders on ``threads`` threads: torch's intra-op pool, and (through the CPU affinity
-    the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``_timed`` reads CPU time, which
+    the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``timed_rounds`` reads CPU time, which
     on a shared host measures the work rather than the share of the cores the process got."""
     if not threads:
         return
@@ -198,15 +198,19 @@ def limit_threads(threads: int | None) -> None:
     _CLOCK["fn"] = time.process_time if threads == 1 else time.perf_counter
 
 
-def _timed(fns: dict, tokens, repeat: int) -> dict:
-    """Best wall time of each contender over ``repeat`` rounds, contenders in turn within each round. The op
-    has one cache per process: a qconform contender first sets its own budget (which empties the cache) and
-    runs once untimed (its cache filled as its own runs would leave it), then runs timed."""
+def timed_rounds(fns: dict, tokens, repeat: int, rounds: dict | None = None) -> dict:
+    """Best time of each contender over ``repeat`` rounds, contenders in turn within each round, the order rotated
+    by one each round (a disturbance of the host then cannot fall on the same contender's slot in every round, nor
+    can what the contender before it leaves behind). The op has one cache per process: a qconform contender first
+    sets its own budget (which empties the cache) and runs once untimed (its cache filled as its own runs would
+    leave it), then runs timed. ``rounds``: filled with each contender's time in every round."""
     from qconform_torch import op
 
     best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, f in fns.items():
+    names = list(fns)
+    for r in range(repeat):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            f = fns[k]
             mb = getattr(f, "cache_mb", None)
             if mb is not None:
                 op.set_cache_budget(mb)
@@ -214,8 +218,11 @@ def _timed(fns: dict, tokens, repeat: int) -> dict:
             clock = _CLOCK["fn"]
             t0 = clock()
             f(tokens)
-            best[k] = min(best[k], clock() - t0)
-    return best
+            t = clock() - t0
+            best[k] = min(best[k], t)
+            if rounds is not None:
+                rounds.setdefault(k, []).append(t)
+    return {k: best[k] for k in fns}
 
 
 def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), contenders=None) -> dict:
@@ -253,7 +260,8 @@ def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), co
                 calls = hits + after["misses"] - before["misses"]
                 stats = {"hits": hits, "calls": calls, "hit_rate": hits / max(calls, 1),
                          "cached_MiB": after["used_bytes"] / 2 ** 20, "budget_MiB": after["budget_bytes"] / 2 ** 20}
-            times = _timed(fns, tokens, repeat)
+            per_round: dict = {}
+            times = timed_rounds(fns, tokens, repeat, per_round)
             logits = {}
             for k, f in fns.items():
                 if getattr(f, "cache_mb", None) is not None:
@@ -267,7 +275,8 @@ def bench_model(fmt: str, hidden: int, layers: int, repeat: int, ts=(8, 128), co
                            f"forward of the same weights (< {TOOLKIT_FLOOR_DB} dB): not the same model")
                 fns.pop("toolkit")
                 times.pop("toolkit")
-            rows.append({"T": T, "seconds": times, "load": round(os.getloadavg()[0], 2),
+                per_round.pop("toolkit", None)
+            rows.append({"T": T, "seconds": times, "seconds_per_round": per_round, "load": round(os.getloadavg()[0], 2),
                          "sqnr_db_vs_dense": ({k: sqnr_db(v, ref) for k, v in logits.items() if k != "dense"}
                                               if ref is not None else {}),
                          "streamed_cache": stats,

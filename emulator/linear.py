@@ -40,6 +40,13 @@ from .numerics.rounding import as_float64
 __all__ = [
     "decide_exactly",
     "LinearResult",
+    "DECIDE_BYTES",
+    "dtype_name",
+    "activations_float64",
+    "bias_float64",
+    "add_bias",
+    "bias_terms",
+    "rounded_result",
     "gamma",
     "round_output",
     "lowest_bit_exponent",
@@ -74,7 +81,7 @@ def dtype_name(x) -> str:
     return name
 
 
-def _bias64(bias, N: int) -> np.ndarray:
+def bias_float64(bias, N: int) -> np.ndarray:
     if bias is None:
         return np.zeros(N, dtype=np.float64)
     b = as_float64(bias)
@@ -82,7 +89,7 @@ def _bias64(bias, N: int) -> np.ndarray:
     return b
 
 
-def _add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
+def add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
     """y + bias in float64; the addition's rounding (if any) is added to the bound."""
     with np.errstate(invalid="ignore", over="ignore"):
         s = y + b
@@ -93,14 +100,15 @@ def _add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
     return s, bound + extra
 
 
-def _finish(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResult:
-    y, amb = round_output(y64, bound, out_dtype)
+def rounded_result(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> LinearResult:
+    # round_output's arrays, its outward-rounded ends formed only where a cheap test does not decide (speed)
+    y, amb = output_grid.round_output_fast(y64, bound, out_dtype)
     return LinearResult(y=y, y_exact=y64, y_bound=bound, y_ambiguous=amb, out_dtype=out_dtype,
                         acc=acc, parts=parts or {}, mag=mag)
 
 
 #: bytes of float64 terms one vectorised decision pass holds at a time (a chunk of undecided elements)
-_DECIDE_BYTES = 32 << 20
+DECIDE_BYTES = 32 << 20
 
 
 def decide_exactly(res: LinearResult, groups_at) -> LinearResult:
@@ -140,7 +148,7 @@ def _decide_between(val, s, b, out_dtype, ms, ns, groups_at, *, refine: bool) ->
     if todo.size:
         g1 = groups_at(ms[:1], ns[:1])
         width = sum(max(f.shape[1] for f in g) * (1 << (len(g) - 1)) * 2 for g in g1) + 1
-        step = max(1, _DECIDE_BYTES // (8 * width))
+        step = max(1, DECIDE_BYTES // (8 * width))
         for c0 in range(0, todo.size, step):
             u = todo[c0:c0 + step]
             sign, decided = exact_sum.decide_rows(lo[u], hi[u], mu[u], groups_at(ms[u], ns[u]))
@@ -160,7 +168,7 @@ def _decide_between(val, s, b, out_dtype, ms, ns, groups_at, *, refine: bool) ->
             val[w2] = sub
 
 
-def _bias_term(bias, b: np.ndarray, ns: np.ndarray) -> list:
+def bias_terms(bias, b: np.ndarray, ns: np.ndarray) -> list:
     return [] if bias is None else [(b[ns][:, None],)]
 
 
@@ -179,81 +187,38 @@ def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.nd
     return (mag == 0) | (np.isfinite(q) & (room < 52)) | ~np.isfinite(q)
 
 
-def _check_x(x, K: int) -> np.ndarray:
+def activations_float64(x, K: int) -> np.ndarray:
     x64 = as_float64(x)
     require(x64.ndim == 2, f"expected activations [M, K], got shape {list(x64.shape)}", tensor="x")
     require(x64.shape[1] == K, f"activations have K={x64.shape[1]} but the weight has K={K}", tensor="x")
     return x64
 
 
-def linear_w16(x, w, bias=None, *, out_dtype: str | None = None, fp32_magnitudes: bool = False) -> LinearResult:
+def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult:
     """A16 with dequantized weights w [N, K] (W4A16, W8A16, MXFP4 W4A16): x @ w^T + bias.
 
-    ``w`` is the exact dequantized weight (float32 or float64 values).
-
-    ``fp32_magnitudes`` (speed; float32 ``w`` only): sum_k |x w| is taken from a float32 GEMM, raised to a
-    rigorous upper bound (``magnitudes_upper_bound_fp32``), instead of a second float64 GEMM, and no element is
-    proved exact in float64 (``exact_in_float64``). ``y`` is the same (every element the bound leaves
-    undecided is decided from its exact value); ``y_ambiguous`` may mark more elements and ``mag`` is that
-    upper bound.
+    ``w`` is the exact dequantized weight (float32 or float64 values). The readable definition: y and
+    sum_k |x w| from two float64 GEMMs. Its speed code (the same ``y`` from one GEMM and row norms, for float32
+    weights): emulator/fast_linear_w16.py ``linear_w16_fast``.
     """
     out_dtype = out_dtype or dtype_name(x)
     w_in = np.asarray(w)
     w64 = as_float64(w)
     require(w64.ndim == 2, f"expected weight [N, K], got shape {list(w64.shape)}", tensor="weight")
     N, K = w64.shape
-    x64 = _check_x(x, K)
-    b = _bias64(bias, N)
-    fast = fp32_magnitudes and w_in.dtype == np.float32
+    x64 = activations_float64(x, K)
+    b = bias_float64(bias, N)
     with np.errstate(invalid="ignore", over="ignore"):
-        # speed: y^T = w @ x^T measured faster in OpenBLAS here for M >= 16 (docs/performance.md); a fresh [K, M]
-        # x^T (a transposed view of a [1, K] x keeps a K-stride on its unit axis, which leaves BLAS)
-        y = _t_matmul(w64, x64) if fast else x64 @ w64.T
-        mag = magnitudes_upper_bound_fp32(x64, w_in) if fast else None
-        if mag is None:
-            mag = np.abs(x64) @ np.abs(w64).T
-    if fast:
-        # no proof that float64 was exact (it seldom is on real activations, and reading every weight's lowest
-        # set bit costs a dozen passes over it): where it was, the element is at worst undecided, then decided
-        bound = np.where(mag == 0, 0.0, gamma(K) * mag)
-    else:
-        # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
-        bound = np.where(exact_in_float64(x64, w_in if w_in.dtype == np.float32 else w64, mag), 0.0, gamma(K) * mag)
+        y = x64 @ w64.T
+        mag = np.abs(x64) @ np.abs(w64).T
+    # the lowest set bits of a float32 weight are read in float32 (the same values, half the bytes)
+    bound = np.where(exact_in_float64(x64, w_in if w_in.dtype == np.float32 else w64, mag), 0.0, gamma(K) * mag)
     if bias is None:
         y = y + 0.0  # what adding the zero bias does (-0 becomes +0), without its TwoSum passes
     else:
-        y, bound = _add_bias(y, bound, b)
-    if fast:  # float32 factors: their products are exact float64s (exact_sum._rows_products)
-        x32 = x64.astype(np.float32)
-        return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
-                              lambda ms, ns: [(x32[ms], w_in[ns])] + _bias_term(bias, b, ns))
-    return decide_exactly(_finish(y, bound, out_dtype, mag=mag),
-                          lambda ms, ns: [(x64[ms], w64[ns])] + _bias_term(bias, b, ns))
-
-
-def _t_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """x @ w^T computed as (w @ x^T)^T, C-contiguous [M, N] (a float sum in another order: callers bound it)."""
-    xt = np.empty((x.shape[1], x.shape[0]), dtype=x.dtype)
-    xt[...] = x.T
-    return np.ascontiguousarray((w @ xt).T)
-
-
-def magnitudes_upper_bound_fp32(x64: np.ndarray, w32: np.ndarray) -> np.ndarray | None:
-    """An upper bound of sum_k |x[m, k] w[n, k]| (float64 [M, N]) from one float32 GEMM, or None where x is not
-    float32-valued or the float32 GEMM overflows.
-
-    The terms are non-negative, so the float32 result c32 of any summation order (blocked, with or without
-    FMA) satisfies c <= c32 / (1 - gamma_K(2**-24)) plus, for products that underflow, at most 2**-150 each
-    (additions of subnormals are exact): c <= (c32 + K 2**-149) / (1 - gamma_K(2**-24)). The float64
-    evaluation of that expression rounds at most four times; the factor 1 + 2**-40 covers it."""
-    x32 = x64.astype(np.float32)
-    if not np.array_equal(x32, x64):
-        return None
-    K = x64.shape[1]
-    c32 = _t_matmul(np.abs(w32), np.abs(x32))
-    if not np.all(np.isfinite(c32)):
-        return None
-    return (c32.astype(np.float64) + K * 2.0 ** -149) * ((1.0 + 2.0 ** -40) / (1.0 - gamma(K, 2.0 ** -24)))
+        y, bound = add_bias(y, bound, b)
+    return decide_exactly(rounded_result(y, bound, out_dtype, mag=mag),
+                          lambda ms, ns: [(x64[ms], w64[ns])] + bias_terms(bias, b, ns))
 
 
 def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANONICAL_SYM,
@@ -273,20 +238,20 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     ws = as_float64(w_scale).reshape(-1)
     require(ws.shape == (N,), f"expected per-channel scales [N]={N}, got {ws.size}", tensor="weight_scale")
     require(bool(np.all(np.isfinite(ws))), "NaN or Inf in weight scales", tensor="weight_scale")
-    x64 = _check_x(x, K)
+    x64 = activations_float64(x, K)
     acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
     acc = exact_int_matmul(qx, wq, engine=int_engine)  # exact integer sums (emulator/fast_linear.py)
-    b = _bias64(bias, N)
+    b = bias_float64(bias, N)
     scale = acts.scale.astype(np.float64) * ws[None, :]  # exact: 24 x 24 bits
     y = acc * scale + b
     bound = gamma(2) * (np.abs(acc * scale) + np.abs(b))
     sx = acts.scale.astype(np.float64).reshape(-1)
-    res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
+    res = rounded_result(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
     return decide_exactly(res, lambda ms, ns: [(acc[ms, ns][:, None], sx[ms][:, None], ws[ns][:, None])]
-                           + _bias_term(bias, b, ns))
+                           + bias_terms(bias, b, ns))
 
 
 def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
@@ -306,7 +271,7 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     n_groups = K // gs
     require(ws.shape == (n_groups, N), f"expected scales [{n_groups}, {N}], got {list(ws.shape)}", tensor="scales")
     gi = np.arange(K) // gs if g_idx is None else np.asarray(g_idx).astype(np.int64)
-    x64 = _check_x(x, K)
+    x64 = activations_float64(x, K)
     acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
     M = qx.shape[0]
@@ -317,15 +282,15 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
         acc[:, g, :] = qx[:, cols] @ wf[:, cols].T
     terms = acc * ws[None, :, :]  # exact: int (< 2**24 per group) x fp16/fp32 scale
     s = terms.sum(axis=1)
-    b = _bias64(bias, N)
+    b = bias_float64(bias, N)
     y = acts.scale.astype(np.float64) * s + b
     bound = gamma(n_groups + 2) * (np.abs(acts.scale.astype(np.float64)) * np.abs(terms).sum(axis=1) + np.abs(b))
     sx = acts.scale.astype(np.float64).reshape(-1)
-    res = _finish(y, bound, out_dtype, acc=acc.astype(np.int64),
+    res = rounded_result(y, bound, out_dtype, acc=acc.astype(np.int64),
                   parts={"x_q": acts.q, "x_scale": acts.scale, "x_zero_point": acts.zero_point, "x_tie": acts.tie,
                          "x_quotient": acts.quotient})
     return decide_exactly(res, lambda ms, ns: [(acc[ms, :, ns], ws[:, ns].T, np.repeat(sx[ms][:, None], n_groups, 1))]
-                           + _bias_term(bias, b, ns))
+                           + bias_terms(bias, b, ns))
 
 
 def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx.CANONICAL,
@@ -339,21 +304,21 @@ def linear_mxfp4_w4a4(x, w_codes, w_scales, bias=None, *, act: mx.MxVariant = mx
     wc = np.asarray(w_codes)
     require(wc.ndim == 2, f"expected weight codes [N, K], got shape {list(wc.shape)}", tensor="weight")
     N, K = wc.shape
-    x64 = _check_x(x, K)
+    x64 = activations_float64(x, K)
     xc, xs = mx.quantize_mxfp4(x64.astype(np.float32), act, what="x")
     xd = mx.dequantize_mxfp4(xc, xs, dtype=np.float64)
     wd = mx.dequantize_mxfp4(wc, np.asarray(w_scales), dtype=np.float64, what="weight")
-    b = _bias64(bias, N)
+    b = bias_float64(bias, N)
     with np.errstate(invalid="ignore", over="ignore"):
         y = xd @ wd.T
         mag = np.abs(xd) @ np.abs(wd).T
     # Products of e2m1 values and power-of-two scales are exact; only the sum can round.
     bound = np.where(exact_in_float64(xd, wd, mag), 0.0, gamma(K) * mag)
     bound = np.where(np.isnan(bound), 0.0, bound)
-    y, bound = _add_bias(y, bound, b)
+    y, bound = add_bias(y, bound, b)
     tie = _e2m1_ties(x64.astype(np.float32), xs)
-    return decide_exactly(_finish(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
-                           lambda ms, ns: [(xd[ms], wd[ns])] + _bias_term(bias, b, ns))
+    return decide_exactly(rounded_result(y, bound, out_dtype, parts={"x_codes": xc, "x_scale": xs, "x_tie": tie}, mag=mag),
+                           lambda ms, ns: [(xd[ms], wd[ns])] + bias_terms(bias, b, ns))
 
 
 def _e2m1_ties(x32: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:

@@ -34,15 +34,16 @@ from emulator import linear as lin
 from emulator.activations.int8 import CANONICAL_SYM
 from emulator.checkpoint import LayerInfo
 from emulator.errors import FormatError, UnsupportedFormatError
+from emulator.fast_linear_w16 import linear_w16_fast, row_norm_bounds
 from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
 from emulator.tensorfile import Tensor
 
 __all__ = ["row_slicer", "reference", "exact_by_rows", "validate_by_rows", "block_rows", "BYTES_PER_WEIGHT", "BYTES_PER_OUTPUT",
            "MIN_BLOCK_BYTES"]
 
-#: transient bytes of the reference per weight element of a block (fp32 dequantized weight, its float64
-#: copy and absolute value, the lowest-bit exponents of exact_in_float64, the dequantizer's unpacked
-#: codes): tracemalloc measured 65-66 for A16 / W4A4 and 12-20 for W8A8 / W4A8 on a 1024 x 1024 layer;
+#: transient bytes of the reference per weight element of a block (fp32 dequantized weight, float64 copies,
+#: the dequantizer's unpacked codes): tracemalloc measured ~40 for W4A4, 8-20 for W8A8 / W4A8 and ~6 for A16
+#: (emulator/fast_linear_w16.py widens the weight by cached row blocks) on a 1024 x 1024 layer at M = 4;
 #: 80 leaves a margin (the block peak is checked in tests/fallback/test_fallback_exact_blocks.py)
 BYTES_PER_WEIGHT = 80
 #: per output element of a block ([M, n] float64 sums, magnitudes, bounds, exactness masks, rounded y)
@@ -137,16 +138,16 @@ def row_slicer(info: LayerInfo, tensors: dict[str, Tensor]):
 def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None, weights=None) -> lin.LinearResult:
     """The canonical reference of a layer (``qconform linear``); a [1, N, K] layer is one stacked expert.
 
-    A16 layers bound their float64 error from a float32 magnitude GEMM (``linear_w16(fp32_magnitudes=True)``):
-    the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py), one float64 GEMM fewer.
+    A16 layers run ``linear_w16_fast`` (emulator/fast_linear_w16.py): the float64 error bounded from the rows'
+    2-norms instead of a second GEMM, the same y as ``qconform linear`` (tests/emulator/test_exact_reference_gate.py).
     ``int_engine``: the W8A8 exact accumulator's engine (emulator/fast_linear.py; speed only).
     ``weights`` (speed only; qconform_torch/op.py): a cache of this layer's validated inputs, ``weights(what,
-    make)`` -> make() or the value it kept for ``what``; with it, an A16 layer's dequantized weight is formed
-    once, and a W8A8 compressed-tensors layer, once validated by ``linear_layer`` (which dequantizes the whole
+    make)`` -> make() or the value it kept for ``what``; with it, an A16 layer's dequantized weight and its rows'
+    norms are formed once, and a W8A8 compressed-tensors layer, once validated by ``linear_layer`` (which dequantizes the whole
     layer to check every tensor), runs ``linear_layer``'s own W8A8 call without that check."""
     if len(info.shape) == 3:
         w = dequantize_layer(src, info)[0] if weights is None else weights("w", lambda: dequantize_layer(src, info)[0])
-        return lin.linear_w16(x32, w, None, out_dtype=dtype, fp32_magnitudes=True)
+        return _w16(x32, w, None, dtype, weights)
     try:
         act = declared_activation(info)
     except UnsupportedFormatError:
@@ -154,7 +155,7 @@ def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None
     if act == "a16":
         # dequantize_layer validates every tensor and the bias, as linear_layer does
         w = dequantize_layer(src, info) if weights is None else weights("w", lambda: dequantize_layer(src, info))
-        return lin.linear_w16(x32, w, layer_bias(src, info), out_dtype=dtype, fp32_magnitudes=True)
+        return _w16(x32, w, layer_bias(src, info), dtype, weights)
     if act == "int8" and info.format == "ct-int-quantized" and weights is not None:
         if weights("validated", lambda: None) is not None:  # linear_layer ran on these tensors and accepted them
             t = src.layer_tensors(info)
@@ -164,6 +165,14 @@ def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None
         weights("validated", lambda: True)
         return res
     return linear_layer(src, info, x32, out_dtype=dtype, int_engine=int_engine)
+
+
+def _w16(x32: np.ndarray, w: np.ndarray, bias, dtype: str, weights) -> lin.LinearResult:
+    """The A16 reference of a dequantized weight; its rows' norms kept beside it where the cache keeps it."""
+    norms = None
+    if weights is not None and w.dtype == np.float32:
+        norms = weights("w norms", lambda: row_norm_bounds(w))
+    return linear_w16_fast(x32, w, bias, out_dtype=dtype, w_norms=norms)
 
 
 def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:

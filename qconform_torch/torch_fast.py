@@ -110,6 +110,10 @@ class TorchFastLinear:
         y = torch.mm(torch.from_numpy(np.ascontiguousarray(x32, dtype=np.float32)), self.weight.t())
         if bias is not None:
             y.add_(torch.from_numpy(np.asarray(bias, dtype=np.float32)))  # the fp32 bias add, after the sum
+        if output_dtype == "float32":
+            # already the float32 result: ``round_fast`` to float32 would only quiet a signalling NaN, and every
+            # value here is an arithmetic result (K >= 1 products summed), which IEEE 754 makes quiet
+            return y.numpy()
         return round_fast(y.numpy(), output_dtype)
 
 
@@ -140,18 +144,24 @@ class TorchW8A8Linear:
 
     def __call__(self, x32: np.ndarray, bias, output_dtype: str) -> np.ndarray:
         x = torch.from_numpy(np.ascontiguousarray(x32, dtype=np.float32))
-        if bool(torch.isnan(x).any()):
+        amax = x.abs().amax(dim=1, keepdim=True)  # torch.amax propagates NaN: a row with NaN has amax NaN
+        if bool(torch.isnan(amax).any()):
             raise ValueError("x: NaN in activations: per-token int8 quantization is undefined for NaN input")
-        amax = x.abs().amax(dim=1, keepdim=True)
         # float32 / float32 (127 is exact), one IEEE division each: a tensor divisor, as a scalar one may be
         # turned into a multiply by its reciprocal, which rounds twice
         scale = torch.div(amax, torch.full_like(amax, 127.0))
-        quot = x / scale
-        # a zero row (scale 0: every x is +-0) and an underflowed scale give 0/0 = NaN: code 0; x/0 = +-Inf saturates
-        quot = torch.nan_to_num(quot, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
-        q = torch.round(quot).clamp_(-128, 127).to(torch.int8)  # torch.round: half to even
+        q = torch.div(x, scale)
+        # RNE (torch.round: half to even), saturate, then NaN -> code 0: a zero row (scale 0: every x is +-0) and
+        # an underflowed scale give 0/0 = NaN, which round and clamp keep as NaN; x/0 = +-Inf saturates to the
+        # clamp bounds. In place on one buffer (the order nan_to_num -> round -> clamp gives the same codes).
+        q = q.round_().clamp_(-128, 127).nan_to_num_(0.0).to(torch.int8)
         acc = torch._int_mm(q, self._b)
-        y = acc.double() * (scale.double() * self._ws)
+        # acc * (sx * sw) in float64: sx * sw is exact (24 + 24 bits), so this is one rounding of the exact value
+        y = acc.to(torch.float64).mul_(scale.to(torch.float64) * self._ws)
         if bias is not None:
-            y += torch.from_numpy(np.asarray(bias, dtype=np.float64))
+            y.add_(torch.from_numpy(np.asarray(bias, dtype=np.float64)))
+        if output_dtype == "float32":
+            # torch's float64 -> float32 cast is the IEEE RNE conversion ``round_fast`` makes (subnormals, overflow,
+            # a NaN's sign and top payload bits kept: tests/fallback/test_torch_fast.py compares them bit for bit)
+            return y.to(torch.float32).numpy()
         return round_fast(y.numpy(), output_dtype)

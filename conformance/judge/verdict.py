@@ -396,19 +396,10 @@ def _tie_widening(iv: Interval, inp, declared: Declared) -> "tuple[np.ndarray, n
     if case.spec.activations == "int8":
         w = declared_weight(case, inp.tensors, dataclasses.replace(declared, weight_dtype="exact")).astype(np.float64)
         step = np.abs(iv.x_scale.astype(np.float64)) * tie  # one code = one scale step
-    elif case.scheme == "w4a4-mxfp4":
-        from emulator.formats import mxfp4
-
-        codes, sb = mxfp4.unpack_mxfp4_ct(inp.tensors)
-        w = mxfp4.dequantize_mxfp4(codes, sb, dtype=np.float64)
-        xs = iv.x_scale
-        s = np.where(xs == 0xFF, 0, xs.astype(np.int64) - 127)
-        scale = np.repeat(2.0 ** s, 32, axis=-1)
-        # E2M1 spacing at a midpoint m: 0.5 below 2, 1 in [2, 4), 2 above
-        xq = np.abs(inp.x.astype(np.float64)) / scale
-        spacing = np.where(xq < 2, 0.5, np.where(xq < 4, 1.0, 2.0))
-        step = spacing * scale * tie
     else:
+        # MXFP4 (w4a4-mxfp4) is not widened: its block scale is a power of two, so x / 2^s is exact and an E2M1
+        # midpoint is a midpoint in every arithmetic (the quotient dtypes that round are declared variants the
+        # reference applies). A flipped E2M1 tie is another rounding rule, even when only some midpoints flip.
         return None
     with np.errstate(invalid="ignore"):
         widen = step @ np.abs(w).T

@@ -158,6 +158,13 @@ def _num(x) -> str:
         return str(x)
 
 
+def _nonfinite(x) -> bool:
+    try:
+        return not math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
 def describe_worst(we: dict | None) -> str:
     """'[i, j]: observed o, expected e (exact), interval [lo, hi], N ULP' (one line)."""
     if not we:
@@ -165,8 +172,11 @@ def describe_worst(we: dict | None) -> str:
     idx = we.get("index")
     if "tensor" in we:  # a quantize-only case's first differing element (conformance/judge/quantized.py)
         return f"{we['tensor']}{list(idx or [])}: observed {_num(we.get('observed'))}, expected {_num(we.get('expected'))}"
-    text = (f"{list(idx) if idx is not None else '?'}: observed {_num(we.get('observed'))}, expected "
-            f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]")
+    text = f"{list(idx) if idx is not None else '?'}: observed {_num(we.get('observed'))}, expected "
+    if _nonfinite(we.get("expected")):  # a NaN/Inf reference has no interval: it must be matched exactly
+        text += f"{_num(we.get('expected'))} (exact; a NaN/Inf reference must be matched exactly)"
+    else:
+        text += f"{_num(we.get('expected'))} (exact), interval [{_num(we.get('lo'))}, {_num(we.get('hi'))}]"
     if we.get("ulp") is not None:
         text += f", {we['ulp']} ULP from the reference {_num(we.get('reference'))}"
     if we.get("nonfinite_mismatches"):  # named first (conformance/judge/verdict.py failing_element)
@@ -174,9 +184,10 @@ def describe_worst(we: dict | None) -> str:
     return text
 
 
-def _reason_pattern(reason: str) -> str:
-    """A failure reason with its counts masked, so 48 and 51 elements outside group together."""
-    return re.sub(r"\d+(\.\d+)?", "N", (reason or "").strip())[:200]
+def reason_pattern(reason: str) -> str:
+    """A failure reason with its counts masked, so 48 and 51 elements outside group together; digits inside a
+    name (``e2m1_rounding``, ``float16``) are part of the name and stay."""
+    return re.sub(r"(?<![\w.])\d+(\.\d+)?(?![A-Za-z_])", "N", (reason or "").strip())[:200]
 
 
 def _new_cell() -> dict:
@@ -230,7 +241,7 @@ def _group_failures(failures: list[dict]) -> list[dict]:
     """Failures grouped by (column, scheme, format, variants, verdict, reason pattern): count and one example."""
     groups: dict = {}
     for f in failures:
-        sig = (f["column"], f["scheme"], f["weight_format"], f["variants"], f["verdict"], _reason_pattern(f["reason"]))
+        sig = (f["column"], f["scheme"], f["weight_format"], f["variants"], f["verdict"], reason_pattern(f["reason"]))
         g = groups.get(sig)
         if g is None:
             g = groups[sig] = {"signature": dict(zip(("column", "scheme", "weight_format", "variants", "verdict",

@@ -38,6 +38,7 @@ BUGS = {
     "scale_bf16": "per-token activation scale stored in bfloat16 (and used for the quotient and the epilogue)",
     "zero_inclusive": "asymmetric range taken from min(min, 0) and max(max, 0) instead of the row's min and max",
     "asym_wrap": "asymmetric codes stored to int8 without saturation: a code of 128 wraps to -128",
+    "mx_tie5_up": "E2M1 rounding by a threshold ladder with '< 5' between 4 and 6: the tie 5 goes to 6, others RNE",
     "mx_rhaz": "E2M1 activation elements: ties rounded away from zero",
     "mx_no_sat": "MXFP4 activation quotients above 6 map to 0 (lookup table miss) instead of saturating to 6",
     "mx_nan_skipped": "MX block amax skips NaN (fmax) and the NaN element is quantized as 0",
@@ -94,6 +95,9 @@ def _mx_rows(x: np.ndarray, bug: str) -> np.ndarray:
         d = np.abs(np.minimum(m, 6)[..., None] - GRID)
         if bug == "mx_rhaz":  # ties go to the larger magnitude
             best = np.argmin(d - 1e-12 * np.arange(8), axis=-1)
+        elif bug == "mx_tie5_up":  # only the tie between 4 and 6 goes up
+            best = np.argmin(d + 1e-12 * (np.arange(8) % 2), axis=-1)
+            best = np.where(m == 5, 7, best)
         else:  # ties to the even code (the code with an even mantissa bit: 0, 1, 2, 4 and 6 of the grid index)
             best = np.argmin(d + 1e-12 * (np.arange(8) % 2), axis=-1)
         v = np.sign(xb) * GRID[best] * sc
@@ -218,6 +222,8 @@ def _mx_rows_in(K: int, rng, kind: str) -> np.ndarray:
     X[:, ::32] = 4.0
     if kind == "ties":  # scale 2^0 (amax 4): 2.5 and 3.5 and 5 are ties between E2M1 neighbours
         X[0, 1:6] = (2.5, -3.5, 0.25, 1.75, -1.25)
+    elif kind == "tie5":  # scale 2^0 (amax 5): +-5 sit on the midpoint of 4 and 6 (RNE: 4); 2.5 a tie it keeps
+        X[0, 1:4] = (5.0, -5.0, 2.5)
     elif kind == "saturate":  # amax 7.5 -> scale 2^0, 7.5 / 1 > 6 saturates
         X[0, 0] = 7.5
         X[0, 1] = -6.5
@@ -285,7 +291,7 @@ def crafted_inputs(case: Case, rows: str):
         x = _one_signed_rows(K, rng)
     elif rows == "wrap":
         x = _wrap_rows(K, rng)
-    elif rows in ("saturate", "nan", "amax"):
+    elif rows in ("saturate", "nan", "amax", "tie5"):
         x = _mx_rows_in(K, rng, rows)
     else:
         x = rng.normal(0, 1, (case.M, K)).astype(f32)
@@ -383,3 +389,13 @@ def test_console_reports_and_replay_name_the_activation_rule(tmp_path, capsys, m
     assert main(["replay", localized[0]["bundle"]]) == 1
     replay = capsys.readouterr().out
     assert want in replay and rule in replay
+
+
+def test_mxfp4_ties_are_not_tolerated():
+    """An MX block scale is a power of two, so x / 2^s is exact and an E2M1 tie is a tie in every arithmetic: a
+    kernel declaring RNE that sends the ties at 5 (only those) to 6 implements another rounding, not an accident
+    of its arithmetic. It must fail, not pass with tie flips (round 3's ``e2m1_threshold_5`` passed 45 cases so);
+    the same rows through the correct kernel pass."""
+    inp = crafted_inputs(W4A4, "tie5")
+    assert _verdict("none", W4A4, inp) == "pass"
+    assert _verdict("mx_tie5_up", W4A4, inp) == "fail"

@@ -272,3 +272,28 @@ def test_html_failures_explain_themselves_in_headless_chromium(rich, tmp_path):
         assert f["replay"] in text
     notes = {f["notes"] for f in summary["failures"]}
     assert "claims canonical semantics" in notes  # the declare=canonical kernels' own words reach the report
+
+
+def test_failure_group_reason_masks_counts_not_names():
+    """Failures group by their reason with the counts masked; the digits of a name (e2m1_rounding, float16,
+    int8) are not counts: round 2 and 3's reports printed 'eNmN_rounding=rhaz'."""
+    from conformance.report.summary import reason_pattern
+
+    a = reason_pattern("48 output element(s) outside the declared interval; the output matches "
+                       "e2m1_rounding=rhaz instead of the declared e2m1_rounding=rne")
+    b = reason_pattern("51 output element(s) outside the declared interval; the output matches "
+                       "e2m1_rounding=rhaz instead of the declared e2m1_rounding=rne")
+    assert a == b
+    assert a.startswith("N output element(s)") and "e2m1_rounding=rhaz" in a and "eNmN" not in a
+    assert reason_pattern("scales in float16, 1.5 steps, int8 codes") == "scales in float16, N steps, int8 codes"
+
+
+def test_worst_element_of_an_infinite_reference_names_no_interval():
+    """An Inf reference has no interval (it must be matched exactly): round 3's report printed '[-inf, nan]'."""
+    from conformance.report.summary import describe_worst
+
+    text = describe_worst({"index": [0, 3], "observed": 65504.0, "expected": float("inf"), "lo": float("-inf"),
+                           "hi": float("nan"), "reference": float("inf")})
+    assert "nan]" not in text and "interval" not in text and "must be matched exactly" in text
+    finite = describe_worst({"index": [0, 3], "observed": 1.5, "expected": 1.25, "lo": 1.0, "hi": 1.375})
+    assert "interval [1, 1.375]" in finite

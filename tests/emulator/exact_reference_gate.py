@@ -36,10 +36,22 @@ def _x(key: str, m: int, k: int, dtype: str) -> np.ndarray:
     return x.astype(_DT[dtype])
 
 
-def _checkpoint_cases(fp32_magnitudes: bool = False):
+def _w16(fast: bool):
+    """The A16 reference the direct calls run: the readable definition, or its speed code."""
+    if fast:
+        from emulator.fast_linear_w16 import linear_w16_fast
+
+        return linear_w16_fast
+    from emulator.linear import linear_w16
+
+    return linear_w16
+
+
+def _checkpoint_cases(fast: bool = False):
     from emulator.checkpoint import open_checkpoint
     from emulator.layers import dequantize_layer, linear_layer
-    from emulator.linear import linear_w16
+
+    w16 = _w16(fast)
 
     for cfg in sorted((ROOT / "tests" / "data").rglob("config.json")):
         folder = cfg.parent
@@ -50,9 +62,8 @@ def _checkpoint_cases(fp32_magnitudes: bool = False):
             if len(info.shape) == 3:
                 key = f"{rel}|{info.name}|e0|a16|float32"
                 x = _x(key, 6, K, "float32")
-                yield key, (lambda ck=ck, info=info, x=x: linear_w16(x, dequantize_layer(ck, info)[0], None,
-                                                                     out_dtype="float32",
-                                                                     fp32_magnitudes=fp32_magnitudes))
+                yield key, (lambda ck=ck, info=info, x=x: w16(x, dequantize_layer(ck, info)[0], None,
+                                                              out_dtype="float32"))
                 continue
             # Quark's dynamic int8 observer is no emulator variant: its layers run the canonical int8 one
             declared = "int8" if info.format == "quark-int" and info.activation else None
@@ -67,16 +78,18 @@ def _checkpoint_cases(fp32_magnitudes: bool = False):
                 yield key, (lambda ck=ck, info=info, x=x, act=act: linear_layer(ck, info, x, act=act))
 
 
-def _synthetic_cases(fp32_magnitudes: bool = False):
+def _synthetic_cases(fast: bool = False):
     from emulator.formats import mxfp4 as mx
-    from emulator.linear import linear_mxfp4_w4a4, linear_w4a8, linear_w8a8, linear_w16
+    from emulator.linear import linear_mxfp4_w4a4, linear_w4a8, linear_w8a8
+
+    linear_w16 = _w16(fast)
 
     def w16(key, m, n, k, dtype, bias):
         r = _rng(key)
         w = (r.standard_normal((n, k)) * 0.02).astype(np.float32)
         x = _x(key, m, k, dtype)
         b = (r.standard_normal(n) * 0.1).astype(np.float32) if bias else None
-        return linear_w16(x, w, b, out_dtype=dtype, fp32_magnitudes=fp32_magnitudes)
+        return linear_w16(x, w, b, out_dtype=dtype)
 
     def w8a8(key, m, n, k, dtype):
         r = _rng(key)
@@ -109,11 +122,12 @@ def _synthetic_cases(fp32_magnitudes: bool = False):
         yield key, (lambda fn=fn, key=key: fn(key))
 
 
-def cases(fp32_magnitudes: bool = False):
-    """(key, thunk returning a LinearResult) for every case of the gate, in a fixed order; ``fp32_magnitudes``
-    passed to the direct ``linear_w16`` calls (the stored outputs are those of the default)."""
-    yield from _checkpoint_cases(fp32_magnitudes)
-    yield from _synthetic_cases(fp32_magnitudes)
+def cases(fast: bool = False):
+    """(key, thunk returning a LinearResult) for every case of the gate, in a fixed order; ``fast``: the direct A16
+    calls run ``linear_w16_fast`` (emulator/fast_linear_w16.py, what the fallback's exact reference runs) instead
+    of ``linear_w16`` (the stored outputs are those of the readable ``linear_w16``)."""
+    yield from _checkpoint_cases(fast)
+    yield from _synthetic_cases(fast)
 
 
 def write(path: Path = GOLDEN) -> dict:

@@ -35,12 +35,15 @@ def test_exact_reference_is_unchanged(key, run):
     assert np.array_equal(r.y_ambiguous, _STORED[key + "|ambiguous"].astype(bool)), key
 
 
-_W16 = [(k, run) for k, run in cases(fp32_magnitudes=True) if "|e0|" in k or "|w16" in k]
+_W16 = [(k, run) for k, run in cases(fast=True) if "|e0|" in k or "|w16" in k]
 
 
 @pytest.mark.parametrize("key,run", _W16, ids=[k for k, _ in _W16])
-def test_fp32_magnitudes_give_the_same_outputs(key, run):
-    """``linear_w16(..., fp32_magnitudes=True)`` (the bound from a float32 GEMM raised to an upper bound, what
-    the fallback's exact reference uses) returns the stored outputs bit for bit (regression gate)."""
+def test_the_fast_a16_reference_gives_the_same_outputs(key, run):
+    """``linear_w16_fast`` (emulator/fast_linear_w16.py: the bound from the rows' 2-norms, what the fallback's exact
+    reference runs) returns the stored outputs bit for bit, zeros' signs included (regression gate)."""
     r = run()
-    assert np.array_equal(np.asarray(r.y, np.float64), _STORED[key + "|y"].astype(np.float64), equal_nan=True), key
+    want = _STORED[key + "|y"].astype(np.float64)
+    got = np.asarray(r.y, np.float64)
+    assert np.array_equal(got, want, equal_nan=True), key
+    assert np.array_equal(np.signbit(got), np.signbit(want)), key

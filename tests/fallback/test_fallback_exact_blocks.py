@@ -173,7 +173,9 @@ def test_block_working_set_within_budget(scheme, tmp_path):
 
     whole = peak(lambda: exact_by_rows(src, info, x, "float32", 1 << 30))
     blocked = peak(lambda: exact_by_rows(src, info, x, "float32", 1 * MiB))
-    assert whole > 8 * N * K  # (int8 paths keep int8 codes: > 8 bytes per element; A16 ~65)
+    # the whole layer holds at least its fp32 dequantized weight or int8 codes and their float copies (A16: ~5.6 bytes
+    # per element since emulator/fast_linear_w16.py widens the weight by cached row blocks; W4A4 ~65)
+    assert whole > 4 * N * K
     assert blocked <= 1 * MiB + MiB // 2, f"{blocked / MiB:.2f} MiB"
 
 

@@ -132,6 +132,10 @@ def _w8a8_inputs(k, dtype):
     spike = np.zeros(k)
     spike[k // 2] = -7.0
     rows.append(spike)
+    inf_row = rng.standard_normal(k)
+    inf_row[k // 3] = np.inf  # amax +Inf: the scale is +Inf, every code 0 (finite / Inf, Inf / Inf = NaN): y NaN
+    rows.append(inf_row)
+    rows.append(np.where(np.arange(k) == 1, -np.inf, 0.0))  # -Inf among zeros
     x = torch.from_numpy(np.asarray(rows, dtype=np.float32))
     return x.to(dtype)
 
@@ -160,8 +164,9 @@ def test_w8a8_torch_path_is_the_reference_bit_for_bit(dtype, synthetic, big_cach
         calls.clear()
         y = m(x)
         assert bool(calls) == torch_wins
-        np.testing.assert_array_equal(y_first.float().numpy(), ref.float().numpy())
-        np.testing.assert_array_equal(y.float().numpy(), ref.float().numpy())
+        # bit for bit, NaN's sign and payload included (the +-Inf rows' outputs are NaN)
+        np.testing.assert_array_equal(y_first.float().numpy().view(np.uint32), ref.float().numpy().view(np.uint32))
+        np.testing.assert_array_equal(y.float().numpy().view(np.uint32), ref.float().numpy().view(np.uint32))
     op.set_w8a8_path_choices(None)  # later tests measure for themselves
 
 
@@ -233,3 +238,31 @@ def test_repeated_calls_see_in_place_writes(scheme, synthetic, big_cache):
         ref.q_bias.zero_()
     np.testing.assert_allclose(y1.numpy(), ref(x).numpy(), rtol=0, atol=1e-5 * float(ref(x).abs().max()))
     assert not torch.equal(y0, y1)
+
+
+def test_float32_outputs_skip_round_fast_only_where_it_changes_nothing():
+    """Both torch paths return a float32 output without ``round_fast``: (1) the W8A8 path casts its float64 result
+    with torch's float64 -> float32 conversion, which must be ``round_fast``'s RNE to float32 bit for bit on every
+    class of value (random bit patterns, NaN payloads of both signs and both quiet bits, subnormal results, the
+    overflow threshold and ties at float32's half ulp, built from their bits); (2) the A16 path returns the GEMM's
+    float32 sums as they are, where ``round_fast`` would only quiet a signalling NaN: a signalling NaN in x comes
+    out quiet (an arithmetic result), i.e. already what ``round_fast`` returns."""
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2 ** 63, 100_000, dtype=np.uint64) | (rng.integers(0, 2, 100_000, dtype=np.uint64) << 63)
+    ulp_half = [(127 + e - 24) for e in (-120, -10, 0, 10, 100)]  # float32 half ulps at several exponents
+    ties = [2.0 ** (b - 127) * (1 + 2.0 ** -24) for b in ulp_half] + [2.0 ** (b - 127) * (1 + 3 * 2.0 ** -24) for b in ulp_half]
+    special = np.array([np.inf, -np.inf, 0.0, -0.0, 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** 128 * (1 - 2.0 ** -25) * (1 - 2.0 ** -40),
+                        2.0 ** -149 * 0.5, -(2.0 ** -149) * 0.5, 2.0 ** -149 * 1.5, 2.0 ** -149 * 2.5, 2.0 ** -126 * (1 - 2.0 ** -30),
+                        *ties, *[-t for t in ties]], np.float64)
+    nans = np.array([0x7FF0000000000001, 0xFFF0000000000001, 0x7FF8000000000001, 0x7FF4000020000000,
+                     0xFFF7FFFFFFFFFFFF, 0x7FF80000E0000000], np.uint64).view(np.float64)
+    v = np.concatenate([bits.view(np.float64), special, nans, rng.standard_normal(50_000) * 1e-40])
+    got = torch.from_numpy(v).to(torch.float32).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), round_fast(v, "float32").view(np.uint32))
+
+    mm = torch_fast.TorchFastLinear(np.random.default_rng(3).standard_normal((5, 16)).astype(np.float32))
+    x = np.ones((2, 16), np.float32)
+    x[0, 3] = np.array([0x7F800001], np.uint32).view(np.float32)[0]  # a signalling NaN
+    y = mm(x, None, "float32")
+    assert np.isnan(y[0]).all() and not np.isnan(y[1]).any()
+    np.testing.assert_array_equal(y.view(np.uint32), round_fast(y.copy(), "float32").view(np.uint32))
