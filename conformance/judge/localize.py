@@ -43,7 +43,7 @@ from backends.base import Case, Declared
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.localize_acts import QUANTIZER_CLASSES, RowProbe, analyze_own_rows
-from conformance.judge.localize_exact import (AZP_CORRECTION, OUTPUT_RTZ, act_hypotheses, analyze_rows,
+from conformance.judge.localize_exact import (AZP_CORRECTION, INT_DOT, OUTPUT_RTZ, act_hypotheses, analyze_rows,
                                               exact_activation_rows, one_hot_value, round_output,
                                               second_value)
 from conformance.judge.localize_epilogue import OwnOutput, epilogue_hypotheses
@@ -577,7 +577,7 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
         return "epilogue", f"epilogue wrong: {OUTPUT_RTZ} (weights right: the one-hot readback is their truncation)"
     if named_act and (not weights_bad or acts.get("explains_weight_readback")):
         name = acts["hypothesis"]
-        stage = ("azp correction" if name.startswith(AZP_CORRECTION) else
+        stage = ("azp correction" if name.startswith(AZP_CORRECTION) else "accumulation" if name.startswith(INT_DOT) else
                  "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization")
         why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
                else f" ({_weights_read(case, weights)} read back exact)" if weights is not None else "")

@@ -45,6 +45,8 @@ BUGS = {
     "out_via_fp16": "the bfloat16 output formed through a float16 buffer: RNE to float16, then to bfloat16",
     "out_satfinite": "the output conversion saturates: +-Inf become +-the largest finite value (NaN kept)",
     "prod_fp16": "each product rounded to float16, then summed exactly (control of out_via_fp16: not the output)",
+    "w8a8_pair_sat": "symmetric W8A8 on u8 x s8 pair instructions: codes + 128 as u8, each pair of products summed "
+                     "with int16 saturation, 128 * the weight row sum removed",
     "bias_bf16": "the bias converted to bfloat16 before the add (a bias buffer typed bfloat16)",
     "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
@@ -121,6 +123,19 @@ class Patterned(kernels.Planted):
             zp = np.rint((f32(-128) - (lo / s).astype(f32)).astype(np.float64))
             q = np.clip(np.rint((x32 / s).astype(f32).astype(np.float64)) + zp, -128, 127)
             y = ((q - zp) * s.astype(np.float64)) @ W.T
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug == "w8a8_pair_sat":  # docs/formats/activations.md symmetric per-token int8: s = amax / 127
+            f32 = np.float32
+            x32 = x.astype(f32)
+            s = (np.abs(x32).max(axis=1, keepdims=True) / f32(127)).astype(f32)
+            safe = np.where(s > 0, s, f32(1))
+            q = np.where(s > 0, np.clip(np.rint((x32 / safe).astype(f32).astype(np.float64)), -128, 127), 0.0)
+            t = prepared.data["t"]
+            qw, sw = t["weight"].astype(np.float64), t["weight_scale"].astype(np.float64).reshape(-1)
+            u = q + 128
+            pair = u[:, None, 0::2] * qw[None, :, 0::2] + u[:, None, 1::2] * qw[None, :, 1::2]  # K even here
+            acc = np.clip(pair, -32768, 32767).sum(-1) - 128 * qw.sum(axis=1)[None, :]
+            y = acc * s.astype(np.float64) * sw[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
         if bug in ("w8a8_rowsum_int16", "w8a8_rowsum_k_tail"):  # asym int8: y = s sw (sum q qw - azp rowsum(qw))
             f32 = np.float32
@@ -257,6 +272,9 @@ CASES = [
                                 scale_dtype="float32"), "azp correction",
      ["azp correction wrong", "the weight row sums skip the last K mod 32 = 16 columns"],
      ["activation zero point ignored"]),
+    ("w8a8_pair_sat", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32"),
+     "accumulation", ["u8 x s8 pairs of products summed with int16 saturation"],
+     ["weights wrong", "scale steps", "activation quantization wrong"]),
     ("m_tail_8", Case("w8a16", "ct-int-quantized", M=12, N=64, K=64, group_size=-1), "output rows",
      ["output rows m >= 8 * floor(M / 8) = 8 of every call of M = 12 rows",
       "past the last full tile of 8 rows, left at zero"], ["weights wrong", "read as zero", "bias not added"]),
