@@ -47,6 +47,8 @@ BUGS = {
     "prod_fp16": "each product rounded to float16, then summed exactly (control of out_via_fp16: not the output)",
     "w8a8_pair_sat": "symmetric W8A8 on u8 x s8 pair instructions: codes + 128 as u8, each pair of products summed "
                      "with int16 saturation, 128 * the weight row sum removed",
+    "zp_comp_whole_row": "asymmetric grouped int4: the zero point removed as a compensation z_g * sum(x) over the "
+                         "whole row instead of over group g's columns",
     "bias_bf16": "the bias converted to bfloat16 before the add (a bias buffer typed bfloat16)",
     "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
@@ -123,6 +125,15 @@ class Patterned(kernels.Planted):
             zp = np.rint((f32(-128) - (lo / s).astype(f32)).astype(np.float64))
             q = np.clip(np.rint((x32 / s).astype(f32).astype(np.float64)) + zp, -128, 127)
             y = ((q - zp) * s.astype(np.float64)) @ W.T
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug == "zp_comp_whole_row":  # y = sum_g s_g (sum_{k in g} x_k q_k) - sum_g s_g z_g * sum_k x_k
+            t = prepared.data["t"]
+            K = case.K
+            q = kernels._nibbles(t["weight_packed"])[:, :K].astype(np.float64) - 8
+            sg = t["weight_scale"].astype(np.float64)
+            zg = kernels._nibbles(t["weight_zero_point"].T).T[: case.N].astype(np.float64) - 8
+            g = np.arange(K) // case.group
+            y = x @ (q * sg[:, g]).T - x.sum(axis=1, keepdims=True) * (sg * zg).sum(axis=1)[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
         if bug == "w8a8_pair_sat":  # docs/formats/activations.md symmetric per-token int8: s = amax / 127
             f32 = np.float32
@@ -272,6 +283,9 @@ CASES = [
                                 scale_dtype="float32"), "azp correction",
      ["azp correction wrong", "the weight row sums skip the last K mod 32 = 16 columns"],
      ["activation zero point ignored"]),
+    ("zp_comp_whole_row", Case("w4a16", "ct-pack-quantized", K=128, group_size=32, sym=False, **_W), "weights",
+     ["every row, every K group: the zero-point compensation z_g * sum_k qx[k] taken over the whole row"],
+     ["zero point off by", "no named pattern", "scale steps"]),
     ("w8a8_pair_sat", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32"),
      "accumulation", ["u8 x s8 pairs of products summed with int16 saturation"],
      ["weights wrong", "scale steps", "activation quantization wrong"]),
