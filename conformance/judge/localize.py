@@ -411,6 +411,8 @@ def _bias_step(p: _Probing, loc: dict) -> "dict | None":
     base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
     hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
             (("bias added twice", 2.0), ("bias not added", 0.0), ("bias subtracted instead of added", -1.0))]
+    hyps += [(f"bias added {c} times (once per split-K partial or tile, not once)", round_to_dtype(base + c * b, out_dtype))
+             for c in range(3, 17)]
     hyps += [(f"bias rounded to {X} before the add (a bias buffer typed {X})",
               round_to_dtype(base + round_to_dtype(np.broadcast_to(b, exp.shape), X), out_dtype))
              for X in ("bfloat16", "float16") if X != out_dtype]

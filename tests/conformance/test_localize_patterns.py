@@ -49,6 +49,7 @@ BUGS = {
                      "with int16 saturation, 128 * the weight row sum removed",
     "zp_comp_whole_row": "asymmetric grouped int4: the zero point removed as a compensation z_g * sum(x) over the "
                          "whole row instead of over group g's columns",
+    "bias_each_partial": "split-K in chunks of 64 columns: every partial sum adds the bias",
     "bias_bf16": "the bias converted to bfloat16 before the add (a bias buffer typed bfloat16)",
     "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
@@ -164,10 +165,14 @@ class Patterned(kernels.Planted):
             acc = q @ qw.T - zp * rs[None, :]
             y = acc * s.astype(np.float64) * sw[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
-        if bug in ("m_tail_8", "out_via_fp16", "prod_fp16", "out_satfinite", "act_nan_to_num", "bias_bf16"):
+        if bug in ("m_tail_8", "out_via_fp16", "prod_fp16", "out_satfinite", "act_nan_to_num", "bias_bf16",
+                   "bias_each_partial"):
             if bug == "act_nan_to_num":
                 mx = _MAX[case.act_dtype]
                 x = np.nan_to_num(x, nan=0.0, posinf=mx, neginf=-mx)
+            if bug == "bias_each_partial" and bias is not None:
+                acc = sum(x[:, a:a + 64] @ W[:, a:a + 64].T + np.asarray(bias, np.float64) for a in range(0, case.K, 64))
+                return kernels._round(acc, case.output_dtype)
             if bug == "bias_bf16" and bias is not None:
                 bias = _bf16(bias)
             with np.errstate(invalid="ignore", over="ignore"):
@@ -302,6 +307,8 @@ CASES = [
      "accumulation", ["the product (or a partial sum) is rounded to float16"], ["double rounding", "epilogue"]),
     ("bias_bf16", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float32", bias=True, **_W),
      "epilogue", ["bias rounded to bfloat16 before the add"], ["scaled by its own factor", "bias not added"]),
+    ("bias_each_partial", Case("w8a16", "ct-int-quantized", K=192, group_size=-1, act_dtype="float32", bias=True,
+                               **_W), "epilogue", ["bias added 3 times"], ["scaled by its own factor", "bias added twice"]),
     ("out_satfinite", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="bfloat16", **_W),
      "epilogue", ["the output conversion saturates", "reference inf"], ["the failure is in the product"]),
     ("act_nan_to_num", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float16", **_W),
