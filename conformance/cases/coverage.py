@@ -24,7 +24,8 @@ import random
 
 from backends.base import Case
 
-__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "VALUE_MIN_K", "W8A8_ASYM", "NAN_SCALE", "CONSTRAINTS", "design",
+__all__ = ["TABLES", "FACTOR_KINDS", "VALUE_CLASS_DOCS", "VALUE_MIN_K", "W8A8_ASYM", "NAN_SCALE", "ACT_ORDER_VALUES",
+           "CONSTRAINTS", "design",
            "design_specs", "realize", "case_classes", "profile_coverage", "pick_n", "pick_k", "m_class", "n_class", "k_class"]
 
 #: which factors are format features, shape classes and value classes (the docs group them so)
@@ -55,7 +56,10 @@ NAN_SCALE = ("nan-scale", "nan-scale-zero-codes", "nan-scale-one-signed")
 #: NaN/Inf activations, each alone, with rows whose outputs stay finite
 NONFINITE_ACT = ("nan-act", "inf-act")
 INT8_ACT = AMAX + ("act-one-signed", "act-constant-rows")
-MX_ACT = AMAX + ("act-one-signed", "act-constant-rows", "act-saturation")
+MX_ACT = AMAX + ("act-one-signed", "act-constant-rows", "act-saturation", "act-byte0-fine-steps")
+#: act-order value classes (examples/independent-kernels/round3/README.md, gidx_sorted_uniform): only where a g_idx
+#: (GPTQ) or weight_g_idx (compressed-tensors) is stored, i.e. under act order (CONSTRAINTS)
+ACT_ORDER_VALUES = ("g_idx-unequal-groups",)
 #: asymmetric W8A8 edge classes (examples/independent-kernels/README.md, suite holes 1-3): each exists only under
 #: asymmetric activations (CONSTRAINTS), where the azp compensation and the zero point live
 W8A8_ASYM = ("w-rowsum-beyond-int16", "azp-int32-saturation", "azp-int8-domain", "act-code-saturation")
@@ -95,6 +99,12 @@ VALUE_CLASS_DOCS = {
     "scale-negative": "weight scales of both signs: every other group (channel-wise: every other output channel) "
                       "negated, as auto-round's symmetric writer stores them (docs/formats/gptq.md#errors); one "
                       "scale in all: negative",
+    "g_idx-unequal-groups": "act order with a g_idx (weight_g_idx) of unequal group sizes, randomly permuted: "
+                            "two groups: G + G/4 and G - G/4 columns; more: one group empty, the others of random "
+                            "sizes (docs/formats/gptq.md: any map into [0, K/G)), so group != rank // G",
+    "act-byte0-fine-steps": "MX activation blocks of amax 2^-125 .. 1.5 * 2^-125 (E8M0 scale byte 0, 2^-127) holding "
+                            "elements that need the finest E2M1 step there (+-2^-128, +-1.5 * 2^-127); W4A4: the "
+                            "weight blocks they meet have byte 0xFE and codes +-0.5, so the products are normal",
     "router-ties": "router logits tied across the top-k boundary in every row",
     "w-rowsum-beyond-int16": "asymmetric activations; K >= 512 and weight rows 0 (all positive) and 1 (all negative) "
                              "of near-saturated codes: |sum_k q[n, k]| > 32767, so an azp compensation "
@@ -122,10 +132,12 @@ TABLES: dict[str, dict[str, tuple]] = {
     "w4a16": {"format": ("gptq", "awq", "ct-pack-quantized"), "weights": ("sym", "asym"),
               "zero_convention": ("v1", "v2", "none"), "act_order": ("off", "g_idx", "weight_g_idx"),
               "grouping": GROUPING, "groups": GROUPS, **_INT_SCHEME_FACTORS,
-              "scale_dtype": ("float16", "bfloat16", "float32"), **_SHAPES, "values": W_INT + NONFINITE_ACT},
+              "scale_dtype": ("float16", "bfloat16", "float32"), **_SHAPES,
+              "values": W_INT + ACT_ORDER_VALUES + NONFINITE_ACT},
     "w8a16": {"format": ("gptq", "ct-int-quantized"), "weights": ("sym", "asym"), "zero_convention": ("v1", "v2", "none"),
               "act_order": ("off", "g_idx"), "grouping": GROUPING, "groups": GROUPS, **_INT_SCHEME_FACTORS,
-              "scale_dtype": ("float16", "bfloat16", "float32"), **_SHAPES, "values": W_INT + NONFINITE_ACT},
+              "scale_dtype": ("float16", "bfloat16", "float32"), **_SHAPES,
+              "values": W_INT + ACT_ORDER_VALUES + NONFINITE_ACT},
     "w8a8": {"format": ("ct-int-quantized",), "activations": ("sym", "asym"), **_INT_SCHEME_FACTORS,
              "scale_dtype": ("float32", "bfloat16", "float16"), **_SHAPES, "values": W_INT + INT8_ACT + W8A8_ASYM},
     "w4a8": {"format": ("gptq", "ct-pack-quantized"), "zero_convention": ("v1", "none"), "grouping": GROUPING,
@@ -294,6 +306,15 @@ def _value_ok(scheme: str, r: dict) -> bool:
     return True
 
 
+def _value_feature_ok(scheme: str, r: dict) -> bool:
+    v = r["values"]
+    if v in ACT_ORDER_VALUES and r.get("act_order", "off") == "off":
+        return False  # no g_idx stored without act order
+    if v == "act-byte0-fine-steps" and r.get("act_dtype") == "float16":
+        return False  # fp16 holds nothing near 2^-125: its blocks never reach scale byte 0
+    return True
+
+
 def _asym_value_ok(scheme: str, r: dict) -> bool:
     v = r["values"]
     if v in W8A8_ASYM and r.get("activations") != "asym":
@@ -309,6 +330,7 @@ CONSTRAINTS = (
     (("format", "grouping", "groups", "K"), _shape_ok),
     (("format", "grouping", "N"), _shape_ok),
     (("values", "M", "N", "routing", "K", "grouping", "format"), _value_ok),
+    (("values", "act_order", "act_dtype"), _value_feature_ok),
     # asymmetric int8 activations of one element per row: min = max, scale 0, an all-zero output
     (("activations", "K"), lambda scheme, r: not (r.get("activations") == "asym" and r.get("K") == "K-min")),
     (("values", "activations", "act_dtype"), _asym_value_ok),

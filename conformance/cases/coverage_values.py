@@ -19,14 +19,14 @@ from emulator.formats import mxfp4
 from emulator.numerics.floats import round_to_dtype
 
 from conformance.cases.inputs import CaseInputs, make_inputs
-from conformance.cases.coverage import AMAX, NAN_SCALE, TABLES, W_INT, W_MX
+from conformance.cases.coverage import ACT_ORDER_VALUES, AMAX, NAN_SCALE, TABLES, W_INT, W_MX
 from conformance.cases.generators import gen_router_ties, int_weight_tensors, scales_array, uint8_domain_row
 
 __all__ = ["VALUE_GENERATORS", "generate_value", "activation_units", "units_of", "MANTISSA_BITS", "INT16_MAX"]
 
 #: mantissa bits of each activation dtype (the ulp of 2^k is 2^(k - bits))
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
-_WEIGHT_CLASSES = set(W_INT) | set(W_MX) | {"w-rowsum-beyond-int16"}
+_WEIGHT_CLASSES = set(W_INT) | set(W_MX) | set(ACT_ORDER_VALUES) | {"w-rowsum-beyond-int16"}
 #: the largest int16
 INT16_MAX = 32767
 
@@ -126,6 +126,10 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
             if dt == "bfloat16":
                 x[m] = np.clip(np.trunc(x[m] / j), -127, 127) * j
                 x[m, 0], x[m, 1] = lo * j, hi * j
+    elif cls == "act-byte0-fine-steps":  # bf16/fp32 only (coverage.CONSTRAINTS): one block column, every row
+        b = byte0_block(case)
+        for m in range(M):
+            x[m, 32 * b:32 * b + 32] = _byte0_block_values(rng)
     elif cls == "nan-act":
         x[0, int(rng.integers(0, K))] = np.nan
     elif cls == "inf-act":
@@ -133,6 +137,26 @@ def _acts(case: Case, cls: str, rng, x: np.ndarray) -> np.ndarray:
         if M >= 3:
             x[1, int(rng.integers(0, K))] = -np.inf
     return _round(x, dt)
+
+
+#: E2M1 magnitudes (docs/formats/mxfp4.md)
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def byte0_block(case: Case) -> int:
+    """The block column of act-byte0-fine-steps, from the shape alone, so weights and activations agree."""
+    return (case.M + case.N) % (case.K // 32)
+
+
+def _byte0_block_values(rng) -> np.ndarray:
+    """32 values whose MX block scale is 2^-127 (E8M0 byte 0): amax 4 or 6 * 2^-127 (2^-125 or 1.5 * 2^-125, so
+    floor(log2 amax) - 2 = -127), every value on the E2M1 grid at that scale, with +-0.5 and +-1.5 steps (odd
+    multiples of 2^-128) present: a scale clamped at 2^-126 rounds exactly those."""
+    v = rng.choice(_E2M1, 32) * rng.choice([-1.0, 1.0], 32)
+    v[0] = rng.choice([4.0, 6.0]) * rng.choice([-1.0, 1.0])
+    v[1], v[2], v[3], v[4] = 0.5, -0.5, 1.5, -1.5
+    v[1:] = v[1:][rng.permutation(31)]
+    return v * 2.0 ** -127
 
 
 # -- weights --------------------------------------------------------------------------------------------------
@@ -148,6 +172,23 @@ def _int_parts(case: Case, rng):
     g_idx = (rng.permutation(case.K) // case.group).astype(np.int32) if case.act_order else None
     g = g_idx if g_idx is not None else np.arange(case.K) // case.group
     return q, z, s, g_idx, g
+
+
+def unequal_g_idx(K: int, group: int, rng) -> np.ndarray:
+    """A g_idx into [0, K / group) whose groups are not all ``group`` wide, randomly permuted: two groups of
+    group + group/4 and group - group/4 columns; three or more: one group empty, the others of random sizes
+    of at least one column (docs/formats/gptq.md: desc_act accepts any map into [0, K/G))."""
+    ng = K // group
+    if ng == 2:
+        d = max(1, group // 4)
+        sizes = np.array([group + d, group - d])[rng.permutation(2)]
+    else:
+        empty = int(rng.integers(0, ng))
+        live = [i for i in range(ng) if i != empty]
+        cuts = np.sort(rng.choice(np.arange(1, K), len(live) - 1, replace=False))
+        sizes = np.zeros(ng, np.int64)
+        sizes[live] = np.diff(np.concatenate([[0], cuts, [K]]))
+    return rng.permutation(np.repeat(np.arange(ng), sizes)).astype(np.int32)
 
 
 def _huge_exponent(case: Case) -> int:
@@ -180,7 +221,9 @@ def _int_weights(case: Case, cls: str, rng) -> dict:
     q, z, s, g_idx, g = _int_parts(case, rng)
     maxq = (1 << case.bits) - 1
     N = case.N
-    if cls == "w-one-signed":
+    if cls == "g_idx-unequal-groups":  # act order only (coverage.CONSTRAINTS)
+        g_idx = g = unequal_g_idx(case.K, case.group, rng)
+    elif cls == "w-one-signed":
         z[:, 0] = np.minimum(z[:, 0], maxq - 1)
         zk = z[g, 0]
         q[0] = rng.integers(zk, maxq + 1)
@@ -267,6 +310,10 @@ def _mx_weights(case: Case, cls: str, rng) -> dict:
             sb[:, ::2] = rng.integers(0, 2, sb[:, ::2].shape)
         else:
             sb[::2] = rng.integers(0, 2, sb[::2].shape)
+    elif cls == "act-byte0-fine-steps":  # every row's block b: byte 0xFE, codes +-0.5 (2^126 * 2^-128 is normal)
+        b = byte0_block(case)
+        sb[:, b] = 0xFE
+        codes[:, 32 * b:32 * b + 32] = rng.choice([1, 9], (N, 32))
     elif cls == "scale-extreme":
         r = 1 if N > 1 else 0
         sb[r, 0] = 0xFE

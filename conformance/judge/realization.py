@@ -122,6 +122,8 @@ def realized(cls: str, inp: CaseInputs) -> tuple[bool, str]:
         k = case.top_k
         ok = bool(np.all(lg[:, k - 1] == lg[:, k]))
         return ok, f"k-th and (k+1)-th logits equal in every row: {ok}"
+    if cls == "act-byte0-fine-steps":
+        return _realized_byte0(inp, case, x)
     if cls in AMAX or cls.startswith("act-"):
         seen = _realized_in_units(cls, case, x)
         if seen is not None:
@@ -160,6 +162,29 @@ def _realized_in_units(cls: str, case, x: np.ndarray) -> "tuple[bool, str] | Non
             n += bool(a > 0 and a / 2.0 ** (np.floor(np.log2(a)) - 2) > 6)
         return n > 0, f"{n} block(s) whose amax scales above 6"
     return None
+
+
+def _realized_byte0(inp: CaseInputs, case: Case, x: np.ndarray) -> tuple[bool, str]:
+    """MX blocks whose amax is in [2^-125, 2^-124) (scale 2^-127: byte 0) holding an odd multiple of 2^-128 (the
+    finest E2M1 step there); W4A4: met by an E8M0 0xFE weight block with non-zero codes in the same K block."""
+    if case.K % 32:
+        return False, "K not a multiple of 32"
+    hits = set()
+    for m in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            u = x[m, 32 * b:32 * b + 32]
+            a = float(np.max(np.abs(u)))
+            fine = u * 2.0 ** 128
+            if 2.0 ** -125 <= a < 2.0 ** -124 and bool(((fine % 2) == 1).any() | ((fine % 2) == -1).any()):
+                hits.add(b)
+    what = f"{len(hits)} block column(s) at scale byte 0 with finest-step elements"
+    if not hits or case.spec.quantize_only:
+        return bool(hits), what
+    p = np.asarray(inp.tensors["weight_packed"]).astype(np.int64)
+    codes = np.stack([p & 0xF, p >> 4], axis=-1).reshape(p.shape[0], -1)
+    sb = np.asarray(inp.tensors["weight_scale"])
+    met = sorted(b for b in hits if ((sb[:, b] == 0xFE) & ((codes[:, 32 * b:32 * b + 32] & 7) != 0).any(axis=1)).any())
+    return bool(met), f"{what}; met by 0xFE weight blocks with non-zero codes: {len(met)}"
 
 
 def _realized_non_finite_acts(cls: str, inp: CaseInputs, case, x: np.ndarray) -> tuple[bool, str]:
@@ -227,6 +252,14 @@ def _realized_weights(cls: str, inp: CaseInputs, case, x: np.ndarray) -> tuple[b
         live = bool((W[S < 0] != 0).any())  # a negative scale some non-zero weight is dequantized with
         ok = neg > 0 and (pos > 0 or s.size == 1) and live
         return ok, f"{neg} negative and {pos} positive scale(s); non-zero weights under a negative scale: {live}"
+    if cls == "g_idx-unequal-groups":
+        key = "g_idx" if case.weight_format == "gptq" else "weight_g_idx"
+        gi = np.asarray(t[key]).astype(np.int64) if key in t else None
+        ng = case.K // case.group
+        if gi is None or gi.shape != (case.K,) or gi.min() < 0 or gi.max() >= ng:
+            return False, f"no {key} into [0, {ng}) in the tensors"
+        sizes = np.bincount(gi, minlength=ng)
+        return bool((sizes != case.group).any()), f"{key} group sizes {sizes.tolist()} (G = {case.group})"
     if cls in ("nan-scale", "nan-scale-zero-codes", "nan-scale-one-signed"):
         sb = np.asarray(t["weight_scale"])
         has = bool((sb == 0xFF).any()) and bool(np.isfinite(x).all())
