@@ -35,7 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from emulator.declaration import round_weights
+from emulator.activations import int8 as a8
+from emulator.declaration import int8_variant, round_weights
 from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
@@ -46,7 +47,7 @@ from conformance.judge.localize_acts import QUANTIZER_CLASSES, RowProbe, analyze
 from conformance.judge.localize_exact import (AZP_CORRECTION, INT_DOT, OUTPUT_RTZ, act_hypotheses, analyze_rows,
                                               exact_activation_rows, one_hot_value, round_output,
                                               second_value)
-from conformance.judge.localize_epilogue import OwnOutput, epilogue_hypotheses
+from conformance.judge.localize_epilogue import OwnOutput, epilogue_hypotheses, int_bias_hypotheses
 from conformance.judge.localize_moe import localize_moe
 from conformance.judge.localize_rows import RowReadback, row_pattern, shift_for
 from conformance.judge.localize_weights import Structure, analyze_weights, close, product_or_weight, structure
@@ -419,7 +420,30 @@ def _bias_step(p: _Probing, loc: dict) -> "dict | None":
     bias_res = analyze_rows(obs, exp, bad, hyps, out_dtype)
     loc["bias"] = bias_res
     loc["probes"].append("bias: all-zero activation rows with the case's bias")
+    if bias_res.get("hypothesis") == "bias not added" and p.st.kind == "int" and p.st.n_groups == 1 and (
+            case.spec.activations == "int8"):  # on a zero row sx = 0: a bias folded into the integer dot vanishes too
+        _int_bias(p, bias_res, loc)
     return bias_res
+
+
+def _int_bias(p: _Probing, bias_res: dict, loc: dict) -> None:
+    """The bias on rows whose activation quantization is exact (sx > 0): a bias folded into the int32 accumulator
+    replaces the zero rows' 'bias not added' (conformance/judge/localize_epilogue.py)."""
+    Xa = exact_activation_rows(p.case, p.declared)
+    if Xa is None:
+        return
+    try:
+        obs, exp, bad = p.prober(Xa, p.bias)
+    except Exception:  # noqa: BLE001 - the kernel refused the probe: the zero rows' finding stands
+        return
+    sx = a8.quantize_int8_per_token(Xa.astype(np.float32), int8_variant(p.declared, p.case)).scale
+    hyps = int_bias_hypotheses(Xa, p.W, p.bias, sx, p.st.scale[:, 0], p.out_dtype)
+    res = analyze_rows(obs, exp, bad, hyps, p.out_dtype)
+    loc["probes"].append("bias: rows whose activation quantization is exact, with the case's bias")
+    if res.get("hypothesis") and res["hypothesis"] != "bias not added":
+        bias_res["hypothesis"] = res["hypothesis"]
+        bias_res["findings"] = [dict(f, where=f"{f['where']} (rows whose quantization is exact)")
+                                for f in res["findings"]]
 
 
 def _own_output_step(p: _Probing, x, loc: dict) -> "dict | None":

@@ -107,3 +107,19 @@ def epilogue_hypotheses(o: OwnOutput) -> "list[tuple[str, str]]":
                 break
     fits.sort(key=lambda f: -f[0])
     return [(s, t) for _, s, t in fits]
+
+
+def int_bias_hypotheses(X: np.ndarray, W: np.ndarray, bias: np.ndarray, act_scale: np.ndarray, w_scale: np.ndarray,
+                        out_dtype: str) -> list:
+    """(name, output) for a bias folded into the integer accumulator, on rows X whose activation quantization is
+    exact (outputs X W^T + bias): the bias rounded to the accumulator's grid, RNE(bias / (sx sw)) * sx sw, and
+    not added (what an all-zero row, sx = 0, shows for either)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        y = X.astype(np.float64) @ W.T
+        ss = np.asarray(act_scale, np.float64).reshape(-1, 1) * np.asarray(w_scale, np.float64).reshape(1, -1)
+        b = np.asarray(bias, np.float64).reshape(1, -1)
+        bi = np.where(ss > 0, np.rint(b / np.where(ss > 0, ss, 1.0)), 0.0)
+        return [("bias folded into the int32 accumulator: RNE(bias / (sx * sw)) added to the integer dot, so it is "
+                 "rounded to a multiple of sx * sw (and vanishes on an all-zero row, where sx = 0)",
+                 round_to_dtype(y + bi * ss, out_dtype)),
+                ("bias not added", round_to_dtype(y, out_dtype))]

@@ -50,6 +50,8 @@ BUGS = {
     "zp_comp_whole_row": "asymmetric grouped int4: the zero point removed as a compensation z_g * sum(x) over the "
                          "whole row instead of over group g's columns",
     "bias_each_partial": "split-K in chunks of 64 columns: every partial sum adds the bias",
+    "w8a8_bias_in_acc": "symmetric W8A8: the bias folded into the int32 accumulator as RNE(bias / (sx * sw))",
+    "w8a8_no_bias": "symmetric W8A8: the bias never added (control of w8a8_bias_in_acc)",
     "bias_bf16": "the bias converted to bfloat16 before the add (a bias buffer typed bfloat16)",
     "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
@@ -136,6 +138,20 @@ class Patterned(kernels.Planted):
             g = np.arange(K) // case.group
             y = x @ (q * sg[:, g]).T - x.sum(axis=1, keepdims=True) * (sg * zg).sum(axis=1)[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug in ("w8a8_bias_in_acc", "w8a8_no_bias"):  # symmetric per-token int8, s = amax / 127; integer dot; bias on its grid
+            f32 = np.float32
+            x32 = x.astype(f32)
+            s = (np.abs(x32).max(axis=1, keepdims=True) / f32(127)).astype(f32).astype(np.float64)
+            q = np.where(s > 0, np.clip(np.rint(x / np.where(s > 0, s, 1)), -128, 127), 0.0)
+            t = prepared.data["t"]
+            qw, sw = t["weight"].astype(np.float64), t["weight_scale"].astype(np.float64).reshape(-1)
+            ss = s * sw[None, :]
+            acc = q @ qw.T
+            if bias is not None and bug == "w8a8_bias_in_acc":
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    bi = np.where(ss > 0, np.rint(np.asarray(bias, np.float64)[None, :] / np.where(ss > 0, ss, 1)), 0)
+                acc = acc + bi
+            return kernels._round(acc * ss, case.output_dtype)
         if bug == "w8a8_pair_sat":  # docs/formats/activations.md symmetric per-token int8: s = amax / 127
             f32 = np.float32
             x32 = x.astype(f32)
@@ -291,6 +307,10 @@ CASES = [
     ("zp_comp_whole_row", Case("w4a16", "ct-pack-quantized", K=128, group_size=32, sym=False, **_W), "weights",
      ["every row, every K group: the zero-point compensation z_g * sum_k qx[k] taken over the whole row"],
      ["zero point off by", "no named pattern", "scale steps"]),
+    ("w8a8_bias_in_acc", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32",
+                              bias=True), "epilogue", ["bias folded into the int32 accumulator"], ["bias not added"]),
+    ("w8a8_no_bias", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32",
+                          bias=True), "epilogue", ["bias not added"], ["bias folded"]),
     ("w8a8_pair_sat", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32"),
      "accumulation", ["u8 x s8 pairs of products summed with int16 saturation"],
      ["weights wrong", "scale steps", "activation quantization wrong"]),
