@@ -32,6 +32,7 @@ that reuses its shape class's choice is checked the same way on its own first in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -147,8 +148,10 @@ def shape_class(M: int) -> tuple[int, int]:
     return hi // 2 + 1, hi
 
 
+@functools.lru_cache(maxsize=4096)
 def _class_key(case: Case) -> str:
-    """Every Case field with M replaced by its shape class: the timings are shared within it."""
+    """Every Case field with M replaced by its shape class: the timings are shared within it (a Case is frozen:
+    the key is formed once per Case, not on every call)."""
     d = case.to_json()
     d["M"] = list(shape_class(case.M))
     return json.dumps(d, sort_keys=True)
@@ -272,22 +275,39 @@ class Choice:
     def skipped_text(self) -> str:
         """Each skipped backend with its reason, except those unavailable on this host (no library, no
         device), named together: their reasons do not depend on the layer (`qconform backends` says why)."""
-        away = [n for n, why in self.skipped if why.startswith("unavailable")]
-        rest = [f"{n}: {why}" for n, why in self.skipped if not why.startswith("unavailable")]
-        if away:
-            rest.append(f"unavailable here: {', '.join(away)} (`qconform backends` says why)")
-        return "; ".join(rest) or "none"
+        return _skipped_text(tuple(self.skipped))
 
     def line(self, case: Case) -> str:
         """The choice as the op logs it: what ran, how it was chosen, what was skipped and why."""
         chosen = self.backend.label
         if self.fallback:
             try:
-                acc = self.backend.declared(case).accumulate
-            except Exception:  # noqa: BLE001 - the line only
-                acc = "declared"
+                acc = _accumulation(self.backend, case)
+            except TypeError:  # an unhashable backend object: asked directly
+                acc = _accumulation.__wrapped__(self.backend, case)
             chosen = f"{chosen} fast path ({acc} accumulation; --backend emulator is the reference)"
         return f"{case.scheme} {case.weight_format} -> {chosen} [{self.how}] (skipped: {self.skipped_text()})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _accumulation(backend: Backend, case: Case) -> str:
+    """The fallback's declared accumulation, named in its choice line (a backend instance's declaration for a Case
+    does not change: the dispatcher creates each spec once; formed once, not on every call)."""
+    try:
+        return backend.declared(case).accumulate
+    except Exception:  # noqa: BLE001 - the line only
+        return "declared"
+
+
+@functools.lru_cache(maxsize=4096)
+def _skipped_text(skipped: tuple) -> str:
+    """``Choice.skipped_text`` of ``skipped`` ((name, why) pairs): formed once per distinct list, since the op
+    forms a choice's line on every call."""
+    away = [n for n, why in skipped if why.startswith("unavailable")]
+    rest = [f"{n}: {why}" for n, why in skipped if not why.startswith("unavailable")]
+    if away:
+        rest.append(f"unavailable here: {', '.join(away)} (`qconform backends` says why)")
+    return "; ".join(rest) or "none"
 
 
 # --------------------------------------------------------------------------------------------- dispatcher
@@ -312,8 +332,8 @@ class Dispatcher:
         self.itself = frozenset(itself)
         self.floor_db = floor_db
         self._instances: dict[str, Backend | Exception] = {}
-        self._admitted: dict = {}  # (layer, repr(case)) -> (contenders, skipped)
-        self._declared: dict = {}  # (label, repr(case)) -> its declaration (judged on each call's activations)
+        self._admitted: dict = {}  # (layer, case) -> (contenders, skipped)
+        self._declared: dict = {}  # (label, case) -> its declaration (judged on each call's activations)
         self._floor_met: dict = {}  # (layer, label) -> None (met floor_db on the layer's first input) or why not
         self._timed: dict = {}  # (class key, contender labels) -> (chosen label, times, how)
         self._failed: dict[str, dict[str, str]] = {}  # class key -> label -> why it failed when run
@@ -435,7 +455,7 @@ class Dispatcher:
         kept: the next input may differ). ``timer(backend, bound) -> (seconds, y)``
         runs a contender on the real input (timed policies; ``bound``: the best time so far, which a timer
         may use to stop repeating a contender already slower); ``reference() -> y`` for the ``floor_db`` gate."""
-        akey = (layer, repr(case)) if layer is not None or tensors is None else None
+        akey = (layer, case) if layer is not None or tensors is None else None  # a Case is frozen: hashable
         got = self._admitted.get(akey) if akey is not None else None
         if got is None:
             got = self._admissible(case, tensors() if callable(tensors) else tensors)
@@ -483,7 +503,7 @@ class Dispatcher:
         return Choice(chosen, skipped + gated, how, dict(times), fallback=chosen is fb)
 
     def _activation_why(self, case: Case, b: Backend, activations) -> "str | None":
-        key = (b.label, repr(case))
+        key = (b.label, case)
         declared = self._declared.get(key)
         if declared is None:
             declared = self._declared[key] = b.declared(case)

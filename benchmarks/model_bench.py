@@ -16,7 +16,8 @@ activations):
   enough for the whole model (the fp32 weights are dequantized once, then kept);
 - ``fast-streamed``: the same with ``--cache-mb`` of half the model's fp32 weights (the scan-resistant cache:
   qconform_torch/prepared_cache.py), its hit rate reported;
-- ``auto``: ``--backend auto`` (the dispatcher's choice on this host);
+- ``auto``: ``--backend auto`` (the dispatcher's choice on this host); target: never slower than ``fast``
+  (auto / fast <= 1.0 within ``AUTO_NOISE``, issue 25 item 1);
 - ``exact``: ``--backend emulator`` (the canonical reference, exact);
 - ``dense``: plain fp32 ``nn.Linear`` of the exactly dequantized weights (``dense_reference_model``);
 - ``toolkit``: transformers + compressed-tensors' own CPU forward (CT checkpoints), or auto-round-lib's ARK
@@ -44,6 +45,18 @@ FORMATS = ("ct-w4a16", "gptq", "ct-w8a8")
 #: timing the same model (W8A8's own activation quantization stays far above it)
 TOOLKIT_FLOOR_DB = 20.0
 HEADS, KV = 16, 4
+#: issue 25 item 1: ``auto`` never slower than the fast path. Marked met where auto / fast <= 1 + AUTO_NOISE: the
+#: noise of one ratio of best-of-N times of the same work (auto keeps the fast path on every layer where no kernel
+#: beats it, so there the ratio measures the bench's noise and auto's per-call cost only: 0.99-1.08 in the quiet
+#: run of docs/performance.md#model-level)
+AUTO_NOISE = 0.10
+
+
+def auto_missed(seconds: dict) -> bool | None:
+    """Whether auto is slower than the fast path beyond AUTO_NOISE (None: one of them was not timed)."""
+    if "auto" not in seconds or "fast" not in seconds:
+        return None
+    return seconds["auto"] / seconds["fast"] > 1 + AUTO_NOISE
 
 
 def _qconfig(fmt: str) -> dict:
@@ -338,8 +351,9 @@ def print_model(r: dict) -> None:
         if "toolkit" in s:
             ratios.append(f"fast/toolkit x{s['fast'] / s['toolkit']:.2f} (target <= 1.2)"
                           + ("  MISSED" if s["fast"] / s["toolkit"] > 1.2 else ""))
-        if "auto" in s:
-            ratios.append(f"auto/fast x{s['auto'] / s['fast']:.2f}")
+        if auto_missed(s) is not None:
+            ratios.append(f"auto/fast x{s['auto'] / s['fast']:.2f} (target <= 1.0, noise {AUTO_NOISE:.0%})"
+                          + ("  MISSED" if auto_missed(s) else "  met"))
         if "exact" in s and "dense" in s:
             ratios.append(f"exact/dense x{s['exact'] / s['dense']:.1f} (target <= 4)"
                           + ("  MISSED" if s["exact"] / s["dense"] > 4 else ""))
@@ -361,6 +375,9 @@ def missed(results: list) -> list[str]:
             s = x["seconds"]
             if "toolkit" in s and s["fast"] / s["toolkit"] > 1.2:
                 out.append(f"model {r['format']} T={x['T']} fast x{s['fast'] / s['toolkit']:.2f} of the toolkit (<= 1.2)")
+            if auto_missed(s):
+                out.append(f"model {r['format']} T={x['T']} auto x{s['auto'] / s['fast']:.2f} of the fast path "
+                           f"(<= 1.0 within {AUTO_NOISE:.0%})")
             if "exact" in s and "dense" in s and s["exact"] / s["dense"] > 4:
                 out.append(f"model {r['format']} T={x['T']} exact x{s['exact'] / s['dense']:.1f} of dense (<= 4)")
     return out

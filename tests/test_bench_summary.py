@@ -36,3 +36,18 @@ def test_model_level_misses_are_listed():
     got = missed_targets([rec, no_tk])
     assert got == ["model ct-w4a16 T=8 fast x1.30 of the toolkit (<= 1.2)",
                    "model ct-w4a16 T=128 exact x5.0 of dense (<= 4)"]
+
+
+def test_auto_slower_than_the_fast_path_is_a_miss():
+    """Issue 25 item 1: auto / fast above 1 + AUTO_NOISE (10 %) is listed, within it is not; a row without an
+    auto or fast time is not judged on it."""
+    from benchmarks.model_bench import AUTO_NOISE
+
+    assert AUTO_NOISE == 0.10
+    rec = {"bench": "model", "format": "ct-w8a8", "rows": [
+        {"T": 8, "seconds": {"fast": 1.0, "auto": 1.06}},
+        {"T": 128, "seconds": {"fast": 1.0, "auto": 5.3}},
+        {"T": 16, "seconds": {"fast": 1.0, "auto": 1.11}},
+        {"T": 32, "seconds": {"auto": 9.0}}]}
+    assert missed_targets([rec]) == ["model ct-w8a8 T=128 auto x5.30 of the fast path (<= 1.0 within 10%)",
+                                     "model ct-w8a8 T=16 auto x1.11 of the fast path (<= 1.0 within 10%)"]
