@@ -35,7 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from emulator.declaration import round_weights
+from emulator.activations import int8 as a8
+from emulator.declaration import int8_variant, round_weights
 from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
@@ -43,10 +44,12 @@ from backends.base import Case, Declared
 from conformance.judge.acceptance import declared_interval
 from conformance.cases.inputs import CaseInputs
 from conformance.judge.localize_acts import QUANTIZER_CLASSES, RowProbe, analyze_own_rows
-from conformance.judge.localize_exact import (AZP_CORRECTION, OUTPUT_RTZ, act_hypotheses, analyze_rows,
+from conformance.judge.localize_exact import (AZP_CORRECTION, INT_DOT, OUTPUT_RTZ, act_hypotheses, analyze_rows,
                                               exact_activation_rows, one_hot_value, round_output,
                                               second_value)
+from conformance.judge.localize_epilogue import OwnOutput, epilogue_hypotheses, int_bias_hypotheses
 from conformance.judge.localize_moe import localize_moe
+from conformance.judge.localize_rows import RowReadback, row_pattern, shift_for
 from conformance.judge.localize_weights import Structure, analyze_weights, close, product_or_weight, structure
 
 __all__ = ["localize", "to_json", "WEIGHTS_OR_ACTIVATIONS", "MAX_PROBE_COLUMNS"]
@@ -179,12 +182,22 @@ def localize(case: Case, tensors: dict, declared: Declared, run: Run, bias: np.n
     own = _own_rows_step(p, x, weights, exact_rows, loc)
     bias_res = _bias_step(p, loc)
     whole = None
-    if x is not None and (weights is None or weights["ok"]) and not (own and own.get("hypothesis")) and (
+    # a one-hot row holds one product per output: a product rounded to X and an output rounded through X first
+    # read back alike, so the case's own output (sums of many products) is judged too
+    single = (weights or {}).get("rounding", {}).get("what") in ("product", "either")
+    if x is not None and (weights is None or weights["ok"] or single) and not (own and own.get("hypothesis")) and (
             acts is None or acts["ok"]) and (bias_res is None or bias_res["ok"]):
         whole = _own_output_step(p, x, loc)
     loc["stage"], loc["summary"] = _conclude(case, weights, acts, bias_res, own)
+    if loc.get("output_rows"):  # the rows of every call: whatever the other probes show, this is the first bug
+        f = loc["output_rows"]["findings"][0]
+        also = "" if loc["stage"] == "accumulation or output rounding" else f"; besides: {loc['summary']}"
+        loc["stage"], loc["summary"] = "output rows", f"output rows wrong: {f['pattern']}{also}"
     if whole and whole.get("hypothesis") and loc["stage"] == "accumulation or output rounding":
         loc["stage"], loc["summary"] = whole["stage"], whole["summary"]
+    elif whole and whole.get("stage") == "epilogue" and single:
+        loc["stage"], loc["summary"] = "epilogue", (whole["summary"] + " (the one-hot readback, one product per "
+                                                    "output, cannot tell a rounded product from a rounded output)")
     return loc
 
 
@@ -246,6 +259,9 @@ def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
     except Exception:  # noqa: BLE001 - a kernel that needs its bias: probe with it and expect it
         obs1, exp1, bad1 = p.prober(X, p.bias)
         bias_in = p.bias
+    rows_found = None
+    if bad1.any():  # an output row of every call wrong (an M tail) reads like wrong columns: told apart first
+        rows_found, obs1, exp1, bad1 = _output_rows(p, X, (obs1, exp1, bad1), bias_in)
     b64 = 0.0 if bias_in is None else np.asarray(bias_in, np.float64)[None, :]
 
     def to_output(Wh: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -255,6 +271,9 @@ def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
 
     weights = analyze_weights(p.st, obs1.T, exp1.T, bad1.T, ks, case, to_output)
     weights["probed_columns"] = int(ks.size)  # "read back exact" covers these columns only
+    if rows_found is not None:
+        loc["output_rows"] = {"ok": False, "findings": [rows_found], "n": int(bad1.size)}
+        loc["probes"].append("output rows: the same one-hot rows shifted inside the kernel's calls of M rows")
     rb = _Readback(v, ks, X, obs1, bad1, bias_in, weights)
     v2 = None if weights["ok"] else second_value(case, declared, v)
     if v2 is not None:
@@ -273,6 +292,43 @@ def _weights_step(p: _Probing, loc: dict) -> "_Readback | None":
                              "product and a rounded weight differ there)")
     loc["weights"] = weights
     return rb
+
+
+def _output_rows(p: _Probing, X: np.ndarray, first: tuple, bias_in):
+    """(finding or None, obs, exp, bad): the one-hot readback run again with its rows shifted inside the kernel's
+    calls (conformance/judge/localize_rows.py); where the failing rows follow the row position, the rows
+    that failed there are replaced by their shifted readback (at a passing position) for the weight diff."""
+    obs1, exp1, bad1 = first
+    n = len(X)
+    step = p.prober.chunks(n)[0][2]
+    pos1 = np.arange(n) % step
+    P = np.unique(pos1[bad1.any(axis=1)])
+    s = shift_for(P, step) if 0 < P.size < step else 0
+    if not s or p.prober.chunks(n + s)[0][2] != step:
+        return None, obs1, exp1, bad1
+    X2 = np.concatenate([np.zeros((s, X.shape[1]), np.float32), X])
+    try:
+        obs2, exp2, bad2 = (a[s:] for a in p.prober(X2, bias_in))
+    except Exception:  # noqa: BLE001 - the kernel refused the shifted readback: the first one stands
+        return None, obs1, exp1, bad1
+    pos2 = (np.arange(n) + s) % step
+    found = row_pattern(RowReadback(bad1, obs1, pos1, step), RowReadback(bad2, obs2, pos2, step))
+    if found is None:
+        return None, obs1, exp1, bad1
+    finding, hit = found
+    take = hit & ~np.isin(pos2, P)  # read those columns where the shifted run put them on a passing row
+    obs, exp, bad = obs1.copy(), exp1.copy(), bad1.copy()
+    obs[take], exp[take], bad[take] = obs2[take], exp2[take], bad2[take]
+    bad[hit & ~take] = False  # at a failing position in both runs: not read
+    return finding, obs, exp, bad
+
+
+def _off_failing_rows(loc: dict, bad: np.ndarray, step: int) -> np.ndarray:
+    """``bad`` without the rows at the call positions the output-row finding already explains."""
+    rows = (loc.get("output_rows") or {}).get("findings")
+    if not rows:
+        return bad
+    return bad & ~np.isin(np.arange(len(bad)) % step, rows[0]["rows"])[:, None]
 
 
 def _product_or_weight(p: _Probing, rb: _Readback, v2: float) -> "float | None":
@@ -302,6 +358,7 @@ def _activations_step(p: _Probing, rb: "_Readback | None", loc: dict) -> "tuple[
         return None, None
     obs, exp, bad = p.prober(Xa, None)
     step = p.prober.chunks(len(Xa))[0][2]
+    bad = _off_failing_rows(loc, bad, step)
     wq = ((st.q, st.scale[:, 0]) if st.kind == "int" and st.n_groups == 1 and not np.any(st.zero)
           and case.spec.activations == "int8" else None)
     acts = analyze_rows(obs, exp, bad, act_hypotheses(case, declared, Xa, p.W, step, wq), p.out_dtype)
@@ -350,14 +407,43 @@ def _bias_step(p: _Probing, loc: dict) -> "dict | None":
         return None
     Z = np.zeros((max(1, case.M), case.K), np.float32)
     obs, exp, bad = p.prober(Z, bias)
+    bad = _off_failing_rows(loc, bad, p.prober.chunks(len(Z))[0][2])
     b = np.asarray(bias, np.float64)[None, :]
     base = exp - round_to_dtype(np.broadcast_to(b, exp.shape), out_dtype)
     hyps = [(n, round_to_dtype(base + f * b, out_dtype)) for n, f in
             (("bias added twice", 2.0), ("bias not added", 0.0), ("bias subtracted instead of added", -1.0))]
+    hyps += [(f"bias added {c} times (once per split-K partial or tile, not once)", round_to_dtype(base + c * b, out_dtype))
+             for c in range(3, 17)]
+    hyps += [(f"bias rounded to {X} before the add (a bias buffer typed {X})",
+              round_to_dtype(base + round_to_dtype(np.broadcast_to(b, exp.shape), X), out_dtype))
+             for X in ("bfloat16", "float16") if X != out_dtype]
     bias_res = analyze_rows(obs, exp, bad, hyps, out_dtype)
     loc["bias"] = bias_res
     loc["probes"].append("bias: all-zero activation rows with the case's bias")
+    if bias_res.get("hypothesis") == "bias not added" and p.st.kind == "int" and p.st.n_groups == 1 and (
+            case.spec.activations == "int8"):  # on a zero row sx = 0: a bias folded into the integer dot vanishes too
+        _int_bias(p, bias_res, loc)
     return bias_res
+
+
+def _int_bias(p: _Probing, bias_res: dict, loc: dict) -> None:
+    """The bias on rows whose activation quantization is exact (sx > 0): a bias folded into the int32 accumulator
+    replaces the zero rows' 'bias not added' (conformance/judge/localize_epilogue.py)."""
+    Xa = exact_activation_rows(p.case, p.declared)
+    if Xa is None:
+        return
+    try:
+        obs, exp, bad = p.prober(Xa, p.bias)
+    except Exception:  # noqa: BLE001 - the kernel refused the probe: the zero rows' finding stands
+        return
+    sx = a8.quantize_int8_per_token(Xa.astype(np.float32), int8_variant(p.declared, p.case)).scale
+    hyps = int_bias_hypotheses(Xa, p.W, p.bias, sx, p.st.scale[:, 0], p.out_dtype)
+    res = analyze_rows(obs, exp, bad, hyps, p.out_dtype)
+    loc["probes"].append("bias: rows whose activation quantization is exact, with the case's bias")
+    if res.get("hypothesis") and res["hypothesis"] != "bias not added":
+        bias_res["hypothesis"] = res["hypothesis"]
+        bias_res["findings"] = [dict(f, where=f"{f['where']} (rows whose quantization is exact)")
+                                for f in res["findings"]]
 
 
 def _own_output_step(p: _Probing, x, loc: dict) -> "dict | None":
@@ -433,12 +519,25 @@ def _own_output(case: Case, declared: Declared, run: Run, prober: "_Prober", x: 
                              f"never formed, so {int(bad.sum())} output(s) whose row holds a NaN/Inf activation are "
                              "what the non-zero weights' products alone give (a number or an Inf, not NaN); every "
                              "other output is inside the interval"))
+    if not fits:
+        res["tried"].append("the output rounded through another dtype, a saturating output, NaN/Inf activations replaced")
+        fits += _output_stage_fits(case, declared, prober, (X, y, bad), bias)
     if fits:
         res["stage"], why = fits[0]
         res["hypothesis"] = why
         res["summary"] = f"{fits[0][0]} wrong on the case's own rows: {why}"
         res["findings"] = [{"where": "the case's own rows", "pattern": why, "n": int(bad.sum())}]
     return res
+
+
+def _output_stage_fits(case: Case, declared: Declared, prober: "_Prober", own: tuple, bias) -> list:
+    """[(stage, why)] of the output-stage and activation NaN/Inf hypotheses on the case's own output
+    (conformance/judge/localize_epilogue.py)."""
+    X, y, bad = own
+    iv = prober._interval(X, bias)
+    o = OwnOutput(X, y, bad, np.asarray(iv.y_exact, np.float64), declared.output or case.output_dtype, case.act_dtype,
+                  lambda Xr, yr: prober.judge(Xr, yr, bias)[1])
+    return epilogue_hypotheses(o)
 
 
 def _short(v: list, limit: int = 8) -> str:
@@ -504,7 +603,7 @@ def _conclude(case: Case, weights, acts, bias_res, own=None) -> tuple[str, str]:
         return "epilogue", f"epilogue wrong: {OUTPUT_RTZ} (weights right: the one-hot readback is their truncation)"
     if named_act and (not weights_bad or acts.get("explains_weight_readback")):
         name = acts["hypothesis"]
-        stage = ("azp correction" if name.startswith(AZP_CORRECTION) else
+        stage = ("azp correction" if name.startswith(AZP_CORRECTION) else "accumulation" if name.startswith(INT_DOT) else
                  "epilogue" if name.startswith("every output") or name == OUTPUT_RTZ else "activation quantization")
         why = (" (the one-hot weight readback differs by the same bug: weights right)" if weights_bad
                else f" ({_weights_read(case, weights)} read back exact)" if weights is not None else "")

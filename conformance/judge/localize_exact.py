@@ -31,7 +31,7 @@ from backends.base import Case, Declared
 
 from conformance.judge.localize_weights import close
 
-__all__ = ["OUTPUT_RTZ", "AZP_CORRECTION", "round_output", "one_hot_value", "second_value", "exact_activation_rows",
+__all__ = ["OUTPUT_RTZ", "AZP_CORRECTION", "INT_DOT", "round_output", "one_hot_value", "second_value", "exact_activation_rows",
            "act_hypotheses", "analyze_rows"]
 
 OUTPUT_RTZ = "output rounded toward zero (truncated) instead of to nearest"
@@ -115,7 +115,24 @@ def exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.n
 
 
 # -- activation / epilogue hypotheses -------------------------------------------------------------------------
+#: the stage-naming prefix of integer-dot hypotheses (stage `accumulation`)
+INT_DOT = "the integer dot product"
 AZP_CORRECTION = "the zero-point correction term"
+
+
+def _pairs_saturated(qa: np.ndarray, zp: np.ndarray, wq: tuple) -> np.ndarray:
+    """[M, N] sum over pairs k = 2i, 2i+1 of clip((qa + 128) qw, int16), minus (128 + zp) rowsum(qw), times the
+    weight scale: the integer dot of an u8 x s8 pair instruction that saturates its 16-bit pair sums."""
+    qw, sw = np.asarray(wq[0], np.float64), np.asarray(wq[1], np.float64).reshape(-1)
+    u = np.asarray(qa, np.float64) + 128.0
+    K = u.shape[1]
+    if K % 2:
+        u, qw2 = np.pad(u, ((0, 0), (0, 1))), np.pad(qw, ((0, 0), (0, 1)))
+    else:
+        qw2 = qw
+    pairs = u[:, None, 0::2] * qw2[None, :, 0::2] + u[:, None, 1::2] * qw2[None, :, 1::2]
+    acc = np.clip(pairs, -32768, 32767).sum(axis=-1) - (128.0 + zp.reshape(-1, 1)) * qw.sum(axis=1)[None, :]
+    return acc * sw[None, :]
 
 
 def act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray, chunk: int | None = None,
@@ -162,6 +179,10 @@ def act_hypotheses(case: Case, declared: Declared, X: np.ndarray, W: np.ndarray,
                     seen.append(rs2)
                     H.append((f"{AZP_CORRECTION} (azp * sum_k qw[n, k], removed from the integer dot) uses wrong "
                               f"weight row sums: {what}", exact + (-zp * s) * ((rs2 - rs) * sw)[None, :]))
+        if wq is not None:  # an integer dot with 16-bit pair sums (AVX2 vpmaddubsw: u8 x s8 pairs, saturating)
+            H.append((f"{INT_DOT}: u8 x s8 pairs of products summed with int16 saturation (the activation codes "
+                      "offset by +128 to u8, then (128 + azp) * sum_k qw[n, k] removed; AVX2 vpmaddubsw)",
+                      _pairs_saturated(q.q, zp, wq) * s))
         if np.any(zp):
             H.append(("activation zero point sign flipped ((q + zp) * s)", ((q.q + zp) * s) @ W.T))
             H.append(("activation zero point ignored (q * s: the azp term not removed)", (q.q * s) @ W.T))

@@ -21,6 +21,8 @@ import dataclasses
 
 import numpy as np
 
+from emulator.variants import axis
+
 from backends.base import Case, Declared
 
 from conformance.cases.inputs import CaseInputs
@@ -65,6 +67,10 @@ def _rolled(tensors: dict, names, shift: int) -> dict:
     return t
 
 
+#: the variant axes of a dtype inside one expert's MLP, tried as hypotheses on a failing expert
+_EXPERT_DTYPE_AXES = ("moe_intermediate_dtype", "moe_gate_up_dtype")
+
+
 def _expert_hypotheses(case: Case, tensors: dict, declared: Declared):
     """(pattern, tensors, declaration) for bugs confined to the experts' weights (judged expert by expert)."""
     E = case.E
@@ -73,6 +79,12 @@ def _expert_hypotheses(case: Case, tensors: dict, declared: Declared):
             if E > 1:
                 yield (f"the {proj} of expert (e {'+' if sh > 0 else '-'} 1) mod E used for expert e "
                        "(a stacked-tensor stride)", _rolled(tensors, names, sh), declared)
+    for key in _EXPERT_DTYPE_AXES:  # the vocabulary's per-expert dtypes, each other value (docs/variants.md)
+        now = declared.value(key)
+        for v in axis(key).values:
+            if v != now:
+                yield (f"{key}={v} ({axis(key).title} {v})", tensors,
+                       dataclasses.replace(declared, variants={**declared.variants, key: v}))
     now = declared.value("moe_gate_up")
     for v in ("gate_up", "up_gate", "interleaved"):
         if v != now:
@@ -91,6 +103,50 @@ def _routing_hypotheses(declared: Declared):
                    dataclasses.replace(declared, variants={**declared.variants, "moe_tie_order": v}))
 
 
+def _fitting(case: Case, tensors: dict, declared: Declared, run_e: tuple, bias) -> list:
+    """The names of every expert hypothesis whose interval holds the expert's outputs (``run_e``: rows, router
+    logits, outputs), in the order tried."""
+    X, Le, ye = run_e
+    out = []
+    for name, t, d in _expert_hypotheses(case, tensors, declared):
+        try:
+            if not _judge(case, t, d, X, Le, ye, bias).any():
+                out.append(name)
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def _scattered(ye: np.ndarray, iv, bad_e: np.ndarray) -> bool:
+    """The failing rows' outputs summed over the tokens equal the reference's sum (within the sum of the interval
+    widths and half a unit of the output dtype per row) in >= 90 % of the failing columns, and some row differs:
+    each output went to some token, the wrong one."""
+    if len(ye) < 2:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        cols = bad_e.any(axis=0) & np.isfinite(ye).all(axis=0) & np.isfinite(iv.y_exact).all(axis=0)
+        if not cols.any():
+            return False
+        d = np.abs(ye[:, cols].sum(axis=0) - iv.y_exact[:, cols].sum(axis=0))
+        # each observed row is rounded once to the output dtype: half a unit of it per row, both sides
+        half = 2.0 ** -({"bfloat16": 8, "float16": 11}.get(iv.out_dtype, 24))
+        tol = ((iv.hi - iv.lo)[:, cols].sum(axis=0)
+               + half * (np.abs(ye[:, cols]).sum(axis=0) + np.abs(iv.y_exact[:, cols]).sum(axis=0)))
+    return bool((d <= tol).mean() >= 0.9)
+
+
+def _one_name(experts: dict, fits: dict) -> None:
+    """Where one hypothesis fits every failing expert, name it for each (a dtype that several values of the axis
+    explain for one expert, e.g. float16 and float64 intermediates, but only one for all)."""
+    lists = [fits.get(e) or [] for e in experts["failing"]]
+    common = set(lists[0]).intersection(*lists[1:]) if lists and all(lists) else set()
+    if not common:
+        return
+    name = next(n for n in lists[0] if n in common)
+    for f in experts["findings"]:
+        f["pattern"] = name
+
+
 def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarray, router_logits: np.ndarray,
                  bias=None) -> dict:
     """Name the failing experts (and their projection) or the routing step of a failing MoE case."""
@@ -102,6 +158,7 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
     experts = {"n_bad": int(bad.sum()), "n": int(bad.size), "failing": [], "passing": [], "findings": []}
     E = case.E
     probed = list(range(min(E, MAX_EXPERTS)))
+    fits: dict = {}
     for e in probed:
         Le = np.full((len(X), E), -1e4, np.float64)
         Le[:, e] = 0.0
@@ -111,14 +168,8 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
             experts["passing"].append(e)
             continue
         experts["failing"].append(e)
-        named = None
-        for name, t, d in _expert_hypotheses(case, tensors, declared):
-            try:
-                if not _judge(case, t, d, X, Le, ye, bias).any():
-                    named = name
-                    break
-            except (ValueError, TypeError, KeyError):
-                continue
+        fits[e] = _fitting(case, tensors, declared, (X, Le, ye), bias)
+        named = fits[e][0] if fits[e] else None
         if named is None:  # inside the MLP: its activation, a projection's groups (localize_moe_mlp)
             from conformance.judge.verdict import reference_declaration
 
@@ -127,6 +178,10 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
                 named = name_expert_bug(case, tensors, reference_declaration(case, declared), seen, bias)
             except (ValueError, TypeError, KeyError):
                 named = None
+        if named is None and _scattered(ye, iv_e, bad_e):
+            named = (f"{_SCATTER}{case.top_k} outputs added to the wrong tokens (a scatter with a wrong token index, "
+                     "e.g. the expert-sorted position instead of its token): the outputs summed over the tokens are "
+                     "right, each token's are not")
         if named is None and case.top_k > 1 and np.all(ye[np.isfinite(ye)] == 0):
             named = (f"{_SCATTER}{case.top_k} slots' outputs written, not added (a scatter that overwrites): with the "
                      "expert at weight 1 and the other slots at weight 0, the output is 0, a weight-0 slot's")
@@ -136,6 +191,7 @@ def localize_moe(case: Case, tensors: dict, declared: Declared, run, x: np.ndarr
     loc["probes"].append(f"experts alone: the case's {len(X)} rows routed to one expert at a time (experts "
                          f"{probed[0]}..{probed[-1]} of {E}; router logits 0 for it, -1e4 for the others)")
     loc["experts"] = experts
+    _one_name(experts, fits)
     if experts["failing"]:
         pats = {f["pattern"] for f in experts["findings"]}
         which = ", ".join(map(str, experts["failing"]))

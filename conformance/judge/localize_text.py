@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = ["localization_lines", "summary_line", "PARTS"]
 
 #: (record key, title) of each probed stage, in the order they are shown
-PARTS = (("weights", "weights"), ("activations", "activation quantization"), ("own_rows", "own rows"),
+PARTS = (("output_rows", "output rows"), ("weights", "weights"), ("activations", "activation quantization"), ("own_rows", "own rows"),
          ("bias", "bias"), ("own_output", "own output"), ("experts", "experts"))
 
 

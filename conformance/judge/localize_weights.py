@@ -30,6 +30,7 @@ from emulator.numerics.floats import round_to_dtype
 
 from backends.base import Case, Declared
 
+from conformance.judge.localize_codes import code_value_hypotheses, zero_term_hypotheses
 from conformance.judge.localize_layout import layout_hypotheses
 
 __all__ = ["Structure", "structure", "mismatch", "close", "analyze_weights", "where_text"]
@@ -502,7 +503,11 @@ def analyze_weights(st: Structure, obs_w: np.ndarray, exp_w: np.ndarray, bad: np
                          "pattern": "finite weights read back as NaN/Inf"})
         todo &= ~nan_observed
     offsets = _offset_candidates(st, obs_w, exp_w, todo, ks) if st.kind == "int" else []
-    cand = [(name, to_output(Wh[:, ks], ks)) for name, Wh in hypotheses(st, case, offsets)]
+    # one code value read as another first: on a tie with a wider pattern (a scale rounding that meets the same
+    # elements within an output unit), the narrower one is named, the other as equally consistent
+    cand = [(n, to_output(Wh[:, ks], ks)) for n, Wh in code_value_hypotheses(st, obs_w, exp_w, todo, ks)
+            + zero_term_hypotheses(st)]
+    cand += [(name, to_output(Wh[:, ks], ks)) for name, Wh in hypotheses(st, case, offsets)]
     base = to_output(st.W[:, ks], ks)
     fin = todo & np.isfinite(exp_w) & (exp_w != 0)
     if fin.any():

@@ -39,7 +39,25 @@ BUGS = {
     "w8a8_eps": "asymmetric activation range max - min clamped to at least 1e-10 (an eps guard)",
     "w8a8_rowsum_int16": "asymmetric W8A8: the weight row sums of the azp correction kept in int16 (wrap)",
     "w8a8_rowsum_k_tail": "asymmetric W8A8: the weight row sums of the azp correction skip the last K % 32 columns",
+    # round 3 of the independent check (examples/independent-kernels/round3/README.md), each its own class
+    "m_tail_8": "row tiles of 8 with no remainder loop: output rows past the last full tile of 8 left at zero",
+    "int8_clamp_m128": "int8 weight codes clamped to [-127, 127] (code -128 read as -127)",
+    "out_via_fp16": "the bfloat16 output formed through a float16 buffer: RNE to float16, then to bfloat16",
+    "out_satfinite": "the output conversion saturates: +-Inf become +-the largest finite value (NaN kept)",
+    "prod_fp16": "each product rounded to float16, then summed exactly (control of out_via_fp16: not the output)",
+    "w8a8_pair_sat": "symmetric W8A8 on u8 x s8 pair instructions: codes + 128 as u8, each pair of products summed "
+                     "with int16 saturation, 128 * the weight row sum removed",
+    "zp_comp_whole_row": "asymmetric grouped int4: the zero point removed as a compensation z_g * sum(x) over the "
+                         "whole row instead of over group g's columns",
+    "bias_each_partial": "split-K in chunks of 64 columns: every partial sum adds the bias",
+    "w8a8_bias_in_acc": "symmetric W8A8: the bias folded into the int32 accumulator as RNE(bias / (sx * sw))",
+    "w8a8_no_bias": "symmetric W8A8: the bias never added (control of w8a8_bias_in_acc)",
+    "bias_bf16": "the bias converted to bfloat16 before the add (a bias buffer typed bfloat16)",
+    "act_nan_to_num": "activations sanitized first: NaN -> 0, +-Inf -> +-the activation dtype's largest finite",
 }
+
+_MAX = {"bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), "float16": 65504.0,
+        "float32": float(np.finfo(np.float32).max)}
 
 
 def _bf16(a):
@@ -72,6 +90,8 @@ class Patterned(kernels.Planted):
             z = np.broadcast_to(z[:1], z.shape)
             s, g = t["scales"].astype(np.float64), t["g_idx"].astype(np.int64)
             return (q - z[g].T) * s[g].T
+        if bug == "int8_clamp_m128":
+            return np.maximum(t["weight"].astype(np.float64), -127) * t["weight_scale"].astype(np.float64).reshape(-1, 1)
         if bug == "int8_row0_scale":
             return t["weight"].astype(np.float64) * t["weight_scale"].astype(np.float64).reshape(-1)[0]
         if bug == "scale_ftz":
@@ -109,6 +129,42 @@ class Patterned(kernels.Planted):
             q = np.clip(np.rint((x32 / s).astype(f32).astype(np.float64)) + zp, -128, 127)
             y = ((q - zp) * s.astype(np.float64)) @ W.T
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug == "zp_comp_whole_row":  # y = sum_g s_g (sum_{k in g} x_k q_k) - sum_g s_g z_g * sum_k x_k
+            t = prepared.data["t"]
+            K = case.K
+            q = kernels._nibbles(t["weight_packed"])[:, :K].astype(np.float64) - 8
+            sg = t["weight_scale"].astype(np.float64)
+            zg = kernels._nibbles(t["weight_zero_point"].T).T[: case.N].astype(np.float64) - 8
+            g = np.arange(K) // case.group
+            y = x @ (q * sg[:, g]).T - x.sum(axis=1, keepdims=True) * (sg * zg).sum(axis=1)[None, :]
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug in ("w8a8_bias_in_acc", "w8a8_no_bias"):  # symmetric per-token int8, s = amax / 127; integer dot; bias on its grid
+            f32 = np.float32
+            x32 = x.astype(f32)
+            s = (np.abs(x32).max(axis=1, keepdims=True) / f32(127)).astype(f32).astype(np.float64)
+            q = np.where(s > 0, np.clip(np.rint(x / np.where(s > 0, s, 1)), -128, 127), 0.0)
+            t = prepared.data["t"]
+            qw, sw = t["weight"].astype(np.float64), t["weight_scale"].astype(np.float64).reshape(-1)
+            ss = s * sw[None, :]
+            acc = q @ qw.T
+            if bias is not None and bug == "w8a8_bias_in_acc":
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    bi = np.where(ss > 0, np.rint(np.asarray(bias, np.float64)[None, :] / np.where(ss > 0, ss, 1)), 0)
+                acc = acc + bi
+            return kernels._round(acc * ss, case.output_dtype)
+        if bug == "w8a8_pair_sat":  # docs/formats/activations.md symmetric per-token int8: s = amax / 127
+            f32 = np.float32
+            x32 = x.astype(f32)
+            s = (np.abs(x32).max(axis=1, keepdims=True) / f32(127)).astype(f32)
+            safe = np.where(s > 0, s, f32(1))
+            q = np.where(s > 0, np.clip(np.rint((x32 / safe).astype(f32).astype(np.float64)), -128, 127), 0.0)
+            t = prepared.data["t"]
+            qw, sw = t["weight"].astype(np.float64), t["weight_scale"].astype(np.float64).reshape(-1)
+            u = q + 128
+            pair = u[:, None, 0::2] * qw[None, :, 0::2] + u[:, None, 1::2] * qw[None, :, 1::2]  # K even here
+            acc = np.clip(pair, -32768, 32767).sum(-1) - 128 * qw.sum(axis=1)[None, :]
+            y = acc * s.astype(np.float64) * sw[None, :]
+            return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
         if bug in ("w8a8_rowsum_int16", "w8a8_rowsum_k_tail"):  # asym int8: y = s sw (sum q qw - azp rowsum(qw))
             f32 = np.float32
             x32 = x.astype(f32)
@@ -125,6 +181,29 @@ class Patterned(kernels.Planted):
             acc = q @ qw.T - zp * rs[None, :]
             y = acc * s.astype(np.float64) * sw[None, :]
             return kernels._round(y + (0 if bias is None else np.asarray(bias, np.float64)), case.output_dtype)
+        if bug in ("m_tail_8", "out_via_fp16", "prod_fp16", "out_satfinite", "act_nan_to_num", "bias_bf16",
+                   "bias_each_partial"):
+            if bug == "act_nan_to_num":
+                mx = _MAX[case.act_dtype]
+                x = np.nan_to_num(x, nan=0.0, posinf=mx, neginf=-mx)
+            if bug == "bias_each_partial" and bias is not None:
+                acc = sum(x[:, a:a + 64] @ W[:, a:a + 64].T + np.asarray(bias, np.float64) for a in range(0, case.K, 64))
+                return kernels._round(acc, case.output_dtype)
+            if bug == "bias_bf16" and bias is not None:
+                bias = _bf16(bias)
+            with np.errstate(invalid="ignore", over="ignore"):
+                acc = x @ W.T + (0 if bias is None else np.asarray(bias, np.float64))
+            if bug == "m_tail_8" and len(x) > 8 and len(x) % 8:
+                acc[len(x) - len(x) % 8:] = 0.0
+            if bug == "out_via_fp16":
+                acc = kernels._round(acc, "float16").astype(np.float64)
+            if bug == "prod_fp16":
+                acc = kernels._round(x[:, None, :] * W[None], "float16").astype(np.float64).sum(-1)
+            y = kernels._round(acc, case.output_dtype)
+            if bug == "out_satfinite":
+                mx = _MAX[case.output_dtype]
+                y = np.where(np.isnan(y), y, np.clip(y, -mx, mx))
+            return y
         return super().run(prepared, x.astype(np.float32), bias=bias)
 
     def prepare(self, case, tensors):
@@ -149,6 +228,13 @@ def _inputs(bug: str, case: Case):
         w[7, 9] = 0
         t["weight"] = w
         x[1, 5] = np.nan
+    if bug == "int8_clamp_m128":
+        w = t["weight"].copy()
+        w[::3, ::5] = -128  # the code a symmetric [-127, 127] path cannot hold
+        t["weight"] = w
+    if bug in ("out_satfinite", "act_nan_to_num", "none"):
+        x[1, 3] = np.inf  # a row whose output is +-Inf (or NaN where a weight is 0)
+        x[2, 6] = np.nan
     if bug == "w8a8_eps":
         x[2] = np.float32(0.375)  # a constant row: range 0
     if bug == "w8a8_rowsum_int16":
@@ -218,7 +304,40 @@ CASES = [
                                 scale_dtype="float32"), "azp correction",
      ["azp correction wrong", "the weight row sums skip the last K mod 32 = 16 columns"],
      ["activation zero point ignored"]),
+    ("zp_comp_whole_row", Case("w4a16", "ct-pack-quantized", K=128, group_size=32, sym=False, **_W), "weights",
+     ["every row, every K group: the zero-point compensation z_g * sum_k qx[k] taken over the whole row"],
+     ["zero point off by", "no named pattern", "scale steps"]),
+    ("w8a8_bias_in_acc", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32",
+                              bias=True), "epilogue", ["bias folded into the int32 accumulator"], ["bias not added"]),
+    ("w8a8_no_bias", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32",
+                          bias=True), "epilogue", ["bias not added"], ["bias folded"]),
+    ("w8a8_pair_sat", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32"),
+     "accumulation", ["u8 x s8 pairs of products summed with int16 saturation"],
+     ["weights wrong", "scale steps", "activation quantization wrong"]),
+    ("m_tail_8", Case("w8a16", "ct-int-quantized", M=12, N=64, K=64, group_size=-1), "output rows",
+     ["output rows m >= 8 * floor(M / 8) = 8 of every call of M = 12 rows",
+      "past the last full tile of 8 rows, left at zero"], ["weights wrong", "read as zero", "bias not added"]),
+    ("int8_clamp_m128", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, **_W), "weights",
+     ["code -128 read as -127 (the lowest code clamped"], ["scale steps", "scales read as"]),
+    ("int8_clamp_m128", Case("w8a8", "ct-int-quantized", M=3, N=64, K=64, group_size=-1, scale_dtype="float32"),
+     "weights", ["code -128 read as -127 (the lowest code clamped"], ["scale steps (128)", "scales read as"]),
+    ("out_via_fp16", Case("w8a16", "ct-int-quantized", M=8, N=64, K=64, group_size=-1, act_dtype="bfloat16"),
+     "epilogue", ["the output rounded to float16 first, then to bfloat16"], ["the failure is in the product"]),
+    ("prod_fp16", Case("w8a16", "ct-int-quantized", M=8, N=64, K=64, group_size=-1, act_dtype="bfloat16"),
+     "accumulation", ["the product (or a partial sum) is rounded to float16"], ["double rounding", "epilogue"]),
+    ("bias_bf16", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float32", bias=True, **_W),
+     "epilogue", ["bias rounded to bfloat16 before the add"], ["scaled by its own factor", "bias not added"]),
+    ("bias_each_partial", Case("w8a16", "ct-int-quantized", K=192, group_size=-1, act_dtype="float32", bias=True,
+                               **_W), "epilogue", ["bias added 3 times"], ["scaled by its own factor", "bias added twice"]),
+    ("out_satfinite", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="bfloat16", **_W),
+     "epilogue", ["the output conversion saturates", "reference inf"], ["the failure is in the product"]),
+    ("act_nan_to_num", Case("w8a16", "ct-int-quantized", K=64, group_size=-1, act_dtype="float16", **_W),
+     "activations", ["NaN/Inf activations replaced by finite values", "NaN -> 0, +-Inf -> +-max of float16"],
+     ["the failure is in the product", "saturates"]),
 ]
+
+#: what none of the round-3 hypotheses may claim on a correct kernel
+_ROUND3_CLAIMS = ("output rows", "read as", "double rounding", "saturates", "nan_to_num")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -252,6 +371,17 @@ def test_worker_localization_names_the_pattern(bug, case, stage, names, not_name
         assert f"weights wrong: rows {where} (of 64): subnormal float16 scales flushed to zero" in text, text
 
 
+@pytest.mark.parametrize("case", [c[1] for c in CASES if c[0] in BUGS and c[0] in (
+    "m_tail_8", "out_via_fp16", "out_satfinite")], ids=["m12", "bf16-out", "inf-act"])
+def test_correct_kernel_gets_no_round3_claim(case, tmp_path):
+    """Control: the correct kernel, localized on the inputs that show the round-3 bugs (M = 12, NaN/Inf
+    activations), is claimed none of their patterns."""
+    loc = localize_in_worker("none", case, tmp_path)
+    text = "\n".join(line for line in localization_lines(loc) if not line.startswith("  probe:"))
+    for n in _ROUND3_CLAIMS:
+        assert n not in text, f"{n!r} claimed on a correct kernel:\n{text}"
+
+
 @pytest.mark.parametrize("bug,case,stage,names,not_names", CASES, ids=[c[0] for c in CASES])
 def test_control_passes_and_the_bug_changes_the_output(bug, case, stage, names, not_names):
     """The kernel without its bug passes the same inputs (so each name above comes from the bug), and the bug
@@ -276,6 +406,8 @@ MOE_BUGS = {
     "moe_gate_up_swapped": "the w13 halves read as up, gate (rows 0..I-1 taken as up)",
     "moe_no_renorm": "the top-k routing weights not renormalized to sum 1",
     "moe_scatter_overwrite": "the top-k experts' outputs written to the output (the last slot wins), not added",
+    "moe_scatter_sorted": "each (token, slot) pair's output added to row r // k of the expert-sorted pair list, not its token",
+    "moe_intermediate_fp16": "the SiLU(gate) * up intermediate always stored in float16 (an fp16 intermediate cache)",
 }
 
 
@@ -321,15 +453,20 @@ class PatternedMoe(Patterned):
         p = np.exp(L - L.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         y = np.zeros((len(x), w2.shape[2]))
+        pairs = sorted((int(e), m, j) for m in range(len(x))
+                       for j, e in enumerate(np.argsort(-p[m], kind="stable")[: case.top_k]))
+        row_of = {(m, j): r // case.top_k for r, (_, m, j) in enumerate(pairs)}  # expert-sorted position r
         for m in range(len(x)):
             ids = np.argsort(-p[m], kind="stable")[: case.top_k]  # ties: the lower index first
             w = p[m, ids] / (1.0 if bug == "moe_no_renorm" else p[m, ids].sum())
             for j, e in enumerate(ids):
                 h = x[m] @ w13[e]
                 gate, up = (h[I:], h[:I]) if bug == "moe_gate_up_swapped" else (h[:I], h[I:])
-                a = kernels._round(gate / (1 + np.exp(-gate)) * up, case.act_dtype).astype(np.float64)
+                inter = "float16" if bug == "moe_intermediate_fp16" else case.act_dtype
+                a = kernels._round(gate / (1 + np.exp(-gate)) * up, inter).astype(np.float64)
                 o = w[j] * (a @ w2[e])
-                y[m] = o if bug == "moe_scatter_overwrite" else y[m] + o
+                r = row_of[(m, j)] if bug == "moe_scatter_sorted" else m
+                y[r] = o if bug == "moe_scatter_overwrite" else y[r] + o
         return kernels._round(y, case.output_dtype)
 
 
@@ -344,6 +481,9 @@ MOE_CASES = [
      ["experts wrong", "moe_tie_order"]),
     ("moe_scatter_overwrite", "combination", ["combination of the top-2 outputs wrong", "written, not added (a scatter that overwrites)"],
      ["moe_renormalize", "no named projection bug"]),
+    ("moe_scatter_sorted", "combination", ["outputs added to the wrong tokens"], ["no named projection bug"]),
+    ("moe_intermediate_fp16", "experts", ["fail alone: moe_intermediate_dtype=float16"],
+     ["moe_intermediate_dtype=float64", "no named projection bug", "routing"]),
 ]
 
 
