@@ -36,6 +36,7 @@ import functools
 import json
 import logging
 import math
+import time
 
 
 from emulator.numerics.sqnr import sqnr_db
@@ -469,7 +470,7 @@ class Dispatcher:
         admitted, skipped = self._on_activations(case, got[0], list(got[1]), activations)
         if not admitted:
             return self._logged(case, Choice(fb, skipped, self.policy.none_admitted, fallback=True))
-        return self._floor_gate(case, self._measured(case, admitted + [fb], skipped, timer, reference),
+        return self._floor_gate(case, self._measured(case, admitted + [fb], skipped, timer, reference, activations),
                                 layer, timer, reference)
 
     def _known_choice(self, case: Case, got, fb: Backend, activations, timer) -> "Choice | None":
@@ -555,7 +556,20 @@ class Dispatcher:
             log.info("dispatch %s: selected %s (%s)", case.describe(), choice.backend.label, choice.how)
         return choice
 
-    def _measured(self, case: Case, contenders: list[Backend], skipped, timer, reference) -> Choice:
+    def _judgement_seconds(self, case: Case, b: Backend, activations) -> float:
+        """What choosing ``b`` costs on every call besides its kernel: judging its activation quantizer on the
+        call's input (``activation_refusal``; nothing for the fast path or without activations), best of 3."""
+        if activations is None:
+            return 0.0
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            self._activation_why(case, b, activations)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def _measured(self, case: Case, contenders: list[Backend], skipped, timer, reference,
+                  activations=None) -> Choice:
         fb = contenders[-1]
         labels = tuple(b.label for b in contenders)
         ckey = _class_key(case)
@@ -598,7 +612,8 @@ class Dispatcher:
                     gated.append((b.label, f"{db:.1f} dB against the reference on this input, below the "
                                            f"{self.floor_db:g} dB floor the model-level check asks"))
                     continue
-            times[b.label] = secs
+            # a kernel chosen here is judged on every call's activations: that cost is part of choosing it
+            times[b.label] = secs + (0.0 if b is fb else self._judgement_seconds(case, b, activations))
             outputs[b.label] = y
         if not times:  # not even the fast path ran: the caller runs the reference
             return self._logged(case, Choice(fb, skipped + gated, "no contender ran", fallback=True))

@@ -3,8 +3,8 @@
 Semantics: docs/fallback.md#measured-dispatch.
 
 One JSON file per host identity (CPU model, machine, CPU count, the whole CPU flag set of
-/proc/cpuinfo, Python, NumPy and the emulator's version), in ``$QCONFORM_DISPATCH_CACHE`` (a folder; ``off``
-turns it off) or ``$XDG_CACHE_HOME/qconform/dispatch`` (default ``~/.cache/qconform/dispatch``). Each entry
+/proc/cpuinfo, Python, NumPy, the emulator's version and a digest of the timed code: ``code_digest``), in
+``$QCONFORM_DISPATCH_CACHE`` (a folder; ``off`` turns it off) or ``$XDG_CACHE_HOME/qconform/dispatch`` (default ``~/.cache/qconform/dispatch``). Each entry
 also records the library version of every contender it timed. The file is a *hint about speed*, never
 about correctness: a choice read from it is followed only when the chosen backend is one of the contenders
 the dispatcher admitted for this layer now (its own rules, judged on the layer's tensors) and every
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from .host import cpu_info
 
-__all__ = ["HostChoiceCache", "host_identity", "FORMAT"]
+__all__ = ["HostChoiceCache", "host_identity", "code_digest", "FORMAT"]
 
 log = logging.getLogger("qconform.dispatch")
 
@@ -40,7 +40,25 @@ def host_identity() -> dict:
     info = cpu_info()
     model, flags = info["model_name"], sorted(info["flags"])
     return {"cpu": model, "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu_flags": flags,
-            "python": platform.python_version(), "numpy": numpy.__version__, "emulator": emulator_version}
+            "python": platform.python_version(), "numpy": numpy.__version__, "emulator": emulator_version,
+            "code": code_digest()}
+
+
+#: the packages whose code a timing measured: the emulator's fast path, the adapters, the op around them
+_TIMED_PACKAGES = ("emulator", "backends", "qconform_torch")
+
+
+def code_digest(root: "Path | None" = None) -> str:
+    """sha256 (16 hex digits) of the sources of ``_TIMED_PACKAGES`` as installed: the emulator's version does not
+    change when its fast path gets faster, so a choice timed against an older fast path is not followed (a
+    checkout with edited sources measures again)."""
+    root = Path(__file__).resolve().parents[1] if root is None else Path(root)
+    h = hashlib.sha256()
+    for pkg in _TIMED_PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _default_folder() -> Path | None:

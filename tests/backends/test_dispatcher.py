@@ -297,3 +297,45 @@ def test_priority_policy_and_fallback_only():
     d.set_policy(FallbackOnly("asked for the fast path"))
     c = d.choose(W8A8, timer=Timer(emulator=1e-3))
     assert c.fallback and "[asked for the fast path]" in c.line(W8A8)
+
+
+def test_the_per_call_judgement_counts_in_a_contenders_time(monkeypatch):
+    """A kernel with a rounding-level activation variant is judged on every call's activations once chosen: that
+    judgement is part of what choosing it costs. Its kernel alone (0.1 ms) beats the fast path (1 ms), but with a
+    judgement of ~3 ms it is slower, and the fast path is kept (the model bench saw auto pick zentorch for W8A8 at
+    1.4-1.6x the fast path by timing kernels alone)."""
+    import time
+
+    import backends.dispatch as dispatch
+
+    def slow_refusal(declared, case, x):
+        if declared.variants.get("act_rounding") == "rhaz":
+            time.sleep(3e-3)
+        return None
+
+    monkeypatch.setattr(dispatch, "activation_refusal", slow_refusal)
+    x = np.ones((W8A8.M, W8A8.K), np.float32)
+    d = dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"])
+    c = d.choose(W8A8, timer=Timer(rounding=1e-4, emulator=1e-3), activations=x)
+    assert c.backend.name == "emulator" and c.times["rounding"] > 3e-3, c.times
+    monkeypatch.setattr(dispatch, "activation_refusal", lambda declared, case, x: None)
+    fresh = dispatcher(MeasuredFastest(None), candidates=["rounding", "emulator"])
+    assert fresh.choose(W8A8, timer=Timer(rounding=1e-4, emulator=1e-3), activations=x).backend.name == "rounding"
+
+
+def test_a_choice_timed_against_other_code_is_not_followed(tmp_path):
+    """The host cache's identity holds a digest of the timed packages' sources: the emulator's version stays
+    0.1.0 when its fast path gets faster, so an edit must start a new file (a stale choice measured against the old
+    fast path would otherwise be followed)."""
+    from backends.dispatch_cache import code_digest
+
+    for pkg in ("emulator", "backends", "qconform_torch"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "m.py").write_text("x = 1\n")
+    before = code_digest(tmp_path)
+    assert code_digest(tmp_path) == before
+    (tmp_path / "emulator" / "m.py").write_text("x = 2\n")
+    assert code_digest(tmp_path) != before
+    a = HostChoiceCache(tmp_path / "c", identity={"code": before})
+    b = HostChoiceCache(tmp_path / "c", identity={"code": code_digest(tmp_path)})
+    assert a.path != b.path
