@@ -339,12 +339,16 @@ class Dispatcher:
         self._timed: dict = {}  # (class key, contender labels) -> (chosen label, times, how)
         self._failed: dict[str, dict[str, str]] = {}  # class key -> label -> why it failed when run
         self.notes: dict = {}  # layer -> the choice lines logged for it
+        #: bumped whenever a choice may change (policy, floor, a new run, a failure): a caller that keeps a choice
+        #: for its own shortcut keeps it only while this number stays the same
+        self.generation = 0
 
     # -- state
 
     def set_policy(self, policy: Policy) -> None:
         """A new policy: every choice is made again (instances and failures are kept)."""
         self.policy = policy
+        self.generation += 1
         self._admitted.clear()
         self._declared.clear()
         self._floor_met.clear()
@@ -352,6 +356,7 @@ class Dispatcher:
 
     def clear(self) -> None:
         """Forget every choice, failure and note (a new run)."""
+        self.generation += 1
         self._admitted.clear()
         self._declared.clear()
         self._floor_met.clear()
@@ -389,6 +394,7 @@ class Dispatcher:
     def fail(self, case: Case, label: str, why: str) -> None:
         """``label`` raised when run for ``case``: no longer a contender at its shape class."""
         self._failed.setdefault(_class_key(case), {})[label] = why
+        self.generation += 1
         self._admitted.clear()
         self._timed = {k: v for k, v in self._timed.items() if k[0] != _class_key(case)}
 

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, MeasuredFastest
+from backends.dispatch import CertifiedFastest, Dispatcher, FallbackOnly, MeasuredFastest, shape_class
 from backends.registry import create
 from backends.registry import dispatcher as new_dispatcher
 from emulator.checkpoint import LayerInfo
@@ -232,6 +232,7 @@ def clear_selections() -> None:
     """Forget every dispatch choice and its log lines (a new run: ``qconform model``)."""
     _DISPATCH.clear()
     _LANES.clear()
+    _AUTO_LANES.clear()
 
 
 def selections() -> dict[str, list[str]]:
@@ -344,6 +345,13 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         y = _lane(lane_key, weights, x32)
         if y is not None:
             return y
+    # auto whose choice for this layer's shape class is the fast path: the same lane while the dispatcher's
+    # choices stand (no kernel to judge on the activations: the fast path is the canonical arithmetic)
+    auto_key = (spec, "auto", dtype, shape_class(int(x.shape[0]))) if expert is None and backend == "auto" else None
+    if auto_key is not None and _AUTO_LANES.get(auto_key) == _DISPATCH.generation:
+        y = _lane(auto_key, weights, x32)
+        if y is not None:
+            return y
     src = _LayerTensors(info, weights)
     if backend == "emulator":
         return _reference(src, info, x32, dtype, (spec, weights_in))
@@ -385,8 +393,9 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
     b = choice.backend
     if choice.output is not None and len(choice.times) > 1:  # measured on this call: drop the losers' entries
         _drop_timing_leftovers(spec, _identity(weights))
+    fast_lane = auto_key if choice.fallback and choice.output is None else None
     try:
-        y = choice.output if choice.output is not None else _compute(b, call, x32, bias)
+        y = choice.output if choice.output is not None else _compute(b, call, x32, bias, fast_lane)
     except Exception as e:  # noqa: BLE001 - a kernel that fails is skipped, with its error, never hidden
         why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         if choice.fallback:  # not even the fast path takes it: the reference answers (and says why)
@@ -396,8 +405,15 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         _DISPATCH.fail(case, b.label, why)
         log.warning("%s: %s failed when run (%s); asking the dispatcher without it", info.name, b.label, why)
         return _run_layer(x, weights_in, spec, backend)
+    if fast_lane is not None and fast_lane in _LANES:
+        _AUTO_LANES[fast_lane] = _DISPATCH.generation
     _log_choice(spec, info.name, choice.line(case))
     return y
+
+
+#: (spec, "auto", activation dtype, shape class) -> the dispatcher generation whose choice (the fast path) its lane
+#: in ``_LANES`` stands for
+_AUTO_LANES: dict[tuple, int] = {}
 
 
 def _drop_timing_leftovers(spec: str, identity) -> None:

@@ -302,3 +302,42 @@ def test_a_contender_that_lost_the_timing_leaves_nothing_in_the_cache(monkeypatc
     assert kept and not any("slowcanon" in w for w in kept), kept
     m(x)  # the next call of the class runs the chosen path alone: still nothing of the loser
     assert not any("slowcanon" in w for spec, w in op.cached_entries() if spec == m.spec)
+
+
+def test_auto_on_the_fast_path_skips_the_dispatcher_only_while_its_choice_stands(monkeypatch):
+    """Where auto's choice for a layer's shape class is the fast path, later calls of the class take the fast
+    path's lane without asking the dispatcher again (no kernel to judge); a policy change, another shape class
+    or an in-place write to the weights asks again, and every answer is the fast path's own."""
+    monkeypatch.setenv("QCONFORM_DISPATCH_CACHE", "off")
+    asked = []
+    real = Dispatcher.choose
+    monkeypatch.setattr(Dispatcher, "choose", lambda self, case, **kw: asked.append(case.M) or real(self, case, **kw))
+    op.set_cache_budget(op.DEFAULT_CACHE_MB)
+    op.use_fast_path_only("test: the fast path for every layer")
+    try:
+        ck = Checkpoint(TOOLKIT / "llmcompressor-w4a16-g128-sym")
+        info = ck.layer("model.layers.0.mlp.down_proj")
+        rng = np.random.default_rng(0)
+        x = torch.from_numpy(rng.standard_normal((3, info.shape[1])).astype(np.float32))
+        m = QuantLinear.from_checkpoint(ck, info.name, backend="auto")
+        fast = QuantLinear.from_checkpoint(ck, info.name, backend="emulator:path=fast")
+        want = fast(x).numpy()
+        for _ in range(3):
+            assert np.array_equal(m(x).numpy(), want)
+        assert asked == [3]  # asked once (a measured policy's first call keeps no lane: its answer is the timing's)
+        x9 = torch.from_numpy(rng.standard_normal((9, info.shape[1])).astype(np.float32))
+        assert np.array_equal(m(x9).numpy(), fast(x9).numpy()) and asked[-1] == 9  # another class: asked
+        op.use_fast_path_only("test: a new policy")  # a new policy: every choice is made again
+        asked.clear()
+        m(x)
+        assert asked == [3]
+        with torch.no_grad():  # an in-place write: the weights' version changes, the lane no longer matches
+            for w in m.weights():
+                if w.dtype == torch.int32:
+                    w.bitwise_xor_(1)
+                    break
+        asked.clear()
+        y = m(x).numpy()
+        assert asked == [3] and not np.array_equal(y, want)
+    finally:
+        op.use_fast_path_only(None)
