@@ -52,6 +52,11 @@ __all__ = ["Dispatcher", "Choice", "Policy", "ByPriority", "CertifiedFastest", "
 
 log = logging.getLogger("qconform.dispatch")
 
+#: a kernel is chosen over the fast path only where its measured time is below (1 - this) x the fast path's: a
+#: first-call timing on a shared host varies by more than a few percent, and a tie goes to the fast path (the
+#: canonical arithmetic, no per-call judgement of the activations, no dispatcher on its later calls)
+FAST_PATH_MARGIN = 0.15
+
 #: the largest |activation code x weight code| of an int8 W8A8 product: asymmetric activations (q - zp) span
 #: up to 255 in magnitude, int8 weights 128
 INT8_PRODUCT_MAX = 255 * 128
@@ -624,7 +629,11 @@ class Dispatcher:
         if not times:  # not even the fast path ran: the caller runs the reference
             return self._logged(case, Choice(fb, skipped + gated, "no contender ran", fallback=True))
         chosen = min(times, key=times.get)
-        how = self.policy.measured_how(case.M, times, from_cache=False)
+        near = chosen != fb.label and fb.label in times and times[chosen] > (1 - FAST_PATH_MARGIN) * times[fb.label]
+        if near:
+            chosen = fb.label  # within the timing's noise of the fast path: the fast path
+        how = self.policy.measured_how(case.M, times, from_cache=False) + (
+            f"; none {FAST_PATH_MARGIN:.0%} faster than the fast path, which is kept" if near else "")
         self._timed[(ckey, labels)] = (chosen, dict(times), how, gated)
         if cache is not None and set(times) == set(labels):  # only a complete measurement is worth keeping
             cache.put(hkey, {"chosen": chosen, "times_ms": {k: v * 1e3 for k, v in times.items()},
