@@ -12,12 +12,10 @@ The kernels are NumPy (host-independent). Measured results of all 55 bugs: examp
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from independent_kernels import run_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "examples" / "independent-kernels" / "round2"
@@ -29,13 +27,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path, backend: str, scheme: str, tier: str) -> tuple[int, dict, str]:
-    env = dict(os.environ, QCONFORM_EXTRA_BACKENDS=SPEC, PYTHONPATH=os.pathsep.join([str(ROOT), str(PLUGIN)]))
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "conformance.cli.main", "run", "--backend", backend, "--profile", "ci",
-                        "--scheme", scheme, "--tier", tier, "-j", "1", "--no-progress", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-    return r.returncode, summary, r.stdout + r.stderr
+    return run_plugin(tmp_path, PLUGIN, SPEC, backend, scheme, tier)
 
 
 # (bug, backend, scheme, tier, localization stage the report must name or None, words the finding must contain)

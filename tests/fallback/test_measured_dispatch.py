@@ -251,28 +251,10 @@ def test_the_floor_gate_keeps_a_noisy_kernel_out_per_layer(extra, tmp_path, caps
                                    for l in lines), out
 
 
-class _Slow(Backend):
+class _Slow(_Noisy):
     """Declares the canonical arithmetic and answers the emulator's output 50 ms late: it loses every timing."""
 
     name = "slowcanon"
-    covers = "test"
-    priority = 1000
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        self.emu = create("emulator")
-
-    def availability(self):
-        return Availability(True, "ok", "1")
-
-    def can_implement(self, case):
-        return yes()
-
-    def declared(self, case):
-        return Declared(variants={}, output=case.output_dtype)
-
-    def prepare(self, case, tensors):
-        return self.emu.prepare(case, tensors)
 
     def run(self, prepared, x, **inputs):
         import time
