@@ -340,18 +340,9 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         info, weights = _expert_slice(info, weights, int(expert))
     elif len(info.shape) != 2:
         raise ValueError(f"quant_linear: {info.name}: stacked experts {list(info.shape)} need an expert index")
-    lane_key = (spec, backend, dtype) if expert is None and backend not in ("emulator", "auto") else None
-    if lane_key is not None:
-        y = _lane(lane_key, weights, x32)
-        if y is not None:
-            return y
-    # auto whose choice for this layer's shape class is the fast path: the same lane while the dispatcher's
-    # choices stand (no kernel to judge on the activations: the fast path is the canonical arithmetic)
-    auto_key = (spec, "auto", dtype, shape_class(int(x.shape[0]))) if expert is None and backend == "auto" else None
-    if auto_key is not None and _AUTO_LANES.get(auto_key) == _DISPATCH.generation:
-        y = _lane(auto_key, weights, x32)
-        if y is not None:
-            return y
+    lane_key, auto_key, y = _lanes_of(spec, backend, dtype, expert, weights, x32)
+    if y is not None:
+        return y
     src = _LayerTensors(info, weights)
     if backend == "emulator":
         return _reference(src, info, x32, dtype, (spec, weights_in))
@@ -409,6 +400,24 @@ def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend:
         _AUTO_LANES[fast_lane] = _DISPATCH.generation
     _log_choice(spec, info.name, choice.line(case))
     return y
+
+
+def _lanes_of(spec: str, backend: str, dtype: str, expert, weights, x32: np.ndarray):
+    """(lane key of a named backend, lane key of auto, y where a lane answers now else None). A named backend's
+    layer served by a torch fast path entry before takes its lane; so does auto whose choice for this layer's
+    shape class is the fast path, while the dispatcher's choices stand (no kernel to judge on the activations:
+    the fast path is the canonical arithmetic)."""
+    lane_key = (spec, backend, dtype) if expert is None and backend not in ("emulator", "auto") else None
+    if lane_key is not None:
+        y = _lane(lane_key, weights, x32)
+        if y is not None:
+            return lane_key, None, y
+    auto_key = (spec, "auto", dtype, shape_class(int(x32.shape[0]))) if expert is None and backend == "auto" else None
+    if auto_key is not None and _AUTO_LANES.get(auto_key) == _DISPATCH.generation:
+        y = _lane(auto_key, weights, x32)
+        if y is not None:
+            return lane_key, auto_key, y
+    return lane_key, auto_key, None
 
 
 #: (spec, "auto", activation dtype, shape class) -> the dispatcher generation whose choice (the fast path) its lane
