@@ -10,7 +10,7 @@ from pathlib import Path
 
 from emulator import __version__ as emulator_version
 
-__all__ = ["BUNDLE_FORMAT", "OUTPUTS_FORMAT", "MANIFEST", "suite_code_sha256", "suite_identity", "describe_suite",
+__all__ = ["BUNDLE_FORMAT", "OUTPUTS_FORMAT", "MANIFEST", "suite_code_sha256", "suite_sources", "suite_identity", "describe_suite",
            "version_mismatch"]
 
 BUNDLE_FORMAT = "qconform-certification-bundle/2"
@@ -18,11 +18,10 @@ OUTPUTS_FORMAT = "qconform-outputs/1"
 MANIFEST = "MANIFEST.json"
 
 #: the sources whose code decides cases, intervals, verdicts, metrics and what a bundle must hold (hashed
-#: into ``suite_code_sha256``); reports' layout, fingerprints, the CLI and test helpers are left out
-_SUITE_SOURCES = ("conformance/judge/acceptance.py", "conformance/cases/bundle.py", "conformance/cases/inputs.py",
-                  "conformance/certify", "conformance/cases/generators.py", "conformance/cases/golden.py",
-                  "conformance/judge/oracles.py", "conformance/run/runner.py", "conformance/cases/suite.py", "conformance/judge/verdict.py",
-                  "conformance/run/worker.py", "conformance/run/workerproc.py", "emulator", "backends/base.py")
+#: into ``suite_code_sha256``): the rooms that draw cases (their coverage classes included), judge and run them,
+#: and certification; reports' layout, fingerprints, the self-test, campaigns, the CLI and test helpers are left out
+_SUITE_SOURCES = ("conformance/cases", "conformance/judge", "conformance/run", "conformance/certify", "emulator",
+                  "backends/base.py")
 
 # -- which suite wrote a bundle ----------------------------------------------------------------------------
 _CODE_SHA: "str | None" = None
@@ -39,16 +38,22 @@ def suite_code_sha256() -> str:
     if _CODE_SHA is None:
         root = Path(__file__).resolve().parents[2]
         h = hashlib.sha256()
-        paths = []
-        for src in _SUITE_SOURCES:
-            p = root / src
-            paths += sorted(p.rglob("*.py")) if p.is_dir() else ([p] if p.is_file() else [])
-        for p in sorted(paths, key=lambda q: q.relative_to(root).as_posix()):
+        for p in suite_sources():
             rel = p.relative_to(root).as_posix().encode()
             data = p.read_bytes()
             h.update(len(rel).to_bytes(4, "little") + rel + len(data).to_bytes(8, "little") + data)
         _CODE_SHA = h.hexdigest()
     return _CODE_SHA
+
+
+def suite_sources() -> list[Path]:
+    """The .py files ``suite_code_sha256`` hashes, in hashing order (by path below the project root)."""
+    root = Path(__file__).resolve().parents[2]
+    paths = []
+    for src in _SUITE_SOURCES:
+        p = root / src
+        paths += sorted(p.rglob("*.py")) if p.is_dir() else ([p] if p.is_file() else [])
+    return sorted(paths, key=lambda q: q.relative_to(root).as_posix())
 
 
 def suite_identity() -> dict:

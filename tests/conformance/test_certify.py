@@ -483,3 +483,20 @@ def test_git_commit_is_a_hash_or_absent(monkeypatch):
     monkeypatch.setattr(subprocess, "run", fake("0123456789abcdef0123456789abcdef01234567\n", 0))
     assert provenance.git_commit() in ("0123456789abcdef0123456789abcdef01234567",
                                       "0123456789abcdef0123456789abcdef01234567-dirty")
+
+
+def test_the_code_hash_covers_every_module_that_decides_a_verdict():
+    """A bundle's suite_code_sha256 must move when any code that draws, judges or runs its cases moves: it once
+    hashed a hand-kept list of flat modules, which left out the coverage classes (conformance/cases/coverage*.py)
+    and half of judge/ after the move to rooms, so a bundle written with other cases verified as this suite's."""
+    from pathlib import Path
+
+    from conformance.certify.identity import suite_sources
+
+    root = Path(__file__).resolve().parents[2]
+    hashed = {p.relative_to(root).as_posix() for p in suite_sources()}
+    for room in ("conformance/cases", "conformance/judge", "conformance/run", "conformance/certify", "emulator"):
+        files = {p.relative_to(root).as_posix() for p in (root / room).rglob("*.py")}
+        assert files and files <= hashed, sorted(files - hashed)
+    assert "backends/base.py" in hashed
+    assert not any(h.startswith(("conformance/report/", "conformance/cli/")) for h in hashed)
