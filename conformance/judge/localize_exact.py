@@ -57,27 +57,21 @@ def _quantization_exact(case: Case, declared: Declared, X: np.ndarray) -> bool:
 
 def one_hot_value(case: Case, declared: Declared) -> float | None:
     """A value v whose one-hot row the declared activation quantization keeps exactly (None: none found)."""
-    K = case.K
-    for v in (1.0, 127.0, 255.0, 6.0, 4.0, 2.0, 0.5):
-        x = np.zeros((2, K), np.float32)
-        x[0, 0] = v
-        x[1, K - 1] = v
-        if round_to_dtype(np.float64(v), case.act_dtype) == v and _quantization_exact(case, declared, x):
-            return v
-    return None
+    return next((v for v in (1.0, 127.0, 255.0, 6.0, 4.0, 2.0, 0.5) if _one_hot_exact(case, declared, v)), None)
+
+
+def _one_hot_exact(case: Case, declared: Declared, v: float) -> bool:
+    """Whether one-hot rows of value v (at the first and the last column) reach the product exactly: v is a value
+    of the activation dtype and the declared quantization keeps the rows."""
+    x = np.zeros((2, case.K), np.float32)
+    x[0, 0] = v
+    x[1, case.K - 1] = v
+    return bool(round_to_dtype(np.float64(v), case.act_dtype) == v) and _quantization_exact(case, declared, x)
 
 
 def second_value(case: Case, declared: Declared, v: float) -> float | None:
     """A second one-hot value whose products with the weights need more bits than the weights (3 v first)."""
-    K = case.K
-    for f in (3.0, 1.5, 5.0, 1.25):
-        v2 = v * f
-        x = np.zeros((2, K), np.float32)
-        x[0, 0] = v2
-        x[1, K - 1] = v2
-        if round_to_dtype(np.float64(v2), case.act_dtype) == v2 and _quantization_exact(case, declared, x):
-            return v2
-    return None
+    return next((v * f for f in (3.0, 1.5, 5.0, 1.25) if _one_hot_exact(case, declared, v * f)), None)
 
 
 def exact_activation_rows(case: Case, declared: Declared, seed: int = 7) -> np.ndarray | None:

@@ -246,19 +246,25 @@ def _inputs(bug: str, case: Case):
 
 def localize_in_worker(bug: str, case: Case, tmp_path: Path) -> dict:
     """The worker op ``localize`` on a bundle of the case's inputs, with the backend's own declaration."""
-    from conformance.cases.bundle import ReplayBundle, save_bundle
-    from conformance.run.workerclient import WorkerClient
-    from conformance.run.workerproc import WorkerProcess
 
     inp = _inputs(bug, case)
     k = Patterned(bug=bug)
     decl = k.declared(case)
-    path = save_bundle(tmp_path / f"{bug}.safetensors", ReplayBundle(inp, {"case": case.to_json()}, backend=SPEC,
+    return _localized_in_worker(tmp_path, inp, case, decl, SPEC, f"patterned:bug={bug}", bug)
+
+
+def _localized_in_worker(tmp_path, inp, case, decl, spec: str, backend: str, bug: str) -> dict:
+    """The localization a worker process gives ``backend`` (registered by ``spec``) on ``inp`` saved as a bundle."""
+    from conformance.cases.bundle import ReplayBundle, save_bundle
+    from conformance.run.workerclient import WorkerClient
+    from conformance.run.workerproc import WorkerProcess
+
+    path = save_bundle(tmp_path / f"{bug}.safetensors", ReplayBundle(inp, {"case": case.to_json()}, backend=spec,
                                                                      declared=decl.to_json(), verdict="fail",
                                                                      reason="planted"))
-    env = {"QCONFORM_EXTRA_BACKENDS": SPEC,
+    env = {"QCONFORM_EXTRA_BACKENDS": spec,
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
-    w = WorkerClient(WorkerProcess(f"patterned:bug={bug}", env=env), 300)
+    w = WorkerClient(WorkerProcess(backend, env=env), 300)
     try:
         rep = w.localize(decl, bundle=path)
     finally:
@@ -489,13 +495,10 @@ MOE_CASES = [
 
 @pytest.mark.parametrize("bug,stage,names,not_names", MOE_CASES, ids=[c[0] for c in MOE_CASES])
 def test_worker_localization_names_the_moe_expert_or_routing(bug, stage, names, not_names, tmp_path):
-    from conformance.cases.bundle import ReplayBundle, save_bundle
     from conformance.cases.inputs import make_inputs
     from conformance.judge.acceptance import declared_interval
     from conformance.report.summary import PASSING
     from conformance.run.runner import judge
-    from conformance.run.workerclient import WorkerClient
-    from conformance.run.workerproc import WorkerProcess
 
     inp = make_inputs(_MOE, 4)
     ok, k = PatternedMoe(bug="none"), PatternedMoe(bug=bug)
@@ -503,18 +506,7 @@ def test_worker_localization_names_the_moe_expert_or_routing(bug, stage, names, 
     for kern, passing in ((ok, True), (k, False)):  # the control passes, the bug fails this case
         y = kern.run(kern.prepare(_MOE, inp.tensors), inp.x, router_logits=inp.router_logits)
         assert (judge(inp, declared_interval(inp, decl), y, decl).verdict in PASSING) is passing, kern.bug
-    path = save_bundle(tmp_path / f"{bug}.safetensors", ReplayBundle(inp, {"case": _MOE.to_json()}, backend=MOE_SPEC,
-                                                                     declared=decl.to_json(), verdict="fail",
-                                                                     reason="planted"))
-    env = {"QCONFORM_EXTRA_BACKENDS": MOE_SPEC,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
-    w = WorkerClient(WorkerProcess(f"patterned-moe:bug={bug}", env=env), 300)
-    try:
-        rep = w.localize(decl, bundle=path)
-    finally:
-        w.close()
-    assert rep.failure is None, rep.failure
-    loc = rep.localization
+    loc = _localized_in_worker(tmp_path, inp, _MOE, decl, MOE_SPEC, f"patterned-moe:bug={bug}", bug)
     text = "\n".join(localization_lines(loc))
     assert loc["stage"] == stage, text
     for n in names:
