@@ -111,7 +111,7 @@ def rounded_result(y64, bound, out_dtype, acc=None, parts=None, mag=None) -> Lin
 DECIDE_BYTES = 32 << 20
 
 
-def decide_exactly(res: LinearResult, groups_at) -> LinearResult:
+def decide_exactly(res: LinearResult, groups_at, *, at: tuple[np.ndarray, np.ndarray] | None = None) -> LinearResult:
     """``res.y`` at the elements ``res.y_ambiguous`` marks, from their exact value; everywhere else the float64
     bound already decided ``y``. ``groups_at(ms, ns)`` lists, for the elements (ms[u], ns[u]), the tuples of
     [U, L] factor arrays whose summed products are each element's exact value (the path's own definition; a
@@ -121,11 +121,16 @@ def decide_exactly(res: LinearResult, groups_at) -> LinearResult:
     boundary mu between the two output values the element's bounded interval straddles, and the sign of
     (exact value - mu) from error-free transformations (emulator/numerics/exact_sum.py ``decide_rows``).
     An element that proof cannot decide (operands outside TwoProduct's range, intervals spanning more than
-    one boundary, sums that do not distil) is rounded one at a time by ``round_exact_products``."""
-    amb = res.y_ambiguous
-    if not amb.any():
-        return res
-    ms, ns = np.nonzero(amb)
+    one boundary, sums that do not distil) is rounded one at a time by ``round_exact_products``. ``at``: the
+    (ms, ns) indices of ``res.y_ambiguous``'s True elements where the caller has them (speed only)."""
+    if at is None:
+        if not res.y_ambiguous.any():
+            return res
+        ms, ns = np.nonzero(res.y_ambiguous)
+    else:
+        ms, ns = at
+        if not ms.size:
+            return res
     val = np.full(ms.shape, np.nan)
     _decide_between(val, res.y_exact[ms, ns], res.y_bound[ms, ns], res.out_dtype, ms, ns, groups_at, refine=True)
     for i in np.nonzero(np.isnan(val))[0]:  # the one-element path: Python's exact sums, or rationals

@@ -45,6 +45,8 @@ def _as_float32_or_64(v) -> np.ndarray:
         return a.astype(np.float32)
     if a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:
         return (a.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if a.dtype == np.float64:
+        return a  # read only: every step below writes to new arrays
     return as_float64(a)
 
 
@@ -108,18 +110,24 @@ def _rtz(a: np.ndarray, dtype: str) -> np.ndarray:
     return hb.view(np.float16).astype(np.float32)
 
 
-def round_fast(v, dtype: str, mode: "Rounding | str" = Rounding.RNE, *, as_float64: bool = False) -> np.ndarray:
+def round_fast(v, dtype: str, mode: "Rounding | str" = Rounding.RNE, *, as_float64: bool = False,
+               out: np.ndarray | None = None) -> np.ndarray:
     """Round each value of ``v`` to ``dtype`` ('float32' | 'float16' | 'bfloat16') under ``mode``.
 
     Equal to ``floats.round_to_dtype(v, dtype, mode)`` on every non-NaN input (NaN: the module docstring's
     rule); float32 out, float64 with ``as_float64``. Any float input is taken exactly (float32, float16 and
-    bfloat16 without widening to float64)."""
+    bfloat16 without widening to float64). ``out``: a float32 array of v's shape the result is written to
+    (not with ``as_float64``)."""
     mode = Rounding.parse(mode)
     if dtype not in FAST_DTYPES:
         raise ValueError(f"round_fast: unknown dtype {dtype!r}; expected one of {', '.join(FAST_DTYPES)}")
     a = _as_float32_or_64(v)
-    shape = a.shape
-    a = a.reshape(-1)
+    dest = out
+    if dest is not None and (as_float64 or dest.dtype != np.float32 or dest.shape != a.shape):
+        raise ValueError("round_fast: out must be a float32 array of the input's shape (and not with as_float64)")
+    if dest is not None and dtype == "float32" and mode is Rounding.RNE and a.dtype == np.float64:
+        np.copyto(dest, a, casting="same_kind")  # the IEEE RNE cast of _rne, into dest
+        return dest
     if mode is Rounding.RNE:
         out = _rne(a, dtype)
     elif mode is Rounding.RTZ:
@@ -128,12 +136,19 @@ def round_fast(v, dtype: str, mode: "Rounding | str" = Rounding.RNE, *, as_float
         from .floats import round_to_dtype  # the definition: RHAZ / RHTZ have no fast path
 
         with np.errstate(over="ignore", invalid="ignore"):
-            out = round_to_dtype(a, dtype, mode).astype(np.float32)
-    nan = np.isnan(a)
-    if nan.any():
-        with np.errstate(invalid="ignore"):
-            nb = a[nan].astype(np.float32).view(np.uint32)  # float64 -> float32 keeps sign and top payload
-        out = np.array(out, dtype=np.float32, copy=True) if out is a or not out.flags.writeable else out
-        out[nan] = ((nb | _QUIET) & _KEEP[dtype]).view(np.float32)
-    out = out.reshape(shape)
-    return out.astype(np.float64) if as_float64 else out
+            out = round_to_dtype(a.reshape(-1), dtype, mode).astype(np.float32).reshape(a.shape)
+    # float64 to float32: the IEEE cast (RNE; RTZ then leaves a NaN's bits alone) already gives the quiet NaN with
+    # its sign and top payload bits, so the rule below would change nothing there: skipped (two passes)
+    if not (dtype == "float32" and a.dtype == np.float64 and mode in (Rounding.RNE, Rounding.RTZ)):
+        nan = np.isnan(a)
+        if nan.any():
+            with np.errstate(invalid="ignore"):
+                nb = a[nan].astype(np.float32).view(np.uint32)  # float64 -> float32 keeps sign and top payload
+            out = np.array(out, dtype=np.float32, copy=True) if out is a or not out.flags.writeable else out
+            out[nan] = ((nb | _QUIET) & _KEEP[dtype]).view(np.float32)
+    if as_float64:
+        return out.astype(np.float64)
+    if dest is not None:
+        np.copyto(dest, out)
+        return dest
+    return out

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import Scratch, fresh
 from .fast_round import FAST_DTYPES, round_fast
 
-__all__ = ["OUT_DTYPES", "U64", "gamma", "rne", "round_output", "round_output_fast", "next_up", "overflow_threshold",
+__all__ = ["OUT_DTYPES", "U64", "gamma", "rne", "round_output", "cell_test", "round_output_fast", "next_up", "overflow_threshold",
            "boundary_between"]
 
 #: float64's unit roundoff
@@ -59,27 +60,60 @@ def round_output(y_exact: np.ndarray, y_bound: np.ndarray, out_dtype: str) -> tu
 _PRECISION = {"float32": 24, "float16": 11, "bfloat16": 8}
 
 
+#: one step of the magnitude of a value of each output dtype in the bits of the float32 holding it (float16 values
+#: have 13 zero bits below their 10 stored ones, bfloat16 16 below their 7; for float16's subnormals, held by normal
+#: float32s, the step is smaller than the true one: the test below is then only more cautious)
+_STEP_BITS = {"float32": np.uint32(1), "float16": np.uint32(1 << 13), "bfloat16": np.uint32(1 << 16)}
+#: the test's share of the gap below |r|: half of it, less 2^-25 of it for the outward-rounded ends and the
+#: test's own roundings (``round_output_fast``); an exact float64 constant
+_HALF_GAP = 0.5 - 2.0 ** -25
+
+
+def cell_test(y: np.ndarray, bound: np.ndarray, out_dtype: str, *, scratch: Scratch | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r32, r, test): r = RNE(y) to ``out_dtype`` (as float32 and as float64) and the elements whose interval
+    y +- bound a cheap test does not show inside r's rounding cell (``round_output_fast``: only those need
+    ``round_output``'s own test).
+
+    The test (docs/formats/activations.md#the-a16-bound-from-row-norms, step 5): with r finite and nonzero and r'
+    its output neighbour toward zero, g = |r| - |r'| (exact) is the smaller of the gaps on r's two sides (gaps never
+    shrink away from zero; the overflow threshold lies g / 2 above +-max), so every real strictly within g / 2 of
+    r rounds to r. Where fl(fl(|y - r|) + b) < fl(g (1/2 - 2^-25)), ``round_output``'s ends (fl(y -+ b) stepped out
+    one float64 ulp: within 2^-51 |r| <= 2^-27 g of y -+ b there) both lie within g / 2 of r, the test's three
+    roundings included: not ambiguous there. Every other element (r = 0, r or y not finite, a NaN bound) is
+    marked for the full test. ``scratch`` (speed only): the arrays returned are its buffers (emulator/parallel.py
+    ``Scratch``), valid until its next use."""
+    take = fresh if scratch is None else scratch.take
+    shape = np.shape(y)
+    r32 = round_fast(y, out_dtype, out=take("r32", shape, np.float32))
+    r = take("r", shape, np.float64)
+    np.copyto(r, r32)
+    below = take("below", shape, np.uint32)
+    np.bitwise_and(r32.view(np.uint32), np.uint32(0x7FFFFFFF), out=below)
+    below -= _STEP_BITS[out_dtype]  # |r'| (r = 0 wraps to a NaN's bits: tested)
+    room, d = take("room", shape, np.float64), take("d", shape, np.float64)
+    test = take("test", shape, np.bool_)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.copyto(d, below.view(np.float32))
+        np.abs(r, out=room)
+        room -= d
+        room *= _HALF_GAP
+        np.subtract(y, r, out=d)
+        np.abs(d, out=d)
+        d += bound
+        np.less(d, room, out=test)
+        np.logical_not(test, out=test)  # True for r = 0, r = +-Inf and every NaN
+    return r32, r, test
+
+
 def round_output_fast(y: np.ndarray, bound: np.ndarray, out_dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """``output_grid.round_output(y, bound, out_dtype)``, the same arrays, with its outward-rounded ends formed only
-    where a cheap test does not already show them inside one rounding cell.
-
-    The test (docs/formats/activations.md#the-a16-bound-from-row-norms, step 5): with r = RNE(y) finite and nonzero, every
-    real strictly within |r| 2^-(p+1) of r rounds to r (p the output's significand bits; for |r| in [2^e, 2^(e+1))
-    the half-gaps to r's neighbours are 2^(e-p), 2^(e-p-1) below a power of two; fixed among subnormals; up to
-    the overflow threshold above +-max). Where d = (|y - r| + b)(1 + 2^-50) + |y| 2^-50 < |r| 2^-(p+1), ``round_output``'s
-    ends (fl(y -+ b) stepped out one float64 ulp: within 3 * 2^-52 |y| of y -+ b, as b < |y| there) both round to
-    r: not ambiguous there either; d's three roundings lose less than its 2^-50 terms add. Every other finite
-    element is tested by ``round_output`` itself, so both arrays are ``round_output``'s."""
-    yr = rne(y, out_dtype)
-    p = _PRECISION[out_dtype]
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = (np.abs(y - yr) + bound) * (1.0 + 2.0 ** -50) + np.abs(y) * 2.0 ** -50
-        inside = d < np.abs(yr) * 2.0 ** -(p + 1)  # False for r = 0, r = +-Inf, NaN
-    test = ~inside & np.isfinite(y)
-    amb = np.zeros(y.shape, dtype=bool)
+    where ``cell_test`` does not already show them inside one rounding cell."""
+    _, r, test = cell_test(y, bound, out_dtype)
+    amb = np.zeros(r.shape, dtype=bool)
     if test.any():
         _, amb[test] = round_output(y[test], bound[test], out_dtype)
-    return yr, amb
+    return r, amb
 
 
 def next_up(v: np.ndarray, out_dtype: str) -> np.ndarray:

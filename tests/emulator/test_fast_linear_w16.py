@@ -26,9 +26,9 @@ from test_exact_decision import oracle_round
 from emulator import parallel
 from emulator.errors import FormatError
 from emulator.fast_linear_w16 import (element_magnitudes, float64_product, linear_w16_fast, norm_product_bounds,
-                                      row_norm_bounds)
+                                      product_error_factor, row_norm_bounds)
 from emulator.linear import gamma, linear_w16
-from emulator.numerics.output_grid import overflow_threshold, round_output, round_output_fast
+from emulator.numerics.output_grid import cell_test, overflow_threshold, round_output, round_output_fast
 
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 DTYPES = ("float32", "float16", "bfloat16")
@@ -101,6 +101,50 @@ def test_the_bound_covers_the_float64_products_error(K):
             assert err <= _F(cs[m, n]), (m, n)
             mag = element_magnitudes(x, w, np.array([m]), np.array([n]))[0]
             assert err <= _F(gamma(K) * mag), (m, n)
+
+
+@pytest.mark.parametrize("K,chunk", [(2, 1), (7, 3), (300, 256), (1000, 256), (1030, 128), (513, 512)])
+def test_the_chunked_product_error_is_within_its_factor(K, chunk):
+    """``float64_product`` summed in K-chunks (as ``linear_w16_fast`` runs it from 32 activation rows on) is within
+    ``product_error_factor(K, chunk)`` times sum_k |x w| of the exact value (rationals), on rows built to cancel
+    within and across chunks; the factor is at least its defining sum gamma_{k-1} + gamma_{J-1}(1 + gamma_{k-1})
+    (rationals) and no looser than one chunk's gamma_K."""
+    rng = np.random.default_rng(K * 7 + chunk)
+    M, N = 3, 5
+    x = _spread(rng, (M, K), 1.0)
+    w = _spread(rng, (N, K), 1.0)
+    w[:, 1::2] = (-(x[0, 0::2][: K // 2] * w[:, 0::2][:, : K // 2]) / np.where(x[0, 1::2] == 0, 1, x[0, 1::2])
+                  ).astype(np.float32)[:, : w[:, 1::2].shape[1]]  # near-cancelling pairs in row 0 of x
+    G = product_error_factor(K, chunk)
+    k, J = min(chunk, K), -(-K // min(chunk, K))
+    u = Fraction(1, 2 ** 53)
+
+    def gam(n):
+        return n * u / (1 - n * u)
+
+    assert Fraction(G) >= gam(k - 1) + gam(J - 1) * (1 + gam(k - 1))
+    assert G <= gamma(K) * (1 + 2.0 ** -39)
+    y = float64_product(x.astype(np.float64), w, chunk=chunk)
+    for m in range(M):
+        for n in range(N):
+            exact = sum((_F(a) * _F(b) for a, b in zip(x[m], w[n])), Fraction(0))
+            mag = sum((abs(_F(a) * _F(b)) for a, b in zip(x[m], w[n])), Fraction(0))
+            assert abs(_F(y[m, n]) - exact) <= Fraction(G) * mag, (m, n)
+
+
+def test_scratch_buffers_do_not_leak_between_calls():
+    """``cell_test`` writing into reused ``parallel.Scratch`` buffers gives what fresh arrays give, across calls of
+    other shapes and dtypes in between (a buffer grown, then viewed smaller)."""
+    rng = np.random.default_rng(3)
+    scratch = parallel.Scratch()
+    calls = [(rng.standard_normal(s) * 10.0 ** rng.integers(-5, 5, s), d)
+             for s, d in [((7, 300), "float32"), ((40, 1000), "bfloat16"), ((3, 5), "float16"), ((7, 300), "float32")]]
+    for y, dtype in calls:
+        b = np.abs(y) * 2.0 ** -30
+        got = [a.copy() for a in cell_test(y, b, dtype, scratch=scratch)]
+        want = cell_test(y, b, dtype)
+        for g, e in zip(got, want):
+            assert g.shape == e.shape and np.array_equal(g.view(np.uint8), np.ascontiguousarray(e).view(np.uint8))
 
 
 # --------------------------------------------------------------------------------------------- the rounding test
@@ -222,7 +266,7 @@ def _random_layer(seed, M, N, K, scale=1.0, bias=False):
 
 
 def _gate_layers():
-    for M, K in ((1, 1), (8, 7), (8, 1024), (64, 1024), (3, 4096)):
+    for M, K in ((1, 1), (8, 7), (8, 1024), (64, 1024), (3, 4096), (40, 700)):
         for bias in (False, True):
             yield f"random-{M}x{K}-{'bias' if bias else 'nobias'}", *_random_layer(M * K, M, 96, K, bias=bias)
     x, w, _ = _random_layer(5, 2, 3, 1 << 17)
@@ -260,13 +304,14 @@ def test_fast_reference_gives_the_former_fast_paths_and_the_definitions_bits(nam
 def test_row_blocks_on_two_threads_give_the_same_bits(monkeypatch):
     """Regression gate: the float64 product's row blocks spread over two threads (forced here, with blocks of a few
     rows) give the one-thread output bit for bit."""
-    x, w, b = _random_layer(3, 8, 700, 640, bias=True)
-    one = linear_w16_fast(x, w, b)
+    layers = [_random_layer(3, 8, 700, 640, bias=True), _random_layer(4, 40, 700, 640, bias=True)]  # 40: K-chunks
+    one = [linear_w16_fast(x, w, b) for x, w, b in layers]
     monkeypatch.setattr(parallel, "row_threads", lambda: 2)
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
-    two = linear_w16_fast(x, w, b)
-    assert np.array_equal(_bits(one.y), _bits(two.y))
-    assert np.array_equal(_bits(one.y), _bits(linear_w16(x, w, b).y))
+    for (x, w, b), o in zip(layers, one):
+        two = linear_w16_fast(x, w, b)
+        assert np.array_equal(_bits(o.y), _bits(two.y))
+        assert np.array_equal(_bits(o.y), _bits(linear_w16(x, w, b).y))
 
 
 def test_kept_norms_are_the_norms_and_a_wrong_shape_is_refused():
