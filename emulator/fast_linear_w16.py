@@ -36,10 +36,11 @@ from .numerics.output_grid import U64, cell_test, gamma, round_output
 __all__ = ["slack", "row_norm_bounds", "norm_product_bounds", "element_magnitudes", "product_error_factor",
            "float64_product", "k_chunk", "linear_w16_fast"]
 
-#: bytes of the float64 copy of weight rows one GEMM call reads at small M: widened just before the GEMM reads
-#: them, they are still in the core's cache (a whole-weight float64 copy is written to memory and read back: at
-#: M = 8 that took ~1.5x the blocked product's time on this project's Zen 5 host, one thread)
-_CHUNK_BYTES = 512 << 10
+#: bytes of the float64 copy of weight rows one GEMM call reads at small M, widened just before the GEMM reads them
+#: (a whole-weight float64 copy is written to memory and read back: at M = 8 that took ~1.5x the blocked product's
+#: time on the Zen 5 host, one thread); 2 MiB measured fastest at M = 8 on the 2-core EPYC host (512 KiB: 1.1-1.8x
+#: its time, the blocks' per-call costs showing at K = 2816; 8 MiB and more: 1.2-1.4x)
+_CHUNK_BYTES = 2 << 20
 #: from this many activation rows on, the GEMM is compute-bound: a few large blocks per core (``_block_rows``)
 _LARGE_M = 32
 #: the most bytes of widened weight rows one block holds from _LARGE_M rows on: each K-chunk is then one BLAS call
@@ -210,11 +211,13 @@ def _finish(o: _Outputs, xs, wn, b, out_dtype: str, scratch: Scratch | None = No
     return np.flatnonzero(test)
 
 
-def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: np.ndarray | None = None
-                    ) -> lin.LinearResult:
+def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: np.ndarray | None = None,
+                    product=None) -> lin.LinearResult:
     """``linear_w16(x, w, bias)``'s ``y`` bit for bit (as float32 values), for a float32 dequantized weight ``w``
     [N, K] (any other weight dtype runs ``linear_w16`` itself). ``w_norms``: ``row_norm_bounds(w)`` where the caller
-    keeps it per layer (speed only).
+    keeps it per layer (speed only). ``product`` (speed only): ``float64_product``'s stand-in, with its signature and
+    its contract (each element the in-order sum of K-chunk sums of exact products, each chunk in any order;
+    qconform_torch/exact_product.py runs it on torch's threads).
 
     ``y_bound`` is the bound that decided each element (the norms' product, or the element's own sum of
     magnitudes where that one did not decide it), ``y_ambiguous`` the elements neither decided (these were
@@ -242,7 +245,7 @@ def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: n
     extra = None if b is None else np.empty((M, N), dtype=np.float64)
     outs = _Outputs(y, bound, y32, extra)
     tested: list = []
-    float64_product(x64, w32, chunk=chunk, out=y)
+    (product or float64_product)(x64, w32, chunk=chunk, out=y)
     scratch = _scratch()
     slab = max(1, _FINISH_ELEMENTS // max(N, 1))
     for m0 in range(0, M, slab):  # by slabs of rows: the finishing step's temporaries stay in the cache

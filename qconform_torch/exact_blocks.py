@@ -38,6 +38,8 @@ from emulator.fast_linear_w16 import linear_w16_fast, row_norm_bounds
 from emulator.layers import declared_activation, dequantize_layer, layer_bias, linear_layer
 from emulator.tensorfile import Tensor
 
+from .exact_product import float64_product_for
+
 __all__ = ["row_slicer", "reference", "exact_by_rows", "validate_by_rows", "block_rows", "BYTES_PER_WEIGHT", "BYTES_PER_OUTPUT",
            "MIN_BLOCK_BYTES"]
 
@@ -172,7 +174,7 @@ def _w16(x32: np.ndarray, w: np.ndarray, bias, dtype: str, weights) -> lin.Linea
     norms = None
     if weights is not None and w.dtype == np.float32:
         norms = weights("w norms", lambda: row_norm_bounds(w))
-    return linear_w16_fast(x32, w, bias, out_dtype=dtype, w_norms=norms)
+    return linear_w16_fast(x32, w, bias, out_dtype=dtype, w_norms=norms, product=float64_product_for())
 
 
 def block_rows(N: int, K: int, M: int, budget_bytes: int, mult: int) -> int:
