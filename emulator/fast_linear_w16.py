@@ -7,8 +7,8 @@ x [M, K] and w [N, K] (every dequantized A16 weight, every float32 / float16 / b
 
 1. ``y64 = x @ w^T`` in float64 (any BLAS order, FMA or not): every product is exact (two 24-bit significands),
    so ``|y64 - y| <= gamma_{K-1} S`` with ``S = sum_k |x_k w_k|`` (Higham, "Accuracy and Stability of Numerical
-   Algorithms", 2nd ed., section 3.1); from 32 activation rows on, summed in K-chunks of 256 whose sums are added
-   in order, so ``|y64 - y| <= G S`` with G about (256 + K / 256) u (``product_error_factor``).
+   Algorithms", 2nd ed., section 3.1); summed in K-chunks of 256 whose sums are added in order, so
+   ``|y64 - y| <= G S`` with G about (256 + K / 256) u (``product_error_factor``).
 2. ``S <= ||x_m||_2 ||w_n||_2`` (Cauchy-Schwarz on |x|, |w|): per-row norms, M + N numbers, where the readable
    reference forms S by a second GEMM. For random rows the norms' product is about pi / 2 times S.
 3. Only where that bound leaves the rounding undecided is S formed for the element itself (one dot product of
@@ -34,7 +34,7 @@ from .parallel import Scratch, for_row_chunks, single_threaded_blas
 from .numerics.output_grid import U64, cell_test, gamma, round_output
 
 __all__ = ["slack", "row_norm_bounds", "norm_product_bounds", "element_magnitudes", "product_error_factor",
-           "float64_product", "k_chunk", "linear_w16_fast"]
+           "float64_product", "K_CHUNK", "linear_w16_fast"]
 
 #: bytes of the float64 copy of weight rows one GEMM call reads at small M, widened just before the GEMM reads them
 #: (a whole-weight float64 copy is written to memory and read back: at M = 8 that took ~1.5x the blocked product's
@@ -47,8 +47,9 @@ _LARGE_M = 32
 #: and one addition over many output columns (with blocks of 2 MiB the chunks' small calls cost ~20 % more GEMM
 #: time on the 2-core EPYC host)
 _LARGE_BLOCK_BYTES = 8 << 20
-#: K-chunk length from _LARGE_M activation rows on (``k_chunk``): the product's error bound falls from ~K u S to
-#: ~(256 + K / 256) u S, so ~K / (256 + K / 256) times fewer elements are left to the exact decision
+#: K-chunk length of ``linear_w16_fast``'s product: its error bound falls from ~K u S to ~(256 + K / 256) u S, so
+#: ~K / (256 + K / 256) times fewer elements are left to the exact decision (O(K) NumPy work each), for a few more
+#: BLAS calls (on torch's product, qconform_torch/exact_product.py, no slower at M = 8 in a model forward)
 K_CHUNK = 256
 #: output elements one finishing step (bound, rounding, cell test) takes at a time: its dozen temporaries stay in
 #: the core's cache (measured fastest on the 2-core EPYC host: ~60-90 K; one thread: the steps are memory-bound,
@@ -167,13 +168,6 @@ def element_magnitudes(x32: np.ndarray, w32: np.ndarray, ms: np.ndarray, ns: np.
         return out * slack(K)
 
 
-def k_chunk(M: int) -> int | None:
-    """The K-chunk ``linear_w16_fast`` sums in at M activation rows: K_CHUNK from _LARGE_M rows on (there the
-    undecided elements' exact decision, O(K) NumPy work each, costs more than the chunks' extra passes), else
-    None (one GEMM per block: at small M every extra call shows)."""
-    return K_CHUNK if M >= _LARGE_M else None
-
-
 @dataclasses.dataclass
 class _Outputs:
     """``linear_w16_fast``'s [M, N] arrays (or rows of them): the float64 sums, their bounds, the rounded values and,
@@ -235,7 +229,7 @@ def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: n
     if w_norms is None:
         w_norms = row_norm_bounds(w32)
     require(w_norms.shape == (N,), "w_norms must be row_norm_bounds(w)", tensor="weight")
-    chunk = k_chunk(M)
+    chunk = K_CHUNK
     G = product_error_factor(K, chunk)
     with np.errstate(invalid="ignore", over="ignore"):
         # fl(fl(nx c) G) nw >= G ||x|| ||w|| >= G S: G's 1 + 2^-40 covers the extra rounding (docs)

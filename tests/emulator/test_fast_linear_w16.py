@@ -304,7 +304,7 @@ def test_fast_reference_gives_the_former_fast_paths_and_the_definitions_bits(nam
 def test_row_blocks_on_two_threads_give_the_same_bits(monkeypatch):
     """Regression gate: the float64 product's row blocks spread over two threads (forced here, with blocks of a few
     rows) give the one-thread output bit for bit."""
-    layers = [_random_layer(3, 8, 700, 640, bias=True), _random_layer(4, 40, 700, 640, bias=True)]  # 40: K-chunks
+    layers = [_random_layer(3, 8, 700, 640, bias=True), _random_layer(4, 40, 700, 640, bias=True)]  # 40: large-M blocks
     one = [linear_w16_fast(x, w, b) for x, w, b in layers]
     monkeypatch.setattr(parallel, "row_threads", lambda: 2)
     monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
