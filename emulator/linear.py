@@ -227,11 +227,13 @@ def linear_w16(x, w, bias=None, *, out_dtype: str | None = None) -> LinearResult
 
 
 def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANONICAL_SYM,
-                out_dtype: str | None = None, int_engine=None) -> LinearResult:
+                out_dtype: str | None = None, int_engine=None, quantize=None) -> LinearResult:
     """W8A8 dynamic: int8 weights [N, K] with per-channel scales [N] (or [N, 1]).
 
     ``int_engine`` (speed only): an engine for the exact integer accumulator (emulator/fast_linear.py
-    ``exact_int_matmul_for``); any correct engine gives the same numbers.
+    ``exact_int_matmul_for``); any correct engine gives the same numbers. ``quantize`` (speed only):
+    ``quantize_int8_per_token``'s stand-in with its values field for field (emulator/activations/int8_fast.py
+    ``quantize_int8_fast``, what the op's exact reference passes).
 
     acc = sum_k (qx - azp) * qw  (exact int), y = acc * sx * sw + bias.
     """
@@ -244,7 +246,7 @@ def linear_w8a8(x, w_q, w_scale, bias=None, *, act: a8.Int8ActVariant = a8.CANON
     require(ws.shape == (N,), f"expected per-channel scales [N]={N}, got {ws.size}", tensor="weight_scale")
     require(bool(np.all(np.isfinite(ws))), "NaN or Inf in weight scales", tensor="weight_scale")
     x64 = activations_float64(x, K)
-    acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
+    acts = (quantize or a8.quantize_int8_per_token)(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
     acc = exact_int_matmul(qx, wq, engine=int_engine)  # exact integer sums (emulator/fast_linear.py)
     b = bias_float64(bias, N)
@@ -277,7 +279,7 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     require(ws.shape == (n_groups, N), f"expected scales [{n_groups}, {N}], got {list(ws.shape)}", tensor="scales")
     gi = np.arange(K) // gs if g_idx is None else np.asarray(g_idx).astype(np.int64)
     x64 = activations_float64(x, K)
-    acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
+    acts = (quantize or a8.quantize_int8_per_token)(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
     M = qx.shape[0]
     acc = np.zeros((M, n_groups, N), dtype=np.float64)

@@ -32,6 +32,7 @@ import numpy as np
 
 from emulator import linear as lin
 from emulator.activations.int8 import CANONICAL_SYM
+from emulator.activations.int8_fast import quantize_int8_fast
 from emulator.checkpoint import LayerInfo
 from emulator.errors import FormatError, UnsupportedFormatError
 from emulator.fast_linear_w16 import linear_w16_fast, row_norm_bounds
@@ -162,7 +163,8 @@ def reference(src, info: LayerInfo, x32: np.ndarray, dtype: str, int_engine=None
         if weights("validated", lambda: None) is not None:  # linear_layer ran on these tensors and accepted them
             t = src.layer_tensors(info)
             return lin.linear_w8a8(x32, t["weight"].data, t["weight_scale"].data.reshape(-1), layer_bias(src, info),
-                                   act=CANONICAL_SYM, out_dtype=dtype, int_engine=int_engine)
+                                   act=CANONICAL_SYM, out_dtype=dtype, int_engine=int_engine,
+                                   quantize=quantize_int8_fast)
         res = linear_layer(src, info, x32, out_dtype=dtype, int_engine=int_engine)
         weights("validated", lambda: True)
         return res
