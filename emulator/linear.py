@@ -279,7 +279,7 @@ def linear_w4a8(x, w_int, w_scales, group_size: int, bias=None, *, g_idx=None,
     require(ws.shape == (n_groups, N), f"expected scales [{n_groups}, {N}], got {list(ws.shape)}", tensor="scales")
     gi = np.arange(K) // gs if g_idx is None else np.asarray(g_idx).astype(np.int64)
     x64 = activations_float64(x, K)
-    acts = (quantize or a8.quantize_int8_per_token)(x64.astype(np.float32), act)
+    acts = a8.quantize_int8_per_token(x64.astype(np.float32), act)
     qx = acts.q.astype(np.float64) - acts.zero_point
     M = qx.shape[0]
     acc = np.zeros((M, n_groups, N), dtype=np.float64)
