@@ -120,6 +120,12 @@ def _blas_thread_fns():
     return _BLAS_FNS or None
 
 
+def blas_threads() -> int | None:
+    """The thread count NumPy's bundled OpenBLAS would use now (None where unknown: another BLAS or platform)."""
+    fns = _blas_thread_fns()
+    return None if fns is None else int(fns[0]())
+
+
 @contextlib.contextmanager
 def single_threaded_blas():
     """Within the block: NumPy's OpenBLAS runs each call on the calling thread (no-op where unknown)."""

@@ -19,14 +19,13 @@ Layers a Case cannot describe (GPTQModel packed-add v1 zeros, gpt-oss stacked ex
 int8 weights) always run the reference, with that reason logged. Each layer's choice is logged once
 (logger ``qconform.fallback``) with what was measured and the reason each other backend was skipped.
 
-Memory: the canonical reference (``"emulator"``, and layers no kernel can take) runs by row blocks whose
-working set stays within max(budget, 1 MiB) (qconform_torch/exact_blocks.py); prepared kernels (for
-the emulator backend: the layer's dequantized fp32 weight) are kept
-in one scan-resistant cache bounded by ``set_cache_budget`` bytes (``--cache-mb``; qconform_torch/prepared_cache.py:
-a stable set of layers that fits stays, the rest are streamed); a layer it does not keep
-is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of
-max(budget, 16 MiB) straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a
-model is ever held.
+Memory: the canonical reference (``"emulator"``, and layers no kernel can take) runs by row blocks whose working set
+stays within max(budget, 1 MiB) (qconform_torch/exact_blocks.py); prepared kernels (for the emulator backend: the
+layer's dequantized fp32 weight) are kept in one scan-resistant cache bounded by ``set_cache_budget`` bytes
+(``--cache-mb``; qconform_torch/prepared_cache.py: a stable set of layers that fits stays, the rest are streamed); a
+layer it does not keep is prepared, run and dropped (the emulator backend's fast path: dequantized in row blocks of
+max(budget, 16 MiB) straight into the sgemm, qconform_torch/blocked.py), so no full fp32 copy of a model is ever
+held.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from emulator.declaration import declared_weight
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
+from emulator.parallel import single_threaded_blas
 from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
@@ -57,10 +57,9 @@ from .int_kernels import fastest_int_engine, m_class
 from .prepared_cache import PreparedCache
 from .torch_fast import TorchFastLinear, TorchW8A8Linear, ieee_fp32_matmul_refusal
 
-__all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget",
-           "cache_stats", "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications",
-           "certifier", "clear_selections", "dispatcher", "use_floor", "use_fast_path_only", "w8a8_path_choices",
-           "set_w8a8_path_choices"]
+__all__ = ["quant_linear", "layer_spec", "parse_spec", "roles", "to_numpy_tensor", "set_cache_budget", "cache_stats",
+           "selections", "selection_lines", "DEFAULT_CACHE_MB", "use_certifications", "certifier", "clear_selections",
+           "dispatcher", "use_floor", "use_fast_path_only", "w8a8_path_choices", "set_w8a8_path_choices"]
 
 log = logging.getLogger("qconform.fallback")
 
@@ -320,9 +319,10 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str, layer=None) -> n
 
 
 def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
-    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype. Exact integer
-    accumulators (W8A8) run on the faster of torch's int8 GEMM and NumPy's (qconform_torch/int_kernels.py)."""
-    return _run_layer(x, weights, spec, backend)
+    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype. NumPy's BLAS never runs on
+    OpenBLAS's own threads here: they spin after each call and stall torch's next ops (docs/fallback.md#the-op)."""
+    with single_threaded_blas():
+        return _run_layer(x, weights, spec, backend)
 
 
 def _run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:

@@ -255,3 +255,28 @@ def test_an_output_in_a_missing_folder_is_one_line(tmp_path, capsys):
                    "-o", str(tmp_path / "no" / "such" / "o.safetensors")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "output folder" in err[0] and ".tmp" not in err[0], err
+
+
+def test_numpy_blas_runs_on_the_calling_thread_inside_the_op(tmp_path, monkeypatch):
+    """Inside the op, OpenBLAS is set to one thread (its idle threads spin after a call and stall torch's next
+    operations: docs/fallback.md#the-op), and the count is restored after."""
+    from emulator import parallel
+    from qconform_torch import exact_blocks
+
+    before = parallel.blas_threads()
+    if before is None or parallel.row_threads() == 1:
+        pytest.skip("NumPy's BLAS is not the bundled OpenBLAS here, or one CPU: nothing to set")
+    write_checkpoint(tmp_path / "ck", "ct-w4a16-g32-sym")
+    ck = Checkpoint(tmp_path / "ck")
+    seen = []
+    real = exact_blocks.linear_w16_fast
+
+    def recording(*a, **k):
+        seen.append(parallel.blas_threads())
+        return real(*a, **k)
+
+    monkeypatch.setattr(exact_blocks, "linear_w16_fast", recording)
+    m = QuantLinear.from_checkpoint(ck, ck.layers()[0].name, backend="emulator")
+    m(torch.ones(2, ck.layers()[0].shape[-1]))
+    assert seen and set(seen) == {1}
+    assert parallel.blas_threads() == before
