@@ -320,10 +320,15 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
 
 def bench_projection(repeat: int) -> dict:
     """The exact reference's cost per weight on a 4096 x 4096 compressed-tensors W4A16 layer at T = 8 and 128
-    (qconform_torch/exact_blocks.py, default budget) against fp32 dense of the same layer, projected to the
-    quantized linears of Llama-3-8B (32 layers) and Llama-3-70B (80 layers)."""
+    (qconform_torch/exact_blocks.py, default budget, as the op runs it: NumPy's BLAS on the calling thread) against
+    fp32 dense of the same layer (torch's linear, as the model's dense forward), projected to the quantized linears
+    of Llama-3-8B (32 layers) and Llama-3-70B (80 layers). (A NumPy dense product before it left OpenBLAS's threads
+    spinning through the reference's torch operations: 1.5-2x its time.)"""
+    import torch
+
     from emulator.checkpoint import open_checkpoint
     from emulator.layers import dequantize_layer
+    from emulator.parallel import single_threaded_blas
     from emulator.synthetic import write_checkpoint
     from qconform_torch.exact_blocks import exact_by_rows
 
@@ -335,7 +340,7 @@ def bench_projection(repeat: int) -> dict:
         write_checkpoint(d, "ct-w4a16-g32-sym", n=n, k=k)
         ck = open_checkpoint(d)
         info = ck.layers()[0]
-        w = dequantize_layer(ck, info)
+        w = torch.from_numpy(dequantize_layer(ck, info))
         rng = np.random.default_rng(0)
         for T in (8, 128):
             x = rng.standard_normal((T, k)).astype(np.float32)
@@ -343,9 +348,10 @@ def bench_projection(repeat: int) -> dict:
             clock = _CLOCK["fn"]
             for _ in range(repeat):
                 t0 = clock()
-                exact_by_rows(ck, info, x, "float32", 256 << 20)
+                with single_threaded_blas():
+                    exact_by_rows(ck, info, x, "float32", 256 << 20)
                 t1 = clock()
-                _ = x @ w.T
+                _ = torch.nn.functional.linear(torch.from_numpy(x), w)
                 t2 = clock()
                 best = [min(best[0], t1 - t0), min(best[1], t2 - t1)]
             per_w = best[0] / (n * k)
