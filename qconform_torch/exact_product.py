@@ -58,7 +58,7 @@ def torch_float64_product(x64: np.ndarray, w32: np.ndarray, *, chunk: int | None
         b.copy_(wt[n0:n1])  # exact: float32 values
         a = acc[:, :n1 - n0]
         torch.mm(xt[:, :k], b[:, :k].t(), out=a)
-        for k0 in range(k, K, k):  # the chunk sums, added in order
+        for k0 in range(k, K, max(k, 1)):  # the chunk sums, added in order (K = 0: none; k = 0 only there)
             p = part[:, :n1 - n0]
             torch.mm(xt[:, k0:k0 + k], b[:, k0:k0 + k].t(), out=p)
             a.add_(p)
