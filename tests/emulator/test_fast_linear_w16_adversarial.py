@@ -149,6 +149,11 @@ def test_round_output_fast_on_every_corner_of_the_grid(dtype):
     the exact interval sits inside r's rounding cell (rationals)."""
     rng = np.random.default_rng(17)
     y, b = _edge_cases(dtype, _specials(dtype), rng)
+    thr = overflow_threshold(dtype)
+    ys = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, thr, -thr, np.nextafter(thr, 0), 2.0 ** -1074, 1.0])
+    bs = np.array([0.0, -0.0, 2.0 ** -1074, 1e-300, 1.0, 1e300, np.inf, np.nan])
+    y = np.concatenate([y, np.repeat(ys, bs.size)])
+    b = np.concatenate([b, np.tile(bs, ys.size)])
     _check_round_output_fast(dtype, y, b, 600, rng)
 
 
@@ -456,6 +461,42 @@ def test_empty_and_one_element_layers(shape):
     for bias in (None, np.full(N, -0.0, np.float32), rng.standard_normal(N).astype(np.float32)):
         for dtype in DTYPES:
             _check_layer(x, w, bias, dtype)
+
+
+def test_partial_blocks_strided_operands_and_two_threads(monkeypatch):
+    """Operands as strided views (a transposed weight, every other activation row), N not a multiple of either
+    product's weight-row block (K = 4096: 64 and 128 rows), cancelling columns, a bias; then the NumPy product's row
+    blocks forced onto two threads (each with its own reused buffers): the readable bits each time."""
+    from emulator import parallel
+
+    rng = np.random.default_rng(11)
+    K, N = 4096, 131
+    x_full = (rng.standard_normal((6, K)) * np.exp2(rng.integers(-20, 20, (6, K)))).astype(np.float32)
+    wt = (rng.standard_normal((K, N)) * np.exp2(rng.integers(-20, 20, (K, N)))).astype(np.float32)
+    wt[1::2] = -wt[0::2]
+    wt[5, :] = 1.0  # the exact value: x[:, 5] + x[:, 4] * w[4] (pair 4, 5 broken)
+    x = x_full[::2]
+    w = wt.T
+    assert not w.flags.c_contiguous and not x.flags.c_contiguous
+    bias = rng.standard_normal(N).astype(np.float32)
+    for dtype in DTYPES:
+        _check_layer(x, w, bias, dtype, oracle=False)
+    monkeypatch.setattr(parallel, "row_threads", lambda: 2)
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
+    for M in (3, 40):
+        xm = np.resize(x_full, (M, K))
+        for dtype in DTYPES:
+            _check_layer(xm, w, bias, dtype, oracle=False)
+
+
+def test_non_finite_biases():
+    """+-Inf and NaN biases (the TwoSum error is then NaN: no bound added) beside finite ones: the readable bits."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 300)).astype(np.float32)
+    w = rng.standard_normal((5, 300)).astype(np.float32)
+    bias = np.array([np.inf, -np.inf, np.nan, -0.0, 1e38], np.float32)
+    for dtype in DTYPES:
+        _check_layer(x, w, bias, dtype, oracle=False)
 
 
 def test_zero_signs_of_negative_zero_products():
