@@ -448,6 +448,37 @@ def test_worst_case_chunk_sums_stay_within_the_bound():
         _check_layer(x, w, None, dtype)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([1, 2, 3, 255, 256, 257, 700, 3000]), st.sampled_from(["equal", "abs", "scaled", "random"]),
+       st.sampled_from([(-149, -100), (-20, 20), (90, 127)]), st.booleans(), st.integers(0, 2 ** 31))
+def test_every_bound_covers_the_error_where_cauchy_schwarz_is_tight(K, kind, exps, use_bias, seed):
+    """Steps 1-3 against rationals: every ``y_bound`` of ``linear_w16_fast`` (both products) is at least G S and at
+    least |y64 (+ bias) - exact|, on rows where Cauchy-Schwarz is tight (w = x, |x|, 2^j x: the norms' product is S
+    itself, so only the slack's roundings stand between the bound and G S), at the ends of float32's range."""
+    rng = np.random.default_rng(seed)
+    M, N = 2, 3
+    x = (rng.standard_normal((M, K)) * np.exp2(rng.integers(exps[0], exps[1], (M, K)))).astype(np.float32)
+    w = (rng.standard_normal((N, K)) * np.exp2(rng.integers(exps[0], exps[1], (N, K)))).astype(np.float32)
+    if kind == "equal":
+        w[:M] = x
+    elif kind == "abs":
+        w[:M] = np.abs(x)
+    elif kind == "scaled":
+        w[:M] = x * np.float32(2.0 ** (-20 if exps[0] > 0 else 20))
+    bias = (rng.standard_normal(N) * 2.0 ** min(exps[1], 100)).astype(np.float32) if use_bias else None
+    G = Fraction(product_error_factor(K, K_CHUNK))
+    exact = _exact_values(x, w, bias)
+    X, W = _as_ints(x), _as_ints(w)
+    for product in (None, torch_product):
+        r = linear_w16_fast(x, w, bias, product=product)
+        for m in range(M):
+            for n in range(N):
+                S = Fraction(sum(abs(a * b) for a, b in zip(X[m], W[n])), 2 ** 298)
+                bound = Fraction(float(r.y_bound[m, n]))
+                assert bound >= G * S, (product, m, n)
+                assert abs(Fraction(float(r.y_exact[m, n])) - exact[m][n]) <= bound, (product, m, n)
+
+
 # --------------------------------------------------------------------------------------------- edges
 
 
