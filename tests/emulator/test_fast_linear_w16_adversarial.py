@@ -360,7 +360,6 @@ def test_fast_reference_on_midpoint_layers(layer):
     _check_layer(x, w, bias, dtype)
 
 
-@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(adversarial_layers(K_choices=(4096, 20000), M_max=3, N_max=3))
 def test_fast_reference_on_large_k_midpoint_layers(layer):
