@@ -25,6 +25,10 @@ class UnsupportedFormatError(QconformError, ValueError):
     """A quant_method / scheme / parameter combination qconform does not define."""
 
 
+class HostStateError(QconformError, RuntimeError):
+    """The host thread's floating-point state keeps the reference from being exact (emulator/numerics/fpu_state.py)."""
+
+
 def require(cond: bool, message: str, *, layer: str | None = None, tensor: str | None = None) -> None:
     """Raise FormatError(message) unless ``cond``."""
     if not cond:

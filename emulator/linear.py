@@ -34,6 +34,7 @@ from .activations import int8 as a8
 from .formats import mxfp4 as mx
 from .fast_linear import exact_int_matmul, lowest_bit_exponent, row_min_lowest_bit
 from .numerics import exact_sum, output_grid
+from .numerics.fpu_state import require_gradual_underflow
 from .numerics.output_grid import gamma, round_output
 from .numerics.rounding import as_float64
 
@@ -193,6 +194,7 @@ def exact_in_float64(a64: np.ndarray, b64: np.ndarray, mag: np.ndarray) -> np.nd
 
 
 def activations_float64(x, K: int) -> np.ndarray:
+    require_gradual_underflow()  # a flushed subnormal would be a silent wrong value (numerics/fpu_state.py)
     x64 = as_float64(x)
     require(x64.ndim == 2, f"expected activations [M, K], got shape {list(x64.shape)}", tensor="x")
     require(x64.shape[1] == K, f"activations have K={x64.shape[1]} but the weight has K={K}", tensor="x")

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .numerics.fpu_state import require_gradual_underflow
+
 MIN_ELEMENTS = 1 << 20
 #: Bytes of float32 output a block aims at. Smaller blocks fit L2 (1-2 MiB a core) but each
 #: block costs ~20 NumPy calls of Python overhead taken under the GIL, which the threads then
@@ -76,6 +78,7 @@ def for_row_chunks(n_rows: int, n_elements: int, fn, *, row_bytes: int | None = 
     spans = [(b * step, min(n_rows, (b + per) * step)) for b in range(0, n_blocks, per)]
 
     def walk(span):
+        require_gradual_underflow()  # a worker thread created while the caller flushed subnormals inherits it
         _IN_WORKER.on = True
         try:
             for r0 in range(span[0], span[1], step):

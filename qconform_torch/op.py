@@ -48,11 +48,11 @@ from emulator.declaration import declared_weight
 from emulator.errors import UnsupportedFormatError
 from emulator.layer_cases import case_tensors, layer_case
 from emulator.layers import declared_activation, layer_bias
-from emulator.parallel import single_threaded_blas
 from emulator.tensorfile import Tensor
 
 from .blocked import blocked_fast_linear
 from .exact_blocks import exact_by_rows, validate_by_rows
+from .host_state import op_thread_state
 from .int_kernels import fastest_int_engine, m_class
 from .prepared_cache import PreparedCache
 from .torch_fast import TorchFastLinear, TorchW8A8Linear, ieee_fp32_matmul_refusal
@@ -319,9 +319,9 @@ def _reference(src, info: LayerInfo, x: np.ndarray, dtype: str, layer=None) -> n
 
 
 def run_layer(x: torch.Tensor, weights: list[torch.Tensor], spec: str, backend: str) -> np.ndarray:
-    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype. NumPy's BLAS never runs on
-    OpenBLAS's own threads here: they spin after each call and stall torch's next ops (docs/fallback.md#the-op)."""
-    with single_threaded_blas():
+    """The op's CPU computation, as a float32 NumPy array holding values of x's dtype, in ``op_thread_state``:
+    NumPy's BLAS on this thread, IEEE gradual underflow (qconform_torch/host_state.py)."""
+    with op_thread_state():
         return _run_layer(x, weights, spec, backend)
 
 

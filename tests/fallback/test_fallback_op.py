@@ -280,3 +280,27 @@ def test_numpy_blas_runs_on_the_calling_thread_inside_the_op(tmp_path, monkeypat
     m(torch.ones(2, ck.layers()[0].shape[-1]))
     assert seen and set(seen) == {1}
     assert parallel.blas_threads() == before
+
+
+def test_the_op_stays_exact_under_the_models_flush_denormal_mode(tmp_path):
+    """A model that turned on flush-to-zero (``torch.set_flush_denormal(True)``) still gets the exact reference from
+    the op: subnormal activations are read as themselves (the mode is off during the op's computation:
+    qconform_torch/host_state.py), and the mode is on again after the call (the model's own choice)."""
+    from emulator.numerics.fpu_state import subnormals_flushed
+
+    write_checkpoint(tmp_path / "ck", "ct-w4a16-g32-sym")
+    ck = Checkpoint(tmp_path / "ck")
+    info = ck.layers()[0]
+    m = QuantLinear.from_checkpoint(ck, info.name, backend="emulator")
+    x = torch.full((2, info.shape[-1]), 2.0 ** -140)  # float32 subnormals
+    want = m(x)
+    assert torch.any(want != 0)
+    if not torch.set_flush_denormal(True):
+        torch.set_flush_denormal(False)
+        pytest.skip("this CPU has no flush-denormal mode")
+    try:
+        got = m(x)
+        assert subnormals_flushed()
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(got, want)
