@@ -197,6 +197,28 @@ def thread_env(threads: int | None) -> dict:
     return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
 
+def model_rule(fmt: str, logits: dict) -> dict:
+    """Each contender's logits against the exact reference's under the model-level rule (docs/fallback.md#comparing-
+    logits, ``qconform model --check``): SQNR at least the floor (80 dB with 16-bit activations, 30 dB where they
+    are quantized) and, with 16-bit activations, the same argmax token at every position. {} without the exact
+    contender."""
+    from qconform_torch.cli import SQNR_FLOOR_DB
+
+    ex = logits.get("exact")
+    if ex is None:
+        return {}
+    a16 = fmt != "ct-w8a8"
+    floor = SQNR_FLOOR_DB["a16" if a16 else "act-quantized"]
+    out = {}
+    for k, v in logits.items():
+        if k in ("exact", "dense"):
+            continue
+        db = sqnr_db(v, ex)
+        argmax = bool(np.array_equal(v.argmax(axis=-1), ex.argmax(axis=-1)))
+        out[k] = {"sqnr_db": db, "argmax_agrees": argmax, "within": bool(db >= floor and (argmax or not a16))}
+    return {"floor_db": floor, "argmax_rule": a16, "contenders": out}
+
+
 def limit_threads(threads: int | None) -> None:
     """Run this process's contenders on ``threads`` threads: torch's intra-op pool, and (through the CPU affinity
     the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``timed_rounds`` reads CPU time, which
@@ -312,6 +334,7 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
         rows.append({"T": T, "seconds": times, "seconds_per_round": per_round, "load": round(os.getloadavg()[0], 2),
                      "sqnr_db_vs_dense": ({k: sqnr_db(v, ref) for k, v in logits.items() if k != "dense"}
                                           if ref is not None else {}),
+                     "model_rule": model_rule(fmt, logits),
                      "streamed_cache": stats,
                      "auto_choices": sorted({l for ls in op.selections().values() for l in ls})[:6]})
     return {"bench": "model", "clock": _CLOCK["fn"].__name__, "format": fmt, "hidden": hidden, "intermediate": inter, "layers": layers,
@@ -390,6 +413,12 @@ def print_model(r: dict) -> None:
         sq = ", ".join(f"{k} {v:.1f}" for k, v in x["sqnr_db_vs_dense"].items())
         print(f"  T={x['T']:<4d} {'; '.join(parts)}\n         {'; '.join(ratios)}\n         SQNR vs dense (dB): {sq}; "
               f"load {x['load']}")
+        rule = x.get("model_rule") or {}
+        if rule:
+            cs = ", ".join(f"{k} {c['sqnr_db']:.1f}" + ("" if c["within"] else " OUTSIDE")
+                           for k, c in rule["contenders"].items())
+            print(f"         model-level rule vs exact (>= {rule['floor_db']:g} dB"
+                  + (", same argmax" if rule["argmax_rule"] else "") + f"): {cs}")
 
 
 def missed(results: list) -> list[str]:
@@ -406,4 +435,10 @@ def missed(results: list) -> list[str]:
                            f"(<= 1.0 within {AUTO_NOISE:.0%})")
             if "exact" in s and "dense" in s and s["exact"] / s["dense"] > 4:
                 out.append(f"model {r['format']} T={x['T']} exact x{s['exact'] / s['dense']:.1f} of dense (<= 4)")
+            rule = x.get("model_rule") or {}
+            for k, c in rule.get("contenders", {}).items():
+                if not c["within"]:
+                    out.append(f"model {r['format']} T={x['T']} {k} outside the model-level rule: {c['sqnr_db']:.1f} dB "
+                               f"from the exact forward (>= {rule['floor_db']:g})"
+                               + ("" if c["argmax_agrees"] else ", argmax differs"))
     return out

@@ -51,3 +51,31 @@ def test_auto_slower_than_the_fast_path_is_a_miss():
         {"T": 32, "seconds": {"auto": 9.0}}]}
     assert missed_targets([rec]) == ["model ct-w8a8 T=128 auto x5.30 of the fast path (<= 1.0 within 10%)",
                                      "model ct-w8a8 T=16 auto x1.11 of the fast path (<= 1.0 within 10%)"]
+
+
+def test_logits_outside_the_model_level_rule_are_a_miss():
+    """Issue 25's done-when "all logits stay within the model-level rule" (docs/fallback.md#comparing-logits), judged
+    per contender against the exact forward: 80 dB and the same argmax with 16-bit activations, 30 dB for W8A8
+    (no argmax rule); a contender inside it is not listed, one below the floor or with another argmax is."""
+    import numpy as np
+
+    from benchmarks.model_bench import model_rule
+
+    rng = np.random.default_rng(0)
+    exact = rng.standard_normal((4, 50))
+    noisy = exact + 1e-3 * rng.standard_normal(exact.shape)  # ~60 dB
+    flipped = exact.copy()
+    flipped[0, np.argmax(exact[0])] -= 1e-12 + 2 * (np.max(exact[0]) - np.sort(exact[0])[-2])  # one argmax moves
+    a16 = model_rule("ct-w4a16", {"exact": exact, "dense": noisy, "fast": exact.copy(), "auto": noisy,
+                                  "toolkit": flipped})
+    assert a16["floor_db"] == 80.0 and a16["argmax_rule"]
+    assert a16["contenders"]["fast"]["within"] and "dense" not in a16["contenders"]
+    assert not a16["contenders"]["auto"]["within"] and a16["contenders"]["auto"]["argmax_agrees"]
+    assert not a16["contenders"]["toolkit"]["argmax_agrees"]
+    w8 = model_rule("ct-w8a8", {"exact": exact, "fast": noisy})
+    assert w8["floor_db"] == 30.0 and w8["contenders"]["fast"]["within"]
+    rec = {"bench": "model", "format": "ct-w4a16", "rows": [{"T": 8, "seconds": {}, "model_rule": a16}]}
+    got = missed_targets([rec])
+    assert len(got) == 2 and got[0].startswith("model ct-w4a16 T=8 auto outside the model-level rule: 59.")
+    assert got[1].endswith("argmax differs")
+    assert model_rule("gptq", {"fast": exact}) == {}
