@@ -136,9 +136,10 @@ def test_timed_once_per_shape_class():
     t = Timer(rounding=1e-3, emulator=2e-3)
     d.choose(Case("w8a8", "ct-int-quantized", 5, 64, 128, group_size=-1), timer=t)
     d.choose(Case("w8a8", "ct-int-quantized", 8, 64, 128, group_size=-1), timer=t)  # same class 5..8
-    assert t.timed == ["emulator", "rounding"]  # the fast path first: its time bounds the others'
+    # the fast path first (its time bounds the others'); the kernel ahead: both again, the other way round
+    assert t.timed == ["emulator", "rounding", "rounding", "emulator"]
     d.choose(Case("w8a8", "ct-int-quantized", 9, 64, 128, group_size=-1), timer=t)  # class 9..16: timed again
-    assert len(t.timed) == 4
+    assert len(t.timed) == 8
     assert shape_class(1) == (1, 1) and shape_class(3) == (3, 4) and shape_class(128) == (65, 128)
 
 
@@ -263,13 +264,13 @@ def test_a_corrupted_cache_naming_a_refused_backend_is_not_followed(tmp_path, ca
     t = Timer(rounding=1e-3, emulator=2e-3)
     with caplog.at_level(logging.WARNING, logger="qconform.dispatch"):
         c = _measured(tmp_path).choose(W8A8, timer=t)
-    assert c.backend.name == "rounding" and len(t.timed) == 2
+    assert c.backend.name == "rounding" and len(t.timed) == 4  # measured again (two rounds)
     assert any("names 'semantic', not a contender" in r.message for r in caplog.records)
     data = json.loads(f.read_text())
     data["choices"][key]["versions"]["rounding"] = "0.9"
     f.write_text(json.dumps(data))
     t = Timer(rounding=1e-3, emulator=2e-3)
-    assert _measured(tmp_path).choose(W8A8, timer=t).backend.name == "rounding" and len(t.timed) == 2
+    assert _measured(tmp_path).choose(W8A8, timer=t).backend.name == "rounding" and len(t.timed) == 4
 
 
 def test_certified_policy_times_only_certified_kernels_against_the_fast_path():
@@ -352,3 +353,26 @@ def test_a_kernel_within_the_timings_noise_of_the_fast_path_is_not_chosen(kernel
     c = _measured().choose(W8A8, timer=Timer(rounding=kernel_s, emulator=1e-3))
     assert c.backend.name == chosen, c.how
     assert ("which is kept" in c.how) == (chosen == "emulator"), c.how
+
+
+def test_a_kernel_ahead_on_the_first_round_is_timed_again_against_the_fast_path():
+    """One noisy first timing must not decide (session 9: the fast path, timed first right after the model's torch
+    operations, read 0.386 ms against zentorch's 0.277 on one W8A8 class and 0.25 ms in the next run; auto then ran
+    the forward at 1.17x the fast path): a kernel ahead after the first round is timed again with the fast path, the
+    other way round, and each keeps its best. Where the kernel stays ahead it is kept."""
+    class Noisy(Timer):
+        def __call__(self, b, bound=None):
+            first = b.name not in self.timed
+            secs, y = super().__call__(b, bound)
+            return (secs * 4 if first and b.name == "emulator" else secs), y  # the fast path's first timing: 4x
+
+    t = Noisy(rounding=2e-3, emulator=1e-3)
+    c = _measured().choose(W8A8, timer=t)
+    assert c.backend.name == "emulator" and c.times["emulator"] == 1e-3
+    assert t.timed.count("emulator") == 2 and t.timed.count("rounding") == 2
+    t = Noisy(rounding=1e-3, emulator=3e-3)
+    c = _measured().choose(W8A8, timer=t)
+    assert c.backend.name == "rounding" and c.times["emulator"] == 3e-3
+    t = Timer(rounding=3e-3, emulator=1e-3)  # the fast path ahead on the first round: no second round
+    _measured().choose(W8A8, timer=t)
+    assert t.timed == ["emulator", "rounding"]
