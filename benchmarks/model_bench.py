@@ -415,8 +415,8 @@ def print_model(r: dict) -> None:
               f"load {x['load']}")
         rule = x.get("model_rule") or {}
         if rule:
-            cs = ", ".join(f"{k} {c['sqnr_db']:.1f}" + ("" if c["within"] else " OUTSIDE")
-                           for k, c in rule["contenders"].items())
+            cs = ", ".join(f"{k} {c['sqnr_db']:.1f}" + ("" if c["within"] else " outside" if k == "toolkit" else
+                                                        " OUTSIDE") for k, c in rule["contenders"].items())
             print(f"         model-level rule vs exact (>= {rule['floor_db']:g} dB"
                   + (", same argmax" if rule["argmax_rule"] else "") + f"): {cs}")
 
@@ -437,7 +437,9 @@ def missed(results: list) -> list[str]:
                 out.append(f"model {r['format']} T={x['T']} exact x{s['exact'] / s['dense']:.1f} of dense (<= 4)")
             rule = x.get("model_rule") or {}
             for k, c in rule.get("contenders", {}).items():
-                if not c["within"]:
+                # the toolkit is a timing contender, not a path qconform routes to: its distance is shown, not judged
+                # (compressed-tensors' own W8A8 forward quantizes activations its own way: docs/backends.md)
+                if not c["within"] and k != "toolkit":
                     out.append(f"model {r['format']} T={x['T']} {k} outside the model-level rule: {c['sqnr_db']:.1f} dB "
                                f"from the exact forward (>= {rule['floor_db']:g})"
                                + ("" if c["argmax_agrees"] else ", argmax differs"))
