@@ -219,6 +219,30 @@ def model_rule(fmt: str, logits: dict) -> dict:
     return {"floor_db": floor, "argmax_rule": a16, "contenders": out}
 
 
+def _check_auto(fmt: str, fns: dict, tokens, repeat: int, logits: dict, times: dict, per_round: dict) -> dict | None:
+    """``auto`` as ``qconform model --check`` runs it (issue 25 item 1: "where a model-level check is asked for,
+    never one below the floor"): where its logits are outside the model-level rule against the exact forward, every
+    layer runs on the fast path again (FallbackOnly, as the check's re-run does), and that forward is auto's answer
+    and time. Returns what the first forward measured (None: within the rule, nothing re-run)."""
+    from qconform_torch import op
+
+    first = (model_rule(fmt, logits).get("contenders") or {}).get("auto")
+    if first is None or first["within"]:
+        return None
+    op.use_fast_path_only(f"the model-level check found auto's kernels {first['sqnr_db']:.1f} dB from the reference")
+    op.clear_selections()
+    try:
+        again: dict = {}
+        t = timed_rounds({"auto": fns["auto"]}, tokens, repeat, again)
+        logits["auto"] = fns["auto"](tokens)
+    finally:
+        op.use_fast_path_only(None)
+        op.clear_selections()
+    out = {"first_seconds": times["auto"], "first_sqnr_db": first["sqnr_db"], "first_rounds": per_round["auto"]}
+    times["auto"], per_round["auto"] = t["auto"], again["auto"]
+    return out
+
+
 def limit_threads(threads: int | None) -> None:
     """Run this process's contenders on ``threads`` threads: torch's intra-op pool, and (through the CPU affinity
     the emulator's row workers read: emulator/parallel.py) NumPy's; with 1, ``timed_rounds`` reads CPU time, which
@@ -301,6 +325,11 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
         fns = {k: v for k, v in fns.items() if k in contenders}
     rows = []
     rng = np.random.default_rng(1)
+    from qconform_torch.cli import SQNR_FLOOR_DB
+
+    # auto as `qconform model --check` runs it: no layer goes to a kernel already below the floor (with the check's
+    # margin for 7 layers per block adding up) on its first input; _check_auto then judges the whole forward
+    op.use_floor(SQNR_FLOOR_DB["act-quantized" if fmt == "ct-w8a8" else "a16"] + 10 * np.log10(7 * layers))
     for T in ts:
         tokens = [int(v) for v in rng.integers(0, 8192, T)]
         # the streamed contender's cache: one forward after a warm one, counted
@@ -331,12 +360,15 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
             fns.pop("toolkit")
             times.pop("toolkit")
             per_round.pop("toolkit", None)
+        choices = sorted({line for ls in op.selections().values() for line in ls})[:6]
+        checked = _check_auto(fmt, fns, tokens, repeat, logits, times, per_round)
         rows.append({"T": T, "seconds": times, "seconds_per_round": per_round, "load": round(os.getloadavg()[0], 2),
                      "sqnr_db_vs_dense": ({k: sqnr_db(v, ref) for k, v in logits.items() if k != "dense"}
                                           if ref is not None else {}),
-                     "model_rule": model_rule(fmt, logits),
+                     "model_rule": model_rule(fmt, logits), "auto_check": checked,
                      "streamed_cache": stats,
-                     "auto_choices": sorted({l for ls in op.selections().values() for l in ls})[:6]})
+                     "auto_choices": choices})
+    op.use_floor(None)
     return {"bench": "model", "clock": _CLOCK["fn"].__name__, "format": fmt, "hidden": hidden, "intermediate": inter, "layers": layers,
         "toolkit": tk_name, **sizes, "rows": rows}
 
@@ -413,6 +445,10 @@ def print_model(r: dict) -> None:
         sq = ", ".join(f"{k} {v:.1f}" for k, v in x["sqnr_db_vs_dense"].items())
         print(f"  T={x['T']:<4d} {'; '.join(parts)}\n         {'; '.join(ratios)}\n         SQNR vs dense (dB): {sq}; "
               f"load {x['load']}")
+        if x.get("auto_check"):
+            c = x["auto_check"]
+            print(f"         auto's first forward was {c['first_sqnr_db']:.1f} dB from the exact one ({c['first_seconds'] * 1e3:.0f} "
+                  "ms), outside the model-level rule: re-run on the fast path as `qconform model --check` does")
         rule = x.get("model_rule") or {}
         if rule:
             cs = ", ".join(f"{k} {c['sqnr_db']:.1f}" + ("" if c["within"] else " outside" if k == "toolkit" else

@@ -80,3 +80,29 @@ def test_logits_outside_the_model_level_rule_are_a_miss():
     assert len(got) == 2 and got[0].startswith("model ct-w4a16 T=8 auto outside the model-level rule: 59.")
     assert got[1].startswith("model ct-w4a16 T=8 fast-streamed") and got[1].endswith("argmax differs")  # no toolkit
     assert model_rule("gptq", {"fast": exact}) == {}
+
+
+def test_auto_outside_the_rule_is_rerun_as_the_check_does(monkeypatch):
+    """``_check_auto``: auto's logits outside the model-level rule are replaced by a re-run with every layer on the
+    fast path (what ``qconform model --check`` does), timed again; its first time and distance are kept; within the
+    rule nothing is re-run."""
+    import numpy as np
+
+    from benchmarks import model_bench
+    from qconform_torch import op
+
+    exact = np.random.default_rng(1).standard_normal((3, 40))
+    policies = []
+    monkeypatch.setattr(op, "use_fast_path_only", lambda why: policies.append(why))
+    monkeypatch.setattr(op, "clear_selections", lambda: None)
+
+    def auto(tokens):  # on the fast path after the check's switch: the exact logits
+        return exact.copy() if policies and policies[-1] is not None else exact + 0.3
+
+    logits = {"exact": exact, "auto": auto(None)}
+    times, rounds = {"auto": 1.0}, {"auto": [1.0]}
+    got = model_bench._check_auto("ct-w8a8", {"auto": auto}, [1, 2], 2, logits, times, rounds)
+    assert got["first_seconds"] == 1.0 and got["first_sqnr_db"] < 30
+    assert np.array_equal(logits["auto"], exact) and len(rounds["auto"]) == 2 and times["auto"] < 1.0
+    assert policies[0] is not None and policies[-1] is None  # measured dispatch restored
+    assert model_bench._check_auto("ct-w8a8", {"auto": auto}, [1], 1, {"exact": exact, "auto": exact}, {}, {}) is None
