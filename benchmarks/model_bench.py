@@ -219,7 +219,7 @@ def model_rule(fmt: str, logits: dict) -> dict:
     return {"floor_db": floor, "argmax_rule": a16, "contenders": out}
 
 
-def _check_auto(fmt: str, fns: dict, tokens, repeat: int, logits: dict, times: dict, per_round: dict) -> dict | None:
+def check_auto(fmt: str, fns: dict, tokens, repeat: int, logits: dict, times: dict, per_round: dict) -> dict | None:
     """``auto`` as ``qconform model --check`` runs it (issue 25 item 1: "where a model-level check is asked for,
     never one below the floor"): where its logits are outside the model-level rule against the exact forward, every
     layer runs on the fast path again (FallbackOnly, as the check's re-run does), and that forward is auto's answer
@@ -328,7 +328,7 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
     from qconform_torch.cli import SQNR_FLOOR_DB
 
     # auto as `qconform model --check` runs it: no layer goes to a kernel already below the floor (with the check's
-    # margin for 7 layers per block adding up) on its first input; _check_auto then judges the whole forward
+    # margin for 7 layers per block adding up) on its first input; check_auto then judges the whole forward
     op.use_floor(SQNR_FLOOR_DB["act-quantized" if fmt == "ct-w8a8" else "a16"] + 10 * np.log10(7 * layers))
     for T in ts:
         tokens = [int(v) for v in rng.integers(0, 8192, T)]
@@ -361,7 +361,7 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
             times.pop("toolkit")
             per_round.pop("toolkit", None)
         choices = sorted({line for ls in op.selections().values() for line in ls})[:6]
-        checked = _check_auto(fmt, fns, tokens, repeat, logits, times, per_round)
+        checked = check_auto(fmt, fns, tokens, repeat, logits, times, per_round)
         rows.append({"T": T, "seconds": times, "seconds_per_round": per_round, "load": round(os.getloadavg()[0], 2),
                      "sqnr_db_vs_dense": ({k: sqnr_db(v, ref) for k, v in logits.items() if k != "dense"}
                                           if ref is not None else {}),

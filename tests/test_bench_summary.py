@@ -83,7 +83,7 @@ def test_logits_outside_the_model_level_rule_are_a_miss():
 
 
 def test_auto_outside_the_rule_is_rerun_as_the_check_does(monkeypatch):
-    """``_check_auto``: auto's logits outside the model-level rule are replaced by a re-run with every layer on the
+    """``check_auto``: auto's logits outside the model-level rule are replaced by a re-run with every layer on the
     fast path (what ``qconform model --check`` does), timed again; its first time and distance are kept; within the
     rule nothing is re-run."""
     import numpy as np
@@ -101,8 +101,8 @@ def test_auto_outside_the_rule_is_rerun_as_the_check_does(monkeypatch):
 
     logits = {"exact": exact, "auto": auto(None)}
     times, rounds = {"auto": 1.0}, {"auto": [1.0]}
-    got = model_bench._check_auto("ct-w8a8", {"auto": auto}, [1, 2], 2, logits, times, rounds)
+    got = model_bench.check_auto("ct-w8a8", {"auto": auto}, [1, 2], 2, logits, times, rounds)
     assert got["first_seconds"] == 1.0 and got["first_sqnr_db"] < 30
     assert np.array_equal(logits["auto"], exact) and len(rounds["auto"]) == 2 and times["auto"] < 1.0
     assert policies[0] is not None and policies[-1] is None  # measured dispatch restored
-    assert model_bench._check_auto("ct-w8a8", {"auto": auto}, [1], 1, {"exact": exact, "auto": exact}, {}, {}) is None
+    assert model_bench.check_auto("ct-w8a8", {"auto": auto}, [1], 1, {"exact": exact, "auto": exact}, {}, {}) is None
