@@ -197,18 +197,23 @@ def thread_env(threads: int | None) -> dict:
     return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
 
+def model_floor_db(fmt: str) -> float:
+    """The model-level SQNR floor of a bench format (``qconform model --check``'s: docs/fallback.md#comparing-logits)."""
+    from qconform_torch.cli import SQNR_FLOOR_DB
+
+    return SQNR_FLOOR_DB["act-quantized" if fmt == "ct-w8a8" else "a16"]
+
+
 def model_rule(fmt: str, logits: dict) -> dict:
     """Each contender's logits against the exact reference's under the model-level rule (docs/fallback.md#comparing-
     logits, ``qconform model --check``): SQNR at least the floor (80 dB with 16-bit activations, 30 dB where they
     are quantized) and, with 16-bit activations, the same argmax token at every position. {} without the exact
     contender."""
-    from qconform_torch.cli import SQNR_FLOOR_DB
-
     ex = logits.get("exact")
     if ex is None:
         return {}
     a16 = fmt != "ct-w8a8"
-    floor = SQNR_FLOOR_DB["a16" if a16 else "act-quantized"]
+    floor = model_floor_db(fmt)
     out = {}
     for k, v in logits.items():
         if k in ("exact", "dense"):
@@ -325,11 +330,9 @@ def _bench_in(d: str, fmt: str, hidden: int, inter: int, layers: int, repeat: in
         fns = {k: v for k, v in fns.items() if k in contenders}
     rows = []
     rng = np.random.default_rng(1)
-    from qconform_torch.cli import SQNR_FLOOR_DB
-
     # auto as `qconform model --check` runs it: no layer goes to a kernel already below the floor (with the check's
     # margin for 7 layers per block adding up) on its first input; check_auto then judges the whole forward
-    op.use_floor(SQNR_FLOOR_DB["act-quantized" if fmt == "ct-w8a8" else "a16"] + 10 * np.log10(7 * layers))
+    op.use_floor(model_floor_db(fmt) + 10 * np.log10(7 * layers))
     for T in ts:
         tokens = [int(v) for v in rng.integers(0, 8192, T)]
         # the streamed contender's cache: one forward after a warm one, counted

@@ -193,11 +193,7 @@ def _finish(o: _Outputs, xs, wn, b, out_dtype: str, scratch: Scratch | None = No
         if b is None:
             y += 0.0  # what adding the zero bias does (-0 becomes +0)
         else:  # the bias addition's own rounding, exact by TwoSum (as linear.add_bias)
-            s = y + b
-            bb = s - y
-            err = (y - (s - bb)) + (b - bb)
-            np.copyto(o.extra, np.where(np.isfinite(err), np.abs(err), 0.0))
-            y[...] = s
+            y[...], o.extra[...] = lin.bias_sum(y, b)
             bound += o.extra
             bound *= 1.0 + 4 * U64  # the addition's rounding, with room
     r32, _, test = cell_test(y, bound, out_dtype, scratch=scratch)
@@ -262,5 +258,4 @@ def linear_w16_fast(x, w, bias=None, *, out_dtype: str | None = None, w_norms: n
     undecided = np.zeros((M, N), dtype=bool)
     undecided[ms, ns] = True
     res = lin.LinearResult(y=y32, y_exact=y, y_bound=bound, y_ambiguous=undecided, out_dtype=out_dtype)
-    bz = lin.bias_float64(bias, N) if b is None else b
-    return lin.decide_exactly(res, lambda ms, ns: [(x32[ms], w32[ns])] + lin.bias_terms(bias, bz, ns), at=(ms, ns))
+    return lin.decide_exactly(res, lambda ms, ns: [(x32[ms], w32[ns])] + lin.bias_terms(bias, b, ns), at=(ms, ns))

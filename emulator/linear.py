@@ -90,14 +90,17 @@ def bias_float64(bias, N: int) -> np.ndarray:
     return b
 
 
+def bias_sum(y: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fl(y + b), |its rounding error|) in float64: the error exact by TwoSum (``exact_sum.two_sum``), 0 where it
+    is not finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s, err = exact_sum.two_sum(y, b)
+    return s, np.where(np.isfinite(err), np.abs(err), 0.0)
+
+
 def add_bias(y: np.ndarray, bound: np.ndarray, b: np.ndarray):
     """y + bias in float64; the addition's rounding (if any) is added to the bound."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = y + b
-        # TwoSum error term: exact when it is zero.
-        bb = s - y
-        err = (y - (s - bb)) + (b - bb)
-    extra = np.where(np.isfinite(err), np.abs(err), 0.0)
+    s, extra = bias_sum(y, b)
     return s, bound + extra
 
 
